@@ -1,0 +1,50 @@
+"""The contract every backend follows (DESIGN.md principle 3).
+
+A backend says what it cannot do and why (``na_not_supported_reasons``), then computes
+forward and backward from raw tensors and an :class:`~nattn.params.NAParams`. Automatic
+dispatch and an explicit ``backend=`` run the same check.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from ..params import NAParams
+
+Tensor = torch.Tensor
+
+
+class Backend:
+    """Base class; subclasses override what they implement."""
+
+    name: str = "?"
+
+    def na_not_supported_reasons(
+        self, q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor], params: NAParams,
+        explicit: bool,
+    ) -> List[str]:
+        """Why this backend cannot run this NA problem; empty when it can.
+
+        ``explicit`` is True when the user named this backend (some backends run on a
+        device only when asked). Must look only at metadata (shape, dtype, device,
+        strides) so it also works on fake tensors under ``torch.compile``.
+        """
+        return [f"{self.name} does not implement neighborhood attention"]
+
+    def na_forward(self, q, k, v, rpb, params: NAParams) -> Tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams):
+        """Returns ``(dq, dk, dv, drpb)``; ``drpb`` is None when ``rpb`` is None."""
+        raise NotImplementedError
+
+    def dense_not_supported_reasons(self, q: Tensor, k: Tensor, v: Tensor, is_causal: bool, explicit: bool) -> List[str]:
+        return [f"{self.name} does not implement dense attention"]
+
+    def dense_forward(self, q, k, v, is_causal: bool, scale: float) -> Tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def dense_backward(self, q, k, v, out, lse, grad_out, grad_lse, is_causal: bool, scale: float):
+        raise NotImplementedError

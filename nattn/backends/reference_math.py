@@ -1,0 +1,134 @@
+"""Reference NA math in plain PyTorch: gather each query's window, chunk by chunk.
+
+Written to be read: forward is softmax(q K_w^T * scale + bias) V_w over the window
+``K_w`` of each query; backward is the textbook attention backward on the same gathered
+windows, with the key/value/bias gradients scattered back through ``index_add_``.
+Memory is bounded by the chunk size, never by N x N. Computes in float32 (float64 for
+float64 inputs) and returns outputs in the input dtype; LSE is float32 (float64 for
+float64 inputs, which the tests use as the exact oracle).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ..params import NAParams
+from ..windows import WindowTable
+
+# Elements of gathered keys/values + logits held per chunk (~64 MiB in float32).
+CHUNK_ELEMENTS = 1 << 24
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _chunk_len(batch, window, heads, heads_kv, dim, dim_v) -> int:
+    per_query = batch * window * (heads_kv * (dim + dim_v) * 2 + heads * 3)
+    return max(1, CHUNK_ELEMENTS // per_query)
+
+
+class _Problem:
+    """Flattened views shared by forward and backward: tokens on dim 1, heads split for GQA."""
+
+    def __init__(self, q, k, v, params: NAParams):
+        self.params = params
+        na_dim = params.na_dim
+        self.spatial = tuple(q.shape[1 : 1 + na_dim])
+        self.batch, self.heads, self.dim = q.shape[0], q.shape[-2], q.shape[-1]
+        self.heads_kv, self.dim_v = k.shape[-2], v.shape[-1]
+        self.groups = self.heads // self.heads_kv
+        self.dtype = compute_dtype(q.dtype)
+        b, hk, g = self.batch, self.heads_kv, self.groups
+        self.q = q.reshape(b, -1, hk, g, self.dim).to(self.dtype)
+        self.k = k.reshape(b, -1, hk, self.dim).to(self.dtype)
+        self.v = v.reshape(b, -1, hk, self.dim_v).to(self.dtype)
+        self.table = WindowTable(
+            self.spatial, params.kernel_size, params.stride, params.dilation,
+            params.is_causal, device=q.device,
+        )
+        self.tokens = self.table.num_tokens
+        self.chunk = _chunk_len(
+            b, self.table.window_size, self.heads, hk, self.dim, self.dim_v
+        )
+
+    def chunks(self):
+        for start in range(0, self.tokens, self.chunk):
+            stop = min(start + self.chunk, self.tokens)
+            yield (start, stop) + self.table.chunk(start, stop)
+
+    def logits(self, start, stop, key_idx, valid, rpb_idx, rpb):
+        """Masked logits ``[B, C, H_kv, G, W]`` and the gathered keys/values."""
+        k_w = self.k[:, key_idx]  # [B, C, W, H_kv, D]
+        v_w = self.v[:, key_idx]  # [B, C, W, H_kv, D_v]
+        q_c = self.q[:, start:stop]  # [B, C, H_kv, G, D]
+        s = torch.einsum("bchgd,bcwhd->bchgw", q_c, k_w) * self.params.scale
+        if rpb is not None:
+            bias = rpb.to(self.dtype).flatten(1)[:, rpb_idx]  # [H, C, W]
+            bias = bias.reshape(self.heads_kv, self.groups, *bias.shape[1:])
+            s = s + bias.permute(2, 0, 1, 3)[None]
+        s = s.masked_fill(~valid[None, :, None, None, :], float("-inf"))
+        return s, q_c, k_w, v_w
+
+
+def forward(q, k, v, rpb: Optional[torch.Tensor], params: NAParams) -> Tuple[torch.Tensor, torch.Tensor]:
+    """NA forward: ``(out [B, *spatial, H, D_v], lse [B, *spatial, H])``."""
+    p = _Problem(q, k, v, params)
+    out = torch.empty(p.batch, p.tokens, p.heads_kv, p.groups, p.dim_v, dtype=p.dtype, device=q.device)
+    lse = torch.empty(p.batch, p.tokens, p.heads_kv, p.groups, dtype=p.dtype, device=q.device)
+    for start, stop, key_idx, valid, rpb_idx in p.chunks():
+        s, _, _, v_w = p.logits(start, stop, key_idx, valid, rpb_idx, rpb)
+        lse_c = torch.logsumexp(s, dim=-1)
+        probs = torch.exp(s - lse_c[..., None])
+        out[:, start:stop] = torch.einsum("bchgw,bcwhe->bchge", probs, v_w)
+        lse[:, start:stop] = lse_c
+    out = out.reshape(p.batch, *p.spatial, p.heads, p.dim_v).to(q.dtype)
+    lse = lse.reshape(p.batch, *p.spatial, p.heads).to(lse_dtype(q.dtype))
+    return out, lse
+
+
+def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams):
+    """NA backward from the saved LSE: ``(dq, dk, dv, drpb-or-None)``.
+
+    ``grad_lse`` (may be None) is the gradient flowing into the LSE output, as when
+    the LSE feeds a merge with extra keys/values: d lse / d logits = probs.
+    """
+    p = _Problem(q, k, v, params)
+    b, hk, g = p.batch, p.heads_kv, p.groups
+    d_out = grad_out.reshape(b, -1, hk, g, p.dim_v).to(p.dtype)
+    o = out.reshape(b, -1, hk, g, p.dim_v).to(p.dtype)
+    lse_f = lse.reshape(b, -1, hk, g).to(p.dtype)
+    delta = (d_out * o).sum(-1)  # rowsum(dO * O) = sum_w P * dP
+    if grad_lse is not None:
+        delta = delta - grad_lse.reshape(b, -1, hk, g).to(p.dtype)
+    dq = torch.zeros_like(p.q)
+    dk = torch.zeros_like(p.k)
+    dv = torch.zeros_like(p.v)
+    drpb = torch.zeros(rpb.shape, dtype=p.dtype, device=q.device).flatten(1) if rpb is not None else None
+    for start, stop, key_idx, valid, rpb_idx in p.chunks():
+        s, q_c, k_w, v_w = p.logits(start, stop, key_idx, valid, rpb_idx, rpb)
+        probs = torch.exp(s - lse_f[:, start:stop, ..., None])
+        do_c = d_out[:, start:stop]
+        dp = torch.einsum("bchge,bcwhe->bchgw", do_c, v_w)
+        ds = probs * (dp - delta[:, start:stop, ..., None])  # d logits
+        dq[:, start:stop] = torch.einsum("bchgw,bcwhd->bchgd", ds, k_w) * params.scale
+        flat_idx = key_idx.reshape(-1)
+        dk_w = torch.einsum("bchgw,bchgd->bcwhd", ds, q_c) * params.scale
+        dv_w = torch.einsum("bchgw,bchge->bcwhe", probs, do_c)
+        dk.index_add_(1, flat_idx, dk_w.reshape(b, -1, hk, p.dim))
+        dv.index_add_(1, flat_idx, dv_w.reshape(b, -1, hk, p.dim_v))
+        if drpb is not None:
+            ds_h = ds.sum(0).permute(1, 2, 0, 3).reshape(p.heads, -1)  # [H, C * W]
+            drpb.index_add_(1, rpb_idx.reshape(-1), ds_h)
+    dq = dq.reshape(q.shape).to(q.dtype)
+    dk = dk.reshape(k.shape).to(k.dtype)
+    dv = dv.reshape(v.shape).to(v.dtype)
+    if drpb is not None:
+        drpb = drpb.reshape(rpb.shape).to(rpb.dtype)
+    return dq, dk, dv, drpb

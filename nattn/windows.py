@@ -1,0 +1,89 @@
+"""The neighborhood of each query, axis by axis, exactly as SEMANTICS.md defines it.
+
+For one axis, :func:`axis_window` returns, for every query coordinate ``i`` and every
+window slot ``t`` in ``0..k-1``, the key coordinate, whether that slot is a real key
+(causal windows near the start hold fewer than ``k``), and the RPB table offset. A query
+attends to the Cartesian product of its per-axis slots; :func:`window_indices` combines
+the axes into flat token indices for any chunk of queries, so no caller ever needs an
+N x N structure.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence, Tuple
+
+import torch
+
+
+def axis_window(
+    length: int, kernel: int, stride: int, dilation: int, causal: bool, device=None
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-axis window: ``(key_coord, valid, rpb_offset)``, each ``[length, kernel]``."""
+    i = torch.arange(length, device=device)
+    group = i % dilation  # dilation group of the query
+    ig = i // dilation  # coordinate inside the group
+    group_len = (length - group + dilation - 1) // dilation  # ceil((L - g) / d)
+    block = (ig // stride) * stride
+    t = torch.arange(kernel, device=device)
+    if causal:
+        leader = torch.minimum(block + stride - 1, group_len - 1)
+        jg = (leader - kernel + 1)[:, None] + t[None, :]  # window ends at the leader
+        valid = (jg >= 0) & (jg <= ig[:, None])
+    else:
+        leader = torch.minimum(block + stride // 2, group_len - 1)
+        left = kernel // 2
+        right = kernel // 2 + kernel % 2 - 1
+        centre = torch.maximum(torch.minimum(leader, group_len - 1 - right), torch.full_like(leader, left))
+        jg = (centre - left)[:, None] + t[None, :]
+        valid = torch.ones(length, kernel, dtype=torch.bool, device=device)
+    key_coord = jg.clamp(min=0) * dilation + group[:, None]
+    rpb_offset = jg - ig[:, None] + kernel - 1
+    return key_coord, valid, rpb_offset
+
+
+class WindowTable:
+    """Per-axis windows of one problem, combined on demand for a chunk of queries."""
+
+    def __init__(self, spatial: Sequence[int], kernel, stride, dilation, causal, device=None):
+        self.spatial = tuple(spatial)
+        self.kernel = tuple(kernel)
+        self.axes = [
+            axis_window(n, k, s, d, c, device)
+            for n, k, s, d, c in zip(spatial, kernel, stride, dilation, causal)
+        ]
+        self.rpb_sizes = tuple(2 * k - 1 for k in kernel)
+
+    @property
+    def num_tokens(self) -> int:
+        return math.prod(self.spatial)
+
+    @property
+    def window_size(self) -> int:
+        return math.prod(self.kernel)
+
+    def chunk(self, start: int, stop: int):
+        """Flat key index, validity and flat RPB index of queries ``start..stop-1``.
+
+        Each is ``[stop - start, W]``; the window slot order is row-major over the
+        per-axis slots. Invalid slots point at a real token (index clamped) so that a
+        gather is always in bounds; callers mask them.
+        """
+        q = torch.arange(start, stop, device=self.axes[0][0].device)
+        coords = []
+        for n in reversed(self.spatial):  # unravel the flat query index, row-major
+            coords.append(q % n)
+            q = q // n
+        coords.reverse()
+        key = valid = rpb = None
+        for axis, (c, (kc, vm, ro)) in enumerate(zip(coords, self.axes)):
+            k_ax, v_ax, r_ax = kc[c], vm[c], ro[c]  # [C, k_axis]
+            if key is None:
+                key, valid, rpb = k_ax, v_ax, r_ax
+                continue
+            # Cartesian product with the slots seen so far (row-major: new axis last).
+            n, size = self.spatial[axis], self.rpb_sizes[axis]
+            key = (key[:, :, None] * n + k_ax[:, None, :]).flatten(1)
+            valid = (valid[:, :, None] & v_ax[:, None, :]).flatten(1)
+            rpb = (rpb[:, :, None] * size + r_ax[:, None, :]).flatten(1)
+        return key, valid, rpb

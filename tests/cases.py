@@ -1,0 +1,66 @@
+"""Seeded random NA problems that combine every feature, for sweeps against the oracle."""
+
+import random
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+
+@dataclass
+class Case:
+    spatial: Tuple[int, ...]
+    kernel: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    dilation: Tuple[int, ...]
+    causal: Tuple[bool, ...]
+    batch: int
+    heads: int
+    heads_kv: int
+    dim: int
+    dim_v: int
+    extra: int  # number of additional keys/values (0: none)
+    rpb: bool
+    scale: Optional[float] = None
+    seed: int = 0
+
+    def __str__(self):
+        return (f"sp{self.spatial}-k{self.kernel}-s{self.stride}-d{self.dilation}-c{self.causal}"
+                f"-b{self.batch}h{self.heads}/{self.heads_kv}-d{self.dim}/{self.dim_v}"
+                f"-x{self.extra}-rpb{int(self.rpb)}")
+
+
+def random_case(rng: random.Random, na_dim: int, max_tokens: int = 160) -> Case:
+    while True:
+        kernel, dilation, spatial, stride, causal = [], [], [], [], []
+        for _ in range(na_dim):
+            k = rng.randint(2, 5 if na_dim == 3 else 7)
+            d = rng.choice([1, 1, 2, 3])
+            n = rng.randint(k * d, k * d + rng.choice([0, 1, 3, 6]))
+            kernel.append(k); dilation.append(d); spatial.append(n)
+            stride.append(rng.choice([1, 1, rng.randint(1, k)]))
+            causal.append(rng.random() < 0.3)
+        tokens = 1
+        for n in spatial:
+            tokens *= n
+        if tokens <= max_tokens:
+            break
+    rpb = rng.random() < 0.35
+    if rpb:  # RPB needs odd kernels, stride 1, non-causal
+        kernel = [k if k % 2 else k + 1 for k in kernel]
+        spatial = [max(n, k * d) for n, k, d in zip(spatial, kernel, dilation)]
+        stride = [1] * na_dim
+        causal = [False] * na_dim
+    heads_kv = rng.choice([1, 2])
+    heads = heads_kv * rng.choice([1, 2])
+    dim = rng.choice([4, 8, 16])
+    return Case(
+        spatial=tuple(spatial), kernel=tuple(kernel), stride=tuple(stride),
+        dilation=tuple(dilation), causal=tuple(causal), batch=rng.choice([1, 2]),
+        heads=heads, heads_kv=heads_kv, dim=dim, dim_v=rng.choice([dim, 8]),
+        extra=rng.choice([0, 0, 3]), rpb=rpb,
+        scale=rng.choice([None, 0.3]), seed=rng.randint(0, 2**31),
+    )
+
+
+def sweep(count: int, seed: int):
+    rng = random.Random(seed)
+    return [random_case(rng, 1 + i % 3) for i in range(count)]
