@@ -2,25 +2,43 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Dict, List, Optional
 
 from .base import Backend
 from .reference import ReferenceBackend
 
-# Fastest first. Compiled and flex backends insert themselves ahead of the reference.
+# Automatic dispatch tries backends in this order (fastest first); unknown names go
+# just before the reference, which runs everything and so always comes last.
+PRIORITY = ("cuda", "flex", "reference")
 BACKENDS: Dict[str, Backend] = {}
 AUTO_ORDER: List[str] = []
 
 
-def register_backend(backend: Backend, before: Optional[str] = None) -> None:
-    """Add ``backend`` to the registry, ahead of ``before`` in the automatic order."""
+def _rank(name: str) -> int:
+    return PRIORITY.index(name) if name in PRIORITY else PRIORITY.index("reference") - 0.5
+
+
+def register_backend(backend: Backend) -> None:
+    """Add (or replace) ``backend`` in the registry and the automatic order."""
     BACKENDS[backend.name] = backend
-    if backend.name in AUTO_ORDER:
-        AUTO_ORDER.remove(backend.name)
-    AUTO_ORDER.insert(AUTO_ORDER.index(before) if before in AUTO_ORDER else len(AUTO_ORDER), backend.name)
+    if backend.name not in AUTO_ORDER:
+        AUTO_ORDER.append(backend.name)
+    AUTO_ORDER.sort(key=_rank)
+
+
+def _load_optional(module: str) -> None:
+    """Import a backend module that registers itself, if this install has it."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:  # a real missing dependency inside the module: surface it
+            raise
 
 
 register_backend(ReferenceBackend())
+for _name in PRIORITY[:-1]:
+    _load_optional(f"{__name__}.{_name}")
 
 
 class NoBackendError(ValueError):
