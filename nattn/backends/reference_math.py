@@ -17,8 +17,8 @@ import torch
 from ..params import NAParams
 from ..windows import WindowTable
 
-# Elements of gathered keys/values + logits held per chunk (~64 MiB in float32).
-CHUNK_ELEMENTS = 1 << 24
+# Elements of gathered keys/values + logits held per chunk (~16 MiB in float32).
+CHUNK_ELEMENTS = 1 << 22
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -1,0 +1,36 @@
+"""Run one NA forward+backward in a fresh process and print the peak RSS growth in bytes.
+
+Usage: python memory_probe.py X Y HEADS DIM KERNEL. Used by test_memory_bound.py.
+"""
+
+import resource
+import sys
+
+import torch
+
+import nattn
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def main():
+    x, y, heads, dim, kernel = map(int, sys.argv[1:6])
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, x, y, heads, dim, requires_grad=True) for _ in range(3))
+    g = torch.randn(1, x, y, heads, dim)
+    # Warm up on a tiny problem so lazy imports and allocator pools are in the baseline.
+    s = torch.randn(1, kernel, kernel, heads, dim, requires_grad=True)
+    nattn.na2d(s, s, s, kernel).sum().backward()
+    base = rss_bytes()
+    out = nattn.na2d(q, k, v, kernel, backend="reference")
+    out.backward(g)
+    assert torch.isfinite(q.grad).all() and torch.isfinite(out).all()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(peak - base)
+
+
+if __name__ == "__main__":
+    main()

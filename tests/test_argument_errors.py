@@ -1,0 +1,91 @@
+"""Every bad input raises a clear error that names the argument."""
+
+import pytest
+import torch
+
+import nattn
+
+
+def qkv(shape=(1, 8, 9, 2, 4), heads_kv=None, dim_v=None, dtype=torch.float32):
+    b, x, y, h, d = shape
+    hk = heads_kv or h
+    return (
+        torch.randn(b, x, y, h, d, dtype=dtype),
+        torch.randn(b, x, y, hk, d, dtype=dtype),
+        torch.randn(b, x, y, hk, dim_v or d, dtype=dtype),
+    )
+
+
+def call(**overrides):
+    q, k, v = qkv()
+    args = dict(query=q, key=k, value=v, kernel_size=3)
+    args.update(overrides)
+    return nattn.na2d(**args)
+
+
+Q, K, V = qkv()
+BAD = [
+    # (overrides, exception, words the message must contain)
+    (dict(query=Q[0]), ValueError, ["query", "rank 5"]),
+    (dict(key=K[..., :3]), ValueError, ["key head dim"]),
+    (dict(value=V[:, :4]), ValueError, ["key and value"]),
+    (dict(key=K[:, :4], value=V[:, :4]), ValueError, ["query and key"]),
+    (dict(key=K.double()), TypeError, ["key dtype"]),
+    (dict(query=Q.int()), TypeError, ["query", "float32"]),
+    (dict(query=[1, 2]), TypeError, ["query", "torch.Tensor"]),
+    (dict(query=torch.randn(1, 8, 9, 3, 4)), ValueError, ["divisible"]),
+    (dict(kernel_size=1), ValueError, ["kernel_size", "axis 0", ">= 2"]),
+    (dict(kernel_size=(3, 10)), ValueError, ["kernel_size * dilation", "axis 1", "9"]),
+    (dict(kernel_size=3, dilation=(2, 4)), ValueError, ["kernel_size * dilation", "axis 1"]),
+    (dict(dilation=0), ValueError, ["dilation", ">= 1"]),
+    (dict(stride=4), ValueError, ["stride", "<= kernel_size"]),
+    (dict(stride=0), ValueError, ["stride"]),
+    (dict(kernel_size=3.0), TypeError, ["kernel_size", "int"]),
+    (dict(kernel_size=(3, "3")), TypeError, ["kernel_size", "axis 1"]),
+    (dict(kernel_size=(3, 3, 3)), ValueError, ["kernel_size", "tuple of 2"]),
+    (dict(stride=(1,)), ValueError, ["stride", "tuple of 2"]),
+    (dict(is_causal=(True,)), ValueError, ["is_causal", "tuple of 2"]),
+    (dict(is_causal=1), TypeError, ["is_causal", "bool"]),
+    (dict(scale="big"), TypeError, ["scale"]),
+    (dict(kernel_size=4, rpb=torch.zeros(2, 7, 7)), ValueError, ["rpb", "odd kernel_size"]),
+    (dict(stride=2, rpb=torch.zeros(2, 5, 5)), ValueError, ["rpb", "stride 1"]),
+    (dict(is_causal=(False, True), rpb=torch.zeros(2, 5, 5)), ValueError, ["rpb", "is_causal=False"]),
+    (dict(rpb=torch.zeros(2, 5, 4)), ValueError, ["rpb", "(2, 5, 5)"]),
+    (dict(rpb=torch.zeros(3, 5, 5)), ValueError, ["rpb", "shape"]),
+    (dict(additional_keys=torch.zeros(1, 3, 2, 4)), ValueError, ["together"]),
+    (dict(additional_keys=torch.zeros(1, 3, 2, 5), additional_values=torch.zeros(1, 3, 2, 4)),
+     ValueError, ["additional_keys", "shape"]),
+    (dict(additional_keys=torch.zeros(1, 3, 2, 4), additional_values=torch.zeros(1, 2, 2, 4)),
+     ValueError, ["N_extra"]),
+    (dict(additional_keys=torch.zeros(2, 3, 2, 4), additional_values=torch.zeros(2, 3, 2, 4)),
+     ValueError, ["additional_keys", "B=1"]),
+    (dict(query=torch.zeros(0, 8, 9, 2, 4), key=torch.zeros(0, 8, 9, 2, 4), value=torch.zeros(0, 8, 9, 2, 4)),
+     ValueError, ["query", "empty"]),
+    (dict(backend="tpu"), ValueError, ["backend", "reference"]),
+]
+
+
+@pytest.mark.parametrize("overrides,exc,words", BAD, ids=lambda x: str(x)[:60] if isinstance(x, dict) else None)
+def test_bad_input_raises_clear_error(overrides, exc, words):
+    with pytest.raises(exc) as info:
+        call(**overrides)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {str(info.value)!r}"
+
+
+def test_axis_shorter_than_kernel_raises():
+    q = torch.randn(1, 5, 2, 4)
+    with pytest.raises(ValueError, match=r"axis 0 \(X\).*6 \* 1 = 6"):
+        nattn.na1d(q, q, q, kernel_size=6)
+
+
+def test_attention_errors():
+    q = torch.randn(1, 6, 2, 4)
+    with pytest.raises(ValueError, match="rank 4"):
+        nattn.attention(q[0], q[0], q[0])
+    with pytest.raises(ValueError, match="as many keys as queries"):
+        nattn.attention(q, q[:, :3], q[:, :3], is_causal=True)
+    with pytest.raises(ValueError, match="merge_attentions"):
+        nattn.merge_attentions([q], [q[..., 0]])
+    with pytest.raises(ValueError, match=r"lse_tensors\[1\]"):
+        nattn.merge_attentions([q, q], [q[..., 0], q])

@@ -1,0 +1,52 @@
+"""torch.compile(fullgraph=True) over a module calling na2d: no graph breaks, same numbers."""
+
+import torch
+
+import nattn
+
+
+class TinyNA(torch.nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.rpb = torch.nn.Parameter(torch.randn(heads, 5, 5) * 0.02)
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, h, w, 3, self.heads, c // self.heads).unbind(3)
+        out = nattn.na2d(q, k, v, kernel_size=3, dilation=(1, 2), rpb=self.rpb)
+        extra = nattn.na2d(q, k, v, kernel_size=(2, 4), is_causal=(True, False),
+                           additional_keys=k[:, 0], additional_values=v[:, 0])
+        return (out + extra).reshape(b, h, w, c)
+
+
+def test_compile_fullgraph_forward_backward():
+    torch.manual_seed(0)
+    model = TinyNA()
+    x = torch.randn(2, 6, 7, 16)
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    torch.testing.assert_close(out, eager)
+    out.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    eager.sum().backward()
+    for n, p in model.named_parameters():
+        assert torch.isfinite(grads[n]).all()
+        torch.testing.assert_close(grads[n], p.grad, msg=n)
+
+
+def test_opcheck_custom_ops():
+    q = torch.randn(1, 6, 5, 2, 4, requires_grad=True)
+    k = torch.randn(1, 6, 5, 1, 4, requires_grad=True)
+    v = torch.randn(1, 6, 5, 1, 3, requires_grad=True)
+    rpb = torch.randn(2, 5, 5, requires_grad=True)
+    op = torch.ops.nattn.na_forward.default
+    torch.library.opcheck(op, (q, k, v, None, [3, 2], [1, 2], [1, 2], [True, False], 0.5, "reference"))
+    torch.library.opcheck(op, (q, k, v, rpb, [3, 3], [1, 1], [1, 1], [False, False], 0.5, "reference"))
+    qd = q.reshape(1, 30, 2, 4).detach().requires_grad_()
+    kd = k.reshape(1, 30, 1, 4).detach().requires_grad_()
+    vd = v.reshape(1, 30, 1, 3).detach().requires_grad_()
+    torch.library.opcheck(torch.ops.nattn.attention_forward.default, (qd, kd, vd, True, 0.3, "reference"))
