@@ -61,6 +61,8 @@ BAD = [
      ValueError, ["additional_keys", "B=1"]),
     (dict(query=torch.zeros(0, 8, 9, 2, 4), key=torch.zeros(0, 8, 9, 2, 4), value=torch.zeros(0, 8, 9, 2, 4)),
      ValueError, ["query", "empty"]),
+    (dict(key=K.to("meta"), value=V.to("meta")), ValueError, ["key device", "meta"]),
+    (dict(rpb=torch.zeros(2, 5, 5, device="meta")), ValueError, ["rpb device"]),
     (dict(backend="tpu"), ValueError, ["backend", "reference"]),
 ]
 
