@@ -44,7 +44,8 @@ def na_explicit(
     if additional_keys is not None:
         extra = torch.einsum("bnhgd,bmhd->bnhgm", qf, additional_keys) * params.scale
         logits = torch.cat([logits, extra], dim=-1)
-    weights = torch.softmax(logits.float(), dim=-1).to(q.dtype)
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32  # softmax never in half
+    weights = torch.softmax(logits.to(acc), dim=-1).to(q.dtype)
     if weights_hook is not None:
         weights = weights_hook(weights)
     out = torch.einsum("bnhgw,bnwhe->bnhge", weights[..., :window], v_w)
