@@ -212,7 +212,7 @@ class PretrainedWeightsError(RuntimeError):
     """pretrained=True but no weights could be found or fetched."""
 
 
-def create(model_cls, variant: str, pretrained: bool, filter_fn: Callable, out_indices,
+def create(model_cls, variant: str, pretrained: bool, filter_fn: Callable, default_out_indices,
            **kwargs) -> nn.Module:
     """``build_model_with_cfg`` with a clear error when pretrained weights are unreachable."""
     overlay = kwargs.get("pretrained_cfg_overlay") or {}
@@ -225,7 +225,7 @@ def create(model_cls, variant: str, pretrained: bool, filter_fn: Callable, out_i
             f"{variant}: no pretrained weights are published for this model; create it with "
             f"pretrained=False, or pass pretrained_cfg_overlay=dict(file='/path/to/weights.pth')"
         )
-    feature_cfg = dict(feature_cls="getter", out_indices=kwargs.pop("out_indices", out_indices))
+    feature_cfg = dict(feature_cls="getter", out_indices=kwargs.pop("out_indices", default_out_indices))
     try:
         return build_model_with_cfg(
             model_cls, variant, pretrained, pretrained_filter_fn=filter_fn,
