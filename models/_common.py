@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, Mlp, trunc_normal_
 from timm.models import build_model_with_cfg, get_pretrained_cfg
 from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint_seq
 from torch import nn
 
 from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D
@@ -94,10 +95,11 @@ class ChannelsLastBackbone(nn.Module):
     def group_matcher(self, coarse: bool = False):
         return dict(stem=r"^patch_embed", blocks=rf"^{self._seq}\.(\d+)")
 
+    grad_checkpointing = False
+
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True):
-        if enable:
-            raise NotImplementedError(f"{type(self).__name__} has no gradient checkpointing")
+        self.grad_checkpointing = enable  # recompute each stage/block in backward
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
@@ -113,7 +115,10 @@ class ChannelsLastBackbone(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)
-        x = self._sequence()(x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq(self._sequence(), x)
+        else:
+            x = self._sequence()(x)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

@@ -231,3 +231,28 @@ def test_pretrained_errors_are_clear():
     with pytest.raises(PretrainedWeightsError, match="pretrained_cfg_overlay=dict\\(file="):
         timm.create_model("nat_mini", pretrained=True,
                           pretrained_cfg_overlay=dict(url="http://127.0.0.1:9/nat_mini.pth"))
+
+
+def test_gradient_checkpointing_gives_same_gradients():
+    torch.manual_seed(4)
+    model = timm.create_model("nat_mini", num_classes=3, drop_path_rate=0.0)
+    x = _input("nat_mini", 1)
+    model(x).sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).sum().backward()
+    for g, w in zip((p.grad for p in model.parameters()), want):
+        torch.testing.assert_close(g, w)
+
+
+def test_import_nattn_without_timm():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['timm'] = None; import nattn, torch; "
+            "assert not hasattr(nattn, 'models'); "
+            "m = nattn.nn.NeighborhoodAttention1D(8, 2, 3); print(m(torch.randn(1, 5, 8)).shape)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "torch.Size([1, 5, 8])" in done.stdout
