@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
