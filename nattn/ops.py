@@ -17,7 +17,8 @@ from .params import NAParams
 
 
 def _params(kernel_size, stride, dilation, is_causal, scale) -> NAParams:
-    return NAParams(tuple(kernel_size), tuple(stride), tuple(dilation), tuple(is_causal), scale)
+    # is_causal travels as int[] because torch.jit tracing (fvcore) cannot record bool[].
+    return NAParams(tuple(kernel_size), tuple(stride), tuple(dilation), tuple(bool(c) for c in is_causal), scale)
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -28,7 +29,7 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
 @torch.library.custom_op("nattn::na_forward", mutates_args=())
 def na_forward(
     q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor],
-    kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[bool],
+    kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[int],
     scale: float, backend: str,
 ) -> Tuple[Tensor, Tensor]:
     params = _params(kernel_size, stride, dilation, is_causal, scale)
@@ -46,7 +47,7 @@ def _(q, k, v, rpb, kernel_size, stride, dilation, is_causal, scale, backend):
 def na_backward(
     grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor],
     out: Tensor, lse: Tensor,
-    kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[bool],
+    kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[int],
     scale: float, backend: str,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     params = _params(kernel_size, stride, dilation, is_causal, scale)

@@ -1,0 +1,246 @@
+"""Pieces shared by the NAT-family models: the NA transformer block, the timm
+feature/classifier contract, weight init, checkpoint helpers and model creation."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.models import build_model_with_cfg, get_pretrained_cfg
+from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint_seq
+from torch import nn
+
+from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D
+
+_NA = {1: NeighborhoodAttention1D, 2: NeighborhoodAttention2D, 3: NeighborhoodAttention3D}
+
+
+class NABlock(nn.Module):
+    """Pre-norm block: ``x + NA(norm1(x))`` then ``x + MLP(norm2(x))``, channels last.
+
+    ``layer_scale`` (a float) multiplies each branch by learned per-channel gains
+    ``gamma1``/``gamma2`` initialised to it, as NAT-Small/Base do.
+    """
+
+    def __init__(self, dim: int, num_heads: int, kernel_size=7, dilation=1, mlp_ratio: float = 4.0,
+                 qkv_bias: bool = True, qk_scale: Optional[float] = None, proj_drop: float = 0.0,
+                 attn_drop: float = 0.0, drop_path: float = 0.0, layer_scale: Optional[float] = None,
+                 norm_layer=nn.LayerNorm, act_layer=nn.GELU, na_dim: int = 2,
+                 rel_pos_bias: bool = True, backend: Optional[str] = None):
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = _NA[na_dim](
+            dim, num_heads, kernel_size, dilation=dilation, qkv_bias=qkv_bias, qk_scale=qk_scale,
+            attn_drop=attn_drop, proj_drop=proj_drop, rel_pos_bias=rel_pos_bias, backend=backend,
+        )
+        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        if layer_scale is not None:
+            self.gamma1 = nn.Parameter(layer_scale * torch.ones(dim))
+            self.gamma2 = nn.Parameter(layer_scale * torch.ones(dim))
+        else:
+            self.gamma1 = self.gamma2 = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.attn(self.norm1(x))
+        x = x + self.drop_path(y if self.gamma1 is None else self.gamma1 * y)
+        y = self.mlp(self.norm2(x))
+        return x + self.drop_path(y if self.gamma2 is None else self.gamma2 * y)
+
+
+def drop_path_rates(depths: List[int], rate: float) -> List[List[float]]:
+    """Stochastic depth rising linearly over all blocks, split per stage."""
+    total = sum(depths)
+    rates = [rate * i / (total - 1) if total > 1 else 0.0 for i in range(total)]  # no tensors: meta-safe
+    out, start = [], 0
+    for d in depths:
+        out.append(rates[start:start + d])
+        start += d
+    return out
+
+
+def init_weights(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class ChannelsLastBackbone(nn.Module):
+    """timm's classifier/feature contract for models whose tokens are ``[B, *spatial, C]``.
+
+    Subclasses set ``patch_embed``, a sequence of feature modules named by ``_seq``
+    (``stages`` or ``blocks``), ``norm``, ``head_drop``, ``head``, ``num_features``,
+    ``global_pool`` and ``feature_info``.
+    """
+
+    _seq = "stages"
+
+    def _sequence(self) -> nn.Sequential:
+        return getattr(self, self._seq)
+
+    @torch.jit.ignore
+    def no_weight_decay_keywords(self):
+        return {"rpb"}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False):
+        return dict(stem=r"^patch_embed", blocks=rf"^{self._seq}\.(\d+)")
+
+    grad_checkpointing = False
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True):
+        self.grad_checkpointing = enable  # recompute each stage/block in backward
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
+        if global_pool is not None:
+            if global_pool not in ("avg", ""):
+                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq(self._sequence(), x)
+        else:
+            x = self._sequence()(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if self.global_pool == "avg":
+            x = x.mean(dim=tuple(range(1, x.dim() - 1)))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None, norm: bool = False,
+        stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
+    ):
+        """Outputs of the selected stages (``NCHW``/``NCTHW``, or channels last with ``NHWC``)."""
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        seq = self._sequence()
+        take, max_index = feature_take_indices(len(seq), indices)
+        last = len(seq) - 1
+        intermediates = []
+        x = self.patch_embed(x)
+        for i, module in enumerate(seq):
+            if stop_early and i > max_index:
+                break
+            x = module(x)
+            if i in take:
+                y = self.norm(x) if norm and i == last else x
+                intermediates.append(y.movedim(-1, 1).contiguous() if output_fmt == "NCHW" else y)
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True):
+        seq = self._sequence()
+        take, max_index = feature_take_indices(len(seq), indices)
+        setattr(self, self._seq, seq[: max_index + 1])
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take
+
+
+# --------------------------------------------------------------------- checkpoints
+def unwrap_state_dict(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Accept ``{'model': sd}``/``{'state_dict': sd}`` wrappers and DDP ``module.`` prefixes."""
+    for key in ("model", "state_dict", "model_ema"):
+        if key in state_dict and isinstance(state_dict[key], dict):
+            state_dict = state_dict[key]
+            break
+    return {(k[len("module."):] if k.startswith("module.") else k): v for k, v in state_dict.items()}
+
+
+def resize_rpb(table: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
+    """Interpolate an RPB table ``[H, 2k-1, ...]`` to another kernel size (Swin's recipe)."""
+    if tuple(table.shape) == tuple(shape):
+        return table
+    if table.shape[0] != shape[0] or table.dim() != len(shape) or table.dim() not in (2, 3, 4):
+        raise ValueError(f"cannot resize an rpb table of shape {tuple(table.shape)} to {tuple(shape)}")
+    mode = {2: "linear", 3: "bicubic", 4: "trilinear"}[table.dim()]
+    out = F.interpolate(table[None].float(), size=tuple(shape[1:]), mode=mode, align_corners=False)
+    return out[0].to(table.dtype)
+
+
+def rename_stages(state_dict, old: str, model: nn.Module, extra_renames=()) -> Dict[str, torch.Tensor]:
+    """Map an original SHI-Labs state dict onto our layout.
+
+    The originals end each level with the downsampler of the next one
+    (``{old}.{i}.downsample``); here a stage starts with its own downsampler, so that
+    stage outputs are the features at each resolution: ``stages.{i+1}.downsample``.
+    RPB tables are ``[H, 2k-1, 2k-1]`` in both and pass through (resized when the
+    kernel size differs).
+    """
+    state_dict = unwrap_state_dict(state_dict)
+    own = model.state_dict()
+    out = {}
+    for key, value in state_dict.items():
+        m = re.match(rf"^{old}\.(\d+)\.downsample\.(.*)$", key)
+        if m:
+            key = f"stages.{int(m.group(1)) + 1}.downsample.{m.group(2)}"
+        else:
+            key = re.sub(rf"^{old}\.(\d+)\.blocks\.", r"stages.\1.blocks.", key)
+        for pattern, repl in extra_renames:
+            key = re.sub(pattern, repl, key)
+        if key.endswith("attn.rpb") and key in own:
+            value = resize_rpb(value, tuple(own[key].shape))
+        out[key] = value
+    return out
+
+
+# ------------------------------------------------------------------------ creation
+class PretrainedWeightsError(RuntimeError):
+    """pretrained=True but no weights could be found or fetched."""
+
+
+def create(model_cls, variant: str, pretrained: bool, filter_fn: Callable, default_out_indices,
+           **kwargs) -> nn.Module:
+    """``build_model_with_cfg`` with a clear error when pretrained weights are unreachable."""
+    overlay = kwargs.get("pretrained_cfg_overlay") or {}
+    cfg = kwargs.get("pretrained_cfg") or get_pretrained_cfg(variant)
+    cfg = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg or {})
+    cfg.update(overlay)
+    source = cfg.get("file") or cfg.get("url") or cfg.get("hf_hub_id")
+    if pretrained and not source:
+        raise PretrainedWeightsError(
+            f"{variant}: no pretrained weights are published for this model; create it with "
+            f"pretrained=False, or pass pretrained_cfg_overlay=dict(file='/path/to/weights.pth')"
+        )
+    feature_cfg = dict(feature_cls="getter", out_indices=kwargs.pop("out_indices", default_out_indices))
+    try:
+        return build_model_with_cfg(
+            model_cls, variant, pretrained, pretrained_filter_fn=filter_fn,
+            feature_cfg=feature_cfg, **kwargs,
+        )
+    except (OSError, ConnectionError, ValueError, RuntimeError) as e:  # urllib/HTTP/IO errors
+        if not pretrained or isinstance(e, PretrainedWeightsError):
+            raise
+        raise PretrainedWeightsError(
+            f"{variant}: pretrained=True but the weights could not be loaded from {source!r} "
+            f"({type(e).__name__}: {e}). If you have the original SHI-Labs checkpoint, pass "
+            f"pretrained_cfg_overlay=dict(file='/path/to/checkpoint.pth')"
+        ) from e

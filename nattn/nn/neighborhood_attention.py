@@ -1,0 +1,213 @@
+"""NeighborhoodAttention1D/2D/3D: token-mixing layers over ``[B, *spatial, C]`` inputs.
+
+One fused ``qkv`` projection, NA over the spatial axes (heads-last, straight into
+:func:`nattn.functional.neighborhood_attention`), an output projection. The parameter
+names (``qkv``, ``rpb``, ``proj``) are those of NAT/DiNAT checkpoints, so their weights
+load without renaming.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..functional import neighborhood_attention
+from ..params import NAParams
+from .unfused import na_explicit
+
+IntOrTuple = Union[int, Sequence[int]]
+BoolOrTuple = Union[bool, Sequence[bool]]
+
+
+def _per_axis(value, na_dim: int, name: str, kind: type) -> tuple:
+    if isinstance(value, (list, tuple)):
+        if len(value) != na_dim:
+            raise ValueError(f"{name} must be a {kind.__name__} or a tuple of {na_dim}, got {tuple(value)!r}")
+        values = tuple(value)
+    else:
+        values = (value,) * na_dim
+    for v in values:
+        ok = isinstance(v, bool) if kind is bool else isinstance(v, int) and not isinstance(v, bool)
+        if not ok:
+            raise TypeError(f"{name} must be a {kind.__name__} or a tuple of {na_dim}, got {value!r}")
+    return values
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _probability(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {value!r}")
+    return float(value)
+
+
+class NeighborhoodAttentionND(nn.Module):
+    """Multi-head neighborhood attention over ``na_dim`` spatial axes (use the 1D/2D/3D classes).
+
+    Args:
+        embed_dim: channels ``C`` of input and output; divisible by ``num_heads``.
+        num_heads: attention heads.
+        kernel_size, stride, dilation: per axis (int or tuple), as in :func:`nattn.na2d`.
+        is_causal: bool or per-axis tuple.
+        qkv_bias: bias in the fused qkv projection.
+        qk_scale: logit scale, default ``head_dim ** -0.5``.
+        attn_drop: dropout on the attention weights (training only; takes an unfused path).
+        proj_drop: dropout after the output projection.
+        rel_pos_bias: learn a relative positional bias table ``rpb [H, 2k-1, ...]``
+            (NAT/DiNAT); needs odd kernels, stride 1 and no causal mask.
+        backend: NA backend name, ``None`` for automatic choice.
+
+    Inputs smaller than ``kernel_size * dilation`` along an axis are zero-padded at the
+    end of that axis (before the qkv projection) and the output is cropped back, as
+    NAT/DiNAT did, so that small feature maps still run.
+    """
+
+    na_dim: int = 0
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        kernel_size: IntOrTuple,
+        stride: IntOrTuple = 1,
+        dilation: IntOrTuple = 1,
+        is_causal: BoolOrTuple = False,
+        qkv_bias: bool = True,
+        qk_scale: Optional[float] = None,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        rel_pos_bias: bool = False,
+        backend: Optional[str] = None,
+    ):
+        super().__init__()
+        n = self.na_dim
+        if n not in (1, 2, 3):
+            raise TypeError("use NeighborhoodAttention1D, NeighborhoodAttention2D or NeighborhoodAttention3D")
+        self.embed_dim = _positive_int(embed_dim, "embed_dim")
+        self.num_heads = _positive_int(num_heads, "num_heads")
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        self.head_dim = embed_dim // num_heads
+        self.kernel_size = _per_axis(kernel_size, n, "kernel_size", int)
+        self.stride = _per_axis(stride, n, "stride", int)
+        self.dilation = _per_axis(dilation, n, "dilation", int)
+        self.is_causal = _per_axis(is_causal, n, "is_causal", bool)
+        for k, s, d in zip(self.kernel_size, self.stride, self.dilation):
+            if k < 2:
+                raise ValueError(f"kernel_size must be >= 2 along every axis, got {self.kernel_size}")
+            if d < 1:
+                raise ValueError(f"dilation must be >= 1 along every axis, got {self.dilation}")
+            if not 1 <= s <= k:
+                raise ValueError(f"stride must satisfy 1 <= stride <= kernel_size, got {self.stride} "
+                                 f"for kernel_size {self.kernel_size}")
+        if qk_scale is not None and (isinstance(qk_scale, bool) or not isinstance(qk_scale, (int, float))):
+            raise TypeError(f"qk_scale must be a float or None, got {qk_scale!r}")
+        self.scale = float(qk_scale) if qk_scale is not None else self.head_dim ** -0.5
+        if not isinstance(rel_pos_bias, bool):
+            raise TypeError(f"rel_pos_bias must be a bool, got {rel_pos_bias!r}")
+        if rel_pos_bias:
+            reasons = []
+            if any(k % 2 == 0 for k in self.kernel_size):
+                reasons.append(f"odd kernel_size (got {self.kernel_size})")
+            if any(s != 1 for s in self.stride):
+                reasons.append(f"stride 1 (got {self.stride})")
+            if any(self.is_causal):
+                reasons.append(f"is_causal=False (got {self.is_causal})")
+            if reasons:
+                raise ValueError("rel_pos_bias=True requires " + ", ".join(reasons))
+        self.backend = backend
+
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=qkv_bias)
+        if rel_pos_bias:
+            self.rpb = nn.Parameter(torch.zeros(num_heads, *(2 * k - 1 for k in self.kernel_size)))
+            nn.init.trunc_normal_(self.rpb, std=0.02, a=-2.0, b=2.0)
+        else:
+            self.register_parameter("rpb", None)
+        self.attn_drop_p = _probability(attn_drop, "attn_drop")
+        self.attn_drop = nn.Dropout(self.attn_drop_p)
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.proj_drop = nn.Dropout(_probability(proj_drop, "proj_drop"))
+
+    def extra_repr(self) -> str:
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"kernel_size={self.kernel_size}, stride={self.stride}, dilation={self.dilation}, "
+            f"is_causal={self.is_causal}, rel_pos_bias={self.rpb is not None}, scale={self.scale:.4g}"
+        )
+
+    def _padding(self, spatial: Tuple[int, ...]) -> Tuple[int, ...]:
+        return tuple(max(0, k * d - n) for n, k, d in zip(spatial, self.kernel_size, self.dilation))
+
+    def _project_extra(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of extra tokens ``[B, N_extra, C]`` through the same projection."""
+        c = self.embed_dim
+        if tokens.dim() != 3 or tokens.shape[-1] != c:
+            raise ValueError(f"additional_tokens must be [B, N_extra, {c}], got {tuple(tokens.shape)}")
+        bias = self.qkv.bias[c:] if self.qkv.bias is not None else None
+        kv = F.linear(tokens, self.qkv.weight[c:], bias)
+        kv = kv.reshape(tokens.shape[0], tokens.shape[1], 2, self.num_heads, self.head_dim)
+        return kv[:, :, 0], kv[:, :, 1]
+
+    def forward(self, x: torch.Tensor, additional_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x [B, *spatial, C] -> [B, *spatial, C]``.
+
+        ``additional_tokens [B, N_extra, C]`` (optional): extra tokens (e.g. class/register
+        tokens or a cross-attention context) projected to keys/values with the same
+        weights and attended by every query besides its neighborhood.
+        """
+        n = self.na_dim
+        if x.dim() != n + 2 or x.shape[-1] != self.embed_dim:
+            raise ValueError(
+                f"{type(self).__name__} expects input [B, {n} spatial axes, C={self.embed_dim}], "
+                f"got shape {tuple(x.shape)}"
+            )
+        spatial = tuple(x.shape[1:-1])
+        pad = self._padding(spatial)
+        if any(pad):
+            flat = [0, 0]  # channels
+            for p in reversed(pad):
+                flat += [0, p]
+            x = F.pad(x, flat)
+        b = x.shape[0]
+        qkv = self.qkv(x).reshape(b, *x.shape[1:-1], 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.unbind(dim=-3)
+        extra_k = extra_v = None
+        if additional_tokens is not None:
+            extra_k, extra_v = self._project_extra(additional_tokens)
+        if self.training and self.attn_drop_p > 0:
+            params = NAParams(self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale)
+            out = na_explicit(q, k, v, params, self.rpb, extra_k, extra_v, weights_hook=self.attn_drop)
+        else:
+            out = neighborhood_attention(
+                q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
+                extra_k, extra_v, self.rpb, self.backend, na_dim=n,
+            )
+        out = out.reshape(b, *x.shape[1:-1], self.embed_dim)
+        if any(pad):
+            out = out[(slice(None),) + tuple(slice(0, s) for s in spatial)]
+        return self.proj_drop(self.proj(out))
+
+
+class NeighborhoodAttention1D(NeighborhoodAttentionND):
+    """1-D neighborhood attention over ``[B, L, C]`` (see :class:`NeighborhoodAttentionND`)."""
+
+    na_dim = 1
+
+
+class NeighborhoodAttention2D(NeighborhoodAttentionND):
+    """2-D neighborhood attention over ``[B, H, W, C]`` (see :class:`NeighborhoodAttentionND`)."""
+
+    na_dim = 2
+
+
+class NeighborhoodAttention3D(NeighborhoodAttentionND):
+    """3-D neighborhood attention over ``[B, T, H, W, C]`` (see :class:`NeighborhoodAttentionND`)."""
+
+    na_dim = 3
