@@ -198,7 +198,9 @@ def test_loads_original_dinat_s_and_isotropic_checkpoints(tmp_path):
     source = timm.create_model("dinat_s_tiny", num_classes=3)
     original = _to_original_hierarchical(source.state_dict(), "layers")
     assert tuple(original["layers.0.downsample.reduction.weight"].shape) == (192, 384)  # Swin merging
+    assert tuple(original["layers.2.blocks.1.attn.rpb"].shape) == (12, 13, 13)
     assert tuple(original["patch_embed.proj.weight"].shape) == (96, 3, 4, 4)
+    original = {"module." + k: v for k, v in original.items()}  # saved from DistributedDataParallel
     loaded = timm.create_model("dinat_s_tiny", num_classes=3, pretrained=True,
                                pretrained_cfg_overlay=dict(file=_save(tmp_path, original), num_classes=3))
     _assert_same_weights(source, loaded)
