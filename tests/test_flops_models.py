@@ -13,11 +13,16 @@ from nattn.flops import add_nattn_handles
 timm = pytest.importorskip("timm")
 fvcore = pytest.importorskip("fvcore.nn")
 
-# Published GFLOPs (fvcore MACs) at 224x224: NAT (arXiv:2204.07143), DiNAT (arXiv:2209.15001).
+# Published GFLOPs (fvcore MACs) at 224x224: NAT (arXiv:2204.07143), DiNAT, DiNAT_s and
+# isotropic (arXiv:2209.15001).
 PUBLISHED_GFLOPS = {
     "nat_mini": 2.7, "nat_tiny": 4.3, "nat_small": 7.8, "nat_base": 13.7,
-    "dinat_mini": 2.7, "dinat_large": 30.6, "dinat_s_tiny": 4.5, "nat_isotropic_small": 4.3,
+    "dinat_mini": 2.7, "dinat_tiny": 4.3, "dinat_small": 7.8, "dinat_base": 13.7, "dinat_large": 30.6,
+    "dinat_s_tiny": 4.5, "dinat_s_small": 8.7, "dinat_s_base": 15.4, "dinat_s_large": 34.5,
+    "nat_isotropic_small": 4.3, "dinat_isotropic_small": 4.3, "nat_isotropic_base": 16.9,
+    "dinat_isotropic_base": 16.9,
 }
+FVCORE_TRACED = ["nat_mini", "nat_tiny", "nat_small", "nat_base", "dinat_s_tiny"]  # the rest: meta below
 
 
 class _ShapeOnly(Backend):
@@ -45,12 +50,23 @@ def _fvcore_gmacs(model, x):
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
-@pytest.mark.parametrize("name", sorted(PUBLISHED_GFLOPS))
+@pytest.mark.parametrize("name", FVCORE_TRACED)
 def test_fvcore_reproduces_published_gflops(name):
     model = timm.create_model(name, backend=_ShapeOnly.name)
     gmacs, analysis = _fvcore_gmacs(model, torch.zeros(1, 3, 224, 224))
     assert abs(gmacs - PUBLISHED_GFLOPS[name]) / PUBLISHED_GFLOPS[name] < 0.03, gmacs
     assert analysis.by_operator()["na_forward"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_GFLOPS))
+def test_flop_counter_mode_reproduces_published_gflops(name):
+    """On the meta device (no compute): torch's FLOPs / 2 = MACs without layer norms (<1%)."""
+    with torch.device("meta"):
+        model = timm.create_model(name)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.eval()(torch.empty(1, 3, 224, 224, device="meta"))
+    gmacs = counter.get_total_flops() / 2e9
+    assert abs(gmacs - PUBLISHED_GFLOPS[name]) / PUBLISHED_GFLOPS[name] < 0.03, gmacs
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")

@@ -130,3 +130,17 @@ def test_flop_counter_on_meta_tensors():
         nattn.na2d(q, q, q, 13, dilation=2)
     assert counter.get_total_flops() == 4 * 8 * 8 * 64 * 64 * 169 * 64
     assert math.isclose(counter.get_total_flops(), na_flops(q, kernel_size=13))
+
+
+def test_formulas_registered_by_import_nattn_alone():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['timm'] = None; import torch, nattn; "
+            "from torch.utils.flop_counter import FlopCounterMode; "
+            "q = torch.randn(1, 8, 8, 2, 4)\n"
+            "with FlopCounterMode(display=False) as c: nattn.na2d(q, q, q, 3)\n"
+            "print(c.get_total_flops())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) == 4 * 2 * 64 * 9 * 4
