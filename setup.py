@@ -62,8 +62,10 @@ class CMakeBuild(build_ext):
             args.append(f"-D{var}={os.environ.get(var, '')}")
         if shutil.which("ninja"):
             args += ["-G", "Ninja"]
-        if os.environ.get("CUDACXX"):
-            args.append(f"-DCMAKE_CUDA_COMPILER={os.environ['CUDACXX']}")
+        # The nvcc on PATH unless CUDACXX names one (CMake alone may prefer /usr/bin/nvcc).
+        nvcc = os.environ.get("CUDACXX") or shutil.which("nvcc")
+        if nvcc:
+            args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
         subprocess.check_call(args)
         workers = os.environ.get("NATTN_N_WORKERS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", build_dir, "--parallel", workers])

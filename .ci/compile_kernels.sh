@@ -32,6 +32,7 @@ print('   loaded', lib.path, 'kernels:', sorted(lib.kernels))"
 mkdir -p "$(dirname "$BUILD")"
 # 1. The default toolkit (CUDA 13) must refuse sm_50 with a clear message.
 if cmake -S . -B "$BUILD-reject" "${GEN[@]}" -DNATTN_CUDA_ARCH="5.0" "${SUBSET[@]}" \
+     -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" \
      -DPython3_EXECUTABLE="$PY" > "$BUILD-reject.log" 2>&1; then
   if nvcc --list-gpu-arch | grep -q compute_50; then
     echo "   (default nvcc still supports sm_50: nothing to reject)"
@@ -44,7 +45,7 @@ else
 fi
 
 # 2. sm_80 + sm_90 with the default nvcc.
-build "$BUILD-sm80-sm90" "8.0;9.0"
+build "$BUILD-sm80-sm90" "8.0;9.0" -DCMAKE_CUDA_COMPILER="$(command -v nvcc)"
 
 # 3. sm_50 with CUDA 11.8 (installed from Debian contrib/non-free when missing).
 NVCC118=/usr/lib/nvidia-cuda-toolkit/bin/nvcc

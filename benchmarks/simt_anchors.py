@@ -38,7 +38,7 @@ def bench(fn, grads=None, quick=False):
         return float("nan")
 
 
-def run(anchor, large):
+def run(anchor, cuda_only=False):
     name, spatial, b, h, d, kernel, dil = anchor
     quick = name in LARGE
     na = FUNCS[len(spatial)]
@@ -56,6 +56,8 @@ def run(anchor, large):
     with torch.no_grad():
         row["cuda fwd"] = bench(fwd("cuda"), quick=quick)
     row["cuda fwd+bwd"] = float("nan") if quick else bench(fwd_bwd("cuda"), [q, k, v])
+    if cuda_only:
+        return row
     work = b * h * math.prod(spatial) * math.prod(kernel) * d
     if work <= REFERENCE_MAX_WORK:
         with torch.no_grad():
@@ -77,16 +79,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--large", action="store_true", help="also the large-window 2-D/3-D problems")
     ap.add_argument("--only", default="", help="comma-separated anchor names")
+    ap.add_argument("--cuda-only", action="store_true", help="time only the cuda backend")
     a = ap.parse_args()
     names = [n for n in a.only.split(",") if n]
-    cols = ["cuda fwd", "cuda fwd+bwd", "reference fwd", "dense fwd", "dense fwd+bwd"]
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, ms (median)")
+    cols = ["cuda fwd", "cuda fwd+bwd"]
+    if not a.cuda_only:
+        cols += ["reference fwd", "dense fwd", "dense fwd+bwd"]
+    from nattn._cuda import library
+
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, ms (median); "
+          f"libnattn: {library.library_path()}")
     print("| name | " + " | ".join(cols) + " |")
     print("|---|" + "---|" * len(cols))
     for anchor in ANCHORS:
         if (names and anchor[0] not in names) or (anchor[0] in LARGE and not a.large and not names):
             continue
-        row = run(anchor, a.large)
+        row = run(anchor, a.cuda_only)
         cells = ["-" if math.isnan(row[c]) else f"{row[c]:.3f}" for c in cols]
         print(f"| {row['name']} | " + " | ".join(cells) + " |", flush=True)
         torch.cuda.empty_cache()

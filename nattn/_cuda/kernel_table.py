@@ -25,9 +25,9 @@ DTYPES = ("float32", "float16", "bfloat16")
 CPP_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "nattn::bf16_t"}
 NA_DIMS = (1, 2, 3)
 # Head-dim buckets: an instance with bucket B runs any head dim D (and D_v) that is a
-# multiple of 8 with D <= B; one thread handles 8 channels, so B / 8 threads share a query.
+# multiple of 8 with D <= B (the SIMT kernels load 8 channels at a time; one thread
+# holds 16 channels, so B / 16 threads share a query).
 HEAD_DIM_BUCKETS = (16, 32, 64, 128, 256)
-CHANNELS_PER_THREAD = 8
 
 
 @dataclass(frozen=True)

@@ -88,3 +88,30 @@ __device__ __forceinline__ float dot8(const float* a, const float* b) {
 }
 
 }  // namespace nattn
+
+namespace nattn {
+
+// C channels per thread (a multiple of 8), starting at channel `ch` of a row of `dim`;
+// each 8-channel piece is loaded only when it lies inside the row (dim % 8 == 0).
+template <int C, typename T>
+__device__ __forceinline__ void load_channels(float* d, const T* row, int ch, int dim, bool ok) {
+#pragma unroll
+  for (int i = 0; i < C / 8; ++i) load8(d + 8 * i, row + 8 * i, ok && ch + 8 * i < dim);
+}
+
+template <int C, typename T>
+__device__ __forceinline__ void store_channels(T* row, const float* s, int ch, int dim) {
+#pragma unroll
+  for (int i = 0; i < C / 8; ++i)
+    if (ch + 8 * i < dim) Vec8<T>::store(row + 8 * i, s + 8 * i);
+}
+
+template <int C>
+__device__ __forceinline__ float dot(const float* a, const float* b) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < C; ++i) s = fmaf(a[i], b[i], s);
+  return s;
+}
+
+}  // namespace nattn
