@@ -170,10 +170,9 @@ class CudaBackend(Backend):
             out = out.contiguous()
         lse = lse.to(torch.float32).contiguous()
         grad_lse = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        for t in (dq, dk, dv):
-            if _needs_copy(t):  # empty_like kept an odd dense layout: use a plain one
-                raise RuntimeError("nattn cuda backend: unexpected gradient layout")
+        # Same layout as the inputs where it is dense (what the fake impl promises).
+        dq, dk, dv = (g if not _needs_copy(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device)
+                      for g in (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
         delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
         rpb32 = drpb = None
         if rpb is not None:
