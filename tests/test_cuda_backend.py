@@ -166,3 +166,20 @@ def test_pack_matches_problem_fields():
 def test_size_one_axes_pass_zero_strides():
     q = torch.randn(1, 7, 1, 16).transpose(0, 0)
     assert cuda_backend._strides(q, 1) == (0, 16, 0, 0, 0)
+
+
+def test_pack_cache_refreshes_pointers_and_layouts():
+    f = kernel_table.FIELD_OFFSETS
+    q1, q2 = torch.randn(1, 12, 2, 16), torch.randn(1, 12, 2, 16)
+    lse = torch.empty(1, 12, 2)
+    params = normalize(q1, q1, q1, 1, 3)
+    a, _ = CUDA._pack(params, q1, q1, q1, q1, lse, None)
+    b, _ = CUDA._pack(params, q2, q2, q2, q2, lse, None)
+    assert a[f["q_ptr"]] == q1.data_ptr() and b[f["q_ptr"]] == q2.data_ptr()
+    wide = torch.randn(1, 12, 2, 32)[..., :16]  # same shape, other strides
+    c, _ = CUDA._pack(params, wide, wide, wide, q1, lse, None)
+    assert c[f["q_stride"] + 1] == 64 and a[f["q_stride"] + 1] == 32
+    g = torch.randn(1, 12, 2, 16)
+    d, _ = CUDA._pack(params, q1, q1, q1, q1, lse, None, grad_out=g, dq=g, dk=g, dv=g)
+    assert d[f["grad_out_ptr"]] == g.data_ptr() and d[f["dq_stride"] + 1] == 32
+    assert a[f["grad_out_ptr"]] == 0

@@ -24,6 +24,11 @@ _DTYPE_CODES = {dt: kernel_table.DTYPES.index(name) for dt, name in _DTYPE_NAMES
 _FAMILY = "simt"
 _MAX_GRID_YZ = 65535
 _ERR_LEN = 2048
+_MAX_TEMPLATES = 256  # cached problem layouts (cleared when full)
+_Problem = ctypes.c_int64 * kernel_table.NUM_PROBLEM_FIELDS
+# Indices of the pointer fields, in the order _pack passes the tensors.
+_PTR_SLOTS = tuple(kernel_table.FIELD_OFFSETS[f"{n}_ptr"] for n in (
+    "q", "k", "v", "out", "lse", "rpb", "grad_out", "grad_lse", "delta", "dq", "dk", "dv", "drpb"))
 
 try:  # a raw cudaStream_t for a device index, ~10x cheaper than current_stream()
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -69,6 +74,7 @@ class CudaBackend(Backend):
         self._warned_missing = False
         self._arch_ok: Dict[int, Optional[str]] = {}
         self._err = ctypes.create_string_buffer(_ERR_LEN)
+        self._templates: Dict[tuple, tuple] = {}
 
     # ------------------------------------------------------------------ capability
     def _arch_reason(self, index: int) -> Optional[str]:
@@ -126,21 +132,42 @@ class CudaBackend(Backend):
     # ------------------------------------------------------------------------ calls
     def _pack(self, params, q, k, v, out, lse, rpb, grad_out=None, grad_lse=None, delta=None,
               dq=None, dk=None, dv=None, drpb=None):
+        """The NattnProblem array: a cached template per layout, with this call's pointers."""
+        strided = (q, k, v, out, grad_out, dq, dk, dv)  # kernel_table.STRIDED_TENSORS order
+        key = (params, q.dtype, q.device, rpb is None) + tuple(
+            None if t is None else (t.shape, t.stride()) for t in strided)
+        entry = self._templates.get(key)
+        if entry is None:
+            entry = self._template(params, strided)
+            if len(self._templates) >= _MAX_TEMPLATES:
+                self._templates.clear()
+            self._templates[key] = entry
+        template, device = entry
+        fields = _Problem.from_buffer_copy(template)
+        ptrs = (q, k, v, out, lse, rpb, grad_out, grad_lse, delta, dq, dk, dv, drpb)
+        for i, t in zip(_PTR_SLOTS, ptrs):
+            if t is not None:
+                fields[i] = t.data_ptr()
+        return fields, device
+
+    @staticmethod
+    def _template(params, strided):
+        """Everything but the pointers (0 there), for one layout."""
+        q, k, v = strided[:3]
         nd = params.na_dim
         device = q.device.index or 0
-        ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
         vals = [
             kernel_table.ABI_VERSION, device, _DTYPE_CODES[q.dtype], nd, q.shape[0],
             q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1],
             *_per_axis(q.shape[1 : 1 + nd], nd), *_per_axis(params.kernel_size, nd),
             *_per_axis(params.stride, nd), *_per_axis(params.dilation, nd),
             *_per_axis(params.is_causal, nd, 0),
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), ptr(rpb),
-            ptr(grad_out), ptr(grad_lse), ptr(delta), ptr(dq), ptr(dk), ptr(dv), ptr(drpb),
         ]
-        for t in (q, k, v, out, grad_out, dq, dk, dv):  # kernel_table.STRIDED_TENSORS order
+        vals += [0] * len(_PTR_SLOTS)
+        for t in strided:
             vals += _strides(t, nd) if t is not None else (0, 0, 0, 0, 0)
-        return (ctypes.c_int64 * len(vals))(*vals), device
+        assert len(vals) == kernel_table.NUM_PROBLEM_FIELDS
+        return _Problem(*vals), device
 
     def _call(self, fn, fields, device, scale):
         rc = fn(fields, len(fields), scale, _raw_stream(device), self._err, _ERR_LEN)
