@@ -1,0 +1,44 @@
+// The device-side problem description and the kernel table entry type.
+// Torch-free: everything is raw pointers, sizes and element strides.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace nattn {
+
+struct bf16_t { unsigned short bits; };  // storage-only bfloat16 (same bits as torch)
+
+// One NA problem as the kernels see it (built from NattnProblem by src/api.cu).
+// Strides are in elements: [batch, axis0, axis1, axis2, heads]; head-dim stride is 1.
+struct Params {
+  int na_dim, dtype;
+  int batch, heads, heads_kv, groups, dim, dim_v;
+  int spatial[3], kernel[3], stride[3], dilation[3], causal[3];
+  int rpb_size[3];        // 2k-1 per axis (1 for absent axes)
+  int64_t rpb_head_size;  // prod(rpb_size)
+  int64_t tokens;         // prod(spatial)
+  float scale, scale_log2;
+  int rpb_in_smem;        // backward: stage dRPB in shared memory
+  const void* q; const void* k; const void* v; void* out;
+  float* lse; const float* rpb;
+  const void* grad_out; const float* grad_lse; float* delta;
+  void* dq; void* dk; void* dv; float* drpb;
+  int64_t q_s[5], k_s[5], v_s[5], out_s[5], grad_out_s[5], dq_s[5], dk_s[5], dv_s[5];
+};
+
+using LaunchFn = void (*)(const Params&, cudaStream_t);
+
+struct KernelEntry {
+  const char* family;
+  int dtype;     // index into kernel_table.DTYPES
+  int na_dim;
+  int head_dim;  // bucket: runs any multiple of 8 up to this
+  LaunchFn forward;
+  LaunchFn backward;
+};
+
+extern const KernelEntry kKernels[];
+extern const int kNumKernels;
+
+}  // namespace nattn

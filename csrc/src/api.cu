@@ -1,0 +1,224 @@
+// The C ABI of libnattn: torch-free entry points that check a problem, pick the
+// kernel from the generated table, launch it on the caller's stream and report
+// errors as a code plus a message naming the configuration.
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "nattn/common/registry.h"
+#include "nattn/simt/launch.h"
+#include "nattn/problem.h"  // generated from nattn/_cuda/kernel_table.py
+
+#define NATTN_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+const char* const kDtypeNames[] = {"float32", "float16", "bfloat16"};
+const int kDtypeBytes[] = {4, 2, 2};
+
+enum Status { kOk = 0, kInvalid = 1, kNotCompiled = 2, kCudaError = 3 };
+
+// Formats "<what>: <detail> [config]" into the caller's buffer.
+int fail(char* err, int64_t err_len, int code, const NattnProblem& pr, const char* what,
+         const char* fmt, ...) {
+  if (!err || err_len <= 0) return code;
+  char detail[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  const int nd = int(pr.na_dim);
+  const char* dt = (pr.dtype >= 0 && pr.dtype < 3) ? kDtypeNames[pr.dtype] : "?";
+  snprintf(err, size_t(err_len),
+           "%s: %s [dtype=%s na_dim=%d batch=%lld spatial=(%lld,%lld,%lld) heads=%lld "
+           "heads_kv=%lld dim=%lld dim_v=%lld kernel=(%lld,%lld,%lld) stride=(%lld,%lld,%lld) "
+           "dilation=(%lld,%lld,%lld) causal=(%lld,%lld,%lld)]",
+           what, detail, dt, nd, (long long)pr.batch, (long long)pr.spatial[0],
+           (long long)(nd > 1 ? pr.spatial[1] : 0), (long long)(nd > 2 ? pr.spatial[2] : 0),
+           (long long)pr.heads, (long long)pr.heads_kv, (long long)pr.dim, (long long)pr.dim_v,
+           (long long)pr.kernel[0], (long long)pr.kernel[1], (long long)pr.kernel[2],
+           (long long)pr.stride[0], (long long)pr.stride[1], (long long)pr.stride[2],
+           (long long)pr.dilation[0], (long long)pr.dilation[1], (long long)pr.dilation[2],
+           (long long)pr.causal[0], (long long)pr.causal[1], (long long)pr.causal[2]);
+  return code;
+}
+
+const nattn::KernelEntry* find_kernel(const char* family, int dtype, int na_dim, int dim) {
+  const nattn::KernelEntry* best = nullptr;
+  for (int i = 0; i < nattn::kNumKernels; ++i) {
+    const nattn::KernelEntry& e = nattn::kKernels[i];
+    if (!e.family || strcmp(e.family, family) || e.dtype != dtype || e.na_dim != na_dim) continue;
+    if (e.head_dim >= dim && (!best || e.head_dim < best->head_dim)) best = &e;
+  }
+  return best;
+}
+
+bool aligned16(int64_t ptr) { return ptr % 16 == 0; }
+
+// Validates the problem and fills the kernel parameters. `backward` adds the
+// gradient tensors to the checks.
+int build_params(const int64_t* fields, int64_t n_fields, double scale, bool backward,
+                 nattn::Params& p, const nattn::KernelEntry*& entry, char* err, int64_t err_len) {
+  NattnProblem pr;
+  memset(&pr, 0, sizeof pr);
+  const char* what = backward ? "nattn simt backward" : "nattn simt forward";
+  if (n_fields != NATTN_NUM_PROBLEM_FIELDS)
+    return fail(err, err_len, kInvalid, pr, what, "got %lld problem fields, this library expects %d "
+                "(Python package and libnattn are from different builds)",
+                (long long)n_fields, NATTN_NUM_PROBLEM_FIELDS);
+  memcpy(&pr, fields, sizeof pr);
+  if (pr.abi_version != NATTN_ABI_VERSION)
+    return fail(err, err_len, kInvalid, pr, what, "ABI version %lld, library has %d",
+                (long long)pr.abi_version, NATTN_ABI_VERSION);
+  if (pr.dtype < 0 || pr.dtype > 2)
+    return fail(err, err_len, kInvalid, pr, what, "dtype code %lld is not float32/float16/bfloat16",
+                (long long)pr.dtype);
+  if (pr.na_dim < 1 || pr.na_dim > 3)
+    return fail(err, err_len, kInvalid, pr, what, "na_dim must be 1, 2 or 3");
+  if (pr.dim <= 0 || pr.dim % 8 || pr.dim_v <= 0 || pr.dim_v % 8)
+    return fail(err, err_len, kInvalid, pr, what, "head dims must be positive multiples of 8");
+  if (pr.heads <= 0 || pr.heads_kv <= 0 || pr.heads % pr.heads_kv)
+    return fail(err, err_len, kInvalid, pr, what, "heads must be a multiple of heads_kv");
+  if (pr.batch <= 0 || pr.batch > 65535 || pr.heads > 65535)
+    return fail(err, err_len, kInvalid, pr, what, "batch and heads must be in 1..65535 (grid limits)");
+  const int64_t dim_max = pr.dim > pr.dim_v ? pr.dim : pr.dim_v;
+  entry = find_kernel("simt", int(pr.dtype), int(pr.na_dim), int(dim_max));
+  if (!entry)
+    return fail(err, err_len, kNotCompiled, pr, what,
+                "no compiled SIMT kernel for this dtype, NA dim and head dim %lld "
+                "(see nattn.build_info.build_config())", (long long)dim_max);
+  memset(&p, 0, sizeof p);
+  p.na_dim = int(pr.na_dim);
+  p.dtype = int(pr.dtype);
+  p.batch = int(pr.batch);
+  p.heads = int(pr.heads);
+  p.heads_kv = int(pr.heads_kv);
+  p.groups = int(pr.heads / pr.heads_kv);
+  p.dim = int(pr.dim);
+  p.dim_v = int(pr.dim_v);
+  p.tokens = 1;
+  p.rpb_head_size = 1;
+  for (int a = 0; a < 3; ++a) {
+    const bool live = a < p.na_dim;
+    const int64_t n = live ? pr.spatial[a] : 1, k = live ? pr.kernel[a] : 1;
+    const int64_t s = live ? pr.stride[a] : 1, d = live ? pr.dilation[a] : 1;
+    if (live && (n < 1 || n > 0x7fffffff || k < 2 || d < 1 || s < 1 || s > k || k * d > n))
+      return fail(err, err_len, kInvalid, pr, what,
+                  "axis %d: need 2 <= kernel, 1 <= stride <= kernel, kernel * dilation <= size < 2^31", a);
+    p.spatial[a] = int(n);
+    p.kernel[a] = int(k);
+    p.stride[a] = int(s);
+    p.dilation[a] = int(d);
+    p.causal[a] = live ? int(pr.causal[a] != 0) : 0;
+    p.rpb_size[a] = live ? int(2 * k - 1) : 1;
+    p.tokens *= n;
+    p.rpb_head_size *= p.rpb_size[a];
+  }
+  const int64_t qpb = nattn::simt::kThreads / (entry->head_dim / 8);
+  if ((p.tokens + qpb - 1) / qpb > 0x7fffffff)
+    return fail(err, err_len, kInvalid, pr, what, "too many tokens (%lld) for the launch grid",
+                (long long)p.tokens);
+  p.scale = float(scale);
+  p.scale_log2 = float(scale * 1.4426950408889634);
+  const int eb = kDtypeBytes[pr.dtype];
+  struct Tensor { const char* name; int64_t ptr; const int64_t* stride; int64_t* dst; bool used; };
+  const Tensor tensors[] = {
+      {"q", pr.q_ptr, pr.q_stride, p.q_s, true},
+      {"k", pr.k_ptr, pr.k_stride, p.k_s, true},
+      {"v", pr.v_ptr, pr.v_stride, p.v_s, true},
+      {"out", pr.out_ptr, pr.out_stride, p.out_s, true},
+      {"grad_out", pr.grad_out_ptr, pr.grad_out_stride, p.grad_out_s, backward},
+      {"dq", pr.dq_ptr, pr.dq_stride, p.dq_s, backward},
+      {"dk", pr.dk_ptr, pr.dk_stride, p.dk_s, backward},
+      {"dv", pr.dv_ptr, pr.dv_stride, p.dv_s, backward},
+  };
+  for (const Tensor& t : tensors) {
+    if (!t.used) continue;
+    if (!t.ptr)
+      return fail(err, err_len, kInvalid, pr, what, "%s pointer is null", t.name);
+    if (!aligned16(t.ptr))
+      return fail(err, err_len, kInvalid, pr, what, "%s is not 16-byte aligned", t.name);
+    for (int i = 0; i < 5; ++i) {
+      if ((t.stride[i] * eb) % 16)
+        return fail(err, err_len, kInvalid, pr, what,
+                    "%s stride %d (%lld elements) is not a multiple of 16 bytes", t.name, i,
+                    (long long)t.stride[i]);
+      t.dst[i] = t.stride[i];
+    }
+  }
+  if (!pr.lse_ptr) return fail(err, err_len, kInvalid, pr, what, "lse pointer is null");
+  if (backward && !pr.delta_ptr) return fail(err, err_len, kInvalid, pr, what, "delta pointer is null");
+  if (backward && pr.rpb_ptr && !pr.drpb_ptr)
+    return fail(err, err_len, kInvalid, pr, what, "rpb given without a drpb buffer");
+  p.q = reinterpret_cast<const void*>(pr.q_ptr);
+  p.k = reinterpret_cast<const void*>(pr.k_ptr);
+  p.v = reinterpret_cast<const void*>(pr.v_ptr);
+  p.out = reinterpret_cast<void*>(pr.out_ptr);
+  p.lse = reinterpret_cast<float*>(pr.lse_ptr);
+  p.rpb = reinterpret_cast<const float*>(pr.rpb_ptr);
+  p.grad_out = reinterpret_cast<const void*>(pr.grad_out_ptr);
+  p.grad_lse = reinterpret_cast<const float*>(pr.grad_lse_ptr);
+  p.delta = reinterpret_cast<float*>(pr.delta_ptr);
+  p.dq = reinterpret_cast<void*>(pr.dq_ptr);
+  p.dk = reinterpret_cast<void*>(pr.dk_ptr);
+  p.dv = reinterpret_cast<void*>(pr.dv_ptr);
+  p.drpb = reinterpret_cast<float*>(pr.drpb_ptr);
+  (void)err;
+  return kOk;
+}
+
+int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, bool backward,
+        char* err, int64_t err_len) {
+  nattn::Params p;
+  const nattn::KernelEntry* entry = nullptr;
+  int code = build_params(fields, n_fields, scale, backward, p, entry, err, err_len);
+  if (code != kOk) return code;
+  NattnProblem pr;
+  memcpy(&pr, fields, sizeof pr);
+  const char* what = backward ? "nattn simt backward" : "nattn simt forward";
+  int current = -1;
+  cudaError_t e = cudaGetDevice(&current);
+  if (e == cudaSuccess && current != int(pr.device)) e = cudaSetDevice(int(pr.device));
+  if (e != cudaSuccess)
+    return fail(err, err_len, kCudaError, pr, what, "selecting device %lld: %s",
+                (long long)pr.device, cudaGetErrorString(e));
+  (backward ? entry->backward : entry->forward)(p, static_cast<cudaStream_t>(stream));
+  e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return fail(err, err_len, kCudaError, pr, what, "kernel launch (head-dim bucket %d) failed: %s",
+                entry->head_dim, cudaGetErrorString(e));
+  if (err && err_len > 0) err[0] = '\0';
+  return kOk;
+}
+
+}  // namespace
+
+NATTN_API int64_t nattn_abi_version() { return NATTN_ABI_VERSION; }
+
+NATTN_API int64_t nattn_num_problem_fields() { return NATTN_NUM_PROBLEM_FIELDS; }
+
+// "family:dtype:na_dim:head_dim" for every compiled instance, ';'-separated.
+NATTN_API const char* nattn_kernels() {
+  static char buf[16384];
+  if (!buf[0]) {
+    size_t used = 0;
+    for (int i = 0; i < nattn::kNumKernels && nattn::kKernels[i].family; ++i) {
+      const nattn::KernelEntry& e = nattn::kKernels[i];
+      used += snprintf(buf + used, sizeof buf - used, "%s%s:%s:%d:%d", used ? ";" : "", e.family,
+                       kDtypeNames[e.dtype], e.na_dim, e.head_dim);
+      if (used >= sizeof buf) break;
+    }
+  }
+  return buf;
+}
+
+NATTN_API int nattn_forward(const int64_t* fields, int64_t n_fields, double scale, void* stream,
+                            char* err, int64_t err_len) {
+  return run(fields, n_fields, scale, stream, false, err, err_len);
+}
+
+NATTN_API int nattn_backward(const int64_t* fields, int64_t n_fields, double scale, void* stream,
+                             char* err, int64_t err_len) {
+  return run(fields, n_fields, scale, stream, true, err, err_len);
+}

@@ -1,0 +1,1 @@
+"""Loader and build description of the compiled kernel library (libnattn)."""

@@ -1,0 +1,89 @@
+"""Find and load libnattn with ctypes; nothing here imports torch.
+
+The library is looked for at ``$NATTN_LIBRARY`` (a path to a .so), then next to this
+file (where setup.py installs it). :func:`load` returns None when it is absent or
+cannot be opened; :func:`load_error` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional
+
+from . import kernel_table
+
+LIBRARY_NAME = "libnattn.so"
+_state = {"lib": None, "tried": False, "error": None}
+
+
+def library_path() -> Optional[str]:
+    """Path of the library this process would load, or None when there is none."""
+    env = os.environ.get("NATTN_LIBRARY")
+    if env:
+        return env if os.path.isfile(env) else None
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)
+    return here if os.path.isfile(here) else None
+
+
+class Library:
+    """The loaded library with typed entry points and its compiled kernel list."""
+
+    def __init__(self, path: str):
+        self.path = path
+        lib = ctypes.CDLL(path)
+        self._lib = lib
+        lib.nattn_abi_version.restype = ctypes.c_int64
+        lib.nattn_num_problem_fields.restype = ctypes.c_int64
+        lib.nattn_kernels.restype = ctypes.c_char_p
+        abi, fields = lib.nattn_abi_version(), lib.nattn_num_problem_fields()
+        if abi != kernel_table.ABI_VERSION or fields != kernel_table.NUM_PROBLEM_FIELDS:
+            raise OSError(
+                f"{path} has ABI {abi} with {fields} problem fields; this nattn expects ABI "
+                f"{kernel_table.ABI_VERSION} with {kernel_table.NUM_PROBLEM_FIELDS}: rebuild it"
+            )
+        sig = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p,
+               ctypes.c_char_p, ctypes.c_int64]
+        for name in ("nattn_forward", "nattn_backward"):
+            fn = getattr(lib, name)
+            fn.argtypes = sig
+            fn.restype = ctypes.c_int
+        self.forward = lib.nattn_forward
+        self.backward = lib.nattn_backward
+        # (family, dtype, na_dim) -> sorted head-dim buckets
+        self.kernels = {}
+        for item in lib.nattn_kernels().decode().split(";"):
+            if item:
+                family, dtype, na_dim, head_dim = item.split(":")
+                self.kernels.setdefault((family, dtype, int(na_dim)), []).append(int(head_dim))
+        for buckets in self.kernels.values():
+            buckets.sort()
+
+
+def load() -> Optional[Library]:
+    """The library, loaded once per process, or None when it is missing or broken."""
+    if not _state["tried"]:
+        _state["tried"] = True
+        path = library_path()
+        if path is None:
+            _state["error"] = (
+                f"libnattn is not built: no {LIBRARY_NAME} in {os.path.dirname(__file__)} and "
+                "NATTN_LIBRARY is unset (install with NATTN_CUDA_ARCH set, e.g. "
+                "NATTN_CUDA_ARCH=9.0 pip install .)"
+            )
+        else:
+            try:
+                _state["lib"] = Library(path)
+            except OSError as e:
+                _state["error"] = f"libnattn at {path} could not be loaded: {e}"
+    return _state["lib"]
+
+
+def load_error() -> Optional[str]:
+    load()
+    return _state["error"]
+
+
+def reset() -> None:
+    """Forget the loaded library (tests use this to simulate a missing library)."""
+    _state.update(lib=None, tried=False, error=None)

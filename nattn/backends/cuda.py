@@ -1,0 +1,216 @@
+"""The ``cuda`` backend: fused SIMT kernels from libnattn (csrc/), called through ctypes.
+
+Imports cleanly without the compiled library: then every CUDA problem gets the reason
+"libnattn is not built", and the first automatic fallback of a CUDA tensor warns once.
+The per-call host path is kept lean: one int64 array packed per call, the stream read
+with torch's raw getter, outputs allocated with ``torch.empty`` (so CUDA graph capture
+works: no host syncs, no allocations outside torch's allocator).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .._cuda import kernel_table, library
+from . import register_backend
+from .base import Backend
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPE_CODES = {dt: kernel_table.DTYPES.index(name) for dt, name in _DTYPE_NAMES.items()}
+_FAMILY = "simt"
+_MAX_GRID_YZ = 65535
+_ERR_LEN = 2048
+_MAX_TEMPLATES = 256  # cached problem layouts (cleared when full)
+_Problem = ctypes.c_int64 * kernel_table.NUM_PROBLEM_FIELDS
+# Indices of the pointer fields, in the order _pack passes the tensors.
+_PTR_SLOTS = tuple(kernel_table.FIELD_OFFSETS[f"{n}_ptr"] for n in (
+    "q", "k", "v", "out", "lse", "rpb", "grad_out", "grad_lse", "delta", "dq", "dk", "dv", "drpb"))
+
+try:  # a raw cudaStream_t for a device index, ~10x cheaper than current_stream()
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover - older torch
+    def _raw_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
+
+
+def _layout_reasons(name: str, t: torch.Tensor) -> List[str]:
+    """Heads-last with unit channel stride and 16-byte aligned rows (8-channel vector loads)."""
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        return [f"{name} must have stride 1 along the head dim (got strides {tuple(t.stride())}); "
+                "the reference handles other layouts"]
+    size = t.element_size()
+    strides = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1]  # size-1: unused
+    # Dynamo cannot trace storage_offset(); while compiling, libnattn checks the pointer
+    # alignment at run time instead (and raises naming the tensor).
+    offset = 0 if torch.compiler.is_compiling() else t.storage_offset()
+    if any((s * size) % 16 for s in strides) or (offset * size) % 16:
+        return [f"{name} strides/offset must be multiples of 16 bytes for vector loads "
+                f"(got strides {tuple(t.stride())}, offset {t.storage_offset()})"]
+    return []
+
+
+def _needs_copy(t: torch.Tensor) -> bool:
+    return bool(_layout_reasons("", t))
+
+
+def _strides(t: torch.Tensor, na_dim: int) -> Tuple[int, ...]:
+    """[batch, axis 0..2, heads] element strides; 0 for size-1 and absent axes."""
+    s = [st if n > 1 else 0 for st, n in zip(t.stride(), t.shape)]
+    return (s[0], *s[1 : 1 + na_dim], *(0,) * (3 - na_dim), s[-2])
+
+
+def _per_axis(values, na_dim: int, fill: int = 1) -> Tuple[int, ...]:
+    return tuple(int(v) for v in values) + (fill,) * (3 - na_dim)
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self):
+        self._warned_missing = False
+        self._arch_ok: Dict[int, Optional[str]] = {}
+        self._err = ctypes.create_string_buffer(_ERR_LEN)
+        self._templates: Dict[tuple, tuple] = {}
+
+    # ------------------------------------------------------------------ capability
+    def _arch_reason(self, index: int) -> Optional[str]:
+        """None when the library has code for this GPU, else why not (cached per device)."""
+        if index not in self._arch_ok:
+            from ..build_info import build_config
+
+            archs = build_config()["archs"]
+            reason = None
+            if archs:
+                major, minor = torch.cuda.get_device_capability(index)
+                cap = major * 10 + minor
+                built = [int(a.replace(".", "")) for a in archs]
+                sass = any(a // 10 == major and a <= cap for a in built)
+                ptx = max(built) <= cap  # the newest arch is also shipped as PTX
+                if not (sass or ptx):
+                    reason = (f"libnattn was built for archs {archs}, which cannot run on this "
+                              f"GPU (sm_{cap}); rebuild with NATTN_CUDA_ARCH={major}.{minor}")
+            self._arch_ok[index] = reason
+        return self._arch_ok[index]
+
+    def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
+        if q.device.type != "cuda":
+            return [f"needs CUDA tensors, got device {q.device}"]
+        lib = library.load()
+        if lib is None:
+            reason = library.load_error()
+            if not explicit and not self._warned_missing:
+                self._warned_missing = True
+                warnings.warn(f"nattn: CUDA tensors fall back to a slower backend: {reason}",
+                              RuntimeWarning, stacklevel=4)
+            return [reason]
+        reasons = []
+        dtype = _DTYPE_NAMES.get(q.dtype)
+        if dtype is None:
+            return [f"dtype {q.dtype} is not supported (float32, float16, bfloat16)"]
+        buckets = lib.kernels.get((_FAMILY, dtype, params.na_dim), [])
+        dim, dim_v = q.shape[-1], v.shape[-1]
+        if dim % 8 or dim_v % 8:
+            reasons.append(f"head dims must be multiples of 8 (got D={dim}, D_v={dim_v})")
+        elif not buckets or max(dim, dim_v) > buckets[-1]:
+            reasons.append(
+                f"no compiled {_FAMILY} kernel for {dtype}, {params.na_dim}-D, head dim "
+                f"{max(dim, dim_v)} (built head dims: {buckets or 'none'})")
+        for name, t in (("query", q), ("key", k), ("value", v)):
+            reasons += _layout_reasons(name, t)
+        if q.shape[0] > _MAX_GRID_YZ or q.shape[-2] > _MAX_GRID_YZ:
+            reasons.append(f"batch and heads must be <= {_MAX_GRID_YZ} "
+                           f"(got B={q.shape[0]}, H={q.shape[-2]})")
+        arch = self._arch_reason(q.device.index if q.device.index is not None else 0)
+        if arch:
+            reasons.append(arch)
+        return reasons
+
+    # ------------------------------------------------------------------------ calls
+    def _pack(self, params, q, k, v, out, lse, rpb, grad_out=None, grad_lse=None, delta=None,
+              dq=None, dk=None, dv=None, drpb=None):
+        """The NattnProblem array: a cached template per layout, with this call's pointers."""
+        strided = (q, k, v, out, grad_out, dq, dk, dv)  # kernel_table.STRIDED_TENSORS order
+        key = (params, q.dtype, q.device, rpb is None) + tuple(
+            None if t is None else (t.shape, t.stride()) for t in strided)
+        entry = self._templates.get(key)
+        if entry is None:
+            entry = self._template(params, strided)
+            if len(self._templates) >= _MAX_TEMPLATES:
+                self._templates.clear()
+            self._templates[key] = entry
+        template, device = entry
+        fields = _Problem.from_buffer_copy(template)
+        ptrs = (q, k, v, out, lse, rpb, grad_out, grad_lse, delta, dq, dk, dv, drpb)
+        for i, t in zip(_PTR_SLOTS, ptrs):
+            if t is not None:
+                fields[i] = t.data_ptr()
+        return fields, device
+
+    @staticmethod
+    def _template(params, strided):
+        """Everything but the pointers (0 there), for one layout."""
+        q, k, v = strided[:3]
+        nd = params.na_dim
+        device = q.device.index or 0
+        vals = [
+            kernel_table.ABI_VERSION, device, _DTYPE_CODES[q.dtype], nd, q.shape[0],
+            q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1],
+            *_per_axis(q.shape[1 : 1 + nd], nd), *_per_axis(params.kernel_size, nd),
+            *_per_axis(params.stride, nd), *_per_axis(params.dilation, nd),
+            *_per_axis(params.is_causal, nd, 0),
+        ]
+        vals += [0] * len(_PTR_SLOTS)
+        for t in strided:
+            vals += _strides(t, nd) if t is not None else (0, 0, 0, 0, 0)
+        assert len(vals) == kernel_table.NUM_PROBLEM_FIELDS
+        return _Problem(*vals), device
+
+    def _call(self, fn, fields, device, scale):
+        rc = fn(fields, len(fields), scale, _raw_stream(device), self._err, _ERR_LEN)
+        if rc:
+            raise RuntimeError(self._err.value.decode(errors="replace"))
+
+    def _lib(self):
+        lib = library.load()
+        if lib is None:
+            raise RuntimeError(f"nattn cuda backend: {library.load_error()}")
+        return lib
+
+    def na_forward(self, q, k, v, rpb, params):
+        lib = self._lib()
+        out = q.new_empty(*q.shape[:-1], v.shape[-1])
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        rpb32 = None if rpb is None else rpb.to(torch.float32).contiguous()
+        fields, device = self._pack(params, q, k, v, out, lse, rpb32)
+        self._call(lib.forward, fields, device, params.scale)
+        return out, lse
+
+    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params):
+        lib = self._lib()
+        if _needs_copy(grad_out):  # e.g. expanded (stride 0) gradients of a .sum()
+            grad_out = grad_out.contiguous()
+        if _needs_copy(out):
+            out = out.contiguous()
+        lse = lse.to(torch.float32).contiguous()
+        grad_lse = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
+        # Same layout as the inputs where it is dense (what the fake impl promises).
+        dq, dk, dv = (g if not _needs_copy(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device)
+                      for g in (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
+        delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+        rpb32 = drpb = None
+        if rpb is not None:
+            rpb32 = rpb.to(torch.float32).contiguous()
+            drpb = torch.zeros(rpb.shape, dtype=torch.float32, device=q.device)
+        fields, device = self._pack(params, q, k, v, out, lse, rpb32, grad_out, grad_lse, delta,
+                                    dq, dk, dv, drpb)
+        self._call(lib.backward, fields, device, params.scale)
+        if drpb is not None:
+            drpb = drpb.to(rpb.dtype)
+        return dq, dk, dv, drpb
+
+
+register_backend(CudaBackend())

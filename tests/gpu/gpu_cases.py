@@ -1,0 +1,119 @@
+"""Random NA problems sized for the GPU tier: every feature, odd shapes, real head dims."""
+
+import random
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HEAD_DIMS = (8, 16, 24, 32, 40, 64, 72, 96, 128, 136, 256)
+
+
+@dataclass
+class GpuCase:
+    spatial: Tuple[int, ...]
+    kernel: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    dilation: Tuple[int, ...]
+    causal: Tuple[bool, ...]
+    batch: int
+    heads: int
+    heads_kv: int
+    dim: int
+    dim_v: int
+    extra: int
+    rpb: bool
+    dtype: torch.dtype
+    layout: str  # "plain" | "fused" (q/k/v sliced from one projection) | "heads_major"
+    scale: Optional[float]
+    seed: int
+
+    def __str__(self):
+        dt = str(self.dtype).replace("torch.", "")
+        return (f"{dt}-sp{'x'.join(map(str, self.spatial))}-k{self.kernel}-s{self.stride}"
+                f"-d{self.dilation}-c{''.join('1' if c else '0' for c in self.causal)}"
+                f"-b{self.batch}h{self.heads}/{self.heads_kv}-D{self.dim}/{self.dim_v}"
+                f"-x{self.extra}-rpb{int(self.rpb)}-{self.layout}")
+
+
+def random_case(rng: random.Random, na_dim: int) -> GpuCase:
+    max_tokens = {1: 700, 2: 900, 3: 1200}[na_dim]
+    while True:
+        kernel, dilation, spatial, stride, causal = [], [], [], [], []
+        for _ in range(na_dim):
+            k = rng.randint(2, {1: 21, 2: 9, 3: 5}[na_dim])
+            d = rng.choice([1, 1, 1, 2, 3])
+            n = k * d + rng.choice([0, 1, 3, 7, rng.randint(0, 40)])
+            kernel.append(k); dilation.append(d); spatial.append(n)
+            stride.append(rng.choice([1, 1, rng.randint(1, k)]))
+            causal.append(rng.random() < 0.25)
+        tokens = 1
+        for n in spatial:
+            tokens *= n
+        if tokens <= max_tokens:
+            break
+    rpb = rng.random() < 0.3
+    if rpb:  # RPB needs odd kernels, stride 1, non-causal
+        kernel = [k if k % 2 else k + 1 for k in kernel]
+        spatial = [max(n, k * d) for n, k, d in zip(spatial, kernel, dilation)]
+        stride = [1] * na_dim
+        causal = [False] * na_dim
+    heads_kv = rng.choice([1, 1, 2, 3])
+    heads = heads_kv * rng.choice([1, 1, 2, 4])
+    dim = rng.choice(HEAD_DIMS)
+    dim_v = dim if rng.random() < 0.7 else rng.choice(HEAD_DIMS)
+    return GpuCase(
+        spatial=tuple(spatial), kernel=tuple(kernel), stride=tuple(stride),
+        dilation=tuple(dilation), causal=tuple(causal), batch=rng.choice([1, 2, 3]),
+        heads=heads, heads_kv=heads_kv, dim=dim, dim_v=dim_v,
+        extra=rng.choice([0, 0, 0, 5]), rpb=rpb, dtype=rng.choice(DTYPES),
+        layout=rng.choice(["plain", "plain", "fused", "heads_major"]),
+        scale=rng.choice([None, None, 0.2]), seed=rng.randint(0, 2**31),
+    )
+
+
+def sweep(count: int, seed: int = 1234):
+    rng = random.Random(seed)
+    return [random_case(rng, 1 + i % 3) for i in range(count)]
+
+
+def make_inputs(case: GpuCase, device="cuda"):
+    """Fresh random inputs; q/k/v in the case's memory layout, all requiring grad."""
+    g = torch.Generator(device=device).manual_seed(case.seed)
+    b, sp, h, hk, d, dv = case.batch, case.spatial, case.heads, case.heads_kv, case.dim, case.dim_v
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(case.dtype)
+
+    if case.layout == "fused":  # one projection output, sliced: token stride > H * D
+        width = h * d + hk * d + hk * dv
+        buf = rnd(b, *sp, width).requires_grad_(True)
+        q = buf[..., : h * d].unflatten(-1, (h, d))
+        k = buf[..., h * d : h * d + hk * d].unflatten(-1, (hk, d))
+        v = buf[..., h * d + hk * d :].unflatten(-1, (hk, dv))
+        leaves = [buf]
+    elif case.layout == "heads_major":  # [B, H, *spatial, D] viewed heads-last
+        n = len(sp)
+        perm = (0, *range(2, 2 + n), 1, 2 + n)
+        leaves = [rnd(b, hh, *sp, dd) for hh, dd in ((h, d), (hk, d), (hk, dv))]
+        for leaf in leaves:
+            leaf.requires_grad_(True)
+        q, k, v = (x.permute(*perm) for x in leaves)
+    else:
+        q, k, v = rnd(b, *sp, h, d), rnd(b, *sp, hk, d), rnd(b, *sp, hk, dv)
+        leaves = [q, k, v]
+        for leaf in leaves:
+            leaf.requires_grad_(True)
+    t = {"query": q, "key": k, "value": v}
+    if case.extra:
+        t["additional_keys"] = rnd(b, case.extra, hk, d)
+        t["additional_values"] = rnd(b, case.extra, hk, dv)
+        leaves += [t["additional_keys"], t["additional_values"]]
+    if case.rpb:
+        t["rpb"] = rnd(h, *[2 * kk - 1 for kk in case.kernel]).float()
+        leaves.append(t["rpb"])
+    for name in ("additional_keys", "additional_values", "rpb"):
+        if name in t:
+            t[name].requires_grad_(True)
+    return t, leaves

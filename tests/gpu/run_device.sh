@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
+# Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
+#   bash tests/gpu/run_device.sh [tests|sanitize|bench|all] ...
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/nattn_out}; mkdir -p "$OUT"
+what=${1:-all}
+python3 -c "import nattn.build_info as b; print(b.build_config())" 2>&1 | tee "$OUT/build_info.txt"
+if [[ $what == all || $what == *tests* ]]; then  # TEST_LIBS: libraries to test (default: the package's)
+  for lib in ${TEST_LIBS:-nattn/_cuda/libnattn.so}; do
+    echo "== GPU tests with $lib"
+    NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu tests/gpu -q \
+      --maxfail=25 -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -15
+  done
+fi
+if [[ $what == all || $what == *sanitize* ]]; then
+  timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+    python3 tests/gpu/sanitize_sweep.py > "$OUT/sanitizer.log" 2>&1
+  echo "compute-sanitizer rc=$?"; tail -5 "$OUT/sanitizer.log"
+fi
+if [[ $what == all || $what == *bench* ]]; then
+  timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/simt_anchors.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"
+fi
+if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
+  for lib in variants/*.so; do
+    NATTN_LIBRARY=$PWD/$lib timeout 120 python3 benchmarks/simt_anchors.py --cuda-only \
+      --only dinat-s1-2d,dinat-s2-dil4,mid-2d-k13,video-3d 2>&1 | tee -a "$OUT/bench.md"
+  done
+fi

@@ -1,0 +1,185 @@
+"""CPU tests of the cuda backend's Python side: dispatch, reasons, fallback, packing.
+
+No GPU is needed: problems are fake CUDA tensors (FakeTensorMode), and a stand-in for
+the loaded library lets the capability checks run as if libnattn were present.
+"""
+
+import warnings
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import nattn
+from nattn._cuda import kernel_table, library
+from nattn.backends import BACKENDS, choose_na_backend
+from nattn.backends import cuda as cuda_backend
+from nattn.params import normalize
+
+CUDA = BACKENDS["cuda"]
+
+
+class FakeLibrary:
+    """What Library exposes to the backend: the compiled kernel list."""
+
+    def __init__(self, head_dims=(16, 32, 64, 128, 256)):
+        self.path = "/fake/libnattn.so"
+        self.kernels = {("simt", dt, nd): list(head_dims)
+                        for dt in kernel_table.DTYPES for nd in (1, 2, 3)}
+
+
+@pytest.fixture
+def fake_lib(monkeypatch):
+    monkeypatch.setitem(library._state, "lib", FakeLibrary())
+    monkeypatch.setitem(library._state, "tried", True)
+    monkeypatch.setitem(library._state, "error", None)
+    monkeypatch.setattr(CUDA, "_arch_ok", {0: None})
+    yield
+
+
+@pytest.fixture
+def no_lib(monkeypatch):
+    monkeypatch.setenv("NATTN_LIBRARY", "/nonexistent/libnattn.so")
+    monkeypatch.setattr(CUDA, "_warned_missing", False)
+    library.reset()
+    yield
+    library.reset()
+
+
+def fake(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, device="cuda", dtype=dtype)
+
+
+def reasons(q, k, v, na_dim, kernel=3, rpb=None, explicit=True, **kw):
+    params = normalize(q, k, v, na_dim, kernel, rpb=rpb, **kw)
+    return CUDA.na_not_supported_reasons(q, k, v, rpb, params, explicit)
+
+
+def test_registered_first_in_auto_order():
+    assert nattn.backends.AUTO_ORDER[0] == "cuda"
+
+
+def test_cpu_tensors_are_refused():
+    q = torch.randn(1, 12, 2, 16)
+    assert any("CUDA tensors" in r for r in reasons(q, q, q, 1))
+
+
+def test_supported_problem_has_no_reasons(fake_lib):
+    with FakeTensorMode():
+        q, k, v = fake(2, 9, 11, 4, 32), fake(2, 9, 11, 2, 32), fake(2, 9, 11, 2, 64)
+        assert reasons(q, k, v, 2, kernel=(3, 5), dilation=(2, 1), is_causal=(True, False)) == []
+        assert choose_na_backend(q, k, v, None, normalize(q, k, v, 2, 3)) == "cuda"
+
+
+def test_fused_qkv_views_are_accepted(fake_lib):
+    with FakeTensorMode():
+        qkv = fake(2, 40, 3, 4, 64)
+        q, k, v = qkv.unbind(2)
+        assert reasons(q, k, v, 1) == []
+        heads_major = fake(2, 4, 40, 64).transpose(1, 2)
+        assert reasons(heads_major, heads_major, heads_major, 1) == []
+
+
+@pytest.mark.parametrize("dtype,dim,dim_v,expect", [
+    (torch.float64, 32, 32, "dtype"),
+    (torch.bfloat16, 12, 12, "multiples of 8"),
+    (torch.float16, 32, 20, "multiples of 8"),
+    (torch.float32, 264, 264, "no compiled"),
+])
+def test_reasons_for_unsupported_dtype_and_head_dim(fake_lib, dtype, dim, dim_v, expect):
+    with FakeTensorMode():
+        q, v = fake(1, 20, 2, dim, dtype=dtype), fake(1, 20, 2, dim_v, dtype=dtype)
+        got = reasons(q, q, v, 1)
+    assert any(expect in r for r in got), got
+
+
+def test_reasons_for_layouts(fake_lib):
+    with FakeTensorMode():
+        base = fake(1, 20, 2, 40)
+        channel_strided = base[..., ::2][..., :16]  # head-dim stride 2
+        assert any("stride 1 along the head dim" in r for r in reasons(channel_strided, channel_strided, channel_strided, 1))
+        unaligned = fake(1, 20, 2, 33)[..., 1:]  # 32 channels, rows 66 bytes apart
+        got = reasons(unaligned, unaligned, unaligned, 1)
+        assert any("16 bytes" in r for r in got), got
+        too_many_heads = fake(1, 20, 70000, 8)
+        assert any("<= 65535" in r for r in reasons(too_many_heads, too_many_heads, too_many_heads, 1))
+
+
+def test_explicit_backend_error_lists_reason(fake_lib):
+    with FakeTensorMode():
+        q = fake(1, 20, 2, 12)
+        with pytest.raises(ValueError, match="cuda: head dims must be multiples of 8"):
+            choose_na_backend(q, q, q, None, normalize(q, q, q, 1, 3), "cuda")
+
+
+def test_missing_library_reason_and_single_warning(no_lib):
+    with FakeTensorMode():
+        q = fake(1, 20, 2, 16)
+        params = normalize(q, q, q, 1, 3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                assert choose_na_backend(q, q, q, None, params) == "reference"
+        assert len([w for w in caught if "libnattn is not built" in str(w.message)]) == 1
+        got = CUDA.na_not_supported_reasons(q, q, q, None, params, True)
+        assert len(got) == 1 and "libnattn is not built" in got[0]
+
+
+def test_missing_library_cpu_calls_do_not_warn(no_lib):
+    q = torch.randn(1, 12, 2, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nattn.na1d(q, q, q, 3)  # CPU tensors never reach the library check
+
+
+def test_forward_without_library_raises_clearly(no_lib):
+    q = torch.randn(1, 12, 2, 16)
+    with pytest.raises(RuntimeError, match="libnattn is not built"):
+        CUDA.na_forward(q, q, q, None, normalize(q, q, q, 1, 3))
+
+
+def test_pack_matches_problem_fields():
+    q = torch.randn(2, 5, 6, 4, 16)[:, :, :, :3]  # a strided view
+    k = torch.randn(2, 5, 6, 3, 16)
+    v = torch.randn(2, 5, 6, 3, 24)
+    out = torch.empty(2, 5, 6, 3, 24)
+    lse = torch.empty(2, 5, 6, 3)
+    params = normalize(q, k, v, 2, (3, 2), stride=(1, 2), dilation=(1, 3), is_causal=(False, True))
+    fields, device = CUDA._pack(params, q, k, v, out, lse, None)
+    assert len(fields) == kernel_table.NUM_PROBLEM_FIELDS
+    f = kernel_table.FIELD_OFFSETS
+    assert fields[f["abi_version"]] == kernel_table.ABI_VERSION
+    assert fields[f["dtype"]] == kernel_table.DTYPES.index("float32")
+    assert list(fields[f["spatial"]:f["spatial"] + 3]) == [5, 6, 1]
+    assert list(fields[f["kernel"]:f["kernel"] + 3]) == [3, 2, 1]
+    assert list(fields[f["stride"]:f["stride"] + 3]) == [1, 2, 1]
+    assert list(fields[f["dilation"]:f["dilation"] + 3]) == [1, 3, 1]
+    assert list(fields[f["causal"]:f["causal"] + 3]) == [0, 1, 0]
+    assert fields[f["heads"]] == 3 and fields[f["heads_kv"]] == 3
+    assert fields[f["dim"]] == 16 and fields[f["dim_v"]] == 24
+    s = q.stride()
+    assert list(fields[f["q_stride"]:f["q_stride"] + 5]) == [s[0], s[1], s[2], 0, s[3]]
+    assert fields[f["q_ptr"]] == q.data_ptr()
+    assert fields[f["rpb_ptr"]] == 0 and fields[f["dq_ptr"]] == 0
+
+
+def test_size_one_axes_pass_zero_strides():
+    q = torch.randn(1, 7, 1, 16).transpose(0, 0)
+    assert cuda_backend._strides(q, 1) == (0, 16, 0, 0, 0)
+
+
+def test_pack_cache_refreshes_pointers_and_layouts():
+    f = kernel_table.FIELD_OFFSETS
+    q1, q2 = torch.randn(1, 12, 2, 16), torch.randn(1, 12, 2, 16)
+    lse = torch.empty(1, 12, 2)
+    params = normalize(q1, q1, q1, 1, 3)
+    a, _ = CUDA._pack(params, q1, q1, q1, q1, lse, None)
+    b, _ = CUDA._pack(params, q2, q2, q2, q2, lse, None)
+    assert a[f["q_ptr"]] == q1.data_ptr() and b[f["q_ptr"]] == q2.data_ptr()
+    wide = torch.randn(1, 12, 2, 32)[..., :16]  # same shape, other strides
+    c, _ = CUDA._pack(params, wide, wide, wide, q1, lse, None)
+    assert c[f["q_stride"] + 1] == 64 and a[f["q_stride"] + 1] == 32
+    g = torch.randn(1, 12, 2, 16)
+    d, _ = CUDA._pack(params, q1, q1, q1, q1, lse, None, grad_out=g, dq=g, dk=g, dv=g)
+    assert d[f["grad_out_ptr"]] == g.data_ptr() and d[f["dq_stride"] + 1] == 32
+    assert a[f["grad_out_ptr"]] == 0
