@@ -1,0 +1,150 @@
+"""The flex backend: torch's ``flex_attention`` with a neighborhood mask over tiled tokens.
+
+Forward runs flex once (compiled on CUDA, eager elsewhere) and returns the output and its
+LSE. Backward recomputes that forward under autograd and differentiates it, LSE gradient
+included (so the merge with extra keys/values trains). Our op's implementation runs below
+torch's autograd dispatch key, so :func:`_autograd_enabled` puts the key back for the
+recomputation (``torch.enable_grad`` alone is not enough there). The recomputation costs one
+extra forward per backward; flex's own backward kernel is not a public API.
+
+On CPU flex runs only when asked (``backend="flex"``) and only forward: torch's flex has
+no CPU backward.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from . import register_backend
+from .base import Backend
+from .flex_mask import MaskCache
+
+try:  # flex_attention arrived in torch 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - depends on the installed torch
+    flex_attention = create_block_mask = None
+
+try:  # torch >= 2.9 asks for the LSE this way; older ones take return_lse=True
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # pragma: no cover
+    AuxRequest = None
+
+_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@contextmanager
+def _autograd_enabled():
+    """Re-include the autograd dispatch keys that a custom op's implementation runs without."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in torch._C.DispatchKey.__members__.values():
+        if key.name.startswith("Autograd") and exclude.has(key):
+            exclude = exclude.remove(key)
+    include = torch._C._dispatch_tls_local_include_set()
+    with torch._C._ForceDispatchKeyGuard(include, exclude), torch.enable_grad():
+        yield
+
+
+def _call_flex(fn, q, k, v, score_mod, block_mask, scale, enable_gqa):
+    if AuxRequest is not None:
+        out, aux = fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                      enable_gqa=enable_gqa, return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+              enable_gqa=enable_gqa, return_lse=True)
+
+
+class FlexBackend(Backend):
+    """``compile``: None compiles on CUDA only; False forces eager (tests); True always compiles."""
+
+    name = "flex"
+
+    def __init__(self, compile=None, cache_size: int = 32):
+        self.compile = compile
+        self.masks = MaskCache(cache_size)
+        self._compiled_flex = None
+        self._compiled_block_mask = None
+
+    # ------------------------------------------------------------------ checks
+    def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
+        if flex_attention is None:
+            return [f"torch {torch.__version__} has no flex_attention (needs torch >= 2.5)"]
+        reasons = []
+        device = q.device.type
+        if device == "cpu":
+            if not explicit:
+                reasons.append("flex runs on CPU only when asked (backend='flex')")
+            tensors = [q, k, v] + ([rpb] if rpb is not None else [])
+            if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+                reasons.append("torch's flex_attention has no CPU backward (inputs require grad)")
+        elif device == "cuda":
+            if q.dtype not in _CUDA_DTYPES:
+                reasons.append(f"flex on CUDA needs float16, bfloat16 or float32, got {q.dtype}")
+            for name, dim in (("head dim", q.shape[-1]), ("value head dim", v.shape[-1])):
+                if dim < 16 or dim & (dim - 1):
+                    reasons.append(f"flex on CUDA needs a power-of-two {name} >= 16, got {dim}")
+        else:
+            reasons.append(f"flex supports cpu and cuda devices, got {device}")
+        return reasons
+
+    # ------------------------------------------------------------------ compute
+    def _use_compiled(self, device: torch.device) -> bool:
+        return device.type == "cuda" if self.compile is None else bool(self.compile)
+
+    def _mask(self, q, params):
+        spatial = tuple(q.shape[1 : 1 + params.na_dim])
+        compiled = self._use_compiled(q.device)
+
+        def build(entry):
+            n = entry.layout.num_positions
+            if compiled:  # compiled builder: never materializes the N x N mask
+                return create_block_mask(entry.mask_mod(), None, None, n, n, device=q.device, _compile=True)
+            return create_block_mask(entry.mask_mod(), None, None, n, n, device=q.device)
+
+        return self.masks.get(spatial, params, q.device, build)
+
+    def _flex(self, device):
+        if not self._use_compiled(device):
+            return flex_attention
+        if self._compiled_flex is None:
+            self._compiled_flex = torch.compile(flex_attention)
+        return self._compiled_flex
+
+    def _run(self, q, k, v, rpb, params):
+        """Differentiable forward: ``(out [B, *spatial, H, D_v], lse [B, *spatial, H] float32)``."""
+        mask = self._mask(q, params)
+        layout = mask.layout
+        qp, kp, vp = (layout.to_positions(t) for t in (q, k, v))
+        score_mod = mask.rpb_score_mod(rpb) if rpb is not None else None
+        out, lse = _call_flex(self._flex(q.device), qp, kp, vp, score_mod, mask.block_mask,
+                              params.scale, q.shape[-2] != k.shape[-2])
+        out = layout.from_positions(out)
+        lse = layout.from_positions(lse)
+        return out, lse
+
+    def na_forward(self, q, k, v, rpb, params):
+        with torch.no_grad():
+            out, lse = self._run(q, k, v, rpb, params)
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        return out.to(q.dtype).contiguous(), lse.to(lse_dtype).contiguous()
+
+    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params):
+        if q.device.type == "cpu":
+            raise NotImplementedError(
+                "flex backend: torch's flex_attention has no CPU backward; use backend='reference' on CPU"
+            )
+        inputs = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        if rpb is not None:
+            inputs.append(rpb.detach().requires_grad_(True))
+        with _autograd_enabled():
+            o, l = self._run(*inputs[:3], inputs[3] if rpb is not None else None, params)
+            g_lse = torch.zeros_like(l) if grad_lse is None else grad_lse.to(l.dtype)
+            grads = torch.autograd.grad([o, l], inputs, [grad_out.to(o.dtype), g_lse], allow_unused=True)
+        grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)]
+        dq, dk, dv = grads[:3]
+        drpb = grads[3] if rpb is not None else None
+        return dq, dk, dv, drpb
+
+
+register_backend(FlexBackend())
