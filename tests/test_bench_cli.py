@@ -37,12 +37,19 @@ def test_custom_problem_from_flags():
     (["-i", "16", "-w", "3", "--backend", "nope"], "not registered"),
     (["--suite", "smoke", "-i", "16", "-w", "3"], "not both"),
     (["--suite", "bogus"], "invalid choice"),
+    (["--suite", "anchors", "--only", "nope"], "not in suite"),
+    (["--only", "smoke-1d"], "--only selects"),
 ])
 def test_bad_flags_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         parse(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_only_selects_suite_problems():
+    _, problems = parse(["--suite", "anchors", "--only", "video-3d,dinat-s1-2d"])
+    assert [p.name for p in problems] == ["dinat-s1-2d", "video-3d"]
 
 
 def test_anchors_are_the_canonical_problems():

@@ -117,8 +117,11 @@ class FlexBackend(Backend):
         layout = mask.layout
         qp, kp, vp = (layout.to_positions(t) for t in (q, k, v))
         score_mod = mask.rpb_score_mod(rpb) if rpb is not None else None
-        out, lse = _call_flex(self._flex(q.device), qp, kp, vp, score_mod, mask.block_mask,
-                              params.scale, q.shape[-2] != k.shape[-2])
+        try:
+            out, lse = _call_flex(self._flex(q.device), qp, kp, vp, score_mod, mask.block_mask,
+                                  params.scale, q.shape[-2] != k.shape[-2])
+        finally:
+            mask.release_rpb()
         out = layout.from_positions(out)
         lse = layout.from_positions(lse)
         return out, lse

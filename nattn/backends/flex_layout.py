@@ -87,8 +87,10 @@ class TileLayout:
         """``[B, *spatial, H, D]`` -> ``[B, H, P, D]`` in tiled order (differentiable)."""
         b, h, d = x.shape[0], x.shape[-2], x.shape[-1]
         flat = x.reshape(b, self.num_tokens, h, d)
-        if not self.identity:
+        if self.num_positions > self.num_tokens:  # a zero row for the padded positions
             flat = torch.cat([flat, flat.new_zeros(b, 1, h, d)], dim=1).index_select(1, self.src)
+        elif not self.identity:
+            flat = flat.index_select(1, self.src)
         return flat.transpose(1, 2)
 
     def from_positions(self, y: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,8 @@ class NeighborhoodMask:
             self.group.append(coord % d)
             self.group_coord.append(coord // d)
         self.block_mask = None
+        self._rpb_holder: list = [None]
+        self._bias = None
 
     def mask_mod(self) -> Callable:
         coords, lo, hi, group, real = self.layout.coords, self.lo, self.hi, self.group, self.layout.real
@@ -57,18 +59,28 @@ class NeighborhoodMask:
         return neighborhood
 
     def rpb_score_mod(self, rpb: torch.Tensor) -> Callable:
-        """``score + rpb[h, (k'_a - q'_a) + k_a - 1 ...]`` in group coordinates (SEMANTICS.md)."""
-        table = rpb.flatten(1)  # [H, prod(2k - 1)]
-        gc, kernel = self.group_coord, self.kernel
+        """``score + rpb[h, (k'_a - q'_a) + k_a - 1 ...]`` in group coordinates (SEMANTICS.md).
 
-        def bias(score, b, h, q_idx, kv_idx):
-            flat = None
-            for a in range(len(gc)):
-                off = (gc[a][kv_idx] - gc[a][q_idx] + (kernel[a] - 1)).clamp(0, 2 * kernel[a] - 2)
-                flat = off if flat is None else flat * (2 * kernel[a] - 1) + off
-            return score + table[h, flat].to(score.dtype)
+        One function object per problem signature, reading the table through a holder:
+        torch.compile guards a function argument by identity, so a fresh closure per call
+        would recompile flex on every call. :meth:`release_rpb` empties the holder.
+        """
+        self._rpb_holder[0] = rpb.flatten(1)  # [H, prod(2k - 1)]
+        if self._bias is None:
+            holder, gc, kernel = self._rpb_holder, self.group_coord, self.kernel
 
-        return bias
+            def bias(score, b, h, q_idx, kv_idx):
+                flat = None
+                for a in range(len(gc)):
+                    off = (gc[a][kv_idx] - gc[a][q_idx] + (kernel[a] - 1)).clamp(0, 2 * kernel[a] - 2)
+                    flat = off if flat is None else flat * (2 * kernel[a] - 1) + off
+                return score + holder[0][h, flat].to(score.dtype)
+
+            self._bias = bias
+        return self._bias
+
+    def release_rpb(self) -> None:
+        self._rpb_holder[0] = None
 
 
 class MaskCache:

@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_argument_group("problems (a suite, or one custom problem from -i ...)")
     src.add_argument("--suite", choices=sorted(SUITES), help="anchors: ANCHORS.md's canonical problems; "
                      "smoke: tiny CPU problems")
+    src.add_argument("--only", metavar="NAMES", help="comma-separated problem names of the suite to run")
     src.add_argument("-i", "--input-size", type=int, nargs="+", metavar="N", help="spatial size, 1-3 ints")
     src.add_argument("-b", "--batch", type=int, default=1)
     src.add_argument("-n", "--heads", type=int, default=4)
@@ -103,8 +104,16 @@ def parse(argv: Optional[List[str]] = None):
     args = parser.parse_args(argv)
     if args.suite and args.input_size:
         parser.error("give either --suite or -i/--input-size, not both")
+    if args.only and not args.suite:
+        parser.error("--only selects problems of a --suite")
     if args.suite:
         problems = list(SUITES[args.suite])
+        if args.only:
+            wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+            unknown = [n for n in wanted if n not in {p.name for p in problems}]
+            if unknown:
+                parser.error(f"--only: {unknown} not in suite {args.suite}: {[p.name for p in problems]}")
+            problems = [p for p in problems if p.name in wanted]
     elif args.input_size:
         problems = [custom_problem(args, parser)]
     else:
