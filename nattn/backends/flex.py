@@ -111,41 +111,50 @@ class FlexBackend(Backend):
             self._compiled_flex = torch.compile(flex_attention)
         return self._compiled_flex
 
-    def _run(self, q, k, v, rpb, params):
-        """Differentiable forward: ``(out [B, *spatial, H, D_v], lse [B, *spatial, H] float32)``."""
-        mask = self._mask(q, params)
-        layout = mask.layout
-        qp, kp, vp = (layout.to_positions(t) for t in (q, k, v))
+    def _flex_positions(self, mask, qp, kp, vp, rpb, params):
+        """flex on tiled positions ``[B, H, P, D]``: ``(out [B, H, P, D_v], lse [B, H, P])``."""
         score_mod = mask.rpb_score_mod(rpb) if rpb is not None else None
         try:
-            out, lse = _call_flex(self._flex(q.device), qp, kp, vp, score_mod, mask.block_mask,
-                                  params.scale, q.shape[-2] != k.shape[-2])
+            return _call_flex(self._flex(qp.device), qp, kp, vp, score_mod, mask.block_mask,
+                              params.scale, qp.shape[1] != kp.shape[1])
         finally:
             mask.release_rpb()
-        out = layout.from_positions(out)
-        lse = layout.from_positions(lse)
-        return out, lse
 
     def na_forward(self, q, k, v, rpb, params):
+        mask = self._mask(q, params)
+        layout = mask.layout
         with torch.no_grad():
-            out, lse = self._run(q, k, v, rpb, params)
+            qp, kp, vp = (layout.to_positions(t) for t in (q, k, v))
+            out, lse = self._flex_positions(mask, qp, kp, vp, rpb, params)
+            out, lse = layout.from_positions(out), layout.from_positions(lse)
         lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         return out.to(q.dtype).contiguous(), lse.to(lse_dtype).contiguous()
 
     def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params):
+        """Recompute flex on the tiled positions under autograd and differentiate it there.
+
+        The gradients are taken with respect to the tiled tensors and gathered back, so the
+        permutation costs one gather each way (no scatter-add through the index tables).
+        """
         if q.device.type == "cpu":
             raise NotImplementedError(
                 "flex backend: torch's flex_attention has no CPU backward; use backend='reference' on CPU"
             )
-        inputs = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        mask = self._mask(q, params)
+        layout = mask.layout
+        inputs = [layout.to_positions(t.detach()).detach().requires_grad_(True) for t in (q, k, v)]
         if rpb is not None:
             inputs.append(rpb.detach().requires_grad_(True))
         with _autograd_enabled():
-            o, l = self._run(*inputs[:3], inputs[3] if rpb is not None else None, params)
-            g_lse = torch.zeros_like(l) if grad_lse is None else grad_lse.to(l.dtype)
-            grads = torch.autograd.grad([o, l], inputs, [grad_out.to(o.dtype), g_lse], allow_unused=True)
+            o, l = self._flex_positions(mask, *inputs[:3], inputs[3] if rpb is not None else None, params)
+            g_out = layout.to_positions(grad_out.to(o.dtype)).contiguous()
+            if grad_lse is None:
+                g_lse = torch.zeros_like(l)
+            else:
+                g_lse = layout.to_positions(grad_lse.to(l.dtype)[..., None])[..., 0].contiguous()
+            grads = torch.autograd.grad([o, l], inputs, [g_out, g_lse], allow_unused=True)
         grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)]
-        dq, dk, dv = grads[:3]
+        dq, dk, dv = (layout.from_positions(g).contiguous() for g in grads[:3])
         drpb = grads[3] if rpb is not None else None
         return dq, dk, dv, drpb
 
