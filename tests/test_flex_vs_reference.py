@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 
-CASES = sweep(120, seed=777)
+CASES = sweep(104, seed=777)  # the issue asks for at least 100
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -104,3 +104,19 @@ def test_autograd_reenabled_inside_custom_op():
     x = torch.randn(5, requires_grad=True)
     (g,) = torch.autograd.grad(outer(x).sum(), x)  # runs grad_inside under the op machinery
     torch.testing.assert_close(g, torch.ones(5).cos())
+
+
+def test_each_compiled_flex_has_its_own_code_object():
+    """dynamo counts recompilations per code object: signatures must not share one."""
+    from nattn.backends.flex import flex_function
+
+    a, b = flex_function(compiled=True), flex_function(compiled=True)
+    code_a = getattr(a, "__wrapped__", a).__code__
+    code_b = getattr(b, "__wrapped__", b).__code__
+    assert code_a is not code_b and code_a.co_name != code_b.co_name
+    # Uncompiled, it is flex itself (with the LSE), as the CPU path uses it.
+    q = torch.randn(1, 2, 16, 8)
+    out, lse = flex_function(compiled=False)(q, q, q, None, None, 0.5, False)
+    ref = torch.softmax(q @ q.transpose(-1, -2) * 0.5, -1) @ q
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(lse, torch.logsumexp(q @ q.transpose(-1, -2) * 0.5, -1))

@@ -13,6 +13,8 @@ no CPU backward.
 
 from __future__ import annotations
 
+import itertools
+import types
 from contextlib import contextmanager
 
 import torch
@@ -46,13 +48,36 @@ def _autograd_enabled():
         yield
 
 
-def _call_flex(fn, q, k, v, score_mod, block_mask, scale, enable_gqa):
+def _flex_with_lse(q, k, v, score_mod, block_mask, scale, enable_gqa):
     if AuxRequest is not None:
-        out, aux = fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                      enable_gqa=enable_gqa, return_aux=AuxRequest(lse=True))
+        out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                  enable_gqa=enable_gqa, return_aux=AuxRequest(lse=True))
         return out, aux.lse
-    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-              enable_gqa=enable_gqa, return_lse=True)
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                          enable_gqa=enable_gqa, return_lse=True)
+
+
+def _flex_out(q, k, v, score_mod, block_mask, scale, enable_gqa):
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                          enable_gqa=enable_gqa)
+
+
+_compiled_count = itertools.count()
+
+
+def flex_function(compiled: bool, with_lse: bool = True):
+    """A flex call ``f(q, k, v, score_mod, block_mask, scale, enable_gqa)``; compiled on request.
+
+    Each compiled one gets a code object of its own: dynamo keeps compiled code, and counts
+    recompilations against its limit (8), per code object. One per problem signature keeps
+    the signatures of a model (and the benchmark's problems) from evicting each other into
+    torch's eager flex, which materializes every score.
+    """
+    base = _flex_with_lse if with_lse else _flex_out
+    if not compiled:
+        return base
+    code = base.__code__.replace(co_name=f"{base.__name__}_{next(_compiled_count)}")
+    return torch.compile(types.FunctionType(code, base.__globals__, code.co_name))
 
 
 class FlexBackend(Backend):
@@ -63,8 +88,6 @@ class FlexBackend(Backend):
     def __init__(self, compile=None, cache_size: int = 32):
         self.compile = compile
         self.masks = MaskCache(cache_size)
-        self._compiled_flex = None
-        self._compiled_block_mask = None
 
     # ------------------------------------------------------------------ checks
     def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
@@ -104,19 +127,17 @@ class FlexBackend(Backend):
 
         return self.masks.get(spatial, params, q.device, build)
 
-    def _flex(self, device):
-        if not self._use_compiled(device):
-            return flex_attention
-        if self._compiled_flex is None:
-            self._compiled_flex = torch.compile(flex_attention)
-        return self._compiled_flex
+    def _flex(self, mask, device):
+        if mask.flex is None:  # one compiled function per problem signature (see flex_function)
+            mask.flex = flex_function(self._use_compiled(device))
+        return mask.flex
 
     def _flex_positions(self, mask, qp, kp, vp, rpb, params):
         """flex on tiled positions ``[B, H, P, D]``: ``(out [B, H, P, D_v], lse [B, H, P])``."""
         score_mod = mask.rpb_score_mod(rpb) if rpb is not None else None
         try:
-            return _call_flex(self._flex(qp.device), qp, kp, vp, score_mod, mask.block_mask,
-                              params.scale, qp.shape[1] != kp.shape[1])
+            return self._flex(mask, qp.device)(qp, kp, vp, score_mod, mask.block_mask,
+                                               params.scale, qp.shape[1] != kp.shape[1])
         finally:
             mask.release_rpb()
 

@@ -43,6 +43,7 @@ class NeighborhoodMask:
             self.group.append(coord % d)
             self.group_coord.append(coord // d)
         self.block_mask = None
+        self.flex = None  # the flex call for this signature, set by the backend
         self._rpb_holder: list = [None]
         self._bias = None
 

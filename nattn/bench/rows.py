@@ -121,8 +121,7 @@ class FlexPeerRow(Row):
     name = "flex (row-major)"
 
     def __init__(self):
-        self._compiled = None
-        self._masks = {}  # problem signature -> block mask, built once
+        self._masks = {}  # problem signature -> (block mask, flex call), built once
 
     def reason(self, p, device, backward):
         from nattn.backends.flex import flex_attention
@@ -136,8 +135,9 @@ class FlexPeerRow(Row):
         return None
 
     def prepare(self, p, t):
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import create_block_mask
 
+        from nattn.backends.flex import flex_function
         from nattn.backends.flex_mask import NeighborhoodMask
 
         device = t["q"].device
@@ -149,16 +149,16 @@ class FlexPeerRow(Row):
             mask = NeighborhoodMask(p.spatial, p.kernel, p.stride, p.dilation, p.causal, device,
                                     tile=(1,) * p.na_dim, group_by_dilation=False)
             n = p.tokens
-            self._masks[key] = create_block_mask(mask.mask_mod(), None, None, n, n, device=device, _compile=cuda)
-        self._block_mask = self._masks[key]
-        if cuda and self._compiled is None:
-            self._compiled = torch.compile(flex_attention)
-        self._fn = self._compiled if cuda else flex_attention
+            block_mask = create_block_mask(mask.mask_mod(), None, None, n, n, device=device, _compile=cuda)
+            # As a user compiles it: torch.compile(flex_attention), one per problem (as if in
+            # a fresh process) so that earlier problems' compilations do not interfere.
+            self._masks[key] = (block_mask, flex_function(compiled=cuda, with_lse=False))
+        self._block_mask, self._fn = self._masks[key]
         self._gqa, self._spatial = p.heads != p.heads_kv, p.spatial
         return _heads_first(t["q"]), _heads_first(t["k"]), _heads_first(t["v"])
 
     def forward(self, q, k, v):
-        return self._fn(q, k, v, block_mask=self._block_mask, enable_gqa=self._gqa)
+        return self._fn(q, k, v, None, self._block_mask, None, self._gqa)
 
     def heads_last(self, out, p):
         return out.transpose(1, 2).reshape(out.shape[0], *p.spatial, out.shape[1], out.shape[-1])
