@@ -35,9 +35,20 @@ def _grad_targets(inputs):
     return [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
 
 
+def _compile_counters():
+    """(graphs compiled, graph breaks) so far: a graph break inside flex means eager flex."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    except Exception:  # pragma: no cover - dynamo unavailable
+        return 0, 0
+
+
 def time_row(row: Row, p: Problem, device, dtype, backprop: bool, n_sets: int) -> dict:
     """Forward (and forward+backward) medians of one row; errors are recorded, not raised."""
     result = {}
+    graphs0, breaks0 = _compile_counters()
     sets, grads = [], []
     try:
         for s in range(n_sets):
@@ -69,6 +80,10 @@ def time_row(row: Row, p: Problem, device, dtype, backprop: bool, n_sets: int) -
     finally:
         del sets, grads
         _free(device)
+    graphs1, breaks1 = _compile_counters()
+    result["compiled_graphs"], result["graph_breaks"] = graphs1 - graphs0, breaks1 - breaks0
+    if result["graph_breaks"] and "note" not in result:
+        result["note"] = f"{result['graph_breaks']} graph break(s): part of it ran eagerly"
     return result
 
 
