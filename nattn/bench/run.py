@@ -25,6 +25,12 @@ def _short(e: Exception) -> str:
     return f"{type(e).__name__}: {first[:140]}"
 
 
+def _reasons_text(e: Exception) -> str:
+    """A NoBackendError's reasons on one line (its first line only says that none fits)."""
+    lines = [l.strip() for l in str(e).strip().splitlines()]
+    return "; ".join(lines[1:])[:200] if len(lines) > 1 else _short(e)
+
+
 def _free(device):
     gc.collect()
     if device.type == "cuda":
@@ -111,20 +117,25 @@ def run_problem(p: Problem, rows: List[Row], rates, device, dtype, backprop: boo
             entry["note"] = f"n/a: {reason}"
             res["rows"].append(entry)
             continue
+        bwd_reason = row.reason(p, device, backward=True) if backprop else None
         if isinstance(row, NattnRow):
             try:
-                entry["backend"] = row.resolve(p, make_inputs(small, device, dtype, backprop, seed=1))
+                entry["backend"] = row.resolve(p, make_inputs(small, device, dtype, False, seed=1))
             except Exception as e:
-                entry.update(note=f"n/a: {_short(e)}")
+                entry.update(note=f"n/a: {_reasons_text(e)}")
                 res["rows"].append(entry)
                 continue
+            if backprop and not bwd_reason:
+                try:
+                    row.resolve(p, make_inputs(small, device, dtype, True, seed=1))
+                except Exception as e:
+                    bwd_reason = _reasons_text(e)
         if row.is_na:
             from .verify import reference_output
 
             if ref is None:
                 ref = reference_output(small, t_small)
             entry["check"] = check(row, small, device, dtype, ref=ref, inputs=t_small).to_dict()
-        bwd_reason = row.reason(p, device, backward=True) if backprop else None
         entry.update(time_row(row, p, device, dtype, backprop and not bwd_reason, n_sets))
         if bwd_reason and "note" not in entry:
             entry["note"] = f"fwd+bwd n/a: {bwd_reason}"
