@@ -4,13 +4,12 @@ import csv
 import json
 
 import pytest
-import torch
 
 from nattn.bench import ANCHORS, SMOKE
 from nattn.bench.__main__ import main
 from nattn.bench.cli import parse
 from nattn.bench.floors import Rates, floors
-from nattn.bench.problems import Problem, cpu_copy, shrink
+from nattn.bench.problems import cpu_copy, shrink
 from nattn.bench.report import markdown_summary
 
 

@@ -5,8 +5,6 @@ torch's flex_attention has no CPU backward, so gradients are checked on the devi
 kernels, stride, dilation, per-axis causal, GQA, D_v != D, RPB and extra keys/values.
 """
 
-import warnings
-
 import pytest
 import torch
 
@@ -16,7 +14,6 @@ from nattn.backends.flex import FlexBackend, flex_attention
 from nattn.backends.flex_layout import TileLayout, choose_tile
 from nattn.params import NAParams
 from cases import sweep
-from oracle import oracle
 from test_reference_vs_oracle import assert_close, make_inputs, run_nattn, run_oracle
 
 pytestmark = [

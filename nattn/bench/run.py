@@ -84,7 +84,8 @@ def time_row(row: Row, p: Problem, device, dtype, backprop: bool, n_sets: int) -
         result["error"] = True
         result["note"] = _short(e)
     finally:
-        del sets, grads
+        sets.clear()
+        grads.clear()
         _free(device)
     graphs1, breaks1 = _compile_counters()
     result["compiled_graphs"], result["graph_breaks"] = graphs1 - graphs0, breaks1 - breaks0

@@ -9,7 +9,6 @@ autograd end to end, against the float64 oracle.
 
 import os
 import sys
-import warnings
 
 import pytest
 import torch
