@@ -1,0 +1,30 @@
+"""``python -m nattn.bench`` / ``nattn-bench``: see ``--help`` and docs/performance.md."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from . import report
+    from .cli import parse
+    from .plot import plot
+    from .run import run
+
+    args, problems = parse(argv)
+    outcome = run(args, problems)
+    if args.markdown:
+        print()
+        print(report.markdown_summary(outcome["results"], args.backprop))
+    if args.json:
+        report.write_json(args.json, outcome)
+    if args.csv:
+        report.write_csv(args.csv, outcome["results"])
+    if args.plot:
+        print(plot(outcome["results"], args.plot, args.backprop))
+    return 1 if outcome["mismatches"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Timing: medians of per-call device timings after warm-up, rotating input sets when the
+data would otherwise sit in L2 (repeated calls on one buffer measure the cache)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+
+def l2_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20))
+    return 32 << 20  # a generous CPU last-level cache
+
+
+def rotation_count(bytes_per_set: int, device: torch.device, limit: int = 8) -> int:
+    """How many input sets to rotate so that one call's data is not left in cache by the last."""
+    if bytes_per_set <= 0:
+        return 1
+    return max(1, min(limit, -(-3 * l2_bytes(device) // bytes_per_set)))
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn: Callable, input_sets: Sequence, device: torch.device,
+              warmup_ms: float = 30.0, target_ms: float = 300.0, min_reps: int = 3, max_reps: int = 100) -> float:
+    """Median milliseconds of ``fn(*input_sets[i % n])``: CUDA events per call on a GPU,
+    ``perf_counter`` after a synchronize elsewhere. Warm-up runs at least 2 calls and
+    ``warmup_ms``; the repetition count then aims at ``target_ms`` of timed work."""
+    n = len(input_sets)
+    i = 0
+    start = time.perf_counter()
+    calls = 0
+    while calls < 2 or (time.perf_counter() - start) * 1e3 < warmup_ms:
+        fn(*input_sets[i % n]); i += 1; calls += 1
+        _sync(device)
+    per_call = (time.perf_counter() - start) * 1e3 / calls
+    reps = int(max(min_reps, min(max_reps, target_ms / max(per_call, 1e-3))))
+    times = []
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for a, b in events:
+            a.record(); fn(*input_sets[i % n]); b.record(); i += 1
+        torch.cuda.synchronize(device)
+        times = [a.elapsed_time(b) for a, b in events]
+    else:
+        for _ in range(reps):
+            t0 = time.perf_counter(); fn(*input_sets[i % n]); i += 1
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)

@@ -1,0 +1,129 @@
+"""The benchmark CLI: argument parsing, problems and floors, and a CPU run end to end."""
+
+import csv
+import json
+
+import pytest
+
+from nattn.bench import ANCHORS, SMOKE
+from nattn.bench.__main__ import main
+from nattn.bench.cli import parse
+from nattn.bench.floors import Rates, floors
+from nattn.bench.problems import cpu_copy, shrink
+from nattn.bench.report import markdown_summary
+
+
+def test_custom_problem_from_flags():
+    args, (p,) = parse(["-i", "16", "20", "-b", "2", "-n", "4", "--heads-kv", "2", "-d", "32", "--dim-v", "16",
+                        "-w", "5", "7", "-s", "2", "--dilation", "1", "2", "--causal", "1", "0",
+                        "--add-kv", "3", "--backprop", "--backend", "reference", "--dtype", "fp32"])
+    assert p.spatial == (16, 20) and p.kernel == (5, 7) and p.stride == (2, 2) and p.dilation == (1, 2)
+    assert p.causal == (True, False) and (p.heads, p.heads_kv, p.dim, p.dim_v, p.extra) == (4, 2, 32, 16, 3)
+    assert args.backprop and args.backend == ["reference"]
+    _, (q,) = parse(["-i", "30", "-w", "5", "--causal"])
+    assert q.causal == (True,) and q.heads_kv == q.heads and q.dim_v == q.dim
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "nothing to run"),
+    (["-i", "1", "2", "3", "4", "-w", "3"], "1 to 3 ints"),
+    (["-i", "16", "16"], "--window is required"),
+    (["-i", "16", "16", "-w", "3", "4", "5"], "--window takes 1 or 2"),
+    (["-i", "16", "-w", "9", "--dilation", "2"], "window * dilation <= size"),
+    (["-i", "16", "-w", "4", "-s", "5"], "stride <= window"),
+    (["-i", "16", "-w", "4", "--rpb"], "--rpb needs odd"),
+    (["-i", "16", "-w", "3", "-n", "4", "--heads-kv", "3"], "divisible"),
+    (["-i", "16", "-w", "3", "--backend", "nope"], "not registered"),
+    (["--suite", "smoke", "-i", "16", "-w", "3"], "not both"),
+    (["--suite", "bogus"], "invalid choice"),
+    (["--suite", "anchors", "--only", "nope"], "not in suite"),
+    (["--only", "smoke-1d"], "--only selects"),
+])
+def test_bad_flags_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_only_selects_suite_problems():
+    _, problems = parse(["--suite", "anchors", "--only", "video-3d,dinat-s1-2d"])
+    assert [p.name for p in problems] == ["dinat-s1-2d", "video-3d"]
+
+
+def test_anchors_are_the_canonical_problems():
+    names = [p.name for p in ANCHORS]
+    assert names == ["dinat-s1-2d", "dinat-s2-dil4", "mid-2d-k13", "video-3d", "1d-32k-w2048",
+                     "flux-2d-w80", "hunyuan-3d"]
+    flux = ANCHORS[5]
+    assert flux.spatial == (256, 256) and flux.kernel == (80, 80) and flux.heads == 24 and flux.dim == 128
+    # SEMANTICS.md's count: 4 * B * H * N * W * D when D_v == D.
+    assert flux.na_flops() == 4 * 1 * 24 * 256 * 256 * 6400 * 128
+
+
+def test_smaller_copies_keep_features_and_fit():
+    for p in ANCHORS + SMOKE:
+        s = shrink(p, 4096)
+        assert all(n >= k * d for n, k, d in zip(s.spatial, s.kernel, s.dilation))
+        assert s.kernel == p.kernel and s.dilation == p.dilation and s.dim == p.dim
+        assert s.heads % s.heads_kv == 0
+        assert s.tokens <= 4096 or any(n == k * d for n, k, d in zip(s.spatial, s.kernel, s.dilation))
+        c = cpu_copy(p)
+        assert max(c.kernel) <= 5 and c.batch == 1 and c.heads <= 2
+        assert c.tokens <= 512 or any(n == k * d for n, k, d in zip(c.spatial, c.kernel, c.dilation))
+
+
+def test_floors_follow_anchors_definition():
+    """ANCHORS.md: FLOP floor = dense time x W / N; memory floor = (q, k, v, out) bytes / copy rate."""
+    p = ANCHORS[0]
+    rates = Rates(copy_bytes_per_s=4.3e12, dense_flops_per_s=600e12, device="test")
+    f = floors(p, rates, 2, dense_ms=0.809, backward=False)
+    assert f.flop_ms == pytest.approx(0.809 * 49 / 3136)
+    assert f.memory_ms == pytest.approx(4 * 32 * 3136 * 4 * 32 * 2 / 4.3e12 * 1e3)
+    assert f.ms == max(f.flop_ms, f.memory_ms)
+    f_nodense = floors(p, rates, 2, dense_ms=None, backward=False)
+    assert f_nodense.flop_ms == pytest.approx(p.na_flops() / 600e12 * 1e3)
+
+
+def test_cpu_smoke_run_end_to_end(tmp_path, capsys):
+    js, cs = tmp_path / "r.json", tmp_path / "r.csv"
+    code = main(["--suite", "smoke", "--backprop", "--no-progress", "--markdown", "--device", "cpu",
+                 "--json", str(js), "--csv", str(cs), "--plot", str(tmp_path / "r.png")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "CPU run" in out and "MISMATCH" not in out
+    run = json.loads(js.read_text())
+    assert [r["name"] for r in run["results"]] == [p.name for p in SMOKE]
+    for res in run["results"]:
+        rows = {r["name"]: r for r in res["rows"]}
+        auto = rows["nattn:auto"]
+        assert auto["backend"] == "reference" and auto["check"]["ok"] is True
+        assert auto["fwd_ms"] > 0 and auto["fwd_bwd_ms"] > 0
+        assert rows["dense sdpa"]["fwd_ms"] > 0
+        flex = rows["flex (row-major)"]
+        assert flex["check"]["ok"] is True and flex["fwd_ms"] > 0 and "fwd_bwd_ms" not in flex
+        assert res["floors"]["fwd"]["floor_ms"] > 0
+    lines = list(csv.DictReader(cs.open()))
+    assert len(lines) == 3 * len(SMOKE)
+    assert "| smoke-1d |" in out
+
+
+def test_mismatch_is_reported_in_red(monkeypatch, capsys):
+    """A wrong backend is never hidden: its check fails, the run says MISMATCH and exits 1."""
+    from nattn.bench import rows as rows_mod
+
+    real = rows_mod.NattnRow.forward
+    monkeypatch.setattr(rows_mod.NattnRow, "forward", lambda self, *a: real(self, *a) * 1.5)
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    code = main(["-i", "12", "-w", "3", "-n", "1", "-d", "8", "--no-peers", "--no-progress", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "\033[31mMISMATCH" in out
+
+
+def test_markdown_summary_marks_skipped_and_mismatch():
+    res = [{"name": "a", "skipped": "time budget of 1 s spent"},
+           {"name": "b", "rows": [{"name": "nattn:auto", "fwd_ms": 1.0, "check": {"ok": False}}],
+            "floors": {"fwd": {"flop_ms": 0.1, "memory_ms": 0.2, "floor_ms": 0.2}}}]
+    text = markdown_summary(res, backprop=False)
+    assert "skipped" in text and "1.000 (MISMATCH)" in text
