@@ -70,7 +70,11 @@ class CMakeBuild(build_ext):
         workers = os.environ.get("NATTN_N_WORKERS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", build_dir, "--parallel", workers])
         shutil.copyfile(os.path.join(build_dir, "libnattn.so"), target)
-        shutil.copyfile(os.path.join(build_dir, "build_config.json"), config_out)
+        # Editable installs copy only the extension itself back into the source tree, so
+        # the record of what was built goes there too.
+        source_config = os.path.join(ROOT, "nattn", "_cuda", "build_config.json")
+        for path in {config_out, source_config}:
+            shutil.copyfile(os.path.join(build_dir, "build_config.json"), path)
 
 
 ARCHS = requested_archs()

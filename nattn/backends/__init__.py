@@ -6,6 +6,7 @@ import importlib
 from typing import Dict, List, Optional
 
 from .base import Backend
+from .heuristics import na_auto_order
 from .reference import ReferenceBackend
 
 # Automatic dispatch tries backends in this order (fastest first); unknown names go
@@ -45,9 +46,9 @@ class NoBackendError(ValueError):
     """No backend can run the requested problem; the message lists every reason."""
 
 
-def _resolve(requested: Optional[str]) -> List[str]:
+def _resolve(requested: Optional[str], auto_order=None) -> List[str]:
     if requested is None or requested == "auto":
-        return list(AUTO_ORDER)
+        return auto_order() if auto_order else list(AUTO_ORDER)
     if not isinstance(requested, str) or requested not in BACKENDS:
         raise ValueError(
             f"backend must be None, 'auto' or one of {sorted(BACKENDS)}, got {requested!r}"
@@ -55,8 +56,8 @@ def _resolve(requested: Optional[str]) -> List[str]:
     return [requested]
 
 
-def _choose(requested, reasons_of) -> str:
-    names = _resolve(requested)
+def _choose(requested, reasons_of, auto_order=None) -> str:
+    names = _resolve(requested, auto_order)
     explicit = requested not in (None, "auto")
     why: Dict[str, List[str]] = {}
     for name in names:
@@ -69,7 +70,11 @@ def _choose(requested, reasons_of) -> str:
 
 
 def choose_na_backend(q, k, v, rpb, params, requested: Optional[str] = None) -> str:
-    return _choose(requested, lambda b, explicit: b.na_not_supported_reasons(q, k, v, rpb, params, explicit))
+    return _choose(
+        requested,
+        lambda b, explicit: b.na_not_supported_reasons(q, k, v, rpb, params, explicit),
+        lambda: na_auto_order(AUTO_ORDER, q, params),
+    )
 
 
 def choose_dense_backend(q, k, v, is_causal, requested: Optional[str] = None) -> str:

@@ -1,0 +1,39 @@
+"""Automatic backend order: small windows go to the SIMT kernels first, large ones to flex."""
+
+from types import SimpleNamespace
+
+import torch
+
+from nattn.backends import AUTO_ORDER, choose_na_backend
+from nattn.backends.heuristics import SIMT_MAX_WINDOW, na_auto_order
+from nattn.params import NAParams
+
+
+def params(kernel):
+    n = len(kernel)
+    return NAParams(tuple(kernel), (1,) * n, (1,) * n, (False,) * n, 1.0)
+
+
+CUDA_Q = SimpleNamespace(device=torch.device("cuda"))
+ORDER = ["cuda", "flex", "reference"]
+
+
+def test_small_window_prefers_cuda():
+    assert na_auto_order(ORDER, CUDA_Q, params((7, 7))) == ORDER
+
+
+def test_large_window_prefers_flex():
+    assert 13 * 13 > SIMT_MAX_WINDOW
+    assert na_auto_order(ORDER, CUDA_Q, params((13, 13))) == ["flex", "cuda", "reference"]
+
+
+def test_cpu_and_missing_backends_keep_registered_order():
+    cpu_q = SimpleNamespace(device=torch.device("cpu"))
+    assert na_auto_order(ORDER, cpu_q, params((13, 13))) == ORDER
+    assert na_auto_order(["cuda", "reference"], CUDA_Q, params((13, 13))) == ["cuda", "reference"]
+
+
+def test_cpu_dispatch_picks_reference():
+    q = torch.randn(1, 16, 16, 2, 8)
+    assert AUTO_ORDER[-1] == "reference"
+    assert choose_na_backend(q, q, q, None, params((13, 13))) == "reference"
