@@ -23,14 +23,15 @@ def test_small_window_prefers_cuda():
 
 
 def test_large_window_prefers_flex():
-    assert 13 * 13 > SIMT_MAX_WINDOW
-    assert na_auto_order(ORDER, CUDA_Q, params((13, 13))) == ["flex", "cuda", "reference"]
+    assert 80 * 80 > SIMT_MAX_WINDOW
+    assert na_auto_order(ORDER, CUDA_Q, params((80, 80))) == ["flex", "cuda", "reference"]
+    assert na_auto_order(ORDER, CUDA_Q, params((2048,))) == ["flex", "cuda", "reference"]
 
 
 def test_cpu_and_missing_backends_keep_registered_order():
     cpu_q = SimpleNamespace(device=torch.device("cpu"))
-    assert na_auto_order(ORDER, cpu_q, params((13, 13))) == ORDER
-    assert na_auto_order(["cuda", "reference"], CUDA_Q, params((13, 13))) == ["cuda", "reference"]
+    assert na_auto_order(ORDER, cpu_q, params((80, 80))) == ORDER
+    assert na_auto_order(["cuda", "reference"], CUDA_Q, params((80, 80))) == ["cuda", "reference"]
 
 
 def test_cpu_dispatch_picks_reference():

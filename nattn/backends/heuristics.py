@@ -10,11 +10,11 @@ from typing import List, Sequence
 
 from ..params import NAParams
 
-# The SIMT kernels beat compiled flex where windows are small (DiNAT's 7x7: 2-3x faster)
-# and lose where they are large (13x13 at D=64: 1.8x slower; 5x7x7 video: 1.3x slower):
-# their cost per key is mostly fixed bookkeeping, while flex runs tensor cores over tiles.
-# The crossover lies between 49 and 169 keys; 100 splits it until a faster family lands.
-SIMT_MAX_WINDOW = 100
+# Measured (docs/dev/PERF.md, "Anchors, all backends"): the SIMT kernels beat nattn's flex
+# backend up to 245 keys (7x7: 2-3x; 13x13 and 5x7x7: 15-25x, where flex evaluates its
+# mask on nearly every block) and lose badly from 2048 keys on (1-D 2048: 33x slower; flux
+# and hunyuan windows take the SIMT kernels 0.5-1.5 s), where flex's tensor cores win.
+SIMT_MAX_WINDOW = 1024
 
 
 def na_auto_order(order: Sequence[str], q, params: NAParams) -> List[str]:
