@@ -103,6 +103,36 @@ def check_qkv(query, key, value, na_dim: int) -> None:
         )
 
 
+def normalize_window_args(na_dim: int, kernel_size, stride=1, dilation=1, is_causal=False):
+    """Per-axis ``(kernel, stride, dilation, causal)`` tuples, with the checks that need no input."""
+    kernel = _per_axis(kernel_size, na_dim, "kernel_size", int)
+    strides = _per_axis(stride, na_dim, "stride", int)
+    dils = _per_axis(dilation, na_dim, "dilation", int)
+    causal = _per_axis(is_causal, na_dim, "is_causal", bool)
+    for axis in range(na_dim):
+        k, s, d = kernel[axis], strides[axis], dils[axis]
+        where = f"along axis {axis} ({_AXES[axis]})"
+        if k < 2:
+            raise ValueError(f"kernel_size {where} must be >= 2, got {k}")
+        if d < 1:
+            raise ValueError(f"dilation {where} must be >= 1, got {d}")
+        if not 1 <= s <= k:
+            raise ValueError(f"stride {where} must satisfy 1 <= stride <= kernel_size ({k}), got {s}")
+    return kernel, strides, dils, causal
+
+
+def rpb_config_reasons(kernel_size, stride, is_causal) -> list:
+    """What an RPB table needs of the per-axis window arguments (empty when all is met)."""
+    reasons = []
+    if any(k % 2 == 0 for k in kernel_size):
+        reasons.append(f"odd kernel_size (got {tuple(kernel_size)})")
+    if any(s != 1 for s in stride):
+        reasons.append(f"stride 1 (got {tuple(stride)})")
+    if any(is_causal):
+        reasons.append(f"is_causal=False (got {tuple(is_causal)})")
+    return reasons
+
+
 def normalize(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -124,24 +154,14 @@ def normalize(
             "query and key must agree on [B, *spatial] in neighborhood attention, got "
             f"{tuple(query.shape)} and {tuple(key.shape)}"
         )
-    kernel = _per_axis(kernel_size, na_dim, "kernel_size", int)
-    strides = _per_axis(stride, na_dim, "stride", int)
-    dils = _per_axis(dilation, na_dim, "dilation", int)
-    causal = _per_axis(is_causal, na_dim, "is_causal", bool)
+    kernel, strides, dils, causal = normalize_window_args(na_dim, kernel_size, stride, dilation, is_causal)
     spatial = tuple(query.shape[1 : 1 + na_dim])
     for axis in range(na_dim):
-        k, s, d, n = kernel[axis], strides[axis], dils[axis], spatial[axis]
-        where = f"along axis {axis} ({_AXES[axis]})"
-        if k < 2:
-            raise ValueError(f"kernel_size {where} must be >= 2, got {k}")
-        if d < 1:
-            raise ValueError(f"dilation {where} must be >= 1, got {d}")
-        if not 1 <= s <= k:
-            raise ValueError(f"stride {where} must satisfy 1 <= stride <= kernel_size ({k}), got {s}")
+        k, d, n = kernel[axis], dils[axis], spatial[axis]
         if k * d > n:
             raise ValueError(
-                f"kernel_size * dilation {where} must be <= the input size {n}, "
-                f"got {k} * {d} = {k * d}"
+                f"kernel_size * dilation along axis {axis} ({_AXES[axis]}) must be <= the input "
+                f"size {n}, got {k} * {d} = {k * d}"
             )
     if scale is None:
         scale = query.shape[-1] ** -0.5
@@ -159,13 +179,7 @@ def check_rpb(rpb, query: torch.Tensor, params: NAParams) -> None:
     """RPB needs odd kernels, no stride, no causal mask, and a [H, 2k-1, ...] table."""
     if not isinstance(rpb, torch.Tensor):
         raise TypeError(f"rpb must be a torch.Tensor or None, got {type(rpb).__name__}")
-    reasons = []
-    if any(k % 2 == 0 for k in params.kernel_size):
-        reasons.append(f"odd kernel_size (got {params.kernel_size})")
-    if any(s != 1 for s in params.stride):
-        reasons.append(f"stride 1 (got {params.stride})")
-    if any(params.is_causal):
-        reasons.append(f"is_causal=False (got {params.is_causal})")
+    reasons = rpb_config_reasons(params.kernel_size, params.stride, params.is_causal)
     if reasons:
         raise ValueError("rpb (relative positional bias) requires " + ", ".join(reasons))
     expected = (query.shape[-2],) + tuple(2 * k - 1 for k in params.kernel_size)

@@ -15,25 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..functional import neighborhood_attention
-from ..params import NAParams
+from ..params import NAParams, normalize_window_args, rpb_config_reasons
 from .unfused import na_explicit
 
 IntOrTuple = Union[int, Sequence[int]]
 BoolOrTuple = Union[bool, Sequence[bool]]
-
-
-def _per_axis(value, na_dim: int, name: str, kind: type) -> tuple:
-    if isinstance(value, (list, tuple)):
-        if len(value) != na_dim:
-            raise ValueError(f"{name} must be a {kind.__name__} or a tuple of {na_dim}, got {tuple(value)!r}")
-        values = tuple(value)
-    else:
-        values = (value,) * na_dim
-    for v in values:
-        ok = isinstance(v, bool) if kind is bool else isinstance(v, int) and not isinstance(v, bool)
-        if not ok:
-            raise TypeError(f"{name} must be a {kind.__name__} or a tuple of {na_dim}, got {value!r}")
-    return values
 
 
 def _positive_int(value, name: str) -> int:
@@ -95,31 +81,15 @@ class NeighborhoodAttentionND(nn.Module):
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         self.head_dim = embed_dim // num_heads
-        self.kernel_size = _per_axis(kernel_size, n, "kernel_size", int)
-        self.stride = _per_axis(stride, n, "stride", int)
-        self.dilation = _per_axis(dilation, n, "dilation", int)
-        self.is_causal = _per_axis(is_causal, n, "is_causal", bool)
-        for k, s, d in zip(self.kernel_size, self.stride, self.dilation):
-            if k < 2:
-                raise ValueError(f"kernel_size must be >= 2 along every axis, got {self.kernel_size}")
-            if d < 1:
-                raise ValueError(f"dilation must be >= 1 along every axis, got {self.dilation}")
-            if not 1 <= s <= k:
-                raise ValueError(f"stride must satisfy 1 <= stride <= kernel_size, got {self.stride} "
-                                 f"for kernel_size {self.kernel_size}")
+        self.kernel_size, self.stride, self.dilation, self.is_causal = normalize_window_args(
+            n, kernel_size, stride, dilation, is_causal)
         if qk_scale is not None and (isinstance(qk_scale, bool) or not isinstance(qk_scale, (int, float))):
             raise TypeError(f"qk_scale must be a float or None, got {qk_scale!r}")
         self.scale = float(qk_scale) if qk_scale is not None else self.head_dim ** -0.5
         if not isinstance(rel_pos_bias, bool):
             raise TypeError(f"rel_pos_bias must be a bool, got {rel_pos_bias!r}")
         if rel_pos_bias:
-            reasons = []
-            if any(k % 2 == 0 for k in self.kernel_size):
-                reasons.append(f"odd kernel_size (got {self.kernel_size})")
-            if any(s != 1 for s in self.stride):
-                reasons.append(f"stride 1 (got {self.stride})")
-            if any(self.is_causal):
-                reasons.append(f"is_causal=False (got {self.is_causal})")
+            reasons = rpb_config_reasons(self.kernel_size, self.stride, self.is_causal)
             if reasons:
                 raise ValueError("rel_pos_bias=True requires " + ", ".join(reasons))
         self.backend = backend
