@@ -1,10 +1,15 @@
 """Random NA problems sized for the GPU tier: every feature, odd shapes, real head dims."""
 
+import os
 import random
+import sys
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # tests/, for scripts too
+from cases import random_window  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (8, 16, 24, 32, 40, 64, 72, 96, 128, 136, 256)
@@ -38,34 +43,17 @@ class GpuCase:
 
 
 def random_case(rng: random.Random, na_dim: int) -> GpuCase:
-    max_tokens = {1: 700, 2: 900, 3: 1200}[na_dim]
-    while True:
-        kernel, dilation, spatial, stride, causal = [], [], [], [], []
-        for _ in range(na_dim):
-            k = rng.randint(2, {1: 21, 2: 9, 3: 5}[na_dim])
-            d = rng.choice([1, 1, 1, 2, 3])
-            n = k * d + rng.choice([0, 1, 3, 7, rng.randint(0, 40)])
-            kernel.append(k); dilation.append(d); spatial.append(n)
-            stride.append(rng.choice([1, 1, rng.randint(1, k)]))
-            causal.append(rng.random() < 0.25)
-        tokens = 1
-        for n in spatial:
-            tokens *= n
-        if tokens <= max_tokens:
-            break
-    rpb = rng.random() < 0.3
-    if rpb:  # RPB needs odd kernels, stride 1, non-causal
-        kernel = [k if k % 2 else k + 1 for k in kernel]
-        spatial = [max(n, k * d) for n, k, d in zip(spatial, kernel, dilation)]
-        stride = [1] * na_dim
-        causal = [False] * na_dim
+    spatial, kernel, stride, dilation, causal, rpb = random_window(
+        rng, na_dim, {1: 700, 2: 900, 3: 1200}[na_dim], {1: 21, 2: 9, 3: 5}[na_dim],
+        [1, 1, 1, 2, 3], lambda r, kd: kd + r.choice([0, 1, 3, 7, r.randint(0, 40)]), causal_p=0.25, rpb_p=0.3,
+    )
     heads_kv = rng.choice([1, 1, 2, 3])
     heads = heads_kv * rng.choice([1, 1, 2, 4])
     dim = rng.choice(HEAD_DIMS)
     dim_v = dim if rng.random() < 0.7 else rng.choice(HEAD_DIMS)
     return GpuCase(
-        spatial=tuple(spatial), kernel=tuple(kernel), stride=tuple(stride),
-        dilation=tuple(dilation), causal=tuple(causal), batch=rng.choice([1, 2, 3]),
+        spatial=spatial, kernel=kernel, stride=stride,
+        dilation=dilation, causal=causal, batch=rng.choice([1, 2, 3]),
         heads=heads, heads_kv=heads_kv, dim=dim, dim_v=dim_v,
         extra=rng.choice([0, 0, 0, 5]), rpb=rpb, dtype=rng.choice(DTYPES),
         layout=rng.choice(["plain", "plain", "fused", "heads_major"]),
