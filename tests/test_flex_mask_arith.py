@@ -132,3 +132,18 @@ def test_layout_roundtrip_matches_decode(spatial, dilation, tile, grouped):
         if ax.real is not None:
             ok &= ax.real
     assert torch.equal(ok, real)
+
+
+@pytest.mark.parametrize("problem", [p for p, _, _ in PROBLEMS[::3]], ids=str)
+def test_bench_row_major_mask_equals_oracle(problem):
+    """The bench's plain flex recipe (row-major closed-form mask) is the oracle's mask too."""
+    from nattn.bench.rows import row_major_mask_mod
+
+    spatial, kernel, stride, dilation, causal = problem
+    n = 1
+    for x in spatial:
+        n *= x
+    p = torch.arange(n)
+    got = row_major_mask_mod(spatial, kernel, stride, dilation, causal)(None, None, p[:, None], p[None, :])
+    want, _ = mask_and_bias_index(spatial, kernel, stride, dilation, causal)
+    assert torch.equal(got.expand(n, n), want)

@@ -1,11 +1,13 @@
 """The flex backend: torch's ``flex_attention`` with a neighborhood mask over tiled tokens.
 
-Forward runs flex once (compiled on CUDA, eager elsewhere) and returns the output and its
-LSE. Backward recomputes that forward under autograd and differentiates it, LSE gradient
-included (so the merge with extra keys/values trains). Our op's implementation runs below
-torch's autograd dispatch key, so :func:`_autograd_enabled` puts the key back for the
-recomputation (``torch.enable_grad`` alone is not enough there). The recomputation costs one
-extra forward per backward; flex's own backward kernel is not a public API.
+The backend is *composite*: :meth:`FlexBackend.na_composite` is differentiable torch code
+(tile permutations as views, compiled flex with the LSE), and the functional API calls it
+directly outside ``torch.compile``, so autograd runs flex's own compiled backward kernel.
+Inside a user's ``torch.compile`` region the custom ops are used instead: their forward
+runs flex once; their backward recomputes that forward under autograd and differentiates
+it, LSE gradient included (one extra forward). Our op's implementation runs below torch's
+autograd dispatch key, so :func:`_autograd_enabled` puts the key back for the
+recomputation (``torch.enable_grad`` alone is not enough there).
 
 On CPU flex runs only when asked (``backend="flex"``) and only forward: torch's flex has
 no CPU backward.
