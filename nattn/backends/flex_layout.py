@@ -50,6 +50,17 @@ def choose_tile(spatial: Sequence[int], dilation: Sequence[int]) -> Tuple[int, .
     return tuple(tile)
 
 
+def divmod_index(x, n: int):
+    """``(x // n, x % n)`` of a non-negative integer tensor by a constant ``n``.
+
+    Powers of two become a shift and a mask: inside flex's kernel this runs per (query, key)
+    pair, where floor division costs several instructions and a select.
+    """
+    if n & (n - 1) == 0:
+        return x >> (n.bit_length() - 1), x & (n - 1)
+    return x // n, x % n
+
+
 class AxisCoords:
     """One axis's group coordinate, dilation group and group length of a position, as tensors."""
 
@@ -136,15 +147,20 @@ class TileLayout:
         """
         n_axes = len(self.spatial)
         volume = math.prod(self.tile)
-        offset, tile_index = (p % volume, p // volume) if volume > 1 else (None, p)
+        tile_index, offset = divmod_index(p, volume) if volume > 1 else (p, None)
         u = [None] * n_axes
         for a in reversed(range(n_axes)):
             t, m = self.tile[a], self.num_tiles[a]
-            ti = tile_index % m if a > 0 else tile_index
-            tile_index = tile_index // m
+            if a > 0:
+                tile_index, ti = divmod_index(tile_index, m)
+            else:
+                ti = tile_index
             if t > 1:
-                u[a] = ti * t + offset % t
-                offset = offset // t
+                if a > 0:
+                    offset, within = divmod_index(offset, t)
+                else:
+                    within = offset
+                u[a] = (ti << (t.bit_length() - 1) | within) if t & (t - 1) == 0 else ti * t + within
             else:
                 u[a] = ti
         axes = []
@@ -157,10 +173,9 @@ class TileLayout:
                 axes.append(AxisCoords(ua, None, n, real))
                 continue
             if self.grouped[a]:
-                m = self.extent[a] // d
-                g, c = ua // m, ua % m
+                g, c = divmod_index(ua, self.extent[a] // d)
             else:
-                g, c = ua % d, ua // d
+                c, g = divmod_index(ua, d)
             group_len = (n - 1 - g) // d + 1  # ceil((n - g) / d)
             real = None
             if not clamp and self.padded[a] > n:

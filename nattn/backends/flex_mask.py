@@ -16,7 +16,7 @@ from typing import Callable, Tuple
 
 import torch
 
-from .flex_layout import TileLayout, choose_tile
+from .flex_layout import TileLayout, choose_tile, divmod_index
 
 BLOCK_MASK_CACHE_SIZE = 32
 
@@ -29,11 +29,11 @@ def axis_in_window(qc, kc, group_len, kernel: int, stride: int, causal: bool):
     is always capped at ``L_g - 1``.
     """
     last = group_len - 1
+    block = qc - divmod_index(qc, stride)[1] if stride > 1 else qc  # first query of the stride block
     if causal:
-        leader = (qc // stride) * stride + (stride - 1) if stride > 1 else qc
-        leader = _minimum(leader, last)
+        leader = _minimum(block + (stride - 1), last)
         return (kc <= qc) & (leader - kc < kernel)
-    leader = (qc // stride) * stride + stride // 2 if stride > 1 else qc
+    leader = block + stride // 2
     left, right = kernel // 2, kernel // 2 + kernel % 2 - 1
     # k * d <= L makes L_g >= k, so left <= L_g - 1 - right: min then max is the clamp.
     centre = _minimum(leader, last - right).clamp(min=left)
