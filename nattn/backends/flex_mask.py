@@ -16,7 +16,7 @@ from typing import Callable, Tuple
 
 import torch
 
-from .flex_layout import TileLayout, choose_tile, divmod_index
+from .flex_layout import TileLayout, divmod_index
 
 BLOCK_MASK_CACHE_SIZE = 32
 
@@ -92,7 +92,11 @@ class NeighborhoodMask:
     """
 
     def __init__(self, spatial, kernel, stride, dilation, causal, device, tile=None, group_by_dilation=True):
-        tile = choose_tile(spatial, dilation) if tile is None else tuple(tile)
+        if tile is None:  # tiled or row-major, whichever flex should run faster
+            from .flex_layout_choice import choose_layout_tile
+
+            tile = choose_layout_tile(spatial, kernel, stride, dilation, causal)
+        tile = tuple(tile)
         self.layout = TileLayout(spatial, tile, dilation, group_by_dilation, device)
         self.kernel, self.stride, self.causal = tuple(kernel), tuple(stride), tuple(causal)
         self.dilation = tuple(dilation)
