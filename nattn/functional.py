@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from . import ops
-from .backends import choose_dense_backend, choose_na_backend
+from .backends import BACKENDS, choose_dense_backend, choose_na_backend
 from .merge import merge_attentions
 from .params import BoolOrTuple, IntOrTuple, check_qkv, normalize
 
@@ -41,10 +41,14 @@ def neighborhood_attention(
         rpb, additional_keys, additional_values,
     )
     name = choose_na_backend(query, key, value, rpb, params, backend)
-    out, lse = ops.na_forward(
-        query, key, value, rpb, list(params.kernel_size), list(params.stride),
-        list(params.dilation), list(params.is_causal), params.scale, name,
-    )
+    impl = BACKENDS[name]
+    if impl.composite and not torch.compiler.is_compiling():  # differentiable as it is
+        out, lse = impl.na_composite(query, key, value, rpb, params)
+    else:
+        out, lse = ops.na_forward(
+            query, key, value, rpb, list(params.kernel_size), list(params.stride),
+            list(params.dilation), list(params.is_causal), params.scale, name,
+        )
     if additional_keys is not None:
         b, heads = query.shape[0], query.shape[-2]
         q_flat = query.reshape(b, -1, heads, query.shape[-1])

@@ -20,6 +20,9 @@ class Backend:
     """Base class; subclasses override what they implement."""
 
     name: str = "?"
+    # True when na_composite is plain differentiable torch code: the functional API then
+    # calls it directly (outside torch.compile) and autograd differentiates it, no custom op.
+    composite: bool = False
 
     def na_not_supported_reasons(
         self, q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor], params: NAParams,
@@ -34,6 +37,10 @@ class Backend:
         return [f"{self.name} does not implement neighborhood attention"]
 
     def na_forward(self, q, k, v, rpb, params: NAParams) -> Tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def na_composite(self, q, k, v, rpb, params: NAParams) -> Tuple[Tensor, Tensor]:
+        """``(out, lse)`` under autograd; only for backends with ``composite = True``."""
         raise NotImplementedError
 
     def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams):

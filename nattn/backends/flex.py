@@ -1,11 +1,13 @@
 """The flex backend: torch's ``flex_attention`` with a neighborhood mask over tiled tokens.
 
-Forward runs flex once (compiled on CUDA, eager elsewhere) and returns the output and its
-LSE. Backward recomputes that forward under autograd and differentiates it, LSE gradient
-included (so the merge with extra keys/values trains). Our op's implementation runs below
-torch's autograd dispatch key, so :func:`_autograd_enabled` puts the key back for the
-recomputation (``torch.enable_grad`` alone is not enough there). The recomputation costs one
-extra forward per backward; flex's own backward kernel is not a public API.
+The backend is *composite*: :meth:`FlexBackend.na_composite` is differentiable torch code
+(tile permutations as views, compiled flex with the LSE), and the functional API calls it
+directly outside ``torch.compile``, so autograd runs flex's own compiled backward kernel.
+Inside a user's ``torch.compile`` region the custom ops are used instead: their forward
+runs flex once; their backward recomputes that forward under autograd and differentiates
+it, LSE gradient included (one extra forward). Our op's implementation runs below torch's
+autograd dispatch key, so :func:`_autograd_enabled` puts the key back for the
+recomputation (``torch.enable_grad`` alone is not enough there).
 
 On CPU flex runs only when asked (``backend="flex"``) and only forward: torch's flex has
 no CPU backward.
@@ -77,13 +79,16 @@ def flex_function(compiled: bool, with_lse: bool = True):
     if not compiled:
         return base
     code = base.__code__.replace(co_name=f"{base.__name__}_{next(_compiled_count)}")
-    return torch.compile(types.FunctionType(code, base.__globals__, code.co_name))
+    # dynamic=False: static shapes, one compilation per signature (dynamic kernels measured
+    # 1.6x slower on mid-2d-k13); the mask is built per signature anyway.
+    return torch.compile(types.FunctionType(code, base.__globals__, code.co_name), dynamic=False)
 
 
 class FlexBackend(Backend):
     """``compile``: None compiles on CUDA only; False forces eager (tests); True always compiles."""
 
     name = "flex"
+    composite = True  # na_composite is differentiable torch code: autograd uses flex's own backward
 
     def __init__(self, compile=None, cache_size: int = 32):
         self.compile = compile
@@ -148,6 +153,21 @@ class FlexBackend(Backend):
             qp, kp, vp = (layout.to_positions(t) for t in (q, k, v))
             out, lse = self._flex_positions(mask, qp, kp, vp, rpb, params)
             out, lse = layout.from_positions(out), layout.from_positions(lse)
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        return out.to(q.dtype).contiguous(), lse.to(lse_dtype).contiguous()
+
+    def na_composite(self, q, k, v, rpb, params):
+        """Differentiable forward ``(out, lse)``: tile permutations and flex, all under autograd.
+
+        Gradients flow through flex's own (compiled) backward kernel and the permutations'
+        views, with no recomputation; :func:`nattn.functional.neighborhood_attention` calls
+        this outside ``torch.compile`` instead of the custom op.
+        """
+        mask = self._mask(q, params)
+        layout = mask.layout
+        qp, kp, vp = (layout.to_positions(t) for t in (q, k, v))
+        out, lse = self._flex_positions(mask, qp, kp, vp, rpb, params)
+        out, lse = layout.from_positions(out), layout.from_positions(lse)
         lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         return out.to(q.dtype).contiguous(), lse.to(lse_dtype).contiguous()
 

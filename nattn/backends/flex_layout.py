@@ -5,17 +5,28 @@ block of 128 queries of a 2-D image is one thin row, and the union of its window
 many rows; permuted into tiles (8x8 in 2-D, 4x4x4 in 3-D) a block is a compact box and
 its windows' union is a compact box too, so the block mask is dense where the windows are.
 
-Each axis is first reordered by dilation group (``i mod d`` major, ``i div d`` minor), so
-that a tile holds neighbours *inside* one group, then padded to a multiple of the tile.
-Padded tokens are zero rows whose keys the mask removes and whose outputs are dropped.
+Each axis of length ``L`` with dilation ``d`` is first reordered by dilation group: padded
+to ``d * M`` tokens (``M = ceil(L / d)``, the longest group), viewed as ``[M, d]`` and
+transposed, so group ``g`` occupies axis positions ``g * M .. g * M + M - 1`` and a tile
+holds neighbours *inside* one group. The axis is then padded to a multiple of its tile.
+Everything is pad/reshape/permute (no index tables), and a position's group and group
+coordinate are plain integer arithmetic, which is what the flex ``mask_mod`` needs
+(:meth:`TileLayout.decode`). Padded tokens are zero rows whose keys the mask removes and
+whose outputs are dropped.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
+
+
+def _axis_extent(n: int, d: int, grouped: bool) -> int:
+    """Axis length after the dilation-group reorder (before tile padding)."""
+    return d * math.ceil(n / d) if grouped and d > 1 else n
 
 
 def choose_tile(spatial: Sequence[int], dilation: Sequence[int]) -> Tuple[int, ...]:
@@ -30,72 +41,152 @@ def choose_tile(spatial: Sequence[int], dilation: Sequence[int]) -> Tuple[int, .
         return (1,)
     base = 8 if len(spatial) == 2 else 4
     tile = []
-    for n in spatial:
-        t = min(base, n)
-        while t > 1 and math.ceil(n / t) * t > n * 9 / 8:
+    for n, d in zip(spatial, dilation):
+        extent = _axis_extent(n, d, True)
+        t = min(base, extent)
+        while t > 1 and math.ceil(extent / t) * t > n * 9 / 8:
             t //= 2
         tile.append(max(t, 1))
     return tuple(tile)
 
 
-class TileLayout:
-    """Index tables between row-major tokens and tiled (padded) positions.
+def divmod_index(x, n: int):
+    """``(x // n, x % n)`` of a non-negative integer tensor by a constant ``n``.
 
-    ``src[p]``: the row-major token at position ``p`` (``N`` for padding: a zero row).
-    ``dst[n]``: the position of row-major token ``n``. ``coords[a][p]``: the original
-    coordinate along axis ``a`` of position ``p`` (0 for padding). ``real[p]``: not padding.
+    Powers of two become a shift and a mask: inside flex's kernel this runs per (query, key)
+    pair, where floor division costs several instructions and a select.
+    """
+    if n & (n - 1) == 0:
+        return x >> (n.bit_length() - 1), x & (n - 1)
+    return x // n, x % n
+
+
+class AxisCoords:
+    """One axis's group coordinate, dilation group and group length of a position, as tensors."""
+
+    def __init__(self, coord, group, group_len, real):
+        self.coord, self.group, self.group_len, self.real = coord, group, group_len, real
+
+
+class TileLayout:
+    """Row-major tokens <-> tiled (padded) positions, and the arithmetic inverse for masks.
+
+    Positions enumerate (tile index per axis, offset inside the tile per axis) in row-major
+    order. ``src[p]`` (the row-major token at position ``p``, ``N`` for padding) and
+    ``real[p]`` are built once on the CPU for tests and inspection; the hot path never
+    gathers through them.
     """
 
     def __init__(self, spatial, tile, dilation, group_by_dilation: bool = True, device=None):
-        self.spatial = tuple(spatial)
-        self.tile = tuple(tile)
-        n_axes = len(self.spatial)
-        padded = [math.ceil(n / t) * t for n, t in zip(self.spatial, self.tile)]
+        self.spatial = tuple(int(n) for n in spatial)
+        self.tile = tuple(int(t) for t in tile)
+        self.dilation = tuple(int(d) for d in dilation)
+        self.grouped = tuple(bool(group_by_dilation) and d > 1 for d in self.dilation)
+        self.extent = tuple(_axis_extent(n, d, g) for n, d, g in zip(self.spatial, self.dilation, self.grouped))
+        self.padded = tuple(math.ceil(e / t) * t for e, t in zip(self.extent, self.tile))
+        self.num_tiles = tuple(p // t for p, t in zip(self.padded, self.tile))
         self.num_tokens = math.prod(self.spatial)
-        self.num_positions = math.prod(padded)
-        # Per axis: axis position u -> original coordinate (dilation groups contiguous).
-        axis_coord = []
-        for n, d in zip(self.spatial, dilation):
-            i = torch.arange(n)
-            order = torch.argsort(i % d * n + i // d) if group_by_dilation and d > 1 else i
-            axis_coord.append(order)
-        # Positions enumerate (tile index per axis, offset per axis) in row-major order.
-        tiles = [p // t for p, t in zip(padded, self.tile)]
-        grids = torch.meshgrid(
-            *[torch.arange(m) for m in tiles], *[torch.arange(t) for t in self.tile], indexing="ij"
-        )
-        real = torch.ones(self.num_positions, dtype=torch.bool)
-        coords, flat = [], torch.zeros(self.num_positions, dtype=torch.long)
-        for a in range(n_axes):
-            u = (grids[a] * self.tile[a] + grids[n_axes + a]).reshape(-1)
-            inside = u < self.spatial[a]
-            c = axis_coord[a][u.clamp(max=self.spatial[a] - 1)]
-            c = torch.where(inside, c, torch.zeros_like(c))
-            real &= inside
-            coords.append(c)
-            flat = flat * self.spatial[a] + c
-        src = torch.where(real, flat, torch.full_like(flat, self.num_tokens))
-        dst = torch.empty(self.num_tokens, dtype=torch.long)
-        dst[src[real]] = torch.arange(self.num_positions)[real]
-        self.identity = self.num_positions == self.num_tokens and bool(
-            (src == torch.arange(self.num_tokens)).all()
-        )
-        self.src, self.dst, self.real = src.to(device), dst.to(device), real.to(device)
-        self.coords = [c.to(device) for c in coords]
+        self.num_positions = math.prod(self.padded)
+        self.identity = self.padded == self.spatial and all(t == 1 for t in self.tile[:-1]) and not any(self.grouped)
+        tokens = torch.arange(1, self.num_tokens + 1).reshape(1, *self.spatial, 1, 1)
+        src = self.to_positions(tokens).reshape(-1) - 1  # padding (zeros) -> -1
+        self.real = src >= 0
+        self.src = torch.where(self.real, src, torch.full_like(src, self.num_tokens))
 
+    # ------------------------------------------------------------------ tensors
     def to_positions(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, *spatial, H, D]`` -> ``[B, H, P, D]`` in tiled order (differentiable)."""
+        if self.identity:
+            b, h, d = x.shape[0], x.shape[-2], x.shape[-1]
+            return x.reshape(b, self.num_tokens, h, d).transpose(1, 2)
+        n_axes = len(self.spatial)
+        for a in range(n_axes):  # group reorder and tile padding, axis by axis (dim 1 + a)
+            dim, n = 1 + a, self.spatial[a]
+            if self.grouped[a]:
+                d = self.dilation[a]
+                x = _pad_dim(x, dim, self.extent[a] - n)
+                shape = x.shape
+                x = x.reshape(*shape[:dim], self.extent[a] // d, d, *shape[dim + 1:]).transpose(dim, dim + 1)
+                x = x.reshape(shape)
+            x = _pad_dim(x, dim, self.padded[a] - self.extent[a])
         b, h, d = x.shape[0], x.shape[-2], x.shape[-1]
-        flat = x.reshape(b, self.num_tokens, h, d)
-        if self.num_positions > self.num_tokens:  # a zero row for the padded positions
-            flat = torch.cat([flat, flat.new_zeros(b, 1, h, d)], dim=1).index_select(1, self.src)
-        elif not self.identity:
-            flat = flat.index_select(1, self.src)
-        return flat.transpose(1, 2)
+        split = [s for pair in zip(self.num_tiles, self.tile) for s in pair]
+        x = x.reshape(b, *split, h, d)
+        # [B, T0, t0, T1, t1, ..., H, D] -> [B, H, T0, T1, ..., t0, t1, ..., D]
+        order = [0, 2 * n_axes + 1] + [1 + 2 * a for a in range(n_axes)] + [2 + 2 * a for a in range(n_axes)]
+        return x.permute(*order, 2 * n_axes + 2).reshape(b, h, self.num_positions, d)
 
     def from_positions(self, y: torch.Tensor) -> torch.Tensor:
         """``[B, H, P, *rest]`` -> ``[B, *spatial, H, *rest]`` (drops padding)."""
-        y = y.transpose(1, 2)
-        if not self.identity:
-            y = y.index_select(1, self.dst)
-        return y.reshape(y.shape[0], *self.spatial, *y.shape[2:])
+        b, h, rest = y.shape[0], y.shape[1], tuple(y.shape[3:])
+        if self.identity:
+            return y.transpose(1, 2).reshape(b, *self.spatial, h, *rest)
+        n_axes = len(self.spatial)
+        y = y.reshape(b, h, *self.num_tiles, *self.tile, *rest)
+        # [B, H, T0.., t0.., *rest] -> [B, T0, t0, T1, t1, ..., H, *rest]
+        order = [0] + [p for a in range(n_axes) for p in (2 + a, 2 + n_axes + a)] + [1]
+        order += list(range(2 + 2 * n_axes, y.dim()))
+        y = y.permute(*order).reshape(b, *self.padded, h, *rest)
+        for a in range(n_axes):
+            dim = 1 + a
+            y = y.narrow(dim, 0, self.extent[a])
+            if self.grouped[a]:
+                d, shape = self.dilation[a], y.shape
+                y = y.reshape(*shape[:dim], d, self.extent[a] // d, *shape[dim + 1:]).transpose(dim, dim + 1)
+                y = y.reshape(shape)
+            y = y.narrow(dim, 0, self.spatial[a])
+        return y
+
+    # ------------------------------------------------------------------ arithmetic
+    def decode(self, p, clamp: bool = False) -> List[AxisCoords]:
+        """Per axis, where position tensor ``p`` lies, by integer arithmetic only (for mask_mods).
+
+        ``clamp`` maps padding positions onto the last real-group slot of each axis (used for
+        queries, so that a padded query row is never empty and its gradient stays finite).
+        ``real`` is None where an axis has no padding at all.
+        """
+        n_axes = len(self.spatial)
+        volume = math.prod(self.tile)
+        tile_index, offset = divmod_index(p, volume) if volume > 1 else (p, None)
+        u = [None] * n_axes
+        for a in reversed(range(n_axes)):
+            t, m = self.tile[a], self.num_tiles[a]
+            if a > 0:
+                tile_index, ti = divmod_index(tile_index, m)
+            else:
+                ti = tile_index
+            if t > 1:
+                if a > 0:
+                    offset, within = divmod_index(offset, t)
+                else:
+                    within = offset
+                u[a] = (ti << (t.bit_length() - 1) | within) if t & (t - 1) == 0 else ti * t + within
+            else:
+                u[a] = ti
+        axes = []
+        for a in range(n_axes):
+            n, d, ua = self.spatial[a], self.dilation[a], u[a]
+            if clamp and self.padded[a] > self.extent[a]:
+                ua = ua.clamp(max=self.extent[a] - 1)
+            if d == 1:
+                real = None if self.padded[a] == n or clamp else ua < n
+                axes.append(AxisCoords(ua, None, n, real))
+                continue
+            if self.grouped[a]:
+                g, c = divmod_index(ua, self.extent[a] // d)
+            else:
+                c, g = divmod_index(ua, d)
+            group_len = (n - 1 - g) // d + 1  # ceil((n - g) / d)
+            real = None
+            if not clamp and self.padded[a] > n:
+                real = (c * d + g < n) & (ua < self.extent[a])
+            axes.append(AxisCoords(c, g, group_len, real))
+        return axes
+
+
+def _pad_dim(x: torch.Tensor, dim: int, amount: int) -> torch.Tensor:
+    """Zero-pad ``amount`` entries at the end of dimension ``dim``."""
+    if amount <= 0:
+        return x
+    pad = [0, 0] * (x.dim() - 1 - dim) + [0, amount]
+    return F.pad(x, pad)

@@ -1,83 +1,123 @@
 """The neighborhood as a flex ``mask_mod`` (and RPB as a ``score_mod``), with a block-mask cache.
 
-The per-axis windows come from :func:`nattn.windows.axis_window`, the same tables the
-reference uses: along one axis a query's keys are the coordinates of its dilation group
-between the first and last valid window slot. So the mask is, per axis,
-``lo[q] <= key <= hi[q]`` and ``key mod d == q mod d``, looked up through index tables in
-the original coordinates of each tiled position (see :mod:`.flex_layout`).
+flex evaluates the mask_mod for every (query, key) pair of every partially masked block,
+inside its kernel. Gathers from index tables there cost more than the attention itself
+on mid-size windows, so both modifiers are pure integer arithmetic on ``q_idx``/``kv_idx``:
+the layout decodes a position into per-axis (group coordinate, dilation group)
+(:meth:`.TileLayout.decode`) and :func:`axis_in_window` applies SEMANTICS.md's rule.
+The only tensor read is the RPB table itself. Everything else is a Python int constant
+baked into the compiled kernel.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, List, Tuple
+from typing import Callable, Tuple
 
 import torch
 
-from ..windows import axis_window
-from .flex_layout import TileLayout, choose_tile
+from .flex_layout import TileLayout, divmod_index
 
 BLOCK_MASK_CACHE_SIZE = 32
 
 
+def axis_in_window(qc, kc, group_len, kernel: int, stride: int, causal: bool):
+    """Is group coordinate ``kc`` in the window of the query at group coordinate ``qc``?
+
+    SEMANTICS.md steps 2-4 for one axis; ``group_len`` (the query's group length ``L_g``)
+    is an int or a tensor. ``qc`` may lie past its group's end (clamped padding): the leader
+    is always capped at ``L_g - 1``.
+    """
+    last = group_len - 1
+    block = qc - divmod_index(qc, stride)[1] if stride > 1 else qc  # first query of the stride block
+    if causal:
+        leader = _minimum(block + (stride - 1), last)
+        return (kc <= qc) & (leader - kc < kernel)
+    leader = block + stride // 2
+    left, right = kernel // 2, kernel // 2 + kernel % 2 - 1
+    # k * d <= L makes L_g >= k, so left <= L_g - 1 - right: min then max is the clamp.
+    centre = _minimum(leader, last - right).clamp(min=left)
+    if left == right:
+        return (kc - centre).abs() <= left
+    return (kc >= centre - left) & (kc <= centre + right)
+
+
+def _minimum(x, bound):
+    return torch.minimum(x, bound) if isinstance(bound, torch.Tensor) else x.clamp(max=bound)
+
+
+def neighborhood_mask_mod(layout: TileLayout, kernel, stride, causal) -> Callable:
+    """flex ``mask_mod`` of the neighborhood over ``layout``'s positions (arithmetic only)."""
+    kernel, stride, causal = tuple(kernel), tuple(stride), tuple(causal)
+
+    def neighborhood(b, h, q_idx, kv_idx):
+        qs, ks = layout.decode(q_idx, clamp=True), layout.decode(kv_idx)
+        ok = None
+        for qa, ka, k, s, c in zip(qs, ks, kernel, stride, causal):
+            axis = axis_in_window(qa.coord, ka.coord, qa.group_len, k, s, c)
+            if qa.group is not None:  # dilation: same group only
+                axis = axis & (ka.group == qa.group)
+            if ka.real is not None:  # padded keys are never attended
+                axis = axis & ka.real
+            ok = axis if ok is None else ok & axis
+        return ok
+
+    return neighborhood
+
+
+def rpb_score_mod(layout: TileLayout, kernel, holder: list) -> Callable:
+    """``score + table[h, (k'_a - q'_a) + k_a - 1 ...]`` in group coordinates (SEMANTICS.md).
+
+    The table ``[H, prod(2k - 1)]`` is read through ``holder[0]``; offsets are clamped so
+    that masked pairs (which flex also scores) stay in bounds.
+    """
+    kernel = tuple(kernel)
+
+    def bias(score, b, h, q_idx, kv_idx):
+        qs, ks = layout.decode(q_idx, clamp=True), layout.decode(kv_idx, clamp=True)
+        flat = None
+        for qa, ka, k in zip(qs, ks, kernel):
+            off = (ka.coord - qa.coord + (k - 1)).clamp(0, 2 * k - 2)
+            flat = off if flat is None else flat * (2 * k - 1) + off
+        return score + holder[0][h, flat].to(score.dtype)
+
+    return bias
+
+
 class NeighborhoodMask:
-    """Index tables and the mask/score modifiers of one problem signature."""
+    """Layout, mask/score modifiers and block mask of one problem signature.
+
+    ``tile=(1,) * n`` with ``group_by_dilation=False`` is plain row-major order: the recipe
+    a user writes by hand (the bench's "flex (row-major)" row).
+    """
 
     def __init__(self, spatial, kernel, stride, dilation, causal, device, tile=None, group_by_dilation=True):
-        tile = choose_tile(spatial, dilation) if tile is None else tuple(tile)
+        if tile is None:  # tiled or row-major, whichever flex should run faster
+            from .flex_layout_choice import choose_layout_tile
+
+            tile = choose_layout_tile(spatial, kernel, stride, dilation, causal)
+        tile = tuple(tile)
         self.layout = TileLayout(spatial, tile, dilation, group_by_dilation, device)
-        self.kernel, self.dilation = tuple(kernel), tuple(dilation)
-        # Per axis, indexed by tiled position: window bounds [lo, hi] of the query there,
-        # its dilation group, and its group coordinate (for the RPB offset).
-        self.lo: List[torch.Tensor] = []
-        self.hi: List[torch.Tensor] = []
-        self.group: List[torch.Tensor] = []
-        self.group_coord: List[torch.Tensor] = []
-        for a, (n, k, s, d, c) in enumerate(zip(spatial, kernel, stride, dilation, causal)):
-            key, valid, _ = axis_window(n, k, s, d, c)
-            lo = key.masked_fill(~valid, n).amin(1).to(device)
-            hi = key.masked_fill(~valid, -1).amax(1).to(device)
-            coord = self.layout.coords[a]
-            self.lo.append(lo[coord])
-            self.hi.append(hi[coord])
-            self.group.append(coord % d)
-            self.group_coord.append(coord // d)
+        self.kernel, self.stride, self.causal = tuple(kernel), tuple(stride), tuple(causal)
+        self.dilation = tuple(dilation)
         self.block_mask = None
         self.flex = None  # the flex call for this signature, set by the backend
         self._rpb_holder: list = [None]
         self._bias = None
 
     def mask_mod(self) -> Callable:
-        coords, lo, hi, group, real = self.layout.coords, self.lo, self.hi, self.group, self.layout.real
-
-        def neighborhood(b, h, q_idx, kv_idx):
-            ok = real[kv_idx]  # padded keys are never attended
-            for a in range(len(coords)):
-                key = coords[a][kv_idx]
-                ok = ok & (key >= lo[a][q_idx]) & (key <= hi[a][q_idx]) & (group[a][kv_idx] == group[a][q_idx])
-            return ok
-
-        return neighborhood
+        return neighborhood_mask_mod(self.layout, self.kernel, self.stride, self.causal)
 
     def rpb_score_mod(self, rpb: torch.Tensor) -> Callable:
-        """``score + rpb[h, (k'_a - q'_a) + k_a - 1 ...]`` in group coordinates (SEMANTICS.md).
+        """The RPB score_mod, one function object per problem signature.
 
-        One function object per problem signature, reading the table through a holder:
         torch.compile guards a function argument by identity, so a fresh closure per call
-        would recompile flex on every call. :meth:`release_rpb` empties the holder.
+        would recompile flex on every call; the table travels through a holder instead.
+        :meth:`release_rpb` empties it.
         """
         self._rpb_holder[0] = rpb.flatten(1)  # [H, prod(2k - 1)]
         if self._bias is None:
-            holder, gc, kernel = self._rpb_holder, self.group_coord, self.kernel
-
-            def bias(score, b, h, q_idx, kv_idx):
-                flat = None
-                for a in range(len(gc)):
-                    off = (gc[a][kv_idx] - gc[a][q_idx] + (kernel[a] - 1)).clamp(0, 2 * kernel[a] - 2)
-                    flat = off if flat is None else flat * (2 * kernel[a] - 1) + off
-                return score + holder[0][h, flat].to(score.dtype)
-
-            self._bias = bias
+            self._bias = rpb_score_mod(self.layout, self.kernel, self._rpb_holder)
         return self._bias
 
     def release_rpb(self) -> None:

@@ -115,8 +115,32 @@ class DenseRow(Row):
         return F.scaled_dot_product_attention(q, k, v)
 
 
+def row_major_mask_mod(spatial, kernel, stride, dilation, causal):
+    """The closed-form neighborhood ``mask_mod`` over row-major tokens a user writes by hand:
+    coordinates by div/mod, then SEMANTICS.md's per-axis rule (integer arithmetic only)."""
+    from nattn.backends.flex_mask import axis_in_window
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        ok = None
+        for a in reversed(range(len(spatial))):  # last axis varies fastest
+            n, d = spatial[a], dilation[a]
+            qi, ki = (q_idx % n, kv_idx % n) if a > 0 else (q_idx, kv_idx)
+            q_idx, kv_idx = q_idx // n, kv_idx // n
+            if d > 1:
+                g = qi % d
+                axis = axis_in_window(qi // d, ki // d, (n - 1 - g) // d + 1, kernel[a], stride[a], causal[a])
+                axis = axis & (ki % d == g)
+            else:
+                axis = axis_in_window(qi, ki, n, kernel[a], stride[a], causal[a])
+            ok = axis if ok is None else ok & axis
+        return ok
+
+    return mask_mod
+
+
 class FlexPeerRow(Row):
-    """The flex recipe without nattn: row-major tokens, compiled on CUDA, block mask built once."""
+    """The flex recipe without nattn: row-major tokens, a closed-form mask_mod, block mask built
+    once, ``torch.compile(flex_attention, dynamic=False)`` on CUDA."""
 
     name = "flex (row-major)"
 
@@ -138,7 +162,6 @@ class FlexPeerRow(Row):
         from torch.nn.attention.flex_attention import create_block_mask
 
         from nattn.backends.flex import flex_function
-        from nattn.backends.flex_mask import NeighborhoodMask
 
         device = t["q"].device
         cuda = device.type == "cuda"
@@ -146,12 +169,11 @@ class FlexPeerRow(Row):
         if key not in self._masks:
             if len(self._masks) >= 4:
                 self._masks.clear()
-            mask = NeighborhoodMask(p.spatial, p.kernel, p.stride, p.dilation, p.causal, device,
-                                    tile=(1,) * p.na_dim, group_by_dilation=False)
+            mask_mod = row_major_mask_mod(p.spatial, p.kernel, p.stride, p.dilation, p.causal)
             n = p.tokens
-            block_mask = create_block_mask(mask.mask_mod(), None, None, n, n, device=device, _compile=cuda)
-            # As a user compiles it: torch.compile(flex_attention), one per problem (as if in
-            # a fresh process) so that earlier problems' compilations do not interfere.
+            block_mask = create_block_mask(mask_mod, None, None, n, n, device=device, _compile=cuda)
+            # As a user compiles it: torch.compile(flex_attention, dynamic=False), one per
+            # problem (as if in a fresh process) so earlier problems' compilations do not interfere.
             self._masks[key] = (block_mask, flex_function(compiled=cuda, with_lse=False))
         self._block_mask, self._fn = self._masks[key]
         self._gqa, self._spatial = p.heads != p.heads_kv, p.spatial
