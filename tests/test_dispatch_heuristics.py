@@ -23,7 +23,8 @@ def test_small_window_prefers_cuda():
 
 
 def test_large_window_prefers_flex():
-    assert 80 * 80 > SIMT_MAX_WINDOW
+    assert 80 * 80 > SIMT_MAX_WINDOW and 13 * 13 > SIMT_MAX_WINDOW
+    assert na_auto_order(ORDER, CUDA_Q, params((13, 13))) == ["flex", "cuda", "reference"]
     assert na_auto_order(ORDER, CUDA_Q, params((80, 80))) == ["flex", "cuda", "reference"]
     assert na_auto_order(ORDER, CUDA_Q, params((2048,))) == ["flex", "cuda", "reference"]
 

@@ -10,11 +10,12 @@ from typing import List, Sequence
 
 from ..params import NAParams
 
-# Measured (docs/dev/PERF.md, "Anchors, all backends"): the SIMT kernels beat nattn's flex
-# backend up to 245 keys (7x7: 2-3x; 13x13 and 5x7x7: 15-25x, where flex evaluates its
-# mask on nearly every block) and lose badly from 2048 keys on (1-D 2048: 33x slower; flux
-# and hunyuan windows take the SIMT kernels 0.5-1.5 s), where flex's tensor cores win.
-SIMT_MAX_WINDOW = 1024
+# Measured on the H200 (docs/dev/PERF.md): the SIMT kernels win at 49 keys (DiNAT 7x7:
+# 0.34 ms vs 1.2 ms flex forward); flex with its arithmetic mask wins from 169 keys on
+# (13x13 at D=64: 1.77 / 5.2 ms vs 2.16 / 9.6 ms fwd / fwd+bwd; 5x7x7 video: fwd+bwd 6.9 vs
+# 7.8 ms, forward 2.5 vs 1.7 ms) and by 30x or more at 2048+ keys, where the SIMT kernels'
+# fixed cost per key dominates and flex runs tensor cores. 100 splits the measured crossover.
+SIMT_MAX_WINDOW = 100
 
 
 def na_auto_order(order: Sequence[str], q, params: NAParams) -> List[str]:
