@@ -64,6 +64,22 @@ def drop_path_rates(depths: List[int], rate: float) -> List[List[float]]:
     return out
 
 
+class NAStage(nn.Module):
+    """One stage: an optional downsampler, then ``depth`` NA blocks with per-block dilations."""
+
+    def __init__(self, dim: int, depth: int, num_heads: int, kernel_size, dilations,
+                 downsample: Optional[nn.Module], drop_paths, **block_kwargs):
+        super().__init__()
+        self.downsample = downsample if downsample is not None else nn.Identity()
+        self.blocks = nn.Sequential(*[
+            NABlock(dim, num_heads, kernel_size, dilation=dilations[i], drop_path=drop_paths[i], **block_kwargs)
+            for i in range(depth)
+        ])
+
+    def forward(self, x):
+        return self.blocks(self.downsample(x))
+
+
 def init_weights(module: nn.Module) -> None:
     if isinstance(module, nn.Linear):
         trunc_normal_(module.weight, std=0.02)

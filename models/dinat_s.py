@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NABlock, create, drop_path_rates, init_weights, rename_stages
+from ._common import ChannelsLastBackbone, NAStage, create, drop_path_rates, init_weights, rename_stages
 from .nat import _cfg, dinat_dilations
 
 __all__ = ["DiNAT_s", "checkpoint_filter_fn"]
@@ -52,23 +52,6 @@ class PatchMerging(nn.Module):
         return self.reduction(self.norm(x))
 
 
-class DiNATsStage(nn.Module):
-    def __init__(self, dim: int, depth: int, num_heads: int, kernel_size: int, dilations: Sequence[int],
-                 downsample_from: Optional[int], drop_paths, **block_kwargs):
-        super().__init__()
-        norm_layer = block_kwargs.get("norm_layer", nn.LayerNorm)
-        self.downsample = (
-            PatchMerging(downsample_from, dim, norm_layer) if downsample_from is not None else nn.Identity()
-        )
-        self.blocks = nn.Sequential(*[
-            NABlock(dim, num_heads, kernel_size, dilation=dilations[i], drop_path=drop_paths[i], **block_kwargs)
-            for i in range(depth)
-        ])
-
-    def forward(self, x):
-        return self.blocks(self.downsample(x))
-
-
 class DiNAT_s(ChannelsLastBackbone):
     """DiNAT_s classifier and backbone."""
 
@@ -93,9 +76,9 @@ class DiNAT_s(ChannelsLastBackbone):
         dpr = drop_path_rates(list(depths), drop_path_rate)
         stages, self.feature_info = [], []
         for i, depth in enumerate(depths):
-            stages.append(DiNATsStage(
-                dims[i], depth, num_heads[i], kernel_size, dilations[i], dims[i - 1] if i > 0 else None,
-                dpr[i], mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_scale=qk_scale,
+            down = PatchMerging(dims[i - 1], dims[i], norm_layer) if i > 0 else None
+            stages.append(NAStage(
+                dims[i], depth, num_heads[i], kernel_size, dilations[i], down, dpr[i], mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_scale=qk_scale,
                 proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, norm_layer=norm_layer, backend=backend,
             ))
             self.feature_info.append(dict(num_chs=dims[i], reduction=patch_size * 2 ** i, module=f"stages.{i}"))

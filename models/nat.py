@@ -15,7 +15,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NABlock, create, drop_path_rates, init_weights, rename_stages
+from ._common import ChannelsLastBackbone, NAStage, create, drop_path_rates, init_weights, rename_stages
 
 __all__ = ["NAT", "checkpoint_filter_fn"]
 
@@ -47,23 +47,6 @@ class ConvDownsampler(nn.Module):
         return self.norm(self.reduction(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
 
 
-class NATStage(nn.Module):
-    def __init__(self, dim: int, depth: int, num_heads: int, kernel_size: int,
-                 dilations: Sequence[int], downsample_from: Optional[int], drop_paths, **block_kwargs):
-        super().__init__()
-        self.downsample = (
-            ConvDownsampler(downsample_from, dim, block_kwargs.get("norm_layer", nn.LayerNorm))
-            if downsample_from is not None else nn.Identity()
-        )
-        self.blocks = nn.Sequential(*[
-            NABlock(dim, num_heads, kernel_size, dilation=dilations[i], drop_path=drop_paths[i], **block_kwargs)
-            for i in range(depth)
-        ])
-
-    def forward(self, x):
-        return self.blocks(self.downsample(x))
-
-
 class NAT(ChannelsLastBackbone):
     """NAT / DiNAT classifier and backbone (``dilations=None`` is NAT)."""
 
@@ -90,9 +73,9 @@ class NAT(ChannelsLastBackbone):
         dpr = drop_path_rates(list(depths), drop_path_rate)
         stages, self.feature_info = [], []
         for i, depth in enumerate(depths):
-            stages.append(NATStage(
-                dims[i], depth, num_heads[i], kernel_size, dilations[i],
-                dims[i - 1] if i > 0 else None, dpr[i], mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+            down = ConvDownsampler(dims[i - 1], dims[i], norm_layer) if i > 0 else None
+            stages.append(NAStage(
+                dims[i], depth, num_heads[i], kernel_size, dilations[i], down, dpr[i], mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                 qk_scale=qk_scale, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate,
                 layer_scale=layer_scale, norm_layer=norm_layer, backend=backend,
             ))

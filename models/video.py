@@ -15,7 +15,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NABlock, create, drop_path_rates, init_weights, unwrap_state_dict
+from ._common import ChannelsLastBackbone, NAStage, create, drop_path_rates, init_weights, unwrap_state_dict
 
 __all__ = ["VideoNAT"]
 
@@ -47,23 +47,6 @@ class SpatialDownsampler3d(nn.Module):
         return self.norm(self.reduction(x.permute(0, 4, 1, 2, 3)).permute(0, 2, 3, 4, 1))
 
 
-class VideoStage(nn.Module):
-    def __init__(self, dim, depth, num_heads, kernel_size, dilations, downsample_from, drop_paths, **block_kwargs):
-        super().__init__()
-        norm_layer = block_kwargs.get("norm_layer", nn.LayerNorm)
-        self.downsample = (
-            SpatialDownsampler3d(downsample_from, dim, norm_layer) if downsample_from is not None else nn.Identity()
-        )
-        self.blocks = nn.Sequential(*[
-            NABlock(dim, num_heads, kernel_size, dilation=(1, dilations[i], dilations[i]),
-                    drop_path=drop_paths[i], na_dim=3, **block_kwargs)
-            for i in range(depth)
-        ])
-
-    def forward(self, x):
-        return self.blocks(self.downsample(x))
-
-
 class VideoNAT(ChannelsLastBackbone):
     """3-D NA video classifier/backbone; features are ``[B, C, T', H', W']``."""
 
@@ -88,8 +71,10 @@ class VideoNAT(ChannelsLastBackbone):
         dpr = drop_path_rates(list(depths), drop_path_rate)
         stages, self.feature_info = [], []
         for i, depth in enumerate(depths):
-            stages.append(VideoStage(
-                dims[i], depth, num_heads[i], kernel_size, dilations[i], dims[i - 1] if i > 0 else None, dpr[i],
+            down = SpatialDownsampler3d(dims[i - 1], dims[i], norm_layer) if i > 0 else None
+            spatial_dilations = [(1, d, d) for d in dilations[i]]  # dilate H and W, never T
+            stages.append(NAStage(
+                dims[i], depth, num_heads[i], kernel_size, spatial_dilations, down, dpr[i], na_dim=3,
                 mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate,
                 layer_scale=layer_scale, norm_layer=norm_layer, backend=backend,
             ))
