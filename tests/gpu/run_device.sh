@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [tests|sanitize|bench|all] ...
+#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all] ...
+# flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
+# the cuda and flex backends side by side (docs/dev/PERF.md records its tables).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/nattn_out}; mkdir -p "$OUT"
@@ -21,6 +23,14 @@ if [[ $what == all || $what == *sanitize* ]]; then
 fi
 if [[ $what == all || $what == *bench* ]]; then
   timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/simt_anchors.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"
+fi
+if [[ $what == all || $what == *flex* ]]; then
+  timeout ${FLEX_TIMEOUT:-200} python3 -m pytest -q -m gpu tests/gpu/test_flex_gpu.py tests/test_reference_gpu.py \
+    -p no:cacheprovider -W ignore 2>&1 | tee "$OUT/flex_tests.log" | tail -8
+fi
+if [[ $what == all || $what == *anchors* ]]; then
+  timeout ${ANCHORS_TIMEOUT:-420} python3 -m nattn.bench --suite anchors --backprop --backend flex --markdown --no-progress --time-budget ${ANCHORS_BUDGET:-360} \
+    --json "$OUT/anchors.json" 2>&1 | tee "$OUT/anchors.txt" | tail -30
 fi
 if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
   for lib in variants/*.so; do
