@@ -127,7 +127,17 @@ class ChannelsLastBackbone(nn.Module):
                 raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
             self.global_pool = global_pool
         self.num_classes = num_classes
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = self._classifier()
+
+    def _classifier(self) -> nn.Module:
+        return nn.Linear(self.num_features, self.num_classes) if self.num_classes > 0 else nn.Identity()
+
+    def _add_head(self, norm_layer, drop_rate: float) -> None:
+        """Final norm, dropout and classifier (timm's names), then every weight's init."""
+        self.norm = norm_layer(self.num_features)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = self._classifier()
+        self.apply(init_weights)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)

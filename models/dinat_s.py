@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NAStage, create, drop_path_rates, init_weights, rename_stages
+from ._common import ChannelsLastBackbone, NAStage, create, drop_path_rates, rename_stages
 from .nat import _cfg, dinat_dilations
 
 __all__ = ["DiNAT_s", "checkpoint_filter_fn"]
@@ -83,10 +83,7 @@ class DiNAT_s(ChannelsLastBackbone):
             ))
             self.feature_info.append(dict(num_chs=dims[i], reduction=patch_size * 2 ** i, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)
-        self.norm = norm_layer(self.num_features)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        self.apply(init_weights)
+        self._add_head(norm_layer, drop_rate)
 
 
 def checkpoint_filter_fn(state_dict, model):

@@ -8,7 +8,7 @@ from typing import Optional
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NABlock, create, drop_path_rates, init_weights, unwrap_state_dict
+from ._common import ChannelsLastBackbone, NABlock, create, drop_path_rates, unwrap_state_dict
 from .dinat_s import PatchEmbed
 from .nat import _cfg
 
@@ -40,10 +40,7 @@ class NATIsotropic(ChannelsLastBackbone):
             for i in range(depth)
         ])
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f"blocks.{i}") for i in range(depth)]
-        self.norm = norm_layer(embed_dim)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self.apply(init_weights)
+        self._add_head(norm_layer, drop_rate)
 
 
 def checkpoint_filter_fn(state_dict, model):

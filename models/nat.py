@@ -15,7 +15,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NAStage, create, drop_path_rates, init_weights, rename_stages
+from ._common import ChannelsLastBackbone, NAStage, create, drop_path_rates, rename_stages
 
 __all__ = ["NAT", "checkpoint_filter_fn"]
 
@@ -81,10 +81,7 @@ class NAT(ChannelsLastBackbone):
             ))
             self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)
-        self.norm = norm_layer(self.num_features)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        self.apply(init_weights)
+        self._add_head(norm_layer, drop_rate)
 
 
 def checkpoint_filter_fn(state_dict, model):
