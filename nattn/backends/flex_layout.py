@@ -12,7 +12,9 @@ holds neighbours *inside* one group. The axis is then padded to a multiple of it
 Everything is pad/reshape/permute (no index tables), and a position's group and group
 coordinate are plain integer arithmetic, which is what the flex ``mask_mod`` needs
 (:meth:`TileLayout.decode`). Padded tokens are zero rows whose keys the mask removes and
-whose outputs are dropped.
+whose outputs are dropped. The position count is padded once more to a multiple of flex's
+128-token block: torch's flex backward with a score_mod and a block mask has produced wrong
+gradients on sequence lengths that are not (pytorch/pytorch#153799).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+
+FLEX_BLOCK = 128  # positions are padded to a multiple of flex's block size
 
 
 def _axis_extent(n: int, d: int, grouped: bool) -> int:
@@ -77,7 +81,8 @@ class TileLayout:
     gathers through them.
     """
 
-    def __init__(self, spatial, tile, dilation, group_by_dilation: bool = True, device=None):
+    def __init__(self, spatial, tile, dilation, group_by_dilation: bool = True, device=None,
+                 multiple: int = FLEX_BLOCK):
         self.spatial = tuple(int(n) for n in spatial)
         self.tile = tuple(int(t) for t in tile)
         self.dilation = tuple(int(d) for d in dilation)
@@ -86,7 +91,8 @@ class TileLayout:
         self.padded = tuple(math.ceil(e / t) * t for e, t in zip(self.extent, self.tile))
         self.num_tiles = tuple(p // t for p, t in zip(self.padded, self.tile))
         self.num_tokens = math.prod(self.spatial)
-        self.num_positions = math.prod(self.padded)
+        self.num_tiled = math.prod(self.padded)  # positions of the tiles; then the tail padding
+        self.num_positions = math.ceil(self.num_tiled / multiple) * multiple
         self.identity = self.padded == self.spatial and all(t == 1 for t in self.tile[:-1]) and not any(self.grouped)
         tokens = torch.arange(1, self.num_tokens + 1).reshape(1, *self.spatial, 1, 1)
         src = self.to_positions(tokens).reshape(-1) - 1  # padding (zeros) -> -1
@@ -96,6 +102,9 @@ class TileLayout:
     # ------------------------------------------------------------------ tensors
     def to_positions(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, *spatial, H, D]`` -> ``[B, H, P, D]`` in tiled order (differentiable)."""
+        return _pad_dim(self._to_tiles(x), 2, self.num_positions - self.num_tiled)
+
+    def _to_tiles(self, x: torch.Tensor) -> torch.Tensor:
         if self.identity:
             b, h, d = x.shape[0], x.shape[-2], x.shape[-1]
             return x.reshape(b, self.num_tokens, h, d).transpose(1, 2)
@@ -114,11 +123,12 @@ class TileLayout:
         x = x.reshape(b, *split, h, d)
         # [B, T0, t0, T1, t1, ..., H, D] -> [B, H, T0, T1, ..., t0, t1, ..., D]
         order = [0, 2 * n_axes + 1] + [1 + 2 * a for a in range(n_axes)] + [2 + 2 * a for a in range(n_axes)]
-        return x.permute(*order, 2 * n_axes + 2).reshape(b, h, self.num_positions, d)
+        return x.permute(*order, 2 * n_axes + 2).reshape(b, h, self.num_tiled, d)
 
     def from_positions(self, y: torch.Tensor) -> torch.Tensor:
         """``[B, H, P, *rest]`` -> ``[B, *spatial, H, *rest]`` (drops padding)."""
         b, h, rest = y.shape[0], y.shape[1], tuple(y.shape[3:])
+        y = y.narrow(2, 0, self.num_tiled)
         if self.identity:
             return y.transpose(1, 2).reshape(b, *self.spatial, h, *rest)
         n_axes = len(self.spatial)
@@ -146,6 +156,12 @@ class TileLayout:
         ``real`` is None where an axis has no padding at all.
         """
         n_axes = len(self.spatial)
+        tail = None  # positions past the tiles (block padding): clamped queries, unreal keys
+        if self.num_positions > self.num_tiled:
+            if clamp:
+                p = p.clamp(max=self.num_tiled - 1)
+            else:
+                tail = p < self.num_tiled
         volume = math.prod(self.tile)
         tile_index, offset = divmod_index(p, volume) if volume > 1 else (p, None)
         u = [None] * n_axes
@@ -181,6 +197,8 @@ class TileLayout:
             if not clamp and self.padded[a] > n:
                 real = (c * d + g < n) & (ua < self.extent[a])
             axes.append(AxisCoords(c, g, group_len, real))
+        if tail is not None:
+            axes[0].real = tail if axes[0].real is None else axes[0].real & tail
         return axes
 
 

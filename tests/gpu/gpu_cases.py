@@ -42,9 +42,13 @@ class GpuCase:
                 f"-x{self.extra}-rpb{int(self.rpb)}-{self.layout}")
 
 
-def random_case(rng: random.Random, na_dim: int) -> GpuCase:
+def random_case(rng: random.Random, na_dim: int, wide: bool = False) -> GpuCase:
+    # wide: kernels large enough that a warp's window union spans several staged chunks
+    # along the last axis and many lines (the tiled kernels' multi-chunk paths)
+    max_tokens = {1: 3000, 2: 3000, 3: 4000} if wide else {1: 700, 2: 900, 3: 1200}
+    max_kernel = {1: 90, 2: 25, 3: 15} if wide else {1: 21, 2: 9, 3: 5}
     spatial, kernel, stride, dilation, causal, rpb = random_window(
-        rng, na_dim, {1: 700, 2: 900, 3: 1200}[na_dim], {1: 21, 2: 9, 3: 5}[na_dim],
+        rng, na_dim, max_tokens[na_dim], max_kernel[na_dim],
         [1, 1, 1, 2, 3], lambda r, kd: kd + r.choice([0, 1, 3, 7, r.randint(0, 40)]), causal_p=0.25, rpb_p=0.3,
     )
     heads_kv = rng.choice([1, 1, 2, 3])
@@ -61,9 +65,9 @@ def random_case(rng: random.Random, na_dim: int) -> GpuCase:
     )
 
 
-def sweep(count: int, seed: int = 1234):
+def sweep(count: int, seed: int = 1234, wide: bool = False):
     rng = random.Random(seed)
-    return [random_case(rng, 1 + i % 3) for i in range(count)]
+    return [random_case(rng, 1 + i % 3, wide) for i in range(count)]
 
 
 def make_inputs(case: GpuCase, device="cuda"):

@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 
 N_CASES = int(os.environ.get("NATTN_GPU_CASES", "540"))
 CASES = sweep(N_CASES)
+WIDE_CASES = sweep(int(os.environ.get("NATTN_GPU_WIDE_CASES", "30")), seed=977, wide=True)
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 # Relative L2 error allowed: both backends accumulate in float32 from the same inputs;
 # half-precision outputs differ by their final rounding.
@@ -77,4 +78,9 @@ def compare(case):
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{i}-{c}" for i, c in enumerate(CASES)])
 def test_cuda_matches_reference(case):
+    compare(case)
+
+
+@pytest.mark.parametrize("case", WIDE_CASES, ids=[f"wide{i}-{c}" for i, c in enumerate(WIDE_CASES)])
+def test_cuda_matches_reference_wide_windows(case):
     compare(case)

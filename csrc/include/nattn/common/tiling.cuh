@@ -1,0 +1,145 @@
+// Warp tiles over the NA grid, shared by the tiled kernel families (SIMT and tensor-core):
+// a warp serves a box of tokens of one dilation group; the box's window union is walked
+// line by line (fixed leading coordinates), with per-token window checks.
+#pragma once
+#include "nattn/common/registry.h"
+#include "nattn/common/window.cuh"
+
+namespace nattn { namespace tiling {
+
+// Box of tokens one warp serves, per axis: the last axis takes 4 (1-D: all), the others
+// share the rest (16 tokens: 4x4 in 2-D, 2x2x4 in 3-D).
+__host__ __device__ constexpr int box_dim(int na, int qw, int a) {
+  return na == 1 ? qw : a == na - 1 ? 4 : na == 2 ? qw / 4 : (a == 0 ? (qw / 4 >= 4 ? 2 : 1) : (qw / 4 >= 2 ? 2 : 1));
+}
+
+// Number of warps for a problem: per axis, dilation groups x boxes along the longest group.
+template <int NA, int QW>
+inline int64_t num_warps(const Params& p) {
+  int64_t n = 1;
+  for (int a = 0; a < NA; ++a) {
+    const int d = p.dilation[a], m = (p.spatial[a] + d - 1) / d, bx = box_dim(NA, QW, a);
+    n *= int64_t((m + bx - 1) / bx) * d;
+  }
+  return n;
+}
+
+// Which box a warp serves: per axis its dilation group g, group length L and first
+// group coordinate. False when the warp has no token (past the grid, or a short group).
+template <int NA, int QW>
+__device__ __forceinline__ bool warp_box(const Params& p, int64_t w, int* g, int* L, int* first) {
+  bool ok = true;
+#pragma unroll
+  for (int a = NA - 1; a >= 0; --a) {
+    const int d = p.dilation[a], m = (p.spatial[a] + d - 1) / d, bx = box_dim(NA, QW, a);
+    const int nt = (m + bx - 1) / bx;
+    const int64_t per = int64_t(nt) * d;
+    const int idx = int(w % per);
+    w /= per;
+    g[a] = idx / nt;
+    first[a] = (idx % nt) * bx;
+    L[a] = group_len(p.spatial[a], g[a], d);
+    ok = ok && first[a] < L[a];
+  }
+  return ok && w == 0;
+}
+
+// The lane's token in the box (group coordinates, clamped into the group) and whether it is real.
+template <int NA, int QW>
+__device__ __forceinline__ bool lane_token(int t, const int* first, const int* L, int* ig) {
+  bool ok = true;
+#pragma unroll
+  for (int a = NA - 1; a >= 0; --a) {
+    const int bx = box_dim(NA, QW, a);
+    const int c = first[a] + t % bx;
+    t /= bx;
+    ok = ok && c < L[a];
+    ig[a] = c < L[a] ? c : L[a] - 1;
+  }
+  return ok;
+}
+
+// Row-major multipliers of the RPB table [2k-1, ...] per axis.
+template <int NA>
+__device__ __forceinline__ void rpb_mults(const Params& p, int* rmult) {
+  int m = 1;
+#pragma unroll
+  for (int a = NA - 1; a >= 0; --a) {
+    rmult[a] = m;
+    m *= p.rpb_size[a];
+  }
+}
+
+// Row-major token index and tensor offset of a token given in group coordinates.
+template <int NA>
+__device__ __forceinline__ int64_t token_index(const Params& p, const int* ig, const int* g) {
+  int64_t t = 0;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) t = t * p.spatial[a] + (ig[a] * p.dilation[a] + g[a]);
+  return t;
+}
+
+template <int NA>
+__device__ __forceinline__ int64_t spatial_offset(const Params& p, const int64_t* s, const int* ig, const int* g) {
+  int64_t o = 0;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) o += int64_t(ig[a] * p.dilation[a] + g[a]) * s[1 + a];
+  return o;
+}
+
+// Window unions of the warp's box: windows move monotonically with the token, so the
+// union runs from the first token's start to the last token's end.
+template <int NA, int QW, bool kInverse>
+__device__ __forceinline__ void box_union(const Params& p, const int* first, const int* L, AxisRange* u) {
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    const int last = nattn_min(first[a] + box_dim(NA, QW, a), L[a]) - 1;
+    const bool c = p.causal[a] != 0;
+    const AxisRange lo = kInverse ? key_inverse(first[a], L[a], p.kernel[a], p.stride[a], c)
+                                  : query_window(first[a], L[a], p.kernel[a], p.stride[a], c);
+    const AxisRange hi = kInverse ? key_inverse(last, L[a], p.kernel[a], p.stride[a], c)
+                                  : query_window(last, L[a], p.kernel[a], p.stride[a], c);
+    u[a] = {lo.start, hi.start + hi.count - lo.start};
+  }
+}
+
+// One line of the union (fixed leading coordinates): whether it lies in the lane's
+// ranges, the K/V (Q/dO) offsets of its first token, the RPB index part of the leading
+// axes and the token index part (row-major) of the leading axes.
+struct Line {
+  bool ok;
+  int rpb;
+  int64_t off0, off1, tok;
+};
+
+template <int NA, bool kInverse>
+__device__ __forceinline__ Line line_at(const Params& p, int li, const AxisRange* u, const AxisRange* mine,
+                                        const int* g, const int* ig, const int* rmult, const int64_t* s0,
+                                        const int64_t* s1) {
+  Line ln{true, 0, 0, 0, 0};
+  int64_t tmult = p.spatial[NA - 1];
+#pragma unroll
+  for (int a = NA - 2; a >= 0; --a) {
+    const int r = u[a].start + li % u[a].count;
+    li /= u[a].count;
+    ln.ok = ln.ok && unsigned(r - mine[a].start) < unsigned(mine[a].count);
+    const int64_t c = int64_t(r) * p.dilation[a] + g[a];
+    ln.off0 += c * s0[1 + a];
+    ln.off1 += c * s1[1 + a];
+    ln.tok += c * tmult;
+    tmult *= p.spatial[a];
+    // RPB slot on this axis: key - query + k - 1
+    ln.rpb += ((kInverse ? ig[a] - r : r - ig[a]) + p.kernel[a] - 1) * rmult[a];
+  }
+  return ln;
+}
+
+template <int NA>
+__device__ __forceinline__ int leading_lines(const AxisRange* u) {
+  int n = 1;
+#pragma unroll
+  for (int a = 0; a < NA - 1; ++a) n *= u[a].count;
+  return n;
+}
+
+}  }  // namespace nattn::tiling
