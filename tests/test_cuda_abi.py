@@ -46,7 +46,7 @@ def problem(dim=DIM, dim_v=DIM, offset=0):
 def test_library_reports_its_table():
     assert LIB.kernels, "the library lists no kernels"
     for (family, dtype, na_dim), dims in LIB.kernels.items():
-        assert family == "simt" and dtype in kernel_table.DTYPES and na_dim in (1, 2, 3)
+        assert family in ("simt", "tc") and dtype in kernel_table.DTYPES and na_dim in (1, 2, 3)
         assert set(dims) <= set(kernel_table.HEAD_DIM_BUCKETS)
 
 
@@ -77,7 +77,7 @@ def test_head_dim_without_kernel():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
 def test_valid_problem_without_gpu_reports_cuda_error():
     rc, msg = call(problem())
-    assert rc == 3 and "nattn simt forward" in msg and "device" in msg
+    assert rc == 3 and "nattn forward" in msg and "device" in msg
 
 
 def test_backward_needs_its_buffers():

@@ -1,11 +1,15 @@
-"""Automatic backend order: small windows go to the SIMT kernels first, large ones to flex."""
+"""Automatic backend order: small windows go to the cuda kernels first, large ones to flex.
+
+The window limit depends on the kernel family libnattn would run: SIMT (fp32) or tensor
+cores (fp16/bf16, head dim <= 128, SM80+)."""
 
 from types import SimpleNamespace
 
 import torch
 
 from nattn.backends import AUTO_ORDER, choose_na_backend
-from nattn.backends.heuristics import SIMT_MAX_WINDOW, na_auto_order
+from nattn.backends import heuristics
+from nattn.backends.heuristics import SIMT_MAX_WINDOW, TC_MAX_WINDOW, na_auto_order
 from nattn.params import NAParams
 
 
@@ -14,7 +18,7 @@ def params(kernel):
     return NAParams(tuple(kernel), (1,) * n, (1,) * n, (False,) * n, 1.0)
 
 
-CUDA_Q = SimpleNamespace(device=torch.device("cuda"))
+CUDA_Q = SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32, shape=(1, 8, 8, 2, 64))
 ORDER = ["cuda", "flex", "reference"]
 
 
@@ -39,3 +43,15 @@ def test_cpu_dispatch_picks_reference():
     q = torch.randn(1, 16, 16, 2, 8)
     assert AUTO_ORDER[-1] == "reference"
     assert choose_na_backend(q, q, q, None, params((13, 13))) == "reference"
+
+
+def test_tensor_core_problems_keep_cuda_up_to_their_limit(monkeypatch):
+    monkeypatch.setattr(heuristics, "_capability_major", lambda index: 9)
+    half_q = SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16, shape=(1, 8, 8, 2, 64))
+    assert SIMT_MAX_WINDOW < 13 * 13 <= TC_MAX_WINDOW < 2048
+    assert na_auto_order(ORDER, half_q, params((13, 13))) == ORDER
+    assert na_auto_order(ORDER, half_q, params((2048,))) == ["flex", "cuda", "reference"]
+    wide_q = SimpleNamespace(device=half_q.device, dtype=torch.bfloat16, shape=(1, 8, 8, 2, 256))
+    assert na_auto_order(ORDER, wide_q, params((13, 13))) == ["flex", "cuda", "reference"]
+    monkeypatch.setattr(heuristics, "_capability_major", lambda index: 7)  # no mma.sync bf16
+    assert na_auto_order(ORDER, half_q, params((13, 13))) == ["flex", "cuda", "reference"]

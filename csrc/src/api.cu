@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nattn/common/registry.h"
@@ -56,13 +57,30 @@ const nattn::KernelEntry* find_kernel(const char* family, int dtype, int na_dim,
 
 bool aligned16(int64_t ptr) { return ptr % 16 == 0; }
 
+// Whether the tensor-core family may run on a device: SM80+, unless NATTN_FAMILY=simt
+// forces the SIMT kernels (for A/B measurements and for testing both families).
+bool tc_allowed(int device) {
+  static const bool forced_simt = [] {
+    const char* f = getenv("NATTN_FAMILY");
+    return f && !strcmp(f, "simt");
+  }();
+  static int major[64] = {0};  // 0: not asked yet
+  if (forced_simt || device < 0 || device >= 64) return false;
+  if (!major[device]) {
+    int m = 0;
+    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) m = -1;
+    major[device] = m;
+  }
+  return major[device] >= 8;
+}
+
 // Validates the problem and fills the kernel parameters. `backward` adds the
 // gradient tensors to the checks.
 int build_params(const int64_t* fields, int64_t n_fields, double scale, bool backward,
                  nattn::Params& p, const nattn::KernelEntry*& entry, char* err, int64_t err_len) {
   NattnProblem pr;
   memset(&pr, 0, sizeof pr);
-  const char* what = backward ? "nattn simt backward" : "nattn simt forward";
+  const char* what = backward ? "nattn backward" : "nattn forward";
   if (n_fields != NATTN_NUM_PROBLEM_FIELDS)
     return fail(err, err_len, kInvalid, pr, what, "got %lld problem fields, this library expects %d "
                 "(Python package and libnattn are from different builds)",
@@ -88,6 +106,11 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
     return fail(err, err_len, kNotCompiled, pr, what,
                 "no compiled SIMT kernel for this dtype, NA dim and head dim %lld "
                 "(see nattn.build_info.build_config())", (long long)dim_max);
+  // 16-bit inputs on SM80+: the tensor-core family where it is compiled for this head dim.
+  if (pr.dtype != 0 && tc_allowed(int(pr.device))) {
+    const nattn::KernelEntry* tc = find_kernel("tc", int(pr.dtype), int(pr.na_dim), int(dim_max));
+    if (tc) entry = tc;
+  }
   memset(&p, 0, sizeof p);
   p.na_dim = int(pr.na_dim);
   p.dtype = int(pr.dtype);
@@ -176,7 +199,7 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
   if (code != kOk) return code;
   NattnProblem pr;
   memcpy(&pr, fields, sizeof pr);
-  const char* what = backward ? "nattn simt backward" : "nattn simt forward";
+  const char* what = backward ? "nattn backward" : "nattn forward";
   int current = -1;
   cudaError_t e = cudaGetDevice(&current);
   if (e == cudaSuccess && current != int(pr.device)) e = cudaSetDevice(int(pr.device));
@@ -186,8 +209,8 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
   (backward ? entry->backward : entry->forward)(p, static_cast<cudaStream_t>(stream));
   e = cudaGetLastError();
   if (e != cudaSuccess)
-    return fail(err, err_len, kCudaError, pr, what, "kernel launch (head-dim bucket %d) failed: %s",
-                entry->head_dim, cudaGetErrorString(e));
+    return fail(err, err_len, kCudaError, pr, what, "kernel launch (%s family, head-dim bucket %d) failed: %s",
+                entry->family, entry->head_dim, cudaGetErrorString(e));
   if (err && err_len > 0) err[0] = '\0';
   return kOk;
 }

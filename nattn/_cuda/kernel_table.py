@@ -39,8 +39,12 @@ class Family:
     na_dims: Tuple[int, ...]
 
 
+# simt: every GPU from SM50, every dtype and head dim. tc: tensor cores (mma.sync, SM80+),
+# 16-bit inputs, head dims up to 128; libnattn picks it at run time where it applies
+# (src/api.cu) and falls back to simt otherwise.
 FAMILIES = (
     Family("simt", 50, DTYPES, HEAD_DIM_BUCKETS, NA_DIMS),
+    Family("tc", 80, ("float16", "bfloat16"), (16, 32, 64, 128), NA_DIMS),
 )
 
 # Fields of ``struct NattnProblem`` (all int64), in order: (name, count).
@@ -117,10 +121,11 @@ def instances(dtypes: str = "", head_dims: str = "", na_dims: str = "") -> List[
     """Every instance to compile, optionally restricted (NATTN_DTYPES / HEAD_DIMS / NA_DIMS)."""
     out = []
     for fam in FAMILIES:
-        for dt in _subset(dtypes, fam.dtypes, str):
+        for dt in _subset(dtypes, DTYPES, str):
             for nd in _subset(na_dims, fam.na_dims, int):
-                for hd in _subset(head_dims, fam.head_dims, int):
-                    out.append(Instance(fam.name, dt, nd, hd))
+                for hd in _subset(head_dims, HEAD_DIM_BUCKETS, int):
+                    if dt in fam.dtypes and hd in fam.head_dims:
+                        out.append(Instance(fam.name, dt, nd, hd))
     return out
 
 

@@ -6,23 +6,43 @@ Numbers come from the H200 runs logged in docs/dev/PERF.md.
 
 from __future__ import annotations
 
+import functools
 from typing import List, Sequence
+
+import torch
 
 from ..params import NAParams
 
-# Measured on the H200 (docs/dev/PERF.md): the SIMT kernels win at 49 keys (DiNAT 7x7:
-# 0.34 ms vs 1.2 ms flex forward); flex with its arithmetic mask wins from 169 keys on
-# (13x13 at D=64: 1.77 / 5.2 ms vs 2.16 / 9.6 ms fwd / fwd+bwd; 5x7x7 video: fwd+bwd 6.9 vs
-# 7.8 ms, forward 2.5 vs 1.7 ms) and by 30x or more at 2048+ keys, where the SIMT kernels'
-# fixed cost per key dominates and flex runs tensor cores. 100 splits the measured crossover.
+# fp32 (and head dims > 128, or GPUs before SM80) run the SIMT kernels. Measured on the
+# H200: they win at 49 keys (DiNAT 7x7: 0.34 ms vs 0.49 ms flex forward); flex wins from
+# 169 keys on (13x13 at D=64: 1.15 vs 2.16 ms) and by 30x at 2048+ keys. 100 splits that.
 SIMT_MAX_WINDOW = 100
+# fp16/bf16 with head dims <= 128 on SM80+ run the tensor-core kernels: 2.3x faster than
+# flex at 169 keys (13x13: 0.50 vs 1.15 ms forward), even at 245 (5x7x7), 4x slower at 2048
+# (1-D) and 2.6x at 6400 (80x80), where flex's 128-wide tiles keep the tensor cores busier.
+TC_MAX_WINDOW = 512
+TC_DTYPES = (torch.float16, torch.bfloat16)
+TC_MAX_HEAD_DIM = 128
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_major(index) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def runs_tensor_cores(q) -> bool:
+    """Would libnattn run this query on its tensor-core family (fp16/bf16, D <= 128, SM80+)?"""
+    if getattr(q, "dtype", None) not in TC_DTYPES or q.shape[-1] > TC_MAX_HEAD_DIM:
+        return False
+    return _capability_major(q.device.index or 0) >= 8
 
 
 def na_auto_order(order: Sequence[str], q, params: NAParams) -> List[str]:
     """The registered automatic order, adjusted for this problem (fastest first)."""
     order = list(order)
     if q.device.type == "cuda" and "cuda" in order and "flex" in order:
-        if params.window_size > SIMT_MAX_WINDOW:
+        limit = TC_MAX_WINDOW if runs_tensor_cores(q) else SIMT_MAX_WINDOW
+        if params.window_size > limit:
             order.remove("flex")
             order.insert(order.index("cuda"), "flex")
     return order

@@ -13,12 +13,49 @@ __host__ __device__ constexpr int box_dim(int na, int qw, int a) {
   return na == 1 ? qw : a == na - 1 ? 4 : na == 2 ? qw / 4 : (a == 0 ? (qw / 4 >= 4 ? 2 : 1) : (qw / 4 >= 2 ? 2 : 1));
 }
 
-// Number of warps for a problem: per axis, dilation groups x boxes along the longest group.
+// The box shape of a family with a fixed one (box_dim), as the per-axis array below takes it.
 template <int NA, int QW>
-inline int64_t num_warps(const Params& p) {
+__host__ __device__ __forceinline__ void fixed_box(int* box) {
+#pragma unroll
+  for (int a = 0; a < 3; ++a) box[a] = a < NA ? box_dim(NA, QW, a) : 1;
+}
+
+// The box of `tokens` tokens that needs the fewest staged key slots over the whole problem:
+// per warp, the union of its windows (leading axes x the last axis rounded up to chunks
+// of `chunk`), times the number of warps. 2-D 7x7 windows get 2x8 boxes, 13x13 ones 4x4,
+// 3-D 5x7x7 ones 1x2x8.
+inline void choose_box(Params& p, int tokens, int chunk) {
+  const int na = p.na_dim, A = na - 1;
+  int best[3] = {1, 1, tokens};
+  double best_cost = -1;
+  for (int b0 = 1; b0 <= tokens; b0 *= 2)
+    for (int b1 = 1; b0 * b1 <= tokens; b1 *= 2) {
+      int box[3] = {1, 1, 1};
+      if (na == 1) { if (b0 > 1 || b1 > 1) continue; box[0] = tokens; }
+      else if (na == 2) { if (b1 > 1) continue; box[0] = b0; box[1] = tokens / b0; }
+      else { box[0] = b0; box[1] = b1; box[2] = tokens / (b0 * b1); }
+      double cost = 1;
+      for (int a = 0; a < na; ++a) {
+        const int m = (p.spatial[a] + p.dilation[a] - 1) / p.dilation[a];
+        const int span = nattn_min(box[a] + p.kernel[a] - 1, m);
+        cost *= double((m + box[a] - 1) / box[a]);  // warps along the axis
+        cost *= a < A ? span : double((span + chunk - 1) / chunk) * chunk;
+      }
+      // ties: the longer last-axis box (contiguous rows)
+      if (best_cost < 0 || cost < best_cost || (cost == best_cost && box[A] > best[A])) {
+        best_cost = cost;
+        for (int a = 0; a < 3; ++a) best[a] = box[a];
+      }
+    }
+  for (int a = 0; a < 3; ++a) p.box[a] = a < na ? best[a] : 1;
+}
+
+// Number of warps for a problem: per axis, dilation groups x boxes along the longest group.
+template <int NA>
+inline int64_t num_warps(const Params& p, const int* box) {
   int64_t n = 1;
   for (int a = 0; a < NA; ++a) {
-    const int d = p.dilation[a], m = (p.spatial[a] + d - 1) / d, bx = box_dim(NA, QW, a);
+    const int d = p.dilation[a], m = (p.spatial[a] + d - 1) / d, bx = box[a];
     n *= int64_t((m + bx - 1) / bx) * d;
   }
   return n;
@@ -26,12 +63,12 @@ inline int64_t num_warps(const Params& p) {
 
 // Which box a warp serves: per axis its dilation group g, group length L and first
 // group coordinate. False when the warp has no token (past the grid, or a short group).
-template <int NA, int QW>
-__device__ __forceinline__ bool warp_box(const Params& p, int64_t w, int* g, int* L, int* first) {
+template <int NA>
+__device__ __forceinline__ bool warp_box(const Params& p, const int* box, int64_t w, int* g, int* L, int* first) {
   bool ok = true;
 #pragma unroll
   for (int a = NA - 1; a >= 0; --a) {
-    const int d = p.dilation[a], m = (p.spatial[a] + d - 1) / d, bx = box_dim(NA, QW, a);
+    const int d = p.dilation[a], m = (p.spatial[a] + d - 1) / d, bx = box[a];
     const int nt = (m + bx - 1) / bx;
     const int64_t per = int64_t(nt) * d;
     const int idx = int(w % per);
@@ -45,12 +82,12 @@ __device__ __forceinline__ bool warp_box(const Params& p, int64_t w, int* g, int
 }
 
 // The lane's token in the box (group coordinates, clamped into the group) and whether it is real.
-template <int NA, int QW>
-__device__ __forceinline__ bool lane_token(int t, const int* first, const int* L, int* ig) {
+template <int NA>
+__device__ __forceinline__ bool lane_token(const int* box, int t, const int* first, const int* L, int* ig) {
   bool ok = true;
 #pragma unroll
   for (int a = NA - 1; a >= 0; --a) {
-    const int bx = box_dim(NA, QW, a);
+    const int bx = box[a];
     const int c = first[a] + t % bx;
     t /= bx;
     ok = ok && c < L[a];
@@ -89,11 +126,12 @@ __device__ __forceinline__ int64_t spatial_offset(const Params& p, const int64_t
 
 // Window unions of the warp's box: windows move monotonically with the token, so the
 // union runs from the first token's start to the last token's end.
-template <int NA, int QW, bool kInverse>
-__device__ __forceinline__ void box_union(const Params& p, const int* first, const int* L, AxisRange* u) {
+template <int NA, bool kInverse>
+__device__ __forceinline__ void box_union(const Params& p, const int* box, const int* first, const int* L,
+                                          AxisRange* u) {
 #pragma unroll
   for (int a = 0; a < NA; ++a) {
-    const int last = nattn_min(first[a] + box_dim(NA, QW, a), L[a]) - 1;
+    const int last = nattn_min(first[a] + box[a], L[a]) - 1;
     const bool c = p.causal[a] != 0;
     const AxisRange lo = kInverse ? key_inverse(first[a], L[a], p.kernel[a], p.stride[a], c)
                                   : query_window(first[a], L[a], p.kernel[a], p.stride[a], c);

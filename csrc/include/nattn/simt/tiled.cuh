@@ -105,14 +105,16 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
   float* sK = smem[threadIdx.x / 32];
   float* sV = sK + CW * KS;
   int g[3], L[3], first[3], ig[3];
-  if (!warp_box<NA, QW>(p, int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, g, L, first)) return;
-  const bool qok = lane_token<NA, QW>(lane / TPQ, first, L, ig);
+  int box[3];
+  fixed_box<NA, QW>(box);
+  if (!warp_box<NA>(p, box, int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, g, L, first)) return;
+  const bool qok = lane_token<NA>(box, lane / TPQ, first, L, ig);
   const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.groups, part = lane % TPQ, ch = part * C;
   AxisRange win[3], u[3];
 #pragma unroll
   for (int a = 0; a < NA; ++a)
     win[a] = query_window(ig[a], L[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
-  box_union<NA, QW, false>(p, first, L, u);
+  box_union<NA, false>(p, box, first, L, u);
   int rmult[3];
   rpb_mults<NA>(p, rmult);
 
@@ -188,14 +190,16 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
   float* sK = smem[threadIdx.x / 32];
   float* sV = sK + CW * KS;
   int g[3], L[3], first[3], ig[3];
-  if (!warp_box<NA, QW>(p, int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, g, L, first)) return;
-  const bool qok = lane_token<NA, QW>(lane / TPQ, first, L, ig);
+  int box[3];
+  fixed_box<NA, QW>(box);
+  if (!warp_box<NA>(p, box, int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, g, L, first)) return;
+  const bool qok = lane_token<NA>(box, lane / TPQ, first, L, ig);
   const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.groups, part = lane % TPQ, ch = part * C;
   AxisRange win[3], u[3];
 #pragma unroll
   for (int a = 0; a < NA; ++a)
     win[a] = query_window(ig[a], L[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
-  box_union<NA, QW, false>(p, first, L, u);
+  box_union<NA, false>(p, box, first, L, u);
   int rmult[3];
   rpb_mults<NA>(p, rmult);
 
@@ -287,14 +291,16 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dkv_kernel(const Params 
   }
   int g[3], L[3], first[3], jg[3];
   // no early return: the block meets again at the dRPB flush
-  if (warp_box<NA, QW>(p, int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, g, L, first)) {
-    const bool kok = lane_token<NA, QW>(lane / TPQ, first, L, jg);
+  int box[3];
+  fixed_box<NA, QW>(box);
+  if (warp_box<NA>(p, box, int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, g, L, first)) {
+    const bool kok = lane_token<NA>(box, lane / TPQ, first, L, jg);
     const int part = lane % TPQ, ch = part * C;
     AxisRange inv[3], u[3];
 #pragma unroll
     for (int a = 0; a < NA; ++a)
       inv[a] = key_inverse(jg[a], L[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
-    box_union<NA, QW, true>(p, first, L, u);
+    box_union<NA, true>(p, box, first, L, u);
     int rmult[3];
     rpb_mults<NA>(p, rmult);
 
@@ -386,7 +392,9 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dkv_kernel(const Params 
 // ------------------------------------------------------------------------- launchers
 template <typename T, int NA, int HD>
 void launch_forward(const Params& p, cudaStream_t stream) {
-  const int64_t warps = num_warps<NA, Cfg<HD>::QW>(p);
+  int box[3];
+  fixed_box<NA, Cfg<HD>::QW>(box);
+  const int64_t warps = num_warps<NA>(p, box);
   const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(p.heads), unsigned(p.batch));
   forward_kernel<T, NA, HD><<<grid, kWarps * 32, 0, stream>>>(p);
 }
@@ -400,7 +408,9 @@ constexpr int64_t max_drpb_smem_bytes() {
 
 template <typename T, int NA, int HD>
 void launch_backward(const Params& p, cudaStream_t stream) {
-  const int64_t warps = num_warps<NA, Cfg<HD>::QW>(p);
+  int box[3];
+  fixed_box<NA, Cfg<HD>::QW>(box);
+  const int64_t warps = num_warps<NA>(p, box);
   const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
   backward_dq_kernel<T, NA, HD><<<dim3(blocks, p.heads, p.batch), kWarps * 32, 0, stream>>>(p);
   Params pk = p;

@@ -1,0 +1,568 @@
+// Tensor-core (SM80+) fused neighborhood attention, fp16/bf16 with fp32 accumulation.
+//
+// A warp serves a box of 16 tokens (the mma M: 4x4 in 2-D, 2x2x4 in 3-D, 16 in 1-D) of one
+// dilation group and walks the union of their windows in chunks of 16 tokens along the
+// last axis (common/tiling.cuh). Chunks are copied to shared memory with cp.async, two in
+// flight, and read as mma fragments with ldmatrix. Scores, softmax and the per-token
+// window masks live in the accumulator fragments; P (dS) is re-packed in registers as the
+// A operand of the next product. No [N, N] or [N, window] tensor is ever written.
+//
+//   forward:  S = Q K^T, online softmax, O += P V; writes O and the LSE.
+//   dQ pass:  S, dP = dO V^T, dS = P (dP - delta), dQ += dS K; writes dQ and delta.
+//   dKV pass: per box of 16 keys over their inverse neighbourhoods (every query head of
+//             the KV head): S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q, dRPB.
+#pragma once
+#include <math.h>
+
+#include "nattn/common/registry.h"
+#include "nattn/common/tiling.cuh"
+#include "nattn/common/window.cuh"
+#include "nattn/tc/launch.h"
+#include "nattn/tc/mma.cuh"
+
+namespace nattn { namespace tc {
+
+using namespace nattn::tiling;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kWarps = 4;
+constexpr int QW = 16;  // tokens per warp: the mma M
+constexpr int CW = 16;  // tokens per staged chunk: two n-tiles of S, one k-step of P V
+
+template <int HD>
+struct Layout {
+  static constexpr int P = HD + 8;             // row pitch in 16-bit elements: conflict-free ldmatrix
+  static constexpr int TILE = CW * P;           // one staged [CW, HD] tensor
+  static constexpr int KT = HD / 16;            // k-steps over channels
+  static constexpr int NT = HD / 8;             // n-tiles over channels
+  static constexpr int PIECES = CW * HD / 8;    // 16-byte pieces of one staged tensor
+};
+
+__device__ __forceinline__ unsigned ld32(const void* p) { return *reinterpret_cast<const unsigned*>(p); }
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Copies CW tokens x HD channels (token j at base + first + j * step) into a padded tile;
+// channels past `dim` and tokens past `n` are zero-filled.
+template <typename T, int HD>
+__device__ __forceinline__ void stage_async(uint16_t* dst, const T* base, int64_t first, int64_t step, int n,
+                                            int dim, int lane) {
+  using Lt = Layout<HD>;
+#pragma unroll
+  for (int u = lane; u < Lt::PIECES; u += 32) {
+    const int j = u / (HD / 8), e = (u % (HD / 8)) * 8;
+    const bool ok = j < n && e < dim;
+    cp_async16(dst + j * Lt::P + e, ok ? static_cast<const void*>(base + first + j * step + e) : base, ok);
+  }
+}
+
+// A fragments (rows r0 = lane/4 and r1 = r0 + 8 of the warp's box) of a token-major tensor.
+template <int HD, typename T>
+__device__ __forceinline__ void load_a(unsigned (*a)[4], const T* r0, const T* r1, int dim, int t) {
+#pragma unroll
+  for (int kt = 0; kt < HD / 16; ++kt) {
+    const int c = kt * 16 + 2 * t;
+    a[kt][0] = c < dim ? ld32(r0 + c) : 0u;
+    a[kt][1] = c < dim ? ld32(r1 + c) : 0u;
+    a[kt][2] = c + 8 < dim ? ld32(r0 + c + 8) : 0u;
+    a[kt][3] = c + 8 < dim ? ld32(r1 + c + 8) : 0u;
+  }
+}
+
+// s[2][4] = A (16 x HD, registers) times the staged tile's rows transposed (HD x 16).
+template <typename T, int HD>
+__device__ __forceinline__ void mma_rows_t(float (*s)[4], const unsigned (*a)[4], const uint16_t* tile, int lane) {
+  using Lt = Layout<HD>;
+  const int mi = lane / 8, ri = lane % 8;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+  for (int kt = 0; kt < Lt::KT; ++kt) {
+    unsigned b[4];
+    ldmatrix_x4(b, tile + (ri + (mi >> 1) * 8) * Lt::P + kt * 16 + (mi & 1) * 8);
+    Mma<T>::run(s[0], a[kt], b);
+    Mma<T>::run(s[1], a[kt], b + 2);
+  }
+}
+
+// acc[NT][4] += A (16 x 16, packed from two score n-tiles) times the staged tile (16 x HD).
+template <typename T, int HD>
+__device__ __forceinline__ void mma_rows(float (*acc)[4], const unsigned* a, const uint16_t* tile, int lane) {
+  using Lt = Layout<HD>;
+  const int mi = lane / 8, ri = lane % 8;
+#pragma unroll
+  for (int np = 0; np < Lt::NT / 2; ++np) {
+    unsigned b[4];
+    ldmatrix_x4_trans(b, tile + (ri + (mi & 1) * 8) * Lt::P + np * 16 + (mi >> 1) * 8);
+    Mma<T>::run(acc[2 * np], a, b);
+    Mma<T>::run(acc[2 * np + 1], a, b + 2);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void pack_a(unsigned* a, const float (*s)[4]) {
+  a[0] = Mma<T>::pack(s[0][0], s[0][1]);
+  a[1] = Mma<T>::pack(s[0][2], s[0][3]);
+  a[2] = Mma<T>::pack(s[1][0], s[1][1]);
+  a[3] = Mma<T>::pack(s[1][2], s[1][3]);
+}
+
+// Stores rows r0/r1 of an accumulator (times f0/f1) to a token-major tensor.
+template <typename T, int HD>
+__device__ __forceinline__ void store_rows(T* r0, T* r1, bool ok0, bool ok1, const float (*acc)[4], float f0,
+                                           float f1, int dim, int t) {
+#pragma unroll
+  for (int nt = 0; nt < HD / 8; ++nt) {
+    const int c = nt * 8 + 2 * t;
+    if (c >= dim) continue;
+    if (ok0) *reinterpret_cast<unsigned*>(r0 + c) = Mma<T>::pack(acc[nt][0] * f0, acc[nt][1] * f0);
+    if (ok1) *reinterpret_cast<unsigned*>(r1 + c) = Mma<T>::pack(acc[nt][2] * f1, acc[nt][3] * f1);
+  }
+}
+
+// The two rows a lane holds in the accumulator fragments: their tokens (group
+// coordinates), windows (or inverse windows) and whether they are real.
+template <int NA, bool kInverse>
+struct Rows {
+  int ig[2][3];
+  AxisRange win[2][3];
+  bool ok[2];
+
+  __device__ __forceinline__ Rows(const Params& p, const int* first, const int* L, int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ok[r] = lane_token<NA>(p.box, lane / 4 + 8 * r, first, L, ig[r]);
+#pragma unroll
+      for (int a = 0; a < NA; ++a) {
+        const bool c = p.causal[a] != 0;
+        win[r][a] = kInverse ? key_inverse(ig[r][a], L[a], p.kernel[a], p.stride[a], c)
+                             : query_window(ig[r][a], L[a], p.kernel[a], p.stride[a], c);
+      }
+    }
+  }
+};
+
+template <int NA>
+__device__ __forceinline__ bool in_last(const AxisRange* w, int c) {
+  return unsigned(c - w[NA - 1].start) < unsigned(w[NA - 1].count);
+}
+
+// ------------------------------------------------------------------------- forward
+template <typename T, int NA, int HD>
+__global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
+#if NATTN_TC_ENABLED
+  using Lt = Layout<HD>;
+  constexpr int A = NA - 1, KT = Lt::KT, NT = Lt::NT;
+  extern __shared__ __align__(16) uint16_t tc_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+  uint16_t* buf = tc_smem + warp * (4 * Lt::TILE);  // 2 stages x (K, V)
+  int g[3], L[3], first[3];
+  if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * kWarps + warp, g, L, first)) return;
+  const Rows<NA, false> rw(p, first, L, lane);
+  const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.groups;
+  AxisRange u[3];
+  box_union<NA, false>(p, p.box, first, L, u);
+  int rmult[3];
+  rpb_mults<NA>(p, rmult);
+
+  unsigned qa[KT][4];
+  {
+    const T* Q = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4];
+    load_a<HD>(qa, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
+               p.dim, tq);
+  }
+  const T* Kb = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
+  const T* Vb = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
+  const int64_t kstep = int64_t(p.dilation[A]) * p.k_s[1 + A], vstep = int64_t(p.dilation[A]) * p.v_s[1 + A];
+  const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
+  const int rlast[2] = {p.kernel[A] - 1 - rw.ig[0][A], p.kernel[A] - 1 - rw.ig[1][A]};
+  const int uend = u[A].start + u[A].count, per_line = (u[A].count + CW - 1) / CW;
+  const int chunks = leading_lines<NA>(u) * per_line;
+
+  auto issue = [&](int ci) {
+    const int cs = u[A].start + (ci % per_line) * CW;
+    const Line ln = line_at<NA, false>(p, ci / per_line, u, rw.win[0], g, rw.ig[0], rmult, p.k_s, p.v_s);
+    const int n = nattn_min(CW, uend - cs);
+    const int64_t c0 = int64_t(cs) * p.dilation[A] + g[A];
+    uint16_t* sK = buf + (ci & 1) * 2 * Lt::TILE;
+    stage_async<T, HD>(sK, Kb, ln.off0 + c0 * p.k_s[1 + A], kstep, n, p.dim, lane);
+    stage_async<T, HD>(sK + Lt::TILE, Vb, ln.off1 + c0 * p.v_s[1 + A], vstep, n, p.dim_v, lane);
+    cp_async_commit();
+  };
+
+  float o[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  if (chunks > 0) issue(0);
+  for (int ci = 0; ci < chunks; ++ci) {
+    if (ci + 1 < chunks) {
+      issue(ci + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncwarp();
+    const uint16_t* sK = buf + (ci & 1) * 2 * Lt::TILE;
+    const int li = ci / per_line, cs = u[A].start + (ci % per_line) * CW, n = nattn_min(CW, uend - cs);
+    Line ln[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) ln[r] = line_at<NA, false>(p, li, u, rw.win[r], g, rw.ig[r], rmult, p.k_s, p.v_s);
+    float s[2][4];
+    mma_rows_t<T, HD>(s, qa, sK, lane);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, j = nt * 8 + 2 * tq + (e & 1), kc = cs + j;
+        const bool ok = ln[r].ok && j < n && in_last<NA>(rw.win[r], kc);
+        float v = s[nt][e] * p.scale_log2;
+        if (rpb && ok) v += rpb[ln[r].rpb + rlast[r] + kc] * kLog2e;
+        s[nt][e] = ok ? v : -INFINITY;
+        mx[r] = fmaxf(mx[r], s[nt][e]);
+      }
+    float ref[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float mn = fmaxf(m[r], quad_max(mx[r]));
+      ref[r] = mn == -INFINITY ? 0.f : mn;
+      const float corr = exp2f(m[r] - ref[r]);  // 0 while nothing was seen
+      m[r] = mn;
+      l[r] *= corr;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        o[nt][2 * r] *= corr;
+        o[nt][2 * r + 1] *= corr;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2f(s[nt][e] - ref[e >> 1]);
+        l[e >> 1] += s[nt][e];
+      }
+    unsigned pa[4];
+    pack_a<T>(pa, s);
+    mma_rows<T, HD>(o, pa, sK + Lt::TILE, lane);
+    __syncwarp();  // this stage is refilled two chunks on
+  }
+  const float l0 = quad_sum(l[0]), l1 = quad_sum(l[1]);
+  T* O = static_cast<T*>(p.out) + int64_t(b) * p.out_s[0] + int64_t(h) * p.out_s[4];
+  store_rows<T, HD>(O + spatial_offset<NA>(p, p.out_s, rw.ig[0], g), O + spatial_offset<NA>(p, p.out_s, rw.ig[1], g),
+                    rw.ok[0], rw.ok[1], o, 1.f / l0, 1.f / l1, p.dim_v, tq);
+  if (tq == 0) {
+    if (rw.ok[0]) p.lse[(int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[0], g)) * p.heads + h] = (m[0] + log2f(l0)) * kLn2;
+    if (rw.ok[1]) p.lse[(int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[1], g)) * p.heads + h] = (m[1] + log2f(l1)) * kLn2;
+  }
+#endif
+}
+
+// --------------------------------------------------------------- backward: dQ + delta
+template <typename T, int NA, int HD>
+__global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p) {
+#if NATTN_TC_ENABLED
+  using Lt = Layout<HD>;
+  constexpr int A = NA - 1, KT = Lt::KT, NT = Lt::NT;
+  extern __shared__ __align__(16) uint16_t tc_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+  uint16_t* buf = tc_smem + warp * (4 * Lt::TILE);
+  int g[3], L[3], first[3];
+  if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * kWarps + warp, g, L, first)) return;
+  const Rows<NA, false> rw(p, first, L, lane);
+  const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.groups;
+  AxisRange u[3];
+  box_union<NA, false>(p, p.box, first, L, u);
+  int rmult[3];
+  rpb_mults<NA>(p, rmult);
+
+  unsigned qa[KT][4], da[KT][4];
+  float delta[2], lse2[2];
+  {
+    const T* Q = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4];
+    const T* D = static_cast<const T*>(p.grad_out) + int64_t(b) * p.grad_out_s[0] + int64_t(h) * p.grad_out_s[4];
+    const T* O = static_cast<const T*>(p.out) + int64_t(b) * p.out_s[0] + int64_t(h) * p.out_s[4];
+    load_a<HD>(qa, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
+               p.dim, tq);
+    load_a<HD>(da, D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[0], g),
+               D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[1], g), p.dim_v, tq);
+    unsigned oa[KT][4];
+    load_a<HD>(oa, O + spatial_offset<NA>(p, p.out_s, rw.ig[0], g), O + spatial_offset<NA>(p, p.out_s, rw.ig[1], g),
+               p.dim_v, tq);
+    // delta = rowsum(dO * O) - dLSE: this lane's channels of both rows, then its quad
+    float dl[2] = {0.f, 0.f};
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float d0, d1, o0, o1;
+        Mma<T>::unpack(da[kt][i], d0, d1);
+        Mma<T>::unpack(oa[kt][i], o0, o1);
+        dl[i & 1] += d0 * o0 + d1 * o1;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = (int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[r], g)) * p.heads + h;
+      delta[r] = quad_sum(dl[r]) - (p.grad_lse && rw.ok[r] ? p.grad_lse[row] : 0.f);
+      lse2[r] = rw.ok[r] ? p.lse[row] * kLog2e : 0.f;
+      if (tq == 0 && rw.ok[r]) p.delta[row] = delta[r];
+    }
+  }
+  const T* Kb = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
+  const T* Vb = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
+  const int64_t kstep = int64_t(p.dilation[A]) * p.k_s[1 + A], vstep = int64_t(p.dilation[A]) * p.v_s[1 + A];
+  const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
+  const int rlast[2] = {p.kernel[A] - 1 - rw.ig[0][A], p.kernel[A] - 1 - rw.ig[1][A]};
+  const int uend = u[A].start + u[A].count, per_line = (u[A].count + CW - 1) / CW;
+  const int chunks = leading_lines<NA>(u) * per_line;
+
+  auto issue = [&](int ci) {
+    const int cs = u[A].start + (ci % per_line) * CW;
+    const Line ln = line_at<NA, false>(p, ci / per_line, u, rw.win[0], g, rw.ig[0], rmult, p.k_s, p.v_s);
+    const int n = nattn_min(CW, uend - cs);
+    const int64_t c0 = int64_t(cs) * p.dilation[A] + g[A];
+    uint16_t* sK = buf + (ci & 1) * 2 * Lt::TILE;
+    stage_async<T, HD>(sK, Kb, ln.off0 + c0 * p.k_s[1 + A], kstep, n, p.dim, lane);
+    stage_async<T, HD>(sK + Lt::TILE, Vb, ln.off1 + c0 * p.v_s[1 + A], vstep, n, p.dim_v, lane);
+    cp_async_commit();
+  };
+
+  float dq[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[nt][e] = 0.f;
+  if (chunks > 0) issue(0);
+  for (int ci = 0; ci < chunks; ++ci) {
+    if (ci + 1 < chunks) {
+      issue(ci + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncwarp();
+    const uint16_t* sK = buf + (ci & 1) * 2 * Lt::TILE;
+    const int li = ci / per_line, cs = u[A].start + (ci % per_line) * CW, n = nattn_min(CW, uend - cs);
+    Line ln[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) ln[r] = line_at<NA, false>(p, li, u, rw.win[r], g, rw.ig[r], rmult, p.k_s, p.v_s);
+    float s[2][4], dp[2][4];
+    mma_rows_t<T, HD>(s, qa, sK, lane);
+    mma_rows_t<T, HD>(dp, da, sK + Lt::TILE, lane);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, j = nt * 8 + 2 * tq + (e & 1), kc = cs + j;
+        const bool ok = rw.ok[r] && ln[r].ok && j < n && in_last<NA>(rw.win[r], kc);
+        float v = s[nt][e] * p.scale_log2;
+        if (rpb && ok) v += rpb[ln[r].rpb + rlast[r] + kc] * kLog2e;
+        s[nt][e] = ok ? exp2f(v - lse2[r]) * (dp[nt][e] - delta[r]) : 0.f;  // dS
+      }
+    unsigned dsa[4];
+    pack_a<T>(dsa, s);
+    mma_rows<T, HD>(dq, dsa, sK, lane);
+    __syncwarp();
+  }
+  T* DQ = static_cast<T*>(p.dq) + int64_t(b) * p.dq_s[0] + int64_t(h) * p.dq_s[4];
+  store_rows<T, HD>(DQ + spatial_offset<NA>(p, p.dq_s, rw.ig[0], g), DQ + spatial_offset<NA>(p, p.dq_s, rw.ig[1], g),
+                    rw.ok[0], rw.ok[1], dq, p.scale, p.scale, p.dim, tq);
+#endif
+}
+
+// ------------------------------------------------------ backward: dK, dV, dRPB per key
+template <int HD>
+constexpr int dkv_warp_bytes() {
+  return 4 * Layout<HD>::TILE * 2 + 2 * 2 * CW * 4;  // 2 stages x (Q, dO) tiles, 2 stages x (lse, delta)
+}
+
+template <typename T, int NA, int HD>
+__global__ void __launch_bounds__(kWarps * 32) backward_dkv_kernel(const Params p) {
+#if NATTN_TC_ENABLED
+  using Lt = Layout<HD>;
+  constexpr int A = NA - 1, KT = Lt::KT, NT = Lt::NT;
+  extern __shared__ __align__(16) uint16_t tc_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+  uint16_t* buf = tc_smem + warp * (4 * Lt::TILE);
+  float* sLD = reinterpret_cast<float*>(tc_smem + kWarps * 4 * Lt::TILE) + warp * 4 * CW;  // [stage][lse | delta]
+  float* drpb_smem = reinterpret_cast<float*>(tc_smem + kWarps * 4 * Lt::TILE) + kWarps * 4 * CW;
+  const int hkv = blockIdx.y, b = blockIdx.z;
+  const bool stage_rpb = p.rpb != nullptr && p.rpb_in_smem;
+  const int64_t smem_len = int64_t(p.groups) * p.rpb_head_size;
+  if (stage_rpb) {
+    for (int64_t i = threadIdx.x; i < smem_len; i += blockDim.x) drpb_smem[i] = 0.f;
+    __syncthreads();
+  }
+  int g[3], L[3], first[3];
+  // no early return: the block meets again at the dRPB flush
+  if (warp_box<NA>(p, p.box, int64_t(blockIdx.x) * kWarps + warp, g, L, first)) {
+    const Rows<NA, true> rw(p, first, L, lane);
+    AxisRange u[3];
+    box_union<NA, true>(p, p.box, first, L, u);
+    int rmult[3];
+    rpb_mults<NA>(p, rmult);
+    unsigned ka[KT][4], va[KT][4];
+    {
+      const T* K = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
+      const T* V = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
+      load_a<HD>(ka, K + spatial_offset<NA>(p, p.k_s, rw.ig[0], g), K + spatial_offset<NA>(p, p.k_s, rw.ig[1], g),
+                 p.dim, tq);
+      load_a<HD>(va, V + spatial_offset<NA>(p, p.v_s, rw.ig[0], g), V + spatial_offset<NA>(p, p.v_s, rw.ig[1], g),
+                 p.dim_v, tq);
+    }
+    float dk[NT][4], dv[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        dk[nt][e] = 0.f;
+        dv[nt][e] = 0.f;
+      }
+    const int64_t qstep = int64_t(p.dilation[A]) * p.q_s[1 + A];
+    const int64_t dstep = int64_t(p.dilation[A]) * p.grad_out_s[1 + A];
+    const int rlast[2] = {p.kernel[A] - 1 + rw.ig[0][A], p.kernel[A] - 1 + rw.ig[1][A]};  // minus the query's
+    const int uend = u[A].start + u[A].count, per_line = (u[A].count + CW - 1) / CW;
+    const int chunks = leading_lines<NA>(u) * per_line;
+    const int64_t row0 = int64_t(b) * p.tokens;
+    for (int hg = 0; hg < p.groups; ++hg) {  // GQA: every query head of this KV head
+      const int h = hkv * p.groups + hg;
+      const T* Qb = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4];
+      const T* Db = static_cast<const T*>(p.grad_out) + int64_t(b) * p.grad_out_s[0] + int64_t(h) * p.grad_out_s[4];
+      const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
+      float* drpb = stage_rpb ? drpb_smem + int64_t(hg) * p.rpb_head_size
+                              : (p.drpb ? p.drpb + int64_t(h) * p.rpb_head_size : nullptr);
+      auto issue = [&](int ci) {
+        const int cs = u[A].start + (ci % per_line) * CW;
+        const Line ln = line_at<NA, true>(p, ci / per_line, u, rw.win[0], g, rw.ig[0], rmult, p.q_s, p.grad_out_s);
+        const int n = nattn_min(CW, uend - cs);
+        const int64_t c0 = int64_t(cs) * p.dilation[A] + g[A];
+        uint16_t* sQ = buf + (ci & 1) * 2 * Lt::TILE;
+        stage_async<T, HD>(sQ, Qb, ln.off0 + c0 * p.q_s[1 + A], qstep, n, p.dim, lane);
+        stage_async<T, HD>(sQ + Lt::TILE, Db, ln.off1 + c0 * p.grad_out_s[1 + A], dstep, n, p.dim_v, lane);
+        const int j = lane % CW;  // lanes 0-15: lse, 16-31: delta of query j
+        const int64_t r = (row0 + ln.tok + c0 + int64_t(j) * p.dilation[A]) * p.heads + h;
+        const float* src = lane < CW ? p.lse + r : p.delta + r;
+        cp_async4(sLD + (ci & 1) * 2 * CW + lane, j < n ? src : p.lse, j < n);
+        cp_async_commit();
+      };
+      if (chunks > 0) issue(0);
+      for (int ci = 0; ci < chunks; ++ci) {
+        if (ci + 1 < chunks) {
+          issue(ci + 1);
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncwarp();
+        const uint16_t* sQ = buf + (ci & 1) * 2 * Lt::TILE;
+        const float* sL = sLD + (ci & 1) * 2 * CW;
+        const int li = ci / per_line, cs = u[A].start + (ci % per_line) * CW, n = nattn_min(CW, uend - cs);
+        Line ln[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          ln[r] = line_at<NA, true>(p, li, u, rw.win[r], g, rw.ig[r], rmult, p.q_s, p.grad_out_s);
+        float s[2][4], dp[2][4];
+        mma_rows_t<T, HD>(s, ka, sQ, lane);               // S^T: keys x queries
+        mma_rows_t<T, HD>(dp, va, sQ + Lt::TILE, lane);   // dP^T
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1, j = nt * 8 + 2 * tq + (e & 1), qc = cs + j;
+            const bool ok = rw.ok[r] && ln[r].ok && j < n && in_last<NA>(rw.win[r], qc);
+            const int ridx = ln[r].rpb + rlast[r] - qc;
+            float v = s[nt][e] * p.scale_log2;
+            if (rpb && ok) v += rpb[ridx] * kLog2e;
+            const float pr = ok ? exp2f(v - sL[j] * kLog2e) : 0.f;
+            const float ds = pr * (dp[nt][e] - sL[CW + j]);
+            s[nt][e] = pr;
+            dp[nt][e] = ds;
+            if (rpb && ok) atomicAdd(drpb + ridx, ds);
+          }
+        unsigned pa[4], dsa[4];
+        pack_a<T>(pa, s);
+        pack_a<T>(dsa, dp);
+        mma_rows<T, HD>(dv, pa, sQ + Lt::TILE, lane);
+        mma_rows<T, HD>(dk, dsa, sQ, lane);
+        __syncwarp();
+      }
+    }
+    T* DK = static_cast<T*>(p.dk) + int64_t(b) * p.dk_s[0] + int64_t(hkv) * p.dk_s[4];
+    T* DV = static_cast<T*>(p.dv) + int64_t(b) * p.dv_s[0] + int64_t(hkv) * p.dv_s[4];
+    store_rows<T, HD>(DK + spatial_offset<NA>(p, p.dk_s, rw.ig[0], g), DK + spatial_offset<NA>(p, p.dk_s, rw.ig[1], g),
+                      rw.ok[0], rw.ok[1], dk, p.scale, p.scale, p.dim, tq);
+    store_rows<T, HD>(DV + spatial_offset<NA>(p, p.dv_s, rw.ig[0], g), DV + spatial_offset<NA>(p, p.dv_s, rw.ig[1], g),
+                      rw.ok[0], rw.ok[1], dv, 1.f, 1.f, p.dim_v, tq);
+  }
+  if (stage_rpb) {
+    __syncthreads();
+    float* dst = p.drpb + int64_t(hkv) * p.groups * p.rpb_head_size;
+    for (int64_t i = threadIdx.x; i < smem_len; i += blockDim.x)
+      if (drpb_smem[i] != 0.f) atomicAdd(dst + i, drpb_smem[i]);
+  }
+#endif
+}
+
+// ------------------------------------------------------------------------- launchers
+// Opts a kernel into more than 48 KiB of dynamic shared memory; called once per kernel
+// instance (a function-local static in each launcher).
+template <typename K>
+bool allow_smem(K kernel, size_t bytes) {
+  if (bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  return true;
+}
+
+template <int HD>
+constexpr size_t qkv_smem_bytes() {
+  return size_t(kWarps) * 4 * Layout<HD>::TILE * 2;  // per warp: 2 stages x 2 tiles
+}
+
+// dRPB is staged in shared memory up to this size (a block must still fit on an SM80).
+constexpr int64_t kMaxRpbSmemBytes = 48 * 1024;
+
+template <typename T, int NA, int HD>
+void launch_forward(const Params& problem, cudaStream_t stream) {
+  Params p = problem;
+  choose_box(p, QW, CW);
+  const int64_t warps = num_warps<NA>(p, p.box);
+  const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(p.heads), unsigned(p.batch));
+  constexpr size_t smem = qkv_smem_bytes<HD>();
+  static const bool allowed = allow_smem(forward_kernel<T, NA, HD>, smem);
+  (void)allowed;
+  forward_kernel<T, NA, HD><<<grid, kWarps * 32, smem, stream>>>(p);
+}
+
+template <typename T, int NA, int HD>
+void launch_backward(const Params& problem, cudaStream_t stream) {
+  Params p = problem;
+  choose_box(p, QW, CW);
+  const int64_t warps = num_warps<NA>(p, p.box);
+  const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
+  constexpr size_t smem = qkv_smem_bytes<HD>();
+  constexpr size_t dkv_max = size_t(kWarps) * dkv_warp_bytes<HD>() + size_t(kMaxRpbSmemBytes);
+  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD>, smem) &&
+                              allow_smem(backward_dkv_kernel<T, NA, HD>, dkv_max);
+  (void)allowed;
+  backward_dq_kernel<T, NA, HD><<<dim3(blocks, p.heads, p.batch), kWarps * 32, smem, stream>>>(p);
+  Params pk = p;
+  const int64_t rpb_bytes = int64_t(p.groups) * p.rpb_head_size * int64_t(sizeof(float));
+  pk.rpb_in_smem = p.rpb != nullptr && rpb_bytes <= kMaxRpbSmemBytes;
+  const size_t dkv_smem = size_t(kWarps) * dkv_warp_bytes<HD>() + (pk.rpb_in_smem ? size_t(rpb_bytes) : 0);
+  backward_dkv_kernel<T, NA, HD><<<dim3(blocks, p.heads_kv, p.batch), kWarps * 32, dkv_smem, stream>>>(pk);
+}
+
+}  }  // namespace nattn::tc

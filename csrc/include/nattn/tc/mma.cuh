@@ -1,0 +1,121 @@
+// SM80 tensor-core building blocks: mma.sync m16n8k16 (fp32 accumulate), ldmatrix,
+// cp.async and fp32 -> 16-bit packing, for __half and bf16. Everything compiles for any
+// arch; on archs below SM80 the bodies are empty (the library never launches the tc
+// family there: src/api.cu checks the device).
+//
+// Fragment layouts (lane l, g = l / 4, t = l % 4), PTX ISA "mma.m16n8k16":
+//   A 16x16: {a0,a1} = (g, 2t..2t+1), {a2,a3} = (g+8, 2t..), {a4,a5} = (g, 2t+8..), {a6,a7} = (g+8, 2t+8..)
+//   B 16x8 : {b0,b1} = (k 2t..2t+1, n g), {b2,b3} = (k 2t+8.., n g)
+//   C 16x8 : {c0,c1} = (g, 2t..2t+1),     {c2,c3} = (g+8, 2t..)
+// so the C fragments of two adjacent n-tiles are, packed to 16 bits, the A fragment of
+// the next product (the flash-attention register reuse).
+#pragma once
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "nattn/common/registry.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define NATTN_TC_ENABLED 1
+#else
+#define NATTN_TC_ENABLED 0
+#endif
+
+namespace nattn { namespace tc {
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+template <typename T> struct Mma;
+
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) {
+#if NATTN_TC_ENABLED
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+  }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    unsigned r = 0;
+#if NATTN_TC_ENABLED
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+  }
+  static __device__ __forceinline__ void unpack(unsigned x, float& lo, float& hi) {
+    lo = __half2float(__ushort_as_half((unsigned short)(x & 0xffffu)));
+    hi = __half2float(__ushort_as_half((unsigned short)(x >> 16)));
+  }
+};
+
+template <> struct Mma<bf16_t> {
+  static __device__ __forceinline__ void run(float* c, const unsigned* a, const unsigned* b) {
+#if NATTN_TC_ENABLED
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+  }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    unsigned r = 0;
+#if NATTN_TC_ENABLED
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+  }
+  static __device__ __forceinline__ void unpack(unsigned x, float& lo, float& hi) {
+    lo = __uint_as_float(x << 16);
+    hi = __uint_as_float(x & 0xffff0000u);
+  }
+};
+
+// Four 8x8 16-bit matrices; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* row) {
+#if NATTN_TC_ENABLED
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row)));
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const void* row) {
+#if NATTN_TC_ENABLED
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(row)));
+#endif
+}
+
+// 16-byte (4-byte) asynchronous copy global -> shared; zero-filled when !pred.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+#if NATTN_TC_ENABLED
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(pred ? 16 : 0));
+#endif
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool pred) {
+#if NATTN_TC_ENABLED
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(pred ? 4 : 0));
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if NATTN_TC_ENABLED
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if NATTN_TC_ENABLED
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+}  }  // namespace nattn::tc
