@@ -17,17 +17,22 @@ from ..params import NAParams
 # H200: they win at 49 keys (DiNAT 7x7: 0.34 ms vs 0.49 ms flex forward); flex wins from
 # 169 keys on (13x13 at D=64: 1.15 vs 2.16 ms) and by 30x at 2048+ keys. 100 splits that.
 SIMT_MAX_WINDOW = 100
-# fp16/bf16 with head dims <= 128 on SM80+ run the tensor-core kernels: 2.3x faster than
-# flex at 169 keys (13x13: 0.50 vs 1.15 ms forward), even at 245 (5x7x7), 4x slower at 2048
-# (1-D) and 2.6x at 6400 (80x80), where flex's 128-wide tiles keep the tensor cores busier.
-TC_MAX_WINDOW = 512
+# fp16/bf16 with head dims <= 128 on SM80+ run the tensor-core kernels. Measured on the
+# H200 against nattn's flex backend (forward / forward+backward, ms): 49 keys 0.20 / 0.81 vs
+# 0.57 / 1.52; 169 keys (13x13) 0.50 / 2.25 vs 1.28 / 4.03; but 245 keys (5x7x7) 0.82 / 3.32
+# vs 0.67 / 2.41, 2048 (1-D) 2.9 vs 0.75 and 6400 (80x80) 59 vs 23 forward, where flex's
+# 128-wide tiles keep the tensor cores busier than 16-query warp boxes. 200 splits 169/245.
+TC_MAX_WINDOW = 200
 TC_DTYPES = (torch.float16, torch.bfloat16)
 TC_MAX_HEAD_DIM = 128
 
 
 @functools.lru_cache(maxsize=None)
 def _capability_major(index) -> int:
-    return torch.cuda.get_device_capability(index)[0]
+    try:
+        return torch.cuda.get_device_capability(index)[0]
+    except (RuntimeError, AssertionError):  # no usable CUDA runtime: no tensor-core kernels either
+        return 0
 
 
 def runs_tensor_cores(q) -> bool:

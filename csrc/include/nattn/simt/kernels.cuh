@@ -14,7 +14,6 @@
 #include "nattn/common/vec.cuh"
 #include "nattn/common/window.cuh"
 #include "nattn/simt/launch.h"
-#include "nattn/simt/tiled.cuh"
 
 // Tuning knobs (overridable with -D for tuning builds): channels per thread, and the
 // number of keys (queries) handled per step of the forward (backward) inner loops.
@@ -444,20 +443,11 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
 }
 
 // ------------------------------------------------------------------------- launchers
-// The per-query window-walk kernels above are the default; -DNATTN_SIMT_TILED builds the
-// warp-tiled kernels (tiled.cuh) instead. Measured on the H200 (docs/dev/PERF.md) the
-// tiled ones lose on three of the four small-window anchors: shared memory delivers one
-// operand per FMA, so they are bound by its bandwidth; kept for A/B builds and as the
-// starting point of a register-blocked version.
 template <typename T, int NA, int HD>
 void launch_forward(const Params& p, cudaStream_t stream) {
-#ifndef NATTN_SIMT_TILED
   constexpr int QPB = kThreads / tpq<HD>();
   const dim3 grid(unsigned((p.tokens + QPB - 1) / QPB), unsigned(p.heads), unsigned(p.batch));
   forward_kernel<T, NA, HD><<<grid, kThreads, 0, stream>>>(p);
-#else
-  tiled::launch_forward<T, NA, HD>(p, stream);
-#endif
 }
 
 // Shared memory for staging dRPB; larger tables go straight to global atomics.
@@ -465,7 +455,6 @@ constexpr int64_t kMaxRpbSmemBytes = 48 * 1024;
 
 template <typename T, int NA, int HD>
 void launch_backward(const Params& p, cudaStream_t stream) {
-#ifndef NATTN_SIMT_TILED
   constexpr int QPB = kThreads / tpq<HD>();
   const unsigned blocks = unsigned((p.tokens + QPB - 1) / QPB);
   backward_dq_kernel<T, NA, HD><<<dim3(blocks, p.heads, p.batch), kThreads, 0, stream>>>(p);
@@ -474,9 +463,6 @@ void launch_backward(const Params& p, cudaStream_t stream) {
   pk.rpb_in_smem = p.rpb != nullptr && smem <= kMaxRpbSmemBytes;
   backward_dkv_kernel<T, NA, HD><<<dim3(blocks, p.heads_kv, p.batch), kThreads,
                                    pk.rpb_in_smem ? size_t(smem) : 0, stream>>>(pk);
-#else
-  tiled::launch_backward<T, NA, HD>(p, stream);
-#endif
 }
 
 }  }  // namespace nattn::simt

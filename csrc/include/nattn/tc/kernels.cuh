@@ -537,7 +537,7 @@ constexpr int64_t kMaxRpbSmemBytes = 48 * 1024;
 template <typename T, int NA, int HD>
 void launch_forward(const Params& problem, cudaStream_t stream) {
   Params p = problem;
-  choose_box(p, QW, CW);
+  fixed_box<NA, QW>(p.box);
   const int64_t warps = num_warps<NA>(p, p.box);
   const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(p.heads), unsigned(p.batch));
   constexpr size_t smem = qkv_smem_bytes<HD>();
@@ -549,7 +549,7 @@ void launch_forward(const Params& problem, cudaStream_t stream) {
 template <typename T, int NA, int HD>
 void launch_backward(const Params& problem, cudaStream_t stream) {
   Params p = problem;
-  choose_box(p, QW, CW);
+  fixed_box<NA, QW>(p.box);
   const int64_t warps = num_warps<NA>(p, p.box);
   const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
   constexpr size_t smem = qkv_smem_bytes<HD>();
