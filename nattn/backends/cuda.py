@@ -1,4 +1,8 @@
-"""The ``cuda`` backend: fused SIMT kernels from libnattn (csrc/), called through ctypes.
+"""The ``cuda`` backend: the fused kernels of libnattn (csrc/), called through ctypes.
+
+libnattn runs its tensor-core family (SM80+, fp16/bf16, head dims <= 128) where it applies
+and its SIMT family (every GPU from SM50, every dtype and head dim) otherwise; the capability
+check here reads the SIMT list, which covers every problem the library accepts.
 
 Imports cleanly without the compiled library: then every CUDA problem gets the reason
 "libnattn is not built", and the first automatic fallback of a CUDA tensor warns once.

@@ -14,6 +14,10 @@ if [[ $what == all || $what == *tests* ]]; then  # TEST_LIBS: libraries to test 
     echo "== GPU tests with $lib"
     NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu tests/gpu -q \
       --maxfail=25 -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -15
+    # 16-bit problems run the tensor-core family by default: the sweep again on SIMT alone
+    echo "== GPU sweep with $lib, NATTN_FAMILY=simt"
+    NATTN_FAMILY=simt NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu \
+      tests/gpu/test_cuda_vs_reference.py -q --maxfail=25 -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -5
   done
 fi
 if [[ $what == all || $what == *sanitize* ]]; then
