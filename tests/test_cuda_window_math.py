@@ -1,6 +1,8 @@
-"""The SIMT kernels' index math, run on the CPU: csrc/tests/window_math_check.cu compiles
-the same header code for the host and checks windows, inverse neighborhoods and the
-incremental window cursor against direct formulas (needs nvcc, no GPU)."""
+"""The kernels' index math, run on the CPU (needs nvcc, no GPU): the same header code compiled
+for the host. csrc/tests/window_math_check.cu checks windows, inverse neighborhoods and the SIMT
+kernels' incremental window cursor against direct formulas; csrc/tests/tiling_check.cu replays
+the tensor-core kernels' warp walk (boxes, window unions, lines, chunks, masks, RPB indices)
+and checks that every query keeps exactly its window and every key exactly its inverse."""
 
 import os
 import shutil
@@ -12,13 +14,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NVCC = os.environ.get("CUDACXX") or shutil.which("nvcc")
 
 
-@pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")
-def test_window_math_on_host(tmp_path):
-    exe = tmp_path / "window_math_check"
+def _build_and_run(tmp_path, name):
+    exe = tmp_path / name
     subprocess.run(
-        [NVCC, "-std=c++17", "-I", os.path.join(ROOT, "csrc", "include"), "-o", str(exe),
-         os.path.join(ROOT, "csrc", "tests", "window_math_check.cu")],
+        [NVCC, "-std=c++17", "-O2", "-I", os.path.join(ROOT, "csrc", "include"), "-o", str(exe),
+         os.path.join(ROOT, "csrc", "tests", f"{name}.cu")],
         check=True, capture_output=True, text=True, timeout=300,
     )
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")
+def test_window_math_on_host(tmp_path):
+    run = _build_and_run(tmp_path, "window_math_check")
+    assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")
+def test_tensor_core_walk_on_host(tmp_path):
+    run = _build_and_run(tmp_path, "tiling_check")
     assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr

@@ -16,7 +16,7 @@ __host__ __device__ constexpr int box_dim(int na, int qw, int a) {
 // The box shape as the per-axis array the functions below take. (Shapes chosen per
 // problem by a key-slot cost model, e.g. 2x8 for 7x7 windows, were tried: docs/dev/PERF.md.)
 template <int NA, int QW>
-__host__ __device__ __forceinline__ void fixed_box(int* box) {
+NATTN_HD void fixed_box(int* box) {
 #pragma unroll
   for (int a = 0; a < 3; ++a) box[a] = a < NA ? box_dim(NA, QW, a) : 1;
 }
@@ -35,7 +35,7 @@ inline int64_t num_warps(const Params& p, const int* box) {
 // Which box a warp serves: per axis its dilation group g, group length L and first
 // group coordinate. False when the warp has no token (past the grid, or a short group).
 template <int NA>
-__device__ __forceinline__ bool warp_box(const Params& p, const int* box, int64_t w, int* g, int* L, int* first) {
+NATTN_HD bool warp_box(const Params& p, const int* box, int64_t w, int* g, int* L, int* first) {
   bool ok = true;
 #pragma unroll
   for (int a = NA - 1; a >= 0; --a) {
@@ -54,7 +54,7 @@ __device__ __forceinline__ bool warp_box(const Params& p, const int* box, int64_
 
 // The lane's token in the box (group coordinates, clamped into the group) and whether it is real.
 template <int NA>
-__device__ __forceinline__ bool lane_token(const int* box, int t, const int* first, const int* L, int* ig) {
+NATTN_HD bool lane_token(const int* box, int t, const int* first, const int* L, int* ig) {
   bool ok = true;
 #pragma unroll
   for (int a = NA - 1; a >= 0; --a) {
@@ -69,7 +69,7 @@ __device__ __forceinline__ bool lane_token(const int* box, int t, const int* fir
 
 // Row-major multipliers of the RPB table [2k-1, ...] per axis.
 template <int NA>
-__device__ __forceinline__ void rpb_mults(const Params& p, int* rmult) {
+NATTN_HD void rpb_mults(const Params& p, int* rmult) {
   int m = 1;
 #pragma unroll
   for (int a = NA - 1; a >= 0; --a) {
@@ -80,7 +80,7 @@ __device__ __forceinline__ void rpb_mults(const Params& p, int* rmult) {
 
 // Row-major token index and tensor offset of a token given in group coordinates.
 template <int NA>
-__device__ __forceinline__ int64_t token_index(const Params& p, const int* ig, const int* g) {
+NATTN_HD int64_t token_index(const Params& p, const int* ig, const int* g) {
   int64_t t = 0;
 #pragma unroll
   for (int a = 0; a < NA; ++a) t = t * p.spatial[a] + (ig[a] * p.dilation[a] + g[a]);
@@ -88,7 +88,7 @@ __device__ __forceinline__ int64_t token_index(const Params& p, const int* ig, c
 }
 
 template <int NA>
-__device__ __forceinline__ int64_t spatial_offset(const Params& p, const int64_t* s, const int* ig, const int* g) {
+NATTN_HD int64_t spatial_offset(const Params& p, const int64_t* s, const int* ig, const int* g) {
   int64_t o = 0;
 #pragma unroll
   for (int a = 0; a < NA; ++a) o += int64_t(ig[a] * p.dilation[a] + g[a]) * s[1 + a];
@@ -98,7 +98,7 @@ __device__ __forceinline__ int64_t spatial_offset(const Params& p, const int64_t
 // Window unions of the warp's box: windows move monotonically with the token, so the
 // union runs from the first token's start to the last token's end.
 template <int NA, bool kInverse>
-__device__ __forceinline__ void box_union(const Params& p, const int* box, const int* first, const int* L,
+NATTN_HD void box_union(const Params& p, const int* box, const int* first, const int* L,
                                           AxisRange* u) {
 #pragma unroll
   for (int a = 0; a < NA; ++a) {
@@ -122,7 +122,7 @@ struct Line {
 };
 
 template <int NA, bool kInverse>
-__device__ __forceinline__ Line line_at(const Params& p, int li, const AxisRange* u, const AxisRange* mine,
+NATTN_HD Line line_at(const Params& p, int li, const AxisRange* u, const AxisRange* mine,
                                         const int* g, const int* ig, const int* rmult, const int64_t* s0,
                                         const int64_t* s1) {
   Line ln{true, 0, 0, 0, 0};
@@ -144,7 +144,7 @@ __device__ __forceinline__ Line line_at(const Params& p, int li, const AxisRange
 }
 
 template <int NA>
-__device__ __forceinline__ int leading_lines(const AxisRange* u) {
+NATTN_HD int leading_lines(const AxisRange* u) {
   int n = 1;
 #pragma unroll
   for (int a = 0; a < NA - 1; ++a) n *= u[a].count;

@@ -1,0 +1,163 @@
+// Host-side check of the tensor-core family's walk (common/tiling.cuh), no GPU needed:
+// for random problems and box shapes, replays what every warp does (its box, its rows'
+// tokens and windows, the union's lines and 16-token chunks, the per-element mask) and
+// checks that each real token is served by exactly one warp row, that the keys a query row
+// keeps are exactly its SEMANTICS.md window (the queries a key row keeps: exactly its
+// inverse neighbourhood), each once, and that the line offsets, token indices and RPB
+// indices the kernels use match direct formulas. Prints "ok <checks>" or the first mismatch.
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <vector>
+
+#include "nattn/common/tiling.cuh"
+
+using namespace nattn;
+using namespace nattn::tiling;
+
+static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
+static int rnd(int lo, int hi) {  // inclusive
+  rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
+  return lo + int(rng_state % (unsigned long long)(hi - lo + 1));
+}
+
+static long long checks = 0;
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    ++checks;                                              \
+    if (!(cond)) {                                         \
+      printf("mismatch at %s:%d: ", __FILE__, __LINE__);   \
+      printf(__VA_ARGS__);                                 \
+      printf("\n");                                        \
+      exit(1);                                             \
+    }                                                      \
+  } while (0)
+
+constexpr int kChunk = 16;  // tc::CW
+constexpr int kRows = 16;   // tc::QW
+
+// Brute force, one axis, token coordinates: is key j in the window of query i?
+static bool axis_has(const Params& p, int a, int i, int j) {
+  const int d = p.dilation[a];
+  if (i % d != j % d) return false;
+  const int L = group_len(p.spatial[a], i % d, d);
+  const AxisRange w = query_window(i / d, L, p.kernel[a], p.stride[a], p.causal[a] != 0);
+  return j / d >= w.start && j / d < w.start + w.count;
+}
+
+static void coords(const Params& p, long long t, int* c) {
+  for (int a = p.na_dim - 1; a >= 0; --a) { c[a] = int(t % p.spatial[a]); t /= p.spatial[a]; }
+}
+
+template <int NA, bool kInverse>
+static void check_problem(const Params& p, const int* box) {
+  const long long N = p.tokens;
+  std::vector<int> served(N, 0);
+  std::vector<int> seen(N);  // per row: how often each partner token was kept
+  int64_t s[5] = {0, 0, 0, 0, 0};  // token-major strides (elements) of a [N] tensor, 1 channel
+  {
+    int64_t m = 1;
+    for (int a = NA - 1; a >= 0; --a) { s[1 + a] = m; m *= p.spatial[a]; }
+  }
+  int rmult[3];
+  rpb_mults<NA>(p, rmult);
+  const int64_t warps = num_warps<NA>(p, box);
+  for (int64_t w = 0; w < warps; ++w) {
+    int g[3], L[3], first[3];
+    if (!warp_box<NA>(p, box, w, g, L, first)) continue;
+    AxisRange u[3];
+    box_union<NA, kInverse>(p, box, first, L, u);
+    const int A = NA - 1, per_line = (u[A].count + kChunk - 1) / kChunk;
+    const int chunks = leading_lines<NA>(u) * per_line, uend = u[A].start + u[A].count;
+    for (int r = 0; r < kRows; ++r) {
+      int ig[3];
+      if (!lane_token<NA>(box, r, first, L, ig)) continue;
+      AxisRange win[3];
+      for (int a = 0; a < NA; ++a)
+        win[a] = kInverse ? key_inverse(ig[a], L[a], p.kernel[a], p.stride[a], p.causal[a] != 0)
+                          : query_window(ig[a], L[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
+      const long long me = token_index<NA>(p, ig, g);
+      served[me] += 1;
+      CHECK(spatial_offset<NA>(p, s, ig, g) == me, "spatial_offset != token index");
+      std::fill(seen.begin(), seen.end(), 0);
+      for (int ci = 0; ci < chunks; ++ci) {
+        const int cs = u[A].start + (ci % per_line) * kChunk, n = nattn_min(kChunk, uend - cs);
+        const Line ln = line_at<NA, kInverse>(p, ci / per_line, u, win, g, ig, rmult, s, s);
+        CHECK(ln.off0 == ln.tok && ln.off1 == ln.tok, "line offsets != leading token index");
+        const int64_t c0 = int64_t(cs) * p.dilation[A] + g[A];
+        for (int j = 0; j < kChunk; ++j) {
+          const int kc = cs + j;
+          const bool ok = ln.ok && j < n && unsigned(kc - win[A].start) < unsigned(win[A].count);
+          if (!ok) continue;
+          const long long other = ln.tok + c0 + int64_t(j) * p.dilation[A];
+          CHECK(other >= 0 && other < N, "partner token %lld out of range", other);
+          seen[other] += 1;
+          // RPB index as the kernels form it, against the direct formula (key - query + k - 1)
+          int qc[3], kk[3], mc[3], oc[3];
+          coords(p, me, mc);
+          coords(p, other, oc);
+          for (int a = 0; a < NA; ++a) {
+            qc[a] = (kInverse ? oc[a] : mc[a]) / p.dilation[a];
+            kk[a] = (kInverse ? mc[a] : oc[a]) / p.dilation[a];
+          }
+          int want = 0;
+          for (int a = 0; a < NA; ++a) want += (kk[a] - qc[a] + p.kernel[a] - 1) * rmult[a];
+          const int got = kInverse ? ln.rpb + (p.kernel[A] - 1 + ig[A]) - kc : ln.rpb + (p.kernel[A] - 1 - ig[A]) + kc;
+          CHECK(got == want, "rpb index %d != %d", got, want);
+        }
+      }
+      int mc[3];
+      coords(p, me, mc);
+      for (long long t = 0; t < N; ++t) {
+        int oc[3];
+        coords(p, t, oc);
+        bool want = true;
+        for (int a = 0; a < NA; ++a)
+          want = want && (kInverse ? axis_has(p, a, oc[a], mc[a]) : axis_has(p, a, mc[a], oc[a]));
+        CHECK(seen[t] == (want ? 1 : 0), "%s token %lld: partner %lld kept %d times, want %d",
+              kInverse ? "key" : "query", me, t, seen[t], want ? 1 : 0);
+      }
+    }
+  }
+  for (long long t = 0; t < N; ++t) CHECK(served[t] == 1, "token %lld served %d times", t, served[t]);
+}
+
+template <int NA>
+static void random_problem() {
+  Params p{};
+  p.na_dim = NA;
+  p.tokens = 1;
+  for (int a = 0; a < NA; ++a) {
+    const int k = rnd(2, NA == 1 ? 40 : (NA == 2 ? 12 : 6));
+    const int d = rnd(1, 3) == 3 ? rnd(2, 3) : 1;
+    p.kernel[a] = k;
+    p.dilation[a] = d;
+    p.spatial[a] = k * d + rnd(0, NA == 1 ? 60 : 9);
+    p.stride[a] = rnd(0, 2) ? 1 : rnd(1, k);
+    p.causal[a] = rnd(0, 3) == 0;
+    p.rpb_size[a] = 2 * k - 1;
+    p.tokens *= p.spatial[a];
+  }
+  for (int a = NA; a < 3; ++a) { p.spatial[a] = p.kernel[a] = p.stride[a] = p.dilation[a] = p.rpb_size[a] = 1; }
+  int box[3];
+  if (rnd(0, 1)) {
+    fixed_box<NA, kRows>(box);
+  } else {  // any shape of 16 tokens (powers of two per axis)
+    int left = 16;
+    for (int a = 0; a < NA - 1; ++a) { box[a] = 1 << rnd(0, 2); if (box[a] > left) box[a] = left; left /= box[a]; }
+    box[NA - 1] = left;
+    for (int a = NA; a < 3; ++a) box[a] = 1;
+  }
+  check_problem<NA, false>(p, box);
+  check_problem<NA, true>(p, box);
+}
+
+int main() {
+  for (int i = 0; i < 60; ++i) {
+    random_problem<1>();
+    random_problem<2>();
+    random_problem<3>();
+  }
+  printf("ok %lld\n", checks);
+  return 0;
+}
