@@ -140,8 +140,12 @@ static void random_problem() {
   }
   for (int a = NA; a < 3; ++a) { p.spatial[a] = p.kernel[a] = p.stride[a] = p.dilation[a] = p.rpb_size[a] = 1; }
   int box[3];
-  if (rnd(0, 1)) {
+  const int pick = rnd(0, 2);
+  if (pick == 0) {
     fixed_box<NA, kRows>(box);
+  } else if (pick == 1) {
+    model_box(p, kRows, kChunk);
+    for (int a = 0; a < 3; ++a) box[a] = p.box[a];
   } else {  // any shape of 16 tokens (powers of two per axis)
     int left = 16;
     for (int a = 0; a < NA - 1; ++a) { box[a] = 1 << rnd(0, 2); if (box[a] > left) box[a] = left; left /= box[a]; }
@@ -152,7 +156,24 @@ static void random_problem() {
   check_problem<NA, true>(p, box);
 }
 
+// The opt-in box model's picks on the ANCHORS.md problems (documented in tiling.cuh).
+static void check_model_boxes() {
+  struct Case { int na, sp[3], k[3], d[3], want[3]; } cases[] = {
+      {2, {56, 56, 1}, {7, 7, 1}, {1, 1, 1}, {2, 8, 1}},     {2, {128, 128, 1}, {13, 13, 1}, {1, 1, 1}, {4, 4, 1}},
+      {3, {16, 32, 32}, {5, 7, 7}, {1, 1, 1}, {1, 2, 8}},   {1, {32768, 1, 1}, {2048, 1, 1}, {1, 1, 1}, {16, 1, 1}},
+  };
+  for (const Case& c : cases) {
+    Params p{};
+    p.na_dim = c.na;
+    for (int a = 0; a < 3; ++a) { p.spatial[a] = c.sp[a]; p.kernel[a] = c.k[a]; p.dilation[a] = c.d[a]; }
+    model_box(p, kRows, kChunk);
+    CHECK(p.box[0] == c.want[0] && p.box[1] == c.want[1] && p.box[2] == c.want[2],
+          "model box %dx%dx%d, want %dx%dx%d", p.box[0], p.box[1], p.box[2], c.want[0], c.want[1], c.want[2]);
+  }
+}
+
 int main() {
+  check_model_boxes();
   for (int i = 0; i < 60; ++i) {
     random_problem<1>();
     random_problem<2>();

@@ -26,7 +26,7 @@ if [[ $what == all || $what == *sanitize* ]]; then
   echo "compute-sanitizer rc=$?"; tail -5 "$OUT/sanitizer.log"
 fi
 if [[ $what == all || $what == *bench* ]]; then
-  timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/simt_anchors.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"
+  timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/cuda_anchors.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"
 fi
 if [[ $what == all || $what == *flex* ]]; then
   timeout ${FLEX_TIMEOUT:-200} python3 -m pytest -q -m gpu tests/gpu/test_flex_gpu.py tests/test_reference_gpu.py \
@@ -38,7 +38,7 @@ if [[ $what == all || $what == *anchors* ]]; then
 fi
 if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
   for lib in variants/*.so; do
-    NATTN_LIBRARY=$PWD/$lib timeout 120 python3 benchmarks/simt_anchors.py --cuda-only \
+    NATTN_LIBRARY=$PWD/$lib timeout 120 python3 benchmarks/cuda_anchors.py --cuda-only \
       --only dinat-s1-2d,dinat-s2-dil4,mid-2d-k13,video-3d 2>&1 | tee -a "$OUT/bench.md"
   done
 fi

@@ -13,12 +13,41 @@ __host__ __device__ constexpr int box_dim(int na, int qw, int a) {
   return na == 1 ? qw : a == na - 1 ? 4 : na == 2 ? qw / 4 : (a == 0 ? (qw / 4 >= 4 ? 2 : 1) : (qw / 4 >= 2 ? 2 : 1));
 }
 
-// The box shape as the per-axis array the functions below take. (Shapes chosen per
-// problem by a key-slot cost model, e.g. 2x8 for 7x7 windows, were tried: docs/dev/PERF.md.)
+// The fixed box shape (box_dim) as the per-axis array the functions below take.
 template <int NA, int QW>
 NATTN_HD void fixed_box(int* box) {
 #pragma unroll
   for (int a = 0; a < 3; ++a) box[a] = a < NA ? box_dim(NA, QW, a) : 1;
+}
+
+// The box of `tokens` tokens that needs the fewest staged key slots over the whole problem:
+// per warp, the union of its windows (leading axes x the last axis rounded up to chunks
+// of `chunk`), times the number of warps. 2-D 7x7 windows get 2x8 boxes, 13x13 ones 4x4,
+// 3-D 5x7x7 ones 1x2x8. Opt-in (NATTN_TC_BOX=model) until measured on its own: PERF.md run 4.
+inline void model_box(Params& p, int tokens, int chunk) {
+  const int na = p.na_dim, A = na - 1;
+  int best[3] = {1, 1, tokens};
+  double best_cost = -1;
+  for (int b0 = 1; b0 <= tokens; b0 *= 2)
+    for (int b1 = 1; b0 * b1 <= tokens; b1 *= 2) {
+      int box[3] = {1, 1, 1};
+      if (na == 1) { if (b0 > 1 || b1 > 1) continue; box[0] = tokens; }
+      else if (na == 2) { if (b1 > 1) continue; box[0] = b0; box[1] = tokens / b0; }
+      else { box[0] = b0; box[1] = b1; box[2] = tokens / (b0 * b1); }
+      double cost = 1;
+      for (int a = 0; a < na; ++a) {
+        const int m = (p.spatial[a] + p.dilation[a] - 1) / p.dilation[a];
+        const int span = nattn_min(box[a] + p.kernel[a] - 1, m);
+        cost *= double((m + box[a] - 1) / box[a]);  // warps along the axis
+        cost *= a < A ? span : double((span + chunk - 1) / chunk) * chunk;
+      }
+      // ties: the longer last-axis box (contiguous rows)
+      if (best_cost < 0 || cost < best_cost || (cost == best_cost && box[A] > best[A])) {
+        best_cost = cost;
+        for (int a = 0; a < 3; ++a) best[a] = box[a];
+      }
+    }
+  for (int a = 0; a < 3; ++a) p.box[a] = a < na ? best[a] : 1;
 }
 
 // Number of warps for a problem: per axis, dilation groups x boxes along the longest group.

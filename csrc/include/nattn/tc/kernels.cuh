@@ -13,6 +13,8 @@
 //             the KV head): S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q, dRPB.
 #pragma once
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "nattn/common/registry.h"
 #include "nattn/common/tiling.cuh"
@@ -534,10 +536,22 @@ constexpr size_t qkv_smem_bytes() {
 // dRPB is staged in shared memory up to this size (a block must still fit on an SM80).
 constexpr int64_t kMaxRpbSmemBytes = 48 * 1024;
 
+// Box shape: the measured fixed shapes (16, 4x4, 2x2x4) unless NATTN_TC_BOX=model asks for
+// the per-problem key-slot model (common/tiling.cuh), kept opt-in until measured alone.
+template <int NA>
+void set_box(Params& p) {
+  static const bool model = [] {
+    const char* s = getenv("NATTN_TC_BOX");
+    return s && !strcmp(s, "model");
+  }();
+  if (model) model_box(p, QW, CW);
+  else fixed_box<NA, QW>(p.box);
+}
+
 template <typename T, int NA, int HD>
 void launch_forward(const Params& problem, cudaStream_t stream) {
   Params p = problem;
-  fixed_box<NA, QW>(p.box);
+  set_box<NA>(p);
   const int64_t warps = num_warps<NA>(p, p.box);
   const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(p.heads), unsigned(p.batch));
   constexpr size_t smem = qkv_smem_bytes<HD>();
@@ -549,7 +563,7 @@ void launch_forward(const Params& problem, cudaStream_t stream) {
 template <typename T, int NA, int HD>
 void launch_backward(const Params& problem, cudaStream_t stream) {
   Params p = problem;
-  fixed_box<NA, QW>(p.box);
+  set_box<NA>(p);
   const int64_t warps = num_warps<NA>(p, p.box);
   const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
   constexpr size_t smem = qkv_smem_bytes<HD>();

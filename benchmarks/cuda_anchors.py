@@ -1,8 +1,10 @@
-"""Times the cuda (SIMT) backend on the ANCHORS.md problems, beside the reference
-backend and torch's dense SDPA, bf16, forward and forward+backward (ms, medians).
+"""Times the cuda backend on the ANCHORS.md problems, beside the reference backend and
+torch's dense SDPA, bf16, forward and forward+backward (ms, medians). libnattn runs its
+tensor-core family here on SM80+; NATTN_FAMILY=simt times the SIMT kernels instead, and
+NATTN_TC_BOX=model the tensor-core kernels with per-problem box shapes.
 
-    python benchmarks/simt_anchors.py            # the problems the SIMT kernels run in seconds
-    python benchmarks/simt_anchors.py --large    # also flux/hunyuan (forward only, slow)
+    python benchmarks/cuda_anchors.py            # the problems the SIMT kernels run in seconds
+    python benchmarks/cuda_anchors.py --large    # also flux/hunyuan (forward only, slow)
 """
 
 import argparse
