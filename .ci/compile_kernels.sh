@@ -67,4 +67,4 @@ fi
 # Debian's 11.8 keeps ptxas, cudafe++, fatbinary and nvlink in /usr/bin: put them ahead of
 # CUDA 13's copies in /usr/local/bin, or nvcc 11.8 runs a ptxas that lacks sm_50.
 PATH=/usr/lib/nvidia-cuda-toolkit/bin:/usr/bin:$PATH build "$BUILD-sm50" "5.0" -DCMAKE_CUDA_COMPILER="$NVCC118"
-echo "== compile check passed: SIMT family for sm_50 (CUDA 11.8), sm_80 and sm_90"
+echo "== compile check passed: every kernel family (simt, tc) for sm_50 (CUDA 11.8), sm_80 and sm_90"
