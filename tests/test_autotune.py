@@ -1,0 +1,107 @@
+"""Measured dispatch (opt-in): the fastest backend that accepts a problem wins, measured once
+per signature; explicit requests, torch.compile and disabled tuning keep the usual choice."""
+
+import json
+import time
+
+import pytest
+import torch
+
+import nattn
+from nattn.backends import AUTO_ORDER, BACKENDS, autotune, choose_na_backend
+from nattn.backends.reference import ReferenceBackend
+from nattn.params import normalize
+
+
+class Timed(ReferenceBackend):
+    """The reference math behind another name, slowed down by a fixed delay per forward."""
+
+    def __init__(self, name, delay):
+        self.name, self.delay, self.calls = name, delay, 0
+
+    def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
+        return []
+
+    def na_forward(self, q, k, v, rpb, params):
+        self.calls += 1
+        time.sleep(self.delay)
+        return super().na_forward(q, k, v, rpb, params)
+
+
+@pytest.fixture
+def two_backends(monkeypatch, tmp_path):
+    slow, fast = Timed("slow", 0.02), Timed("fast", 0.0)
+    monkeypatch.setitem(BACKENDS, "slow", slow)
+    monkeypatch.setitem(BACKENDS, "fast", fast)
+    # the slow one first in the automatic order: only a measurement picks the fast one
+    monkeypatch.setattr("nattn.backends.AUTO_ORDER", ["slow", "fast"] + list(AUTO_ORDER))
+    monkeypatch.setitem(autotune._state, "errors", {})
+    autotune.enable(True, cache_path=str(tmp_path / "tune.json"))
+    yield slow, fast
+    autotune.enable(False, cache_path="")
+    autotune._state["path"] = None
+    autotune._state["results"] = None
+
+
+def problem(size=12, kernel=5):
+    q, k, v = (torch.randn(1, size, size, 2, 8) for _ in range(3))
+    return q, k, v, normalize(q, k, v, 2, kernel)
+
+
+def test_fastest_wins_and_is_measured_once(two_backends):
+    slow, fast = two_backends
+    q, k, v, p = problem()
+    assert choose_na_backend(q, k, v, None, p) == "fast"
+    calls = (slow.calls, fast.calls)
+    assert calls == (1 + autotune.REPEATS, 1 + autotune.REPEATS)  # warm-up + repeats each
+    assert choose_na_backend(q, k, v, None, p) == "fast"
+    assert (slow.calls, fast.calls) == calls  # cached
+    (entry,) = autotune.results().values()
+    assert entry["backend"] == "fast" and entry["ms"]["slow"] > entry["ms"]["fast"]
+    q2, k2, v2, p2 = problem(size=14)  # another signature is measured again
+    assert choose_na_backend(q2, k2, v2, None, p2) == "fast" and slow.calls > calls[0]
+
+
+def test_results_persist_in_the_cache_file(two_backends, tmp_path):
+    slow, _ = two_backends
+    q, k, v, p = problem()
+    choose_na_backend(q, k, v, None, p)
+    saved = json.loads((tmp_path / "tune.json").read_text())
+    assert [e["backend"] for e in saved.values()] == ["fast"]
+    autotune.enable(True, cache_path=str(tmp_path / "tune.json"))  # a new process would load it
+    before = slow.calls
+    assert choose_na_backend(q, k, v, None, p) == "fast" and slow.calls == before
+
+
+def test_explicit_backend_and_disabled_tuning_are_not_measured(two_backends):
+    slow, fast = two_backends
+    q, k, v, p = problem()
+    assert choose_na_backend(q, k, v, None, p, "slow") == "slow"
+    autotune.enable(False)
+    assert choose_na_backend(q, k, v, None, p) == "slow"  # the usual order
+    assert slow.calls == 0 and fast.calls == 0
+
+
+def test_not_tuned_while_compiling(two_backends, monkeypatch):
+    slow, fast = two_backends
+    q, k, v, p = problem()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert choose_na_backend(q, k, v, None, p) == "slow" and slow.calls == fast.calls == 0
+
+
+def test_a_failing_backend_is_skipped_and_reported(two_backends, monkeypatch):
+    slow, fast = two_backends
+
+    def broken(*args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(fast, "na_forward", broken)
+    q, k, v, p = problem()
+    assert choose_na_backend(q, k, v, None, p) == "slow"
+    assert any("boom" in why for why in autotune.errors().values())
+
+
+def test_results_match_the_reference_through_the_public_api(two_backends):
+    q, k, v, _ = problem()
+    out = nattn.na2d(q, k, v, 5)
+    torch.testing.assert_close(out, nattn.na2d(q, k, v, 5, backend="reference"))
