@@ -53,5 +53,7 @@ def test_tensor_core_problems_keep_cuda_up_to_their_limit(monkeypatch):
     assert na_auto_order(ORDER, half_q, params((2048,))) == ["flex", "cuda", "reference"]
     wide_q = SimpleNamespace(device=half_q.device, dtype=torch.bfloat16, shape=(1, 8, 8, 2, 256))
     assert na_auto_order(ORDER, wide_q, params((13, 13))) == ["flex", "cuda", "reference"]
+    wide_v = SimpleNamespace(shape=(1, 8, 8, 2, 192))  # D_v > 128: libnattn runs SIMT
+    assert na_auto_order(ORDER, half_q, params((13, 13)), wide_v) == ["flex", "cuda", "reference"]
     monkeypatch.setattr(heuristics, "_capability_major", lambda index: 7)  # no mma.sync bf16
     assert na_auto_order(ORDER, half_q, params((13, 13))) == ["flex", "cuda", "reference"]

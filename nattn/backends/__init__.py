@@ -72,14 +72,14 @@ def _choose(requested, reasons_of, auto_order=None) -> str:
 
 def choose_na_backend(q, k, v, rpb, params, requested: Optional[str] = None) -> str:
     if requested in (None, "auto") and autotune.active(q):  # measured dispatch (opt-in)
-        ok = [n for n in na_auto_order(AUTO_ORDER, q, params)
+        ok = [n for n in na_auto_order(AUTO_ORDER, q, params, v)
               if not BACKENDS[n].na_not_supported_reasons(q, k, v, rpb, params, False)]
         if ok:
             return autotune.choose(ok, BACKENDS, q, k, v, rpb, params)
     return _choose(
         requested,
         lambda b, explicit: b.na_not_supported_reasons(q, k, v, rpb, params, explicit),
-        lambda: na_auto_order(AUTO_ORDER, q, params),
+        lambda: na_auto_order(AUTO_ORDER, q, params, v),
     )
 
 

@@ -35,18 +35,19 @@ def _capability_major(index) -> int:
         return 0
 
 
-def runs_tensor_cores(q) -> bool:
-    """Would libnattn run this query on its tensor-core family (fp16/bf16, D <= 128, SM80+)?"""
-    if getattr(q, "dtype", None) not in TC_DTYPES or q.shape[-1] > TC_MAX_HEAD_DIM:
+def runs_tensor_cores(q, v=None) -> bool:
+    """Would libnattn run this problem on its tensor-core family (fp16/bf16, D and D_v <= 128, SM80+)?"""
+    dim = max(q.shape[-1], v.shape[-1]) if v is not None else q.shape[-1]
+    if getattr(q, "dtype", None) not in TC_DTYPES or dim > TC_MAX_HEAD_DIM:
         return False
     return _capability_major(q.device.index or 0) >= 8
 
 
-def na_auto_order(order: Sequence[str], q, params: NAParams) -> List[str]:
+def na_auto_order(order: Sequence[str], q, params: NAParams, v=None) -> List[str]:
     """The registered automatic order, adjusted for this problem (fastest first)."""
     order = list(order)
     if q.device.type == "cuda" and "cuda" in order and "flex" in order:
-        limit = TC_MAX_WINDOW if runs_tensor_cores(q) else SIMT_MAX_WINDOW
+        limit = TC_MAX_WINDOW if runs_tensor_cores(q, v) else SIMT_MAX_WINDOW
         if params.window_size > limit:
             order.remove("flex")
             order.insert(order.index("cuda"), "flex")
