@@ -10,6 +10,7 @@
 #pragma once
 #include <math.h>
 
+#include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
 #include "nattn/common/vec.cuh"
 #include "nattn/common/window.cuh"
@@ -348,10 +349,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
   const int hkv = blockIdx.y, b = blockIdx.z;
   const bool stage = p.rpb != nullptr && p.rpb_in_smem;
   const int64_t smem_len = int64_t(p.groups) * p.rpb_head_size;
-  if (stage) {
-    for (int64_t i = threadIdx.x; i < smem_len; i += blockDim.x) drpb_smem[i] = 0.f;
-    __syncthreads();
-  }
+  if (stage) drpb_stage_begin(drpb_smem, smem_len);
   if (kj < p.tokens) {  // no early return: the block meets again at the dRPB flush
     const unsigned mask = group_mask<TPQ>();
     const int ch = lane * C;
@@ -434,12 +432,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
       store_channels<C>(static_cast<T*>(p.dv) + int64_t(b) * p.dv_s[0] + token_offset<NA>(c, p.dv_s) +
                             int64_t(hkv) * p.dv_s[4] + ch, dv, ch, p.dim_v);
   }
-  if (stage) {
-    __syncthreads();
-    float* dst = p.drpb + int64_t(hkv) * p.groups * p.rpb_head_size;
-    for (int64_t i = threadIdx.x; i < smem_len; i += blockDim.x)
-      if (drpb_smem[i] != 0.f) atomicAdd(dst + i, drpb_smem[i]);
-  }
+  if (stage) drpb_stage_flush(p, hkv, drpb_smem, smem_len);
 }
 
 // ------------------------------------------------------------------------- launchers
@@ -450,17 +443,14 @@ void launch_forward(const Params& p, cudaStream_t stream) {
   forward_kernel<T, NA, HD><<<grid, kThreads, 0, stream>>>(p);
 }
 
-// Shared memory for staging dRPB; larger tables go straight to global atomics.
-constexpr int64_t kMaxRpbSmemBytes = 48 * 1024;
-
 template <typename T, int NA, int HD>
 void launch_backward(const Params& p, cudaStream_t stream) {
   constexpr int QPB = kThreads / tpq<HD>();
   const unsigned blocks = unsigned((p.tokens + QPB - 1) / QPB);
   backward_dq_kernel<T, NA, HD><<<dim3(blocks, p.heads, p.batch), kThreads, 0, stream>>>(p);
   Params pk = p;
-  const int64_t smem = int64_t(p.groups) * p.rpb_head_size * int64_t(sizeof(float));
-  pk.rpb_in_smem = p.rpb != nullptr && smem <= kMaxRpbSmemBytes;
+  const int64_t smem = drpb_stage_bytes(p);  // larger tables go straight to global atomics
+  pk.rpb_in_smem = smem > 0;
   backward_dkv_kernel<T, NA, HD><<<dim3(blocks, p.heads_kv, p.batch), kThreads,
                                    pk.rpb_in_smem ? size_t(smem) : 0, stream>>>(pk);
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
 #include "nattn/common/tiling.cuh"
 #include "nattn/common/window.cuh"
@@ -160,6 +161,63 @@ __device__ __forceinline__ bool in_last(const AxisRange* w, int c) {
   return unsigned(c - w[NA - 1].start) < unsigned(w[NA - 1].count);
 }
 
+// The K/V side of a query box's walk, shared by the forward and the dQ pass: the union's
+// chunks, staging chunk ci's K and V tiles into stage ci & 1 of the warp's buffer (cp.async),
+// and, per chunk, whether its line lies in each row's window and the rows' RPB index parts.
+template <typename T, int NA, int HD>
+struct KVWalk {
+  static constexpr int A = NA - 1;
+  const Params& p;
+  const Rows<NA, false>& rw;
+  const int *g, *rmult;
+  const AxisRange* u;
+  uint16_t* buf;
+  int lane;
+  const T *Kb, *Vb;
+  int64_t kstep, vstep;
+  int uend, per_line, chunks;
+
+  __device__ __forceinline__ KVWalk(const Params& p_, const Rows<NA, false>& rw_, const int* g_, const int* rmult_,
+                                    const AxisRange* u_, uint16_t* buf_, int lane_, int b, int hkv)
+      : p(p_), rw(rw_), g(g_), rmult(rmult_), u(u_), buf(buf_), lane(lane_) {
+    Kb = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
+    Vb = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
+    kstep = int64_t(p.dilation[A]) * p.k_s[1 + A];
+    vstep = int64_t(p.dilation[A]) * p.v_s[1 + A];
+    uend = u[A].start + u[A].count;
+    per_line = (u[A].count + CW - 1) / CW;
+    chunks = leading_lines<NA>(u) * per_line;
+  }
+  __device__ __forceinline__ int cs(int ci) const { return u[A].start + (ci % per_line) * CW; }
+  __device__ __forceinline__ int count(int ci) const { return nattn_min(CW, uend - cs(ci)); }
+  __device__ __forceinline__ const uint16_t* tile(int ci) const { return buf + (ci & 1) * 2 * Layout<HD>::TILE; }
+
+  __device__ __forceinline__ void issue(int ci) const {
+    const Line ln = line_at<NA, false>(p, ci / per_line, u, rw.win[0], g, rw.ig[0], rmult, p.k_s, p.v_s);
+    const int n = count(ci);
+    const int64_t c0 = int64_t(cs(ci)) * p.dilation[A] + g[A];
+    uint16_t* sK = buf + (ci & 1) * 2 * Layout<HD>::TILE;
+    stage_async<T, HD>(sK, Kb, ln.off0 + c0 * p.k_s[1 + A], kstep, n, p.dim, lane);
+    stage_async<T, HD>(sK + Layout<HD>::TILE, Vb, ln.off1 + c0 * p.v_s[1 + A], vstep, n, p.dim_v, lane);
+    cp_async_commit();
+  }
+  // Chunk ci is in shared memory for the whole warp (chunk ci + 1 is on its way).
+  __device__ __forceinline__ void arrive(int ci) const {
+    if (ci + 1 < chunks) {
+      issue(ci + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncwarp();
+  }
+  __device__ __forceinline__ void lines(int ci, Line* ln) const {
+    const int li = ci / per_line;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) ln[r] = line_at<NA, false>(p, li, u, rw.win[r], g, rw.ig[r], rmult, p.k_s, p.v_s);
+  }
+};
+
 // ------------------------------------------------------------------------- forward
 template <typename T, int NA, int HD>
 __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
@@ -184,24 +242,9 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
     load_a<HD>(qa, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
                p.dim, tq);
   }
-  const T* Kb = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
-  const T* Vb = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
-  const int64_t kstep = int64_t(p.dilation[A]) * p.k_s[1 + A], vstep = int64_t(p.dilation[A]) * p.v_s[1 + A];
+  const KVWalk<T, NA, HD> walk(p, rw, g, rmult, u, buf, lane, b, hkv);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
   const int rlast[2] = {p.kernel[A] - 1 - rw.ig[0][A], p.kernel[A] - 1 - rw.ig[1][A]};
-  const int uend = u[A].start + u[A].count, per_line = (u[A].count + CW - 1) / CW;
-  const int chunks = leading_lines<NA>(u) * per_line;
-
-  auto issue = [&](int ci) {
-    const int cs = u[A].start + (ci % per_line) * CW;
-    const Line ln = line_at<NA, false>(p, ci / per_line, u, rw.win[0], g, rw.ig[0], rmult, p.k_s, p.v_s);
-    const int n = nattn_min(CW, uend - cs);
-    const int64_t c0 = int64_t(cs) * p.dilation[A] + g[A];
-    uint16_t* sK = buf + (ci & 1) * 2 * Lt::TILE;
-    stage_async<T, HD>(sK, Kb, ln.off0 + c0 * p.k_s[1 + A], kstep, n, p.dim, lane);
-    stage_async<T, HD>(sK + Lt::TILE, Vb, ln.off1 + c0 * p.v_s[1 + A], vstep, n, p.dim_v, lane);
-    cp_async_commit();
-  };
 
   float o[NT][4];
 #pragma unroll
@@ -209,20 +252,13 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  if (chunks > 0) issue(0);
-  for (int ci = 0; ci < chunks; ++ci) {
-    if (ci + 1 < chunks) {
-      issue(ci + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncwarp();
-    const uint16_t* sK = buf + (ci & 1) * 2 * Lt::TILE;
-    const int li = ci / per_line, cs = u[A].start + (ci % per_line) * CW, n = nattn_min(CW, uend - cs);
+  if (walk.chunks > 0) walk.issue(0);
+  for (int ci = 0; ci < walk.chunks; ++ci) {
+    walk.arrive(ci);
+    const uint16_t* sK = walk.tile(ci);
+    const int cs = walk.cs(ci), n = walk.count(ci);
     Line ln[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) ln[r] = line_at<NA, false>(p, li, u, rw.win[r], g, rw.ig[r], rmult, p.k_s, p.v_s);
+    walk.lines(ci, ln);
     float s[2][4];
     mma_rows_t<T, HD>(s, qa, sK, lane);
     float mx[2] = {-INFINITY, -INFINITY};
@@ -324,44 +360,22 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
       if (tq == 0 && rw.ok[r]) p.delta[row] = delta[r];
     }
   }
-  const T* Kb = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
-  const T* Vb = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
-  const int64_t kstep = int64_t(p.dilation[A]) * p.k_s[1 + A], vstep = int64_t(p.dilation[A]) * p.v_s[1 + A];
+  const KVWalk<T, NA, HD> walk(p, rw, g, rmult, u, buf, lane, b, hkv);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
   const int rlast[2] = {p.kernel[A] - 1 - rw.ig[0][A], p.kernel[A] - 1 - rw.ig[1][A]};
-  const int uend = u[A].start + u[A].count, per_line = (u[A].count + CW - 1) / CW;
-  const int chunks = leading_lines<NA>(u) * per_line;
-
-  auto issue = [&](int ci) {
-    const int cs = u[A].start + (ci % per_line) * CW;
-    const Line ln = line_at<NA, false>(p, ci / per_line, u, rw.win[0], g, rw.ig[0], rmult, p.k_s, p.v_s);
-    const int n = nattn_min(CW, uend - cs);
-    const int64_t c0 = int64_t(cs) * p.dilation[A] + g[A];
-    uint16_t* sK = buf + (ci & 1) * 2 * Lt::TILE;
-    stage_async<T, HD>(sK, Kb, ln.off0 + c0 * p.k_s[1 + A], kstep, n, p.dim, lane);
-    stage_async<T, HD>(sK + Lt::TILE, Vb, ln.off1 + c0 * p.v_s[1 + A], vstep, n, p.dim_v, lane);
-    cp_async_commit();
-  };
 
   float dq[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[nt][e] = 0.f;
-  if (chunks > 0) issue(0);
-  for (int ci = 0; ci < chunks; ++ci) {
-    if (ci + 1 < chunks) {
-      issue(ci + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncwarp();
-    const uint16_t* sK = buf + (ci & 1) * 2 * Lt::TILE;
-    const int li = ci / per_line, cs = u[A].start + (ci % per_line) * CW, n = nattn_min(CW, uend - cs);
+  if (walk.chunks > 0) walk.issue(0);
+  for (int ci = 0; ci < walk.chunks; ++ci) {
+    walk.arrive(ci);
+    const uint16_t* sK = walk.tile(ci);
+    const int cs = walk.cs(ci), n = walk.count(ci);
     Line ln[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) ln[r] = line_at<NA, false>(p, li, u, rw.win[r], g, rw.ig[r], rmult, p.k_s, p.v_s);
+    walk.lines(ci, ln);
     float s[2][4], dp[2][4];
     mma_rows_t<T, HD>(s, qa, sK, lane);
     mma_rows_t<T, HD>(dp, da, sK + Lt::TILE, lane);
@@ -405,10 +419,7 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dkv_kernel(const Params 
   const int hkv = blockIdx.y, b = blockIdx.z;
   const bool stage_rpb = p.rpb != nullptr && p.rpb_in_smem;
   const int64_t smem_len = int64_t(p.groups) * p.rpb_head_size;
-  if (stage_rpb) {
-    for (int64_t i = threadIdx.x; i < smem_len; i += blockDim.x) drpb_smem[i] = 0.f;
-    __syncthreads();
-  }
+  if (stage_rpb) drpb_stage_begin(drpb_smem, smem_len);
   int g[3], L[3], first[3];
   // no early return: the block meets again at the dRPB flush
   if (warp_box<NA>(p, p.box, int64_t(blockIdx.x) * kWarps + warp, g, L, first)) {
@@ -510,12 +521,7 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dkv_kernel(const Params 
     store_rows<T, HD>(DV + spatial_offset<NA>(p, p.dv_s, rw.ig[0], g), DV + spatial_offset<NA>(p, p.dv_s, rw.ig[1], g),
                       rw.ok[0], rw.ok[1], dv, 1.f, 1.f, p.dim_v, tq);
   }
-  if (stage_rpb) {
-    __syncthreads();
-    float* dst = p.drpb + int64_t(hkv) * p.groups * p.rpb_head_size;
-    for (int64_t i = threadIdx.x; i < smem_len; i += blockDim.x)
-      if (drpb_smem[i] != 0.f) atomicAdd(dst + i, drpb_smem[i]);
-  }
+  if (stage_rpb) drpb_stage_flush(p, hkv, drpb_smem, smem_len);
 #endif
 }
 
@@ -532,9 +538,6 @@ template <int HD>
 constexpr size_t qkv_smem_bytes() {
   return size_t(kWarps) * 4 * Layout<HD>::TILE * 2;  // per warp: 2 stages x 2 tiles
 }
-
-// dRPB is staged in shared memory up to this size (a block must still fit on an SM80).
-constexpr int64_t kMaxRpbSmemBytes = 48 * 1024;
 
 // Box shape: the measured fixed shapes (16, 4x4, 2x2x4) unless NATTN_TC_BOX=model asks for
 // the per-problem key-slot model (common/tiling.cuh), kept opt-in until measured alone.
@@ -567,15 +570,15 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
   const int64_t warps = num_warps<NA>(p, p.box);
   const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
   constexpr size_t smem = qkv_smem_bytes<HD>();
-  constexpr size_t dkv_max = size_t(kWarps) * dkv_warp_bytes<HD>() + size_t(kMaxRpbSmemBytes);
+  constexpr size_t dkv_max = size_t(kWarps) * dkv_warp_bytes<HD>() + size_t(kMaxDrpbSmemBytes);
   static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD>, smem) &&
                               allow_smem(backward_dkv_kernel<T, NA, HD>, dkv_max);
   (void)allowed;
   backward_dq_kernel<T, NA, HD><<<dim3(blocks, p.heads, p.batch), kWarps * 32, smem, stream>>>(p);
   Params pk = p;
-  const int64_t rpb_bytes = int64_t(p.groups) * p.rpb_head_size * int64_t(sizeof(float));
-  pk.rpb_in_smem = p.rpb != nullptr && rpb_bytes <= kMaxRpbSmemBytes;
-  const size_t dkv_smem = size_t(kWarps) * dkv_warp_bytes<HD>() + (pk.rpb_in_smem ? size_t(rpb_bytes) : 0);
+  const int64_t rpb_bytes = drpb_stage_bytes(p);
+  pk.rpb_in_smem = rpb_bytes > 0;
+  const size_t dkv_smem = size_t(kWarps) * dkv_warp_bytes<HD>() + size_t(rpb_bytes);
   backward_dkv_kernel<T, NA, HD><<<dim3(blocks, p.heads_kv, p.batch), kWarps * 32, dkv_smem, stream>>>(pk);
 }
 
