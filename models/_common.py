@@ -53,6 +53,17 @@ class NABlock(nn.Module):
         return x + self.drop_path(y if self.gamma2 is None else self.gamma2 * y)
 
 
+def block_dilations(depths, num_heads, dilations) -> List[List[int]]:
+    """Per-block dilations (default: 1 everywhere), checked against the stage layout."""
+    if len(depths) != len(num_heads):
+        raise ValueError(f"depths {depths} and num_heads {num_heads} must have one entry per stage")
+    if dilations is None:
+        return [[1] * d for d in depths]
+    if [len(d) for d in dilations] != list(depths):
+        raise ValueError(f"dilations must give one dilation per block, got {dilations} for depths {depths}")
+    return dilations
+
+
 def drop_path_rates(depths: List[int], rate: float) -> List[List[float]]:
     """Stochastic depth rising linearly over all blocks, split per stage."""
     total = sum(depths)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NAStage, create, drop_path_rates, rename_stages
+from ._common import ChannelsLastBackbone, NAStage, block_dilations, create, drop_path_rates, rename_stages
 from .nat import _cfg, dinat_dilations
 
 __all__ = ["DiNAT_s", "checkpoint_filter_fn"]
@@ -64,10 +64,7 @@ class DiNAT_s(ChannelsLastBackbone):
         backend: Optional[str] = None,
     ):
         super().__init__()
-        if dilations is None:
-            dilations = [[1] * d for d in depths]
-        if len(depths) != len(num_heads) or [len(d) for d in dilations] != list(depths):
-            raise ValueError(f"depths {depths}, num_heads {num_heads} and dilations {dilations} disagree")
+        dilations = block_dilations(depths, num_heads, dilations)
         self.num_classes = num_classes
         self.global_pool = global_pool
         dims = [embed_dim * 2 ** i for i in range(len(depths))]

@@ -15,7 +15,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NAStage, create, drop_path_rates, rename_stages
+from ._common import ChannelsLastBackbone, NAStage, block_dilations, create, drop_path_rates, rename_stages
 
 __all__ = ["NAT", "checkpoint_filter_fn"]
 
@@ -59,12 +59,7 @@ class NAT(ChannelsLastBackbone):
         layer_scale: Optional[float] = None, norm_layer=nn.LayerNorm, backend: Optional[str] = None,
     ):
         super().__init__()
-        if len(depths) != len(num_heads):
-            raise ValueError(f"depths {depths} and num_heads {num_heads} must have one entry per stage")
-        if dilations is None:
-            dilations = [[1] * d for d in depths]
-        if [len(d) for d in dilations] != list(depths):
-            raise ValueError(f"dilations must give one dilation per block, got {dilations} for depths {depths}")
+        dilations = block_dilations(depths, num_heads, dilations)
         self.num_classes = num_classes
         self.global_pool = global_pool
         dims = [embed_dim * 2 ** i for i in range(len(depths))]

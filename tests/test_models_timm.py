@@ -258,3 +258,11 @@ def test_import_nattn_without_timm():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "torch.Size([1, 5, 8])" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["nat_mini", "dinat_s_tiny", "dinat_video_tiny"])
+def test_stage_layout_errors_name_the_arguments(name):
+    with pytest.raises(ValueError, match=r"depths .* and num_heads .* must have one entry per stage"):
+        timm.create_model(name, depths=(2, 2), num_heads=(2, 4, 8))
+    with pytest.raises(ValueError, match=r"dilations must give one dilation per block"):
+        timm.create_model(name, depths=(1, 1, 1, 1), dilations=[[1], [1], [1], [1, 2]])
