@@ -17,9 +17,10 @@ class Timed(ReferenceBackend):
     """The reference math behind another name, slowed down by a fixed delay per forward."""
 
     def __init__(self, name, delay):
-        self.name, self.delay, self.calls = name, delay, 0
+        self.name, self.delay, self.calls, self.checks = name, delay, 0, 0
 
     def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
+        self.checks += 1
         return []
 
     def na_forward(self, q, k, v, rpb, params):
@@ -54,8 +55,10 @@ def test_fastest_wins_and_is_measured_once(two_backends):
     assert choose_na_backend(q, k, v, None, p) == "fast"
     calls = (slow.calls, fast.calls)
     assert calls == (1 + autotune.REPEATS, 1 + autotune.REPEATS)  # warm-up + repeats each
+    slow.checks = fast.checks = 0
     assert choose_na_backend(q, k, v, None, p) == "fast"
     assert (slow.calls, fast.calls) == calls  # cached
+    assert (slow.checks, fast.checks) == (0, 1)  # a hit checks only the winner
     (entry,) = autotune.results().values()
     assert entry["backend"] == "fast" and entry["ms"]["slow"] > entry["ms"]["fast"]
     q2, k2, v2, p2 = problem(size=14)  # another signature is measured again

@@ -72,6 +72,9 @@ def _choose(requested, reasons_of, auto_order=None) -> str:
 
 def choose_na_backend(q, k, v, rpb, params, requested: Optional[str] = None) -> str:
     if requested in (None, "auto") and autotune.active(q):  # measured dispatch (opt-in)
+        best = autotune.measured(q, k, v, rpb, params)
+        if best in BACKENDS and not BACKENDS[best].na_not_supported_reasons(q, k, v, rpb, params, False):
+            return best  # one check per call, as on the heuristic path
         ok = [n for n in na_auto_order(AUTO_ORDER, q, params, v)
               if not BACKENDS[n].na_not_supported_reasons(q, k, v, rpb, params, False)]
         if ok:
