@@ -80,10 +80,15 @@ static void check_problem(const Params& p, const int* box) {
       served[me] += 1;
       CHECK(spatial_offset<NA>(p, s, ig, g) == me, "spatial_offset != token index");
       std::fill(seen.begin(), seen.end(), 0);
+      ChunkCursor<NA> cur(u);  // the kernels' walk: counters, no divisions
       for (int ci = 0; ci < chunks; ++ci) {
-        const int cs = u[A].start + (ci % per_line) * kChunk, n = nattn_min(kChunk, uend - cs);
-        const Line ln = line_at<NA, kInverse>(p, ci / per_line, u, win, g, ig, rmult, s, s);
-        CHECK(ln.off0 == ln.tok && ln.off1 == ln.tok, "line offsets != leading token index");
+        const int cs = cur.cs, n = nattn_min(kChunk, uend - cs);
+        CHECK(cs == u[A].start + (ci % per_line) * kChunk, "cursor chunk %d starts at %d", ci, cs);
+        const LineOffsets lo = line_offsets<NA>(p, cur.r, g, s, s);
+        const RowLine rl = row_line<NA, kInverse>(p, cur.r, win, ig, rmult);
+        struct { bool ok; int rpb; int64_t tok; } ln{rl.ok, rl.rpb, lo.tok};
+        cur.next(u, kChunk);
+        CHECK(lo.off0 == lo.tok && lo.off1 == lo.tok, "line offsets != leading token index");
         const int64_t c0 = int64_t(cs) * p.dilation[A] + g[A];
         for (int j = 0; j < kChunk; ++j) {
           const int kc = cs + j;

@@ -141,36 +141,69 @@ NATTN_HD void box_union(const Params& p, const int* box, const int* first, const
   }
 }
 
-// One line of the union (fixed leading coordinates): whether it lies in the lane's
-// ranges, the K/V (Q/dO) offsets of its first token, the RPB index part of the leading
-// axes and the token index part (row-major) of the leading axes.
-struct Line {
-  bool ok;
-  int rpb;
+// A line of the union: fixed leading coordinates r[0..NA-2] (group coordinates). Its memory
+// offsets and row-major token index are the same for every row of the box; whether it lies
+// in a row's window (inverse window) and that row's RPB index part are per row.
+struct LineOffsets {
   int64_t off0, off1, tok;
 };
 
-template <int NA, bool kInverse>
-NATTN_HD Line line_at(const Params& p, int li, const AxisRange* u, const AxisRange* mine,
-                                        const int* g, const int* ig, const int* rmult, const int64_t* s0,
-                                        const int64_t* s1) {
-  Line ln{true, 0, 0, 0, 0};
+template <int NA>
+NATTN_HD LineOffsets line_offsets(const Params& p, const int* r, const int* g, const int64_t* s0,
+                                  const int64_t* s1) {
+  LineOffsets lo{0, 0, 0};
   int64_t tmult = p.spatial[NA - 1];
 #pragma unroll
   for (int a = NA - 2; a >= 0; --a) {
-    const int r = u[a].start + li % u[a].count;
-    li /= u[a].count;
-    ln.ok = ln.ok && unsigned(r - mine[a].start) < unsigned(mine[a].count);
-    const int64_t c = int64_t(r) * p.dilation[a] + g[a];
-    ln.off0 += c * s0[1 + a];
-    ln.off1 += c * s1[1 + a];
-    ln.tok += c * tmult;
+    const int64_t c = int64_t(r[a]) * p.dilation[a] + g[a];
+    lo.off0 += c * s0[1 + a];
+    lo.off1 += c * s1[1 + a];
+    lo.tok += c * tmult;
     tmult *= p.spatial[a];
-    // RPB slot on this axis: key - query + k - 1
-    ln.rpb += ((kInverse ? ig[a] - r : r - ig[a]) + p.kernel[a] - 1) * rmult[a];
   }
-  return ln;
+  return lo;
 }
+
+struct RowLine {
+  bool ok;
+  int rpb;
+};
+
+template <int NA, bool kInverse>
+NATTN_HD RowLine row_line(const Params& p, const int* r, const AxisRange* mine, const int* ig, const int* rmult) {
+  RowLine rl{true, 0};
+#pragma unroll
+  for (int a = 0; a < NA - 1; ++a) {
+    rl.ok = rl.ok && unsigned(r[a] - mine[a].start) < unsigned(mine[a].count);
+    // RPB slot on this axis: key - query + k - 1
+    rl.rpb += ((kInverse ? ig[a] - r[a] : r[a] - ig[a]) + p.kernel[a] - 1) * rmult[a];
+  }
+  return rl;
+}
+
+// Walks a union chunk by chunk, line-major, `chunk` tokens along the last axis, with
+// counters only (no divisions per chunk): r is the current line, cs its chunk's first
+// last-axis coordinate.
+template <int NA>
+struct ChunkCursor {
+  int r[3], cs;
+
+  NATTN_HD explicit ChunkCursor(const AxisRange* u) {
+#pragma unroll
+    for (int a = 0; a < 3; ++a) r[a] = a < NA - 1 ? u[a].start : 0;
+    cs = u[NA - 1].start;
+  }
+  NATTN_HD void next(const AxisRange* u, int chunk) {
+    cs += chunk;
+    if (cs < u[NA - 1].start + u[NA - 1].count) return;
+    cs = u[NA - 1].start;
+#pragma unroll
+    for (int a = NA - 2; a >= 0; --a) {
+      if (++r[a] < u[a].start + u[a].count) return;
+      r[a] = u[a].start;
+    }
+  }
+};
 
 template <int NA>
 NATTN_HD int leading_lines(const AxisRange* u) {

@@ -175,34 +175,34 @@ struct KVWalk {
   int lane;
   const T *Kb, *Vb;
   int64_t kstep, vstep;
-  int uend, per_line, chunks;
+  int uend, chunks;
+  ChunkCursor<NA> icur, ccur;  // the chunk being staged (one ahead) and the one computed
 
   __device__ __forceinline__ KVWalk(const Params& p_, const Rows<NA, false>& rw_, const int* g_, const int* rmult_,
                                     const AxisRange* u_, uint16_t* buf_, int lane_, int b, int hkv)
-      : p(p_), rw(rw_), g(g_), rmult(rmult_), u(u_), buf(buf_), lane(lane_) {
+      : p(p_), rw(rw_), g(g_), rmult(rmult_), u(u_), buf(buf_), lane(lane_), icur(u_), ccur(u_) {
     Kb = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
     Vb = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
     kstep = int64_t(p.dilation[A]) * p.k_s[1 + A];
     vstep = int64_t(p.dilation[A]) * p.v_s[1 + A];
     uend = u[A].start + u[A].count;
-    per_line = (u[A].count + CW - 1) / CW;
-    chunks = leading_lines<NA>(u) * per_line;
+    chunks = leading_lines<NA>(u) * ((u[A].count + CW - 1) / CW);
   }
-  __device__ __forceinline__ int cs(int ci) const { return u[A].start + (ci % per_line) * CW; }
-  __device__ __forceinline__ int count(int ci) const { return nattn_min(CW, uend - cs(ci)); }
   __device__ __forceinline__ const uint16_t* tile(int ci) const { return buf + (ci & 1) * 2 * Layout<HD>::TILE; }
 
-  __device__ __forceinline__ void issue(int ci) const {
-    const Line ln = line_at<NA, false>(p, ci / per_line, u, rw.win[0], g, rw.ig[0], rmult, p.k_s, p.v_s);
-    const int n = count(ci);
-    const int64_t c0 = int64_t(cs(ci)) * p.dilation[A] + g[A];
+  // Stages the next chunk (ci, in walk order) into stage ci & 1.
+  __device__ __forceinline__ void issue(int ci) {
+    const LineOffsets lo = line_offsets<NA>(p, icur.r, g, p.k_s, p.v_s);
+    const int n = nattn_min(CW, uend - icur.cs);
+    const int64_t c0 = int64_t(icur.cs) * p.dilation[A] + g[A];
     uint16_t* sK = buf + (ci & 1) * 2 * Layout<HD>::TILE;
-    stage_async<T, HD>(sK, Kb, ln.off0 + c0 * p.k_s[1 + A], kstep, n, p.dim, lane);
-    stage_async<T, HD>(sK + Layout<HD>::TILE, Vb, ln.off1 + c0 * p.v_s[1 + A], vstep, n, p.dim_v, lane);
+    stage_async<T, HD>(sK, Kb, lo.off0 + c0 * p.k_s[1 + A], kstep, n, p.dim, lane);
+    stage_async<T, HD>(sK + Layout<HD>::TILE, Vb, lo.off1 + c0 * p.v_s[1 + A], vstep, n, p.dim_v, lane);
     cp_async_commit();
+    icur.next(u, CW);
   }
   // Chunk ci is in shared memory for the whole warp (chunk ci + 1 is on its way).
-  __device__ __forceinline__ void arrive(int ci) const {
+  __device__ __forceinline__ void arrive(int ci) {
     if (ci + 1 < chunks) {
       issue(ci + 1);
       cp_async_wait<1>();
@@ -211,10 +211,14 @@ struct KVWalk {
     }
     __syncwarp();
   }
-  __device__ __forceinline__ void lines(int ci, Line* ln) const {
-    const int li = ci / per_line;
+  // The computed chunk's first last-axis coordinate, token count and the rows' line tests;
+  // then moves on to the next chunk.
+  __device__ __forceinline__ void take(int& cs, int& n, RowLine* ln) {
+    cs = ccur.cs;
+    n = nattn_min(CW, uend - cs);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) ln[r] = line_at<NA, false>(p, li, u, rw.win[r], g, rw.ig[r], rmult, p.k_s, p.v_s);
+    for (int r = 0; r < 2; ++r) ln[r] = row_line<NA, false>(p, ccur.r, rw.win[r], rw.ig[r], rmult);
+    ccur.next(u, CW);
   }
 };
 
@@ -242,7 +246,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
     load_a<HD>(qa, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
                p.dim, tq);
   }
-  const KVWalk<T, NA, HD> walk(p, rw, g, rmult, u, buf, lane, b, hkv);
+  KVWalk<T, NA, HD> walk(p, rw, g, rmult, u, buf, lane, b, hkv);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
   const int rlast[2] = {p.kernel[A] - 1 - rw.ig[0][A], p.kernel[A] - 1 - rw.ig[1][A]};
 
@@ -256,9 +260,9 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
   for (int ci = 0; ci < walk.chunks; ++ci) {
     walk.arrive(ci);
     const uint16_t* sK = walk.tile(ci);
-    const int cs = walk.cs(ci), n = walk.count(ci);
-    Line ln[2];
-    walk.lines(ci, ln);
+    int cs, n;
+    RowLine ln[2];
+    walk.take(cs, n, ln);
     float s[2][4];
     mma_rows_t<T, HD>(s, qa, sK, lane);
     float mx[2] = {-INFINITY, -INFINITY};
@@ -274,18 +278,20 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
         mx[r] = fmaxf(mx[r], s[nt][e]);
       }
     float ref[2];
+    float corr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float mn = fmaxf(m[r], quad_max(mx[r]));
       ref[r] = mn == -INFINITY ? 0.f : mn;
-      const float corr = exp2f(m[r] - ref[r]);  // 0 while nothing was seen
+      corr[r] = exp2f(m[r] - ref[r]);  // 0 while nothing was seen, 1 while the max holds
       m[r] = mn;
-      l[r] *= corr;
+      l[r] *= corr[r];
+    }
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {  // rescale only when a max grew
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        o[nt][2 * r] *= corr;
-        o[nt][2 * r + 1] *= corr;
-      }
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nt][e] *= corr[e >> 1];
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -360,7 +366,7 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
       if (tq == 0 && rw.ok[r]) p.delta[row] = delta[r];
     }
   }
-  const KVWalk<T, NA, HD> walk(p, rw, g, rmult, u, buf, lane, b, hkv);
+  KVWalk<T, NA, HD> walk(p, rw, g, rmult, u, buf, lane, b, hkv);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
   const int rlast[2] = {p.kernel[A] - 1 - rw.ig[0][A], p.kernel[A] - 1 - rw.ig[1][A]};
 
@@ -373,9 +379,9 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
   for (int ci = 0; ci < walk.chunks; ++ci) {
     walk.arrive(ci);
     const uint16_t* sK = walk.tile(ci);
-    const int cs = walk.cs(ci), n = walk.count(ci);
-    Line ln[2];
-    walk.lines(ci, ln);
+    int cs, n;
+    RowLine ln[2];
+    walk.take(cs, n, ln);
     float s[2][4], dp[2][4];
     mma_rows_t<T, HD>(s, qa, sK, lane);
     mma_rows_t<T, HD>(dp, da, sK + Lt::TILE, lane);
@@ -407,7 +413,7 @@ constexpr int dkv_warp_bytes() {
 }
 
 template <typename T, int NA, int HD>
-__global__ void __launch_bounds__(kWarps * 32) backward_dkv_kernel(const Params p) {
+__global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
   constexpr int A = NA - 1, KT = Lt::KT, NT = Lt::NT;
@@ -458,11 +464,13 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dkv_kernel(const Params 
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
       float* drpb = stage_rpb ? drpb_smem + int64_t(hg) * p.rpb_head_size
                               : (p.drpb ? p.drpb + int64_t(h) * p.rpb_head_size : nullptr);
+      ChunkCursor<NA> icur(u), ccur(u);  // the chunk being staged (one ahead) and the one computed
       auto issue = [&](int ci) {
-        const int cs = u[A].start + (ci % per_line) * CW;
-        const Line ln = line_at<NA, true>(p, ci / per_line, u, rw.win[0], g, rw.ig[0], rmult, p.q_s, p.grad_out_s);
+        const int cs = icur.cs;
+        const LineOffsets ln = line_offsets<NA>(p, icur.r, g, p.q_s, p.grad_out_s);
         const int n = nattn_min(CW, uend - cs);
         const int64_t c0 = int64_t(cs) * p.dilation[A] + g[A];
+        icur.next(u, CW);
         uint16_t* sQ = buf + (ci & 1) * 2 * Lt::TILE;
         stage_async<T, HD>(sQ, Qb, ln.off0 + c0 * p.q_s[1 + A], qstep, n, p.dim, lane);
         stage_async<T, HD>(sQ + Lt::TILE, Db, ln.off1 + c0 * p.grad_out_s[1 + A], dstep, n, p.dim_v, lane);
@@ -483,11 +491,11 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dkv_kernel(const Params 
         __syncwarp();
         const uint16_t* sQ = buf + (ci & 1) * 2 * Lt::TILE;
         const float* sL = sLD + (ci & 1) * 2 * CW;
-        const int li = ci / per_line, cs = u[A].start + (ci % per_line) * CW, n = nattn_min(CW, uend - cs);
-        Line ln[2];
+        const int cs = ccur.cs, n = nattn_min(CW, uend - cs);
+        RowLine ln[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-          ln[r] = line_at<NA, true>(p, li, u, rw.win[r], g, rw.ig[r], rmult, p.q_s, p.grad_out_s);
+        for (int r = 0; r < 2; ++r) ln[r] = row_line<NA, true>(p, ccur.r, rw.win[r], rw.ig[r], rmult);
+        ccur.next(u, CW);
         float s[2][4], dp[2][4];
         mma_rows_t<T, HD>(s, ka, sQ, lane);               // S^T: keys x queries
         mma_rows_t<T, HD>(dp, va, sQ + Lt::TILE, lane);   // dP^T
