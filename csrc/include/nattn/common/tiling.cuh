@@ -1,6 +1,6 @@
 // Warp tiles over the NA grid (the tensor-core family): a warp serves a box of tokens of
-// one dilation group; the box's window union is walked line by line (fixed leading
-// coordinates), with per-token window checks.
+// one dilation group and walks the union of their windows packed (row-major, chunks may
+// span line ends), with per-token window checks.
 #pragma once
 #include "nattn/common/registry.h"
 #include "nattn/common/window.cuh"
@@ -21,9 +21,9 @@ NATTN_HD void fixed_box(int* box) {
 }
 
 // The box of `tokens` tokens that needs the fewest staged key slots over the whole problem:
-// per warp, the union of its windows (leading axes x the last axis rounded up to chunks
-// of `chunk`), times the number of warps. 2-D 7x7 windows get 2x8 boxes, 13x13 ones 4x4,
-// 3-D 5x7x7 ones 1x2x8. Opt-in (NATTN_TC_BOX=model) until measured on its own: PERF.md run 4.
+// per warp, the union of its windows rounded up to whole chunks of `chunk` (the packed
+// walk below), times the number of warps. Ties go to the longer last-axis box (longer
+// contiguous runs). Opt-in (NATTN_TC_BOX=model) until measured on its own.
 inline void model_box(Params& p, int tokens, int chunk) {
   const int na = p.na_dim, A = na - 1;
   int best[3] = {1, 1, tokens};
@@ -34,13 +34,14 @@ inline void model_box(Params& p, int tokens, int chunk) {
       if (na == 1) { if (b0 > 1 || b1 > 1) continue; box[0] = tokens; }
       else if (na == 2) { if (b1 > 1) continue; box[0] = b0; box[1] = tokens / b0; }
       else { box[0] = b0; box[1] = b1; box[2] = tokens / (b0 * b1); }
-      double cost = 1;
+      double warps = 1;
+      int64_t slots = 1;
       for (int a = 0; a < na; ++a) {
         const int m = (p.spatial[a] + p.dilation[a] - 1) / p.dilation[a];
-        const int span = nattn_min(box[a] + p.kernel[a] - 1, m);
-        cost *= double((m + box[a] - 1) / box[a]);  // warps along the axis
-        cost *= a < A ? span : double((span + chunk - 1) / chunk) * chunk;
+        warps *= double((m + box[a] - 1) / box[a]);
+        slots *= nattn_min(box[a] + p.kernel[a] - 1, m);
       }
+      const double cost = warps * double((slots + chunk - 1) / chunk * chunk);
       // ties: the longer last-axis box (contiguous rows)
       if (best_cost < 0 || cost < best_cost || (cost == best_cost && box[A] > best[A])) {
         best_cost = cost;
@@ -141,76 +142,151 @@ NATTN_HD void box_union(const Params& p, const int* box, const int* first, const
   }
 }
 
-// A line of the union: fixed leading coordinates r[0..NA-2] (group coordinates). Its memory
-// offsets and row-major token index are the same for every row of the box; whether it lies
-// in a row's window (inverse window) and that row's RPB index part are per row.
-struct LineOffsets {
-  int64_t off0, off1, tok;
-};
-
+// The union walked packed: its tokens row-major (the last axis fastest), f = 0..size-1, cut
+// into chunks of consecutive f. A chunk may span line ends, so only the union's last chunk
+// is partly empty (a line-by-line walk pads every line to whole chunks: 10-token lines of a
+// 5x7x7 window in 16-token chunks wasted 38% of the work).
 template <int NA>
-NATTN_HD LineOffsets line_offsets(const Params& p, const int* r, const int* g, const int64_t* s0,
-                                  const int64_t* s1) {
-  LineOffsets lo{0, 0, 0};
-  int64_t tmult = p.spatial[NA - 1];
+NATTN_HD int union_size(const AxisRange* u) {
+  int n = 1;
 #pragma unroll
-  for (int a = NA - 2; a >= 0; --a) {
-    const int64_t c = int64_t(r[a]) * p.dilation[a] + g[a];
-    lo.off0 += c * s0[1 + a];
-    lo.off1 += c * s1[1 + a];
-    lo.tok += c * tmult;
-    tmult *= p.spatial[a];
-  }
-  return lo;
+  for (int a = 0; a < NA; ++a) n *= u[a].count;
+  return n;
 }
 
-struct RowLine {
-  bool ok;
-  int rpb;
-};
-
-template <int NA, bool kInverse>
-NATTN_HD RowLine row_line(const Params& p, const int* r, const AxisRange* mine, const int* ig, const int* rmult) {
-  RowLine rl{true, 0};
-#pragma unroll
-  for (int a = 0; a < NA - 1; ++a) {
-    rl.ok = rl.ok && unsigned(r[a] - mine[a].start) < unsigned(mine[a].count);
-    // RPB slot on this axis: key - query + k - 1
-    rl.rpb += ((kInverse ? ig[a] - r[a] : r[a] - ig[a]) + p.kernel[a] - 1) * rmult[a];
-  }
-  return rl;
-}
-
-// Walks a union chunk by chunk, line-major, `chunk` tokens along the last axis, with
-// counters only (no divisions per chunk): r is the current line, cs its chunk's first
-// last-axis coordinate.
+// One token of the packed walk: its group coordinates c, kept by counters (no divisions),
+// and its packed index f (past the union when f >= union_size).
 template <int NA>
-struct ChunkCursor {
-  int r[3], cs;
+struct UnionCursor {
+  int c[3], f;
 
-  NATTN_HD explicit ChunkCursor(const AxisRange* u) {
+  // The cursor at packed index f0 (a small offset: it is reached by stepping).
+  NATTN_HD UnionCursor(const AxisRange* u, int f0) : f(0) {
 #pragma unroll
-    for (int a = 0; a < 3; ++a) r[a] = a < NA - 1 ? u[a].start : 0;
-    cs = u[NA - 1].start;
+    for (int a = 0; a < 3; ++a) c[a] = a < NA ? u[a].start : 0;
+    if (union_size<NA>(u) > 0) step(u, f0);
+    else f = f0;
   }
-  NATTN_HD void next(const AxisRange* u, int chunk) {
-    cs += chunk;
-    if (cs < u[NA - 1].start + u[NA - 1].count) return;
-    cs = u[NA - 1].start;
+  // Moves d >= 0 tokens on. Past the union's end the coordinates wrap (f tells).
+  NATTN_HD void step(const AxisRange* u, int d) {
+    constexpr int A = NA - 1;
+    f += d;
+    c[A] += d;
+    if (NA == 1) return;
+    const int end = u[A].start + u[A].count;
+    while (c[A] >= end) {  // once per line end crossed (d is at most a chunk)
+      c[A] -= u[A].count;
 #pragma unroll
-    for (int a = NA - 2; a >= 0; --a) {
-      if (++r[a] < u[a].start + u[a].count) return;
-      r[a] = u[a].start;
+      for (int a = A - 1; a >= 0; --a) {
+        if (++c[a] < u[a].start + u[a].count) break;
+        c[a] = u[a].start;
+      }
     }
   }
 };
 
+// Whether group coordinates c lie in the per-axis ranges w (a row's window or inverse).
 template <int NA>
-NATTN_HD int leading_lines(const AxisRange* u) {
-  int n = 1;
+NATTN_HD bool in_window(const AxisRange* w, const int* c) {
+  bool ok = true;
 #pragma unroll
-  for (int a = 0; a < NA - 1; ++a) n *= u[a].count;
-  return n;
+  for (int a = 0; a < NA; ++a) ok = ok && unsigned(c[a] - w[a].start) < unsigned(w[a].count);
+  return ok;
+}
+
+// RPB index (key - query + k - 1 per axis, row-major) split into a query-row part and a
+// column part: forward rows are queries, inverse (dK/dV) rows are keys.
+template <int NA>
+NATTN_HD int rpb_dot(const int* c, const int* rmult) {
+  int t = 0;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) t += c[a] * rmult[a];
+  return t;
+}
+
+template <int NA, bool kInverse>
+NATTN_HD int rpb_row_part(const Params& p, const int* ig, const int* rmult) {
+  int t = 0;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) t += (p.kernel[a] - 1 + (kInverse ? ig[a] : -ig[a])) * rmult[a];
+  return t;
+}
+
+template <bool kInverse>
+NATTN_HD int rpb_index(int row_part, int col_dot) { return kInverse ? row_part - col_dot : row_part + col_dot; }
+
+// Element offsets of group coordinates in a tensor with token strides s[1 + a] (dilation
+// group g folded into base).
+template <int NA>
+struct GroupStrides {
+  int64_t base, step[3];
+
+  NATTN_HD GroupStrides(const Params& p, const int64_t* s, const int* g) : base(0) {
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      step[a] = a < NA ? int64_t(p.dilation[a]) * s[1 + a] : 0;
+      if (a < NA) base += int64_t(g[a]) * s[1 + a];
+    }
+  }
+  NATTN_HD int64_t at(const int* c) const {
+    int64_t o = base;
+#pragma unroll
+    for (int a = 0; a < NA; ++a) o += int64_t(c[a]) * step[a];
+    return o;
+  }
+};
+
+// A UnionCursor that also keeps its token's element offsets in NS tensors, by additions
+// only (the copy loops step it every few tokens; a multiply-add per axis cost more).
+template <int NA, int NS>
+struct OffsetCursor {
+  int c[3], f;
+  int64_t o[NS];
+
+  NATTN_HD OffsetCursor(const AxisRange* u, int f0, const GroupStrides<NA>* s) : f(0) {
+#pragma unroll
+    for (int a = 0; a < 3; ++a) c[a] = a < NA ? u[a].start : 0;
+#pragma unroll
+    for (int i = 0; i < NS; ++i) o[i] = s[i].at(c);
+    if (union_size<NA>(u) > 0) step(u, f0, s);
+    else f = f0;
+  }
+  NATTN_HD void step(const AxisRange* u, int d, const GroupStrides<NA>* s) {
+    constexpr int A = NA - 1;
+    f += d;
+    c[A] += d;
+#pragma unroll
+    for (int i = 0; i < NS; ++i) o[i] += d * s[i].step[A];
+    if (NA == 1) return;
+    const int end = u[A].start + u[A].count;
+    while (c[A] >= end) {
+      c[A] -= u[A].count;
+#pragma unroll
+      for (int i = 0; i < NS; ++i) o[i] -= u[A].count * s[i].step[A];
+#pragma unroll
+      for (int a = A - 1; a >= 0; --a) {
+        ++c[a];
+#pragma unroll
+        for (int i = 0; i < NS; ++i) o[i] += s[i].step[a];
+        if (c[a] < u[a].start + u[a].count) break;
+        c[a] = u[a].start;
+#pragma unroll
+        for (int i = 0; i < NS; ++i) o[i] -= u[a].count * s[i].step[a];
+      }
+    }
+  }
+};
+
+// Row-major token strides of the grid, in the s[1 + a] convention of GroupStrides.
+template <int NA>
+NATTN_HD void token_strides(const Params& p, int64_t* s) {
+  int64_t m = 1;
+  s[0] = 0;
+#pragma unroll
+  for (int a = 2; a >= 0; --a) {
+    s[1 + a] = a < NA ? m : 0;
+    if (a < NA) m *= p.spatial[a];
+  }
 }
 
 }  }  // namespace nattn::tiling

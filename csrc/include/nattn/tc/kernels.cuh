@@ -1,8 +1,8 @@
 // Tensor-core (SM80+) fused neighborhood attention, fp16/bf16 with fp32 accumulation.
 //
 // A warp serves a box of 16 tokens (the mma M: 4x4 in 2-D, 2x2x4 in 3-D, 16 in 1-D) of one
-// dilation group and walks the union of their windows in chunks of 16 tokens along the
-// last axis (common/tiling.cuh). Chunks are copied to shared memory with cp.async, two in
+// dilation group and walks the union of their windows packed, in chunks of 16 consecutive
+// union tokens that may span line ends (common/tiling.cuh). Chunks are copied to shared memory with cp.async, two in
 // flight, and read as mma fragments with ldmatrix. Scores, softmax and the per-token
 // window masks live in the accumulator fragments; P (dS) is re-packed in registers as the
 // A operand of the next product. No [N, N] or [N, window] tensor is ever written.
@@ -52,20 +52,6 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-// Copies CW tokens x HD channels (token j at base + first + j * step) into a padded tile;
-// channels past `dim` and tokens past `n` are zero-filled.
-template <typename T, int HD>
-__device__ __forceinline__ void stage_async(uint16_t* dst, const T* base, int64_t first, int64_t step, int n,
-                                            int dim, int lane) {
-  using Lt = Layout<HD>;
-#pragma unroll
-  for (int u = lane; u < Lt::PIECES; u += 32) {
-    const int j = u / (HD / 8), e = (u % (HD / 8)) * 8;
-    const bool ok = j < n && e < dim;
-    cp_async16(dst + j * Lt::P + e, ok ? static_cast<const void*>(base + first + j * step + e) : base, ok);
-  }
 }
 
 // A fragments (rows r0 = lane/4 and r1 = r0 + 8 of the warp's box) of a token-major tensor.
@@ -156,50 +142,76 @@ struct Rows {
   }
 };
 
-template <int NA>
-__device__ __forceinline__ bool in_last(const AxisRange* w, int c) {
-  return unsigned(c - w[NA - 1].start) < unsigned(w[NA - 1].count);
-}
+// The columns a lane holds in the score fragments: chunk tokens 2tq, 2tq + 1, 8 + 2tq and
+// 9 + 2tq (column q = 2 * n-tile + odd), whether each lies in the window of each of the
+// lane's two rows, and their RPB column parts.
+struct Cols {
+  bool ok[2][4];
+  int rpb[4];
+};
 
-// The K/V side of a query box's walk, shared by the forward and the dQ pass: the union's
-// chunks, staging chunk ci's K and V tiles into stage ci & 1 of the warp's buffer (cp.async),
-// and, per chunk, whether its line lies in each row's window and the rows' RPB index parts.
-template <typename T, int NA, int HD>
-struct KVWalk {
-  static constexpr int A = NA - 1;
+__device__ __forceinline__ int col_token(int q, int tq) { return (q >> 1) * 8 + 2 * tq + (q & 1); }
+
+// One box's walk over its window union, packed (common/tiling.cuh): chunk ci's tokens of two
+// tensors X and Y (K and V, or Q and dO for the inverse walk) are staged into stage ci & 1
+// of the warp's buffer with cp.async, one chunk ahead of the one computed. Each lane keeps
+// two cursors: the token it copies next and the first of its fragment columns. With kSide,
+// the inverse walk also stages each query's LSE (lanes 0-15) and delta (lanes 16-31).
+template <typename T, int NA, int HD, bool kInverse, bool kSide = false>
+struct Walk {
+  static constexpr int PPK = HD / 8;    // 16-byte pieces per staged token
+  static constexpr int TPI = 32 / PPK;  // tokens per copy instruction of the warp
   const Params& p;
-  const Rows<NA, false>& rw;
-  const int *g, *rmult;
+  const Rows<NA, kInverse>& rw;
   const AxisRange* u;
   uint16_t* buf;
-  int lane;
-  const T *Kb, *Vb;
-  int64_t kstep, vstep;
-  int uend, chunks;
-  ChunkCursor<NA> icur, ccur;  // the chunk being staged (one ahead) and the one computed
+  const T *X, *Y;
+  GroupStrides<NA> st[2];  // X, Y
+  int lane, xdim, ydim, size, chunks;
+  OffsetCursor<NA, 2> sc;
+  UnionCursor<NA> mc;
+  // kSide: LSE/delta rows (b, token, h) of the staged queries, into side[stage][32]
+  float* side;
+  int64_t row0;
+  int h;
+  GroupStrides<NA> ts;
+  OffsetCursor<NA, 1> lc;
 
-  __device__ __forceinline__ KVWalk(const Params& p_, const Rows<NA, false>& rw_, const int* g_, const int* rmult_,
-                                    const AxisRange* u_, uint16_t* buf_, int lane_, int b, int hkv)
-      : p(p_), rw(rw_), g(g_), rmult(rmult_), u(u_), buf(buf_), lane(lane_), icur(u_), ccur(u_) {
-    Kb = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
-    Vb = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
-    kstep = int64_t(p.dilation[A]) * p.k_s[1 + A];
-    vstep = int64_t(p.dilation[A]) * p.v_s[1 + A];
-    uend = u[A].start + u[A].count;
-    chunks = leading_lines<NA>(u) * ((u[A].count + CW - 1) / CW);
+  __device__ __forceinline__ Walk(const Params& p_, const Rows<NA, kInverse>& rw_, const int* g, const AxisRange* u_,
+                                  uint16_t* buf_, int lane_, const T* X_, const int64_t* xst, int xdim_, const T* Y_,
+                                  const int64_t* yst, int ydim_, float* side_ = nullptr, int64_t row0_ = 0,
+                                  int h_ = 0, const int64_t* tst = nullptr)
+      : p(p_), rw(rw_), u(u_), buf(buf_), X(X_), Y(Y_), st{GroupStrides<NA>(p_, xst, g), GroupStrides<NA>(p_, yst, g)},
+        lane(lane_), xdim(xdim_), ydim(ydim_), sc(u_, lane_ / PPK, st), mc(u_, 2 * (lane_ % 4)), side(side_),
+        row0(row0_), h(h_), ts(p_, kSide ? tst : xst, g), lc(u_, lane_ % CW, &ts) {
+    size = union_size<NA>(u);
+    chunks = (size + CW - 1) / CW;
   }
   __device__ __forceinline__ const uint16_t* tile(int ci) const { return buf + (ci & 1) * 2 * Layout<HD>::TILE; }
+  __device__ __forceinline__ const float* side_tile(int ci) const { return side + (ci & 1) * 2 * CW; }
 
-  // Stages the next chunk (ci, in walk order) into stage ci & 1.
+  // Stages chunk ci (in walk order) into stage ci & 1; channels past a tensor's dim and
+  // tokens past the union are zero-filled.
   __device__ __forceinline__ void issue(int ci) {
-    const LineOffsets lo = line_offsets<NA>(p, icur.r, g, p.k_s, p.v_s);
-    const int n = nattn_min(CW, uend - icur.cs);
-    const int64_t c0 = int64_t(icur.cs) * p.dilation[A] + g[A];
-    uint16_t* sK = buf + (ci & 1) * 2 * Layout<HD>::TILE;
-    stage_async<T, HD>(sK, Kb, lo.off0 + c0 * p.k_s[1 + A], kstep, n, p.dim, lane);
-    stage_async<T, HD>(sK + Layout<HD>::TILE, Vb, lo.off1 + c0 * p.v_s[1 + A], vstep, n, p.dim_v, lane);
+    using Lt = Layout<HD>;
+    uint16_t* dst = buf + (ci & 1) * 2 * Lt::TILE;
+    const int e = (lane % PPK) * 8;
+#pragma unroll
+    for (int i = 0; i < CW / TPI; ++i) {
+      const int j = i * TPI + lane / PPK;
+      const bool in = sc.f < size, okx = in && e < xdim, oky = in && e < ydim;
+      cp_async16(dst + j * Lt::P + e, okx ? static_cast<const void*>(X + sc.o[0] + e) : X, okx);
+      cp_async16(dst + Lt::TILE + j * Lt::P + e, oky ? static_cast<const void*>(Y + sc.o[1] + e) : Y, oky);
+      sc.step(u, TPI, st);
+    }
+    if (kSide) {
+      const bool in = lc.f < size;
+      const int64_t r = (row0 + lc.o[0]) * p.heads + h;
+      const float* src = lane < CW ? p.lse + r : p.delta + r;
+      cp_async4(side + (ci & 1) * 2 * CW + lane, in ? src : p.lse, in);
+      lc.step(u, CW, &ts);
+    }
     cp_async_commit();
-    icur.next(u, CW);
   }
   // Chunk ci is in shared memory for the whole warp (chunk ci + 1 is on its way).
   __device__ __forceinline__ void arrive(int ci) {
@@ -211,14 +223,16 @@ struct KVWalk {
     }
     __syncwarp();
   }
-  // The computed chunk's first last-axis coordinate, token count and the rows' line tests;
-  // then moves on to the next chunk.
-  __device__ __forceinline__ void take(int& cs, int& n, RowLine* ln) {
-    cs = ccur.cs;
-    n = nattn_min(CW, uend - cs);
+  // The computed chunk's columns (then moves on to the next chunk).
+  __device__ __forceinline__ void take(Cols& cl, const int* rmult, bool rpb) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) ln[r] = row_line<NA, false>(p, ccur.r, rw.win[r], rw.ig[r], rmult);
-    ccur.next(u, CW);
+    for (int q = 0; q < 4; ++q) {
+      const bool in = mc.f < size;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) cl.ok[r][q] = in && in_window<NA>(rw.win[r], mc.c);
+      cl.rpb[q] = rpb ? rpb_dot<NA>(mc.c, rmult) : 0;
+      mc.step(u, (q & 1) ? 7 : 1);
+    }
   }
 };
 
@@ -227,7 +241,7 @@ template <typename T, int NA, int HD>
 __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
-  constexpr int A = NA - 1, KT = Lt::KT, NT = Lt::NT;
+  constexpr int KT = Lt::KT, NT = Lt::NT;
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
   uint16_t* buf = tc_smem + warp * (4 * Lt::TILE);  // 2 stages x (K, V)
@@ -246,9 +260,11 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
     load_a<HD>(qa, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
                p.dim, tq);
   }
-  KVWalk<T, NA, HD> walk(p, rw, g, rmult, u, buf, lane, b, hkv);
+  const T* K = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
+  const T* V = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
+  Walk<T, NA, HD, false> walk(p, rw, g, u, buf, lane, K, p.k_s, p.dim, V, p.v_s, p.dim_v);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
-  const int rlast[2] = {p.kernel[A] - 1 - rw.ig[0][A], p.kernel[A] - 1 - rw.ig[1][A]};
+  const int rrow[2] = {rpb_row_part<NA, false>(p, rw.ig[0], rmult), rpb_row_part<NA, false>(p, rw.ig[1], rmult)};
 
   float o[NT][4];
 #pragma unroll
@@ -260,9 +276,8 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
   for (int ci = 0; ci < walk.chunks; ++ci) {
     walk.arrive(ci);
     const uint16_t* sK = walk.tile(ci);
-    int cs, n;
-    RowLine ln[2];
-    walk.take(cs, n, ln);
+    Cols cl;
+    walk.take(cl, rmult, rpb != nullptr);
     float s[2][4];
     mma_rows_t<T, HD>(s, qa, sK, lane);
     float mx[2] = {-INFINITY, -INFINITY};
@@ -270,10 +285,10 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, j = nt * 8 + 2 * tq + (e & 1), kc = cs + j;
-        const bool ok = ln[r].ok && j < n && in_last<NA>(rw.win[r], kc);
+        const int r = e >> 1, q = nt * 2 + (e & 1);
+        const bool ok = cl.ok[r][q];
         float v = s[nt][e] * p.scale_log2;
-        if (rpb && ok) v += rpb[ln[r].rpb + rlast[r] + kc] * kLog2e;
+        if (rpb && ok) v += rpb[rpb_index<false>(rrow[r], cl.rpb[q])] * kLog2e;
         s[nt][e] = ok ? v : -INFINITY;
         mx[r] = fmaxf(mx[r], s[nt][e]);
       }
@@ -321,7 +336,7 @@ template <typename T, int NA, int HD>
 __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
-  constexpr int A = NA - 1, KT = Lt::KT, NT = Lt::NT;
+  constexpr int KT = Lt::KT, NT = Lt::NT;
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
   uint16_t* buf = tc_smem + warp * (4 * Lt::TILE);
@@ -366,9 +381,11 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
       if (tq == 0 && rw.ok[r]) p.delta[row] = delta[r];
     }
   }
-  KVWalk<T, NA, HD> walk(p, rw, g, rmult, u, buf, lane, b, hkv);
+  const T* K = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
+  const T* V = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
+  Walk<T, NA, HD, false> walk(p, rw, g, u, buf, lane, K, p.k_s, p.dim, V, p.v_s, p.dim_v);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
-  const int rlast[2] = {p.kernel[A] - 1 - rw.ig[0][A], p.kernel[A] - 1 - rw.ig[1][A]};
+  const int rrow[2] = {rpb_row_part<NA, false>(p, rw.ig[0], rmult), rpb_row_part<NA, false>(p, rw.ig[1], rmult)};
 
   float dq[NT][4];
 #pragma unroll
@@ -379,9 +396,8 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
   for (int ci = 0; ci < walk.chunks; ++ci) {
     walk.arrive(ci);
     const uint16_t* sK = walk.tile(ci);
-    int cs, n;
-    RowLine ln[2];
-    walk.take(cs, n, ln);
+    Cols cl;
+    walk.take(cl, rmult, rpb != nullptr);
     float s[2][4], dp[2][4];
     mma_rows_t<T, HD>(s, qa, sK, lane);
     mma_rows_t<T, HD>(dp, da, sK + Lt::TILE, lane);
@@ -389,10 +405,10 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, j = nt * 8 + 2 * tq + (e & 1), kc = cs + j;
-        const bool ok = rw.ok[r] && ln[r].ok && j < n && in_last<NA>(rw.win[r], kc);
+        const int r = e >> 1, q = nt * 2 + (e & 1);
+        const bool ok = rw.ok[r] && cl.ok[r][q];
         float v = s[nt][e] * p.scale_log2;
-        if (rpb && ok) v += rpb[ln[r].rpb + rlast[r] + kc] * kLog2e;
+        if (rpb && ok) v += rpb[rpb_index<false>(rrow[r], cl.rpb[q])] * kLog2e;
         s[nt][e] = ok ? exp2f(v - lse2[r]) * (dp[nt][e] - delta[r]) : 0.f;  // dS
       }
     unsigned dsa[4];
@@ -416,7 +432,7 @@ template <typename T, int NA, int HD>
 __global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
-  constexpr int A = NA - 1, KT = Lt::KT, NT = Lt::NT;
+  constexpr int KT = Lt::KT, NT = Lt::NT;
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
   uint16_t* buf = tc_smem + warp * (4 * Lt::TILE);
@@ -451,12 +467,9 @@ __global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Para
         dk[nt][e] = 0.f;
         dv[nt][e] = 0.f;
       }
-    const int64_t qstep = int64_t(p.dilation[A]) * p.q_s[1 + A];
-    const int64_t dstep = int64_t(p.dilation[A]) * p.grad_out_s[1 + A];
-    const int rlast[2] = {p.kernel[A] - 1 + rw.ig[0][A], p.kernel[A] - 1 + rw.ig[1][A]};  // minus the query's
-    const int uend = u[A].start + u[A].count, per_line = (u[A].count + CW - 1) / CW;
-    const int chunks = leading_lines<NA>(u) * per_line;
-    const int64_t row0 = int64_t(b) * p.tokens;
+    const int rrow[2] = {rpb_row_part<NA, true>(p, rw.ig[0], rmult), rpb_row_part<NA, true>(p, rw.ig[1], rmult)};
+    int64_t tst[4];
+    token_strides<NA>(p, tst);
     for (int hg = 0; hg < p.groups; ++hg) {  // GQA: every query head of this KV head
       const int h = hkv * p.groups + hg;
       const T* Qb = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4];
@@ -464,38 +477,15 @@ __global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Para
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
       float* drpb = stage_rpb ? drpb_smem + int64_t(hg) * p.rpb_head_size
                               : (p.drpb ? p.drpb + int64_t(h) * p.rpb_head_size : nullptr);
-      ChunkCursor<NA> icur(u), ccur(u);  // the chunk being staged (one ahead) and the one computed
-      auto issue = [&](int ci) {
-        const int cs = icur.cs;
-        const LineOffsets ln = line_offsets<NA>(p, icur.r, g, p.q_s, p.grad_out_s);
-        const int n = nattn_min(CW, uend - cs);
-        const int64_t c0 = int64_t(cs) * p.dilation[A] + g[A];
-        icur.next(u, CW);
-        uint16_t* sQ = buf + (ci & 1) * 2 * Lt::TILE;
-        stage_async<T, HD>(sQ, Qb, ln.off0 + c0 * p.q_s[1 + A], qstep, n, p.dim, lane);
-        stage_async<T, HD>(sQ + Lt::TILE, Db, ln.off1 + c0 * p.grad_out_s[1 + A], dstep, n, p.dim_v, lane);
-        const int j = lane % CW;  // lanes 0-15: lse, 16-31: delta of query j
-        const int64_t r = (row0 + ln.tok + c0 + int64_t(j) * p.dilation[A]) * p.heads + h;
-        const float* src = lane < CW ? p.lse + r : p.delta + r;
-        cp_async4(sLD + (ci & 1) * 2 * CW + lane, j < n ? src : p.lse, j < n);
-        cp_async_commit();
-      };
-      if (chunks > 0) issue(0);
-      for (int ci = 0; ci < chunks; ++ci) {
-        if (ci + 1 < chunks) {
-          issue(ci + 1);
-          cp_async_wait<1>();
-        } else {
-          cp_async_wait<0>();
-        }
-        __syncwarp();
-        const uint16_t* sQ = buf + (ci & 1) * 2 * Lt::TILE;
-        const float* sL = sLD + (ci & 1) * 2 * CW;
-        const int cs = ccur.cs, n = nattn_min(CW, uend - cs);
-        RowLine ln[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) ln[r] = row_line<NA, true>(p, ccur.r, rw.win[r], rw.ig[r], rmult);
-        ccur.next(u, CW);
+      Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
+                                       int64_t(b) * p.tokens, h, tst);
+      if (walk.chunks > 0) walk.issue(0);
+      for (int ci = 0; ci < walk.chunks; ++ci) {
+        walk.arrive(ci);
+        const uint16_t* sQ = walk.tile(ci);
+        const float* sL = walk.side_tile(ci);
+        Cols cl;
+        walk.take(cl, rmult, rpb != nullptr);
         float s[2][4], dp[2][4];
         mma_rows_t<T, HD>(s, ka, sQ, lane);               // S^T: keys x queries
         mma_rows_t<T, HD>(dp, va, sQ + Lt::TILE, lane);   // dP^T
@@ -503,9 +493,9 @@ __global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Para
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1, j = nt * 8 + 2 * tq + (e & 1), qc = cs + j;
-            const bool ok = rw.ok[r] && ln[r].ok && j < n && in_last<NA>(rw.win[r], qc);
-            const int ridx = ln[r].rpb + rlast[r] - qc;
+            const int r = e >> 1, q = nt * 2 + (e & 1), j = col_token(q, tq);
+            const bool ok = rw.ok[r] && cl.ok[r][q];
+            const int ridx = rpb_index<true>(rrow[r], cl.rpb[q]);
             float v = s[nt][e] * p.scale_log2;
             if (rpb && ok) v += rpb[ridx] * kLog2e;
             const float pr = ok ? exp2f(v - sL[j] * kLog2e) : 0.f;

@@ -1,0 +1,57 @@
+"""Per-kernel GPU time of one cuda-backend forward+backward on ANCHORS.md problems (bf16):
+which of libnattn's passes (forward, dQ, dK/dV) the time goes to, from torch.profiler.
+
+    python benchmarks/kernel_split.py [--only dinat-s1-2d,video-3d] [--iters 20]
+"""
+
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import nattn
+from cuda_anchors import ANCHORS, FUNCS, LARGE
+
+
+def split(anchor, iters):
+    name, spatial, b, h, d, kernel, dil = anchor
+    na = FUNCS[len(spatial)]
+    q, k, v = (torch.randn(b, *spatial, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    g = torch.randn(b, *spatial, h, d, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        na(q, k, v, kernel, dilation=dil, backend="cuda").backward(g)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        if t > 0:
+            rows.append((t / iters / 1000.0, e.key))
+    rows.sort(reverse=True)
+    total = sum(t for t, _ in rows)
+    print(f"\n{name}: {total:.3f} ms of kernels per forward+backward")
+    for t, key in rows[:8]:
+        print(f"  {t:8.3f} ms  {100 * t / total:5.1f}%  {key[:90]}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    for anchor in ANCHORS:
+        if (not only and anchor[0] not in LARGE) or anchor[0] in only:
+            split(anchor, args.iters)
+
+
+if __name__ == "__main__":
+    main()
