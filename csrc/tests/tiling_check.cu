@@ -59,37 +59,25 @@ static void check_coords(const AxisRange* u, int f, const int* c) {
   }
 }
 
-// The copy cursors of the kernels: for each pieces-per-token count (head dims 16..128), lane l
-// starts at token l / ppk and steps 32 / ppk tokens, keeping its offsets in two tensors of
-// different strides; the LSE/delta cursor starts at l % 16 and steps 16.
+// The kernels' copy cursors: lane l keeps chunk token l % 16 (a chunk per step) with its
+// offset in one of two tensors of different strides (lanes 0-15 the first, 16-31 the
+// second: K and V) and the token index (the LSE/delta rows of the inverse walk).
 template <int NA>
 static void check_staging(const Params& p, const AxisRange* u, const int* g, const int64_t* s) {
   const int size = union_size<NA>(u), chunks = (size + kChunk - 1) / kChunk;
   int64_t s2[5] = {0, 0, 0, 0, 0};
   for (int a = 0; a < NA; ++a) s2[1 + a] = s[1 + a] * 3 + 7 * (a + 1);  // a strided view
-  const GroupStrides<NA> st[2] = {GroupStrides<NA>(p, s, g), GroupStrides<NA>(p, s2, g)};
-  for (int ppk = 2; ppk <= 16; ppk *= 2) {
-    const int tpi = 32 / ppk;
-    for (int lane = 0; lane < 32; ++lane) {
-      OffsetCursor<NA, 2> sc(u, lane / ppk, st);
-      for (int ci = 0; ci < chunks; ++ci)
-        for (int i = 0; i < kChunk / tpi; ++i) {
-          const int f = ci * kChunk + i * tpi + lane / ppk;
-          CHECK(sc.f == f, "copy cursor at %d, want %d", sc.f, f);
-          if (f < size) {
-            check_coords<NA>(u, f, sc.c);
-            CHECK(sc.o[0] == st[0].at(sc.c) && sc.o[1] == st[1].at(sc.c), "copy cursor offsets drifted at %d", f);
-          }
-          sc.step(u, tpi, st);
-        }
-    }
-  }
-  const GroupStrides<NA> ts(p, s, g);
   for (int lane = 0; lane < 32; ++lane) {
-    OffsetCursor<NA, 1> lc(u, lane % kChunk, &ts);
-    for (int ci = 0; ci < chunks; ++ci, lc.step(u, kChunk, &ts)) {
-      CHECK(lc.f == ci * kChunk + lane % kChunk, "side cursor at %d", lc.f);
-      if (lc.f < size) CHECK(lc.o[0] == ts.at(lc.c), "side cursor offset drifted at %d", lc.f);
+    const GroupStrides<NA> st[2] = {GroupStrides<NA>(p, s, g, s2, lane >= kChunk), GroupStrides<NA>(p, s, g)};
+    const GroupStrides<NA> direct(p, lane >= kChunk ? s2 : s, g);
+    OffsetCursor<NA, 2, kChunk> oc(u, lane % kChunk, st);
+    for (int ci = 0; ci < chunks; ++ci, oc.step(u, st)) {
+      const int f = ci * kChunk + lane % kChunk;
+      CHECK(oc.f == f, "copy cursor at %d, want %d", oc.f, f);
+      if (f >= size) continue;
+      check_coords<NA>(u, f, oc.c);
+      CHECK(oc.o[0] == direct.at(oc.c), "copy cursor offset drifted at %d (lane %d)", f, lane);
+      CHECK(oc.o[1] == token_index<NA>(p, oc.c, g), "copy cursor token index drifted at %d", f);
     }
   }
 }

@@ -216,62 +216,85 @@ template <bool kInverse>
 NATTN_HD int rpb_index(int row_part, int col_dot) { return kInverse ? row_part - col_dot : row_part + col_dot; }
 
 // Element offsets of group coordinates in a tensor with token strides s[1 + a] (dilation
-// group g folded into base).
+// group g folded into base); with two stride sets, `second` picks one per thread (the
+// kernels' lanes 0-15 walk K and lanes 16-31 V). The per-axis steps are read from the
+// strides when used: in the kernels those are kernel parameters and cost no registers.
 template <int NA>
 struct GroupStrides {
-  int64_t base, step[3];
+  const int64_t *s0, *s1;
+  const int* dil;
+  bool second;
+  int64_t base;
 
-  NATTN_HD GroupStrides(const Params& p, const int64_t* s, const int* g) : base(0) {
+  NATTN_HD GroupStrides(const Params& p, const int64_t* s0_, const int* g, const int64_t* s1_ = nullptr,
+                        bool second_ = false)
+      : s0(s0_), s1(s1_ ? s1_ : s0_), dil(p.dilation), second(second_), base(0) {
 #pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      step[a] = a < NA ? int64_t(p.dilation[a]) * s[1 + a] : 0;
-      if (a < NA) base += int64_t(g[a]) * s[1 + a];
-    }
+    for (int a = 0; a < NA; ++a) base += int64_t(g[a]) * stride(a);
   }
+  NATTN_HD int64_t stride(int a) const { return second ? s1[1 + a] : s0[1 + a]; }
+  NATTN_HD int64_t step(int a) const { return int64_t(dil[a]) * stride(a); }
   NATTN_HD int64_t at(const int* c) const {
     int64_t o = base;
 #pragma unroll
-    for (int a = 0; a < NA; ++a) o += int64_t(c[a]) * step[a];
+    for (int a = 0; a < NA; ++a) o += int64_t(c[a]) * step(a);
     return o;
   }
 };
 
-// A UnionCursor that also keeps its token's element offsets in NS tensors, by additions
-// only (the copy loops step it every few tokens; a multiply-add per axis cost more).
-template <int NA, int NS>
+// A UnionCursor that moves a fixed D tokens at a time and also keeps its token's element
+// offsets in NS tensors, by additions: the per-stream increment of a step along the last
+// axis is kept, the rest (line ends) is read from the strides when a line end is crossed.
+template <int NA, int NS, int D>
 struct OffsetCursor {
   int c[3], f;
-  int64_t o[NS];
+  int64_t o[NS], inc[NS];
 
   NATTN_HD OffsetCursor(const AxisRange* u, int f0, const GroupStrides<NA>* s) : f(0) {
 #pragma unroll
     for (int a = 0; a < 3; ++a) c[a] = a < NA ? u[a].start : 0;
 #pragma unroll
-    for (int i = 0; i < NS; ++i) o[i] = s[i].at(c);
-    if (union_size<NA>(u) > 0) step(u, f0, s);
+    for (int i = 0; i < NS; ++i) {
+      o[i] = s[i].at(c);
+      inc[i] = D * s[i].step(NA - 1);
+    }
+    if (union_size<NA>(u) > 0) move(u, f0, s);
     else f = f0;
   }
-  NATTN_HD void step(const AxisRange* u, int d, const GroupStrides<NA>* s) {
+  NATTN_HD void step(const AxisRange* u, const GroupStrides<NA>* s) {
+    constexpr int A = NA - 1;
+    f += D;
+    c[A] += D;
+#pragma unroll
+    for (int i = 0; i < NS; ++i) o[i] += inc[i];
+    if (NA > 1 && c[A] >= u[A].start + u[A].count) wrap(u, s);
+  }
+
+ private:
+  NATTN_HD void move(const AxisRange* u, int d, const GroupStrides<NA>* s) {  // any d >= 0
     constexpr int A = NA - 1;
     f += d;
     c[A] += d;
 #pragma unroll
-    for (int i = 0; i < NS; ++i) o[i] += d * s[i].step[A];
-    if (NA == 1) return;
-    const int end = u[A].start + u[A].count;
-    while (c[A] >= end) {
+    for (int i = 0; i < NS; ++i) o[i] += d * s[i].step(A);
+    if (NA > 1) wrap(u, s);
+  }
+  // Carries last-axis overflow into the leading axes (once per line end crossed).
+  NATTN_HD void wrap(const AxisRange* u, const GroupStrides<NA>* s) {
+    constexpr int A = NA - 1;
+    while (c[A] >= u[A].start + u[A].count) {
       c[A] -= u[A].count;
 #pragma unroll
-      for (int i = 0; i < NS; ++i) o[i] -= u[A].count * s[i].step[A];
+      for (int i = 0; i < NS; ++i) o[i] -= u[A].count * s[i].step(A);
 #pragma unroll
       for (int a = A - 1; a >= 0; --a) {
         ++c[a];
 #pragma unroll
-        for (int i = 0; i < NS; ++i) o[i] += s[i].step[a];
+        for (int i = 0; i < NS; ++i) o[i] += s[i].step(a);
         if (c[a] < u[a].start + u[a].count) break;
         c[a] = u[a].start;
 #pragma unroll
-        for (int i = 0; i < NS; ++i) o[i] -= u[a].count * s[i].step[a];
+        for (int i = 0; i < NS; ++i) o[i] -= u[a].count * s[i].step(a);
       }
     }
   }

@@ -27,6 +27,12 @@ namespace nattn { namespace tc {
 
 using namespace nattn::tiling;
 
+// Blocks per SM the forward and dQ kernels are compiled for at head dims <= 64 (a register
+// cap: 4 blocks = 128 registers a thread; PERF.md has the measurements).
+#ifndef NATTN_TC_QUERY_BLOCKS
+#define NATTN_TC_QUERY_BLOCKS 4
+#endif
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kWarps = 4;
@@ -82,6 +88,40 @@ __device__ __forceinline__ void mma_rows_t(float (*s)[4], const unsigned (*a)[4]
     ldmatrix_x4(b, tile + (ri + (mi >> 1) * 8) * Lt::P + kt * 16 + (mi & 1) * 8);
     Mma<T>::run(s[0], a[kt], b);
     Mma<T>::run(s[1], a[kt], b + 2);
+  }
+}
+
+// Copies the warp's own 16 rows (rows lane/4 and lane/4 + 8 at r0 / r1) of a token-major
+// tensor into a padded tile, channels past `dim` zero-filled: the A operand of the products
+// below, read with ldmatrix each chunk instead of held in registers (a 16 x HD fragment
+// costs HD / 4 registers a thread; the backward kernels spilled with them).
+template <typename T, int HD>
+__device__ __forceinline__ void stage_rows(uint16_t* tile, const T* r0, const T* r1, int dim, int lane) {
+  using Lt = Layout<HD>;
+  const int row = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int c = tq * 8; c < HD; c += 32) {
+    cp_async16(tile + row * Lt::P + c, c < dim ? static_cast<const void*>(r0 + c) : r0, c < dim);
+    cp_async16(tile + (row + 8) * Lt::P + c, c < dim ? static_cast<const void*>(r1 + c) : r1, c < dim);
+  }
+}
+
+// s[2][4] = A (16 x HD, a staged tile) times another staged tile's rows transposed (HD x 16).
+template <typename T, int HD>
+__device__ __forceinline__ void mma_tiles_t(float (*s)[4], const uint16_t* a_tile, const uint16_t* tile, int lane) {
+  using Lt = Layout<HD>;
+  const int mi = lane / 8, ri = lane % 8;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+  for (int kt = 0; kt < Lt::KT; ++kt) {
+    unsigned a[4], b[4];
+    ldmatrix_x4(a, a_tile + (lane % 16) * Lt::P + kt * 16 + (lane / 16) * 8);
+    ldmatrix_x4(b, tile + (ri + (mi >> 1) * 8) * Lt::P + kt * 16 + (mi & 1) * 8);
+    Mma<T>::run(s[0], a, b);
+    Mma<T>::run(s[1], a, b + 2);
   }
 }
 
@@ -154,36 +194,39 @@ __device__ __forceinline__ int col_token(int q, int tq) { return (q >> 1) * 8 + 
 
 // One box's walk over its window union, packed (common/tiling.cuh): chunk ci's tokens of two
 // tensors X and Y (K and V, or Q and dO for the inverse walk) are staged into stage ci & 1
-// of the warp's buffer with cp.async, one chunk ahead of the one computed. Each lane keeps
-// two cursors: the token it copies next and the first of its fragment columns. With kSide,
-// the inverse walk also stages each query's LSE (lanes 0-15) and delta (lanes 16-31).
+// of the warp's buffer with cp.async, one chunk ahead of the one computed. Lane l keeps the
+// offset of chunk token l % 16 in X (lanes 0-15) or Y (lanes 16-31) with a cursor stepping a
+// chunk at a time; the copying lanes fetch the offsets they need with shuffles. A second
+// cursor per lane walks its fragment columns. With kSide, the inverse walk also stages each
+// query's LSE and delta (a second offset stream: the token index).
 template <typename T, int NA, int HD, bool kInverse, bool kSide = false>
 struct Walk {
   static constexpr int PPK = HD / 8;    // 16-byte pieces per staged token
   static constexpr int TPI = 32 / PPK;  // tokens per copy instruction of the warp
+  static constexpr int NS = kSide ? 2 : 1;
   const Params& p;
   const Rows<NA, kInverse>& rw;
   const AxisRange* u;
   uint16_t* buf;
   const T *X, *Y;
-  GroupStrides<NA> st[2];  // X, Y
-  int lane, xdim, ydim, size, chunks;
-  OffsetCursor<NA, 2> sc;
+  GroupStrides<NA> st[2];  // this lane's tensor, the token index (kSide)
+  int lane, size, chunks;
+  bool xin, yin;           // this lane's channels lie within X's / Y's head dim
+  OffsetCursor<NA, NS, CW> oc;
   UnionCursor<NA> mc;
-  // kSide: LSE/delta rows (b, token, h) of the staged queries, into side[stage][32]
+  // kSide: LSE/delta rows (b, token, h) of the staged queries, into side[stage][lse 16 | delta 16]
   float* side;
   int64_t row0;
   int h;
-  GroupStrides<NA> ts;
-  OffsetCursor<NA, 1> lc;
 
   __device__ __forceinline__ Walk(const Params& p_, const Rows<NA, kInverse>& rw_, const int* g, const AxisRange* u_,
-                                  uint16_t* buf_, int lane_, const T* X_, const int64_t* xst, int xdim_, const T* Y_,
-                                  const int64_t* yst, int ydim_, float* side_ = nullptr, int64_t row0_ = 0,
+                                  uint16_t* buf_, int lane_, const T* X_, const int64_t* xst, int xdim, const T* Y_,
+                                  const int64_t* yst, int ydim, float* side_ = nullptr, int64_t row0_ = 0,
                                   int h_ = 0, const int64_t* tst = nullptr)
-      : p(p_), rw(rw_), u(u_), buf(buf_), X(X_), Y(Y_), st{GroupStrides<NA>(p_, xst, g), GroupStrides<NA>(p_, yst, g)},
-        lane(lane_), xdim(xdim_), ydim(ydim_), sc(u_, lane_ / PPK, st), mc(u_, 2 * (lane_ % 4)), side(side_),
-        row0(row0_), h(h_), ts(p_, kSide ? tst : xst, g), lc(u_, lane_ % CW, &ts) {
+      : p(p_), rw(rw_), u(u_), buf(buf_), X(X_), Y(Y_),
+        st{GroupStrides<NA>(p_, xst, g, yst, lane_ >= CW), GroupStrides<NA>(p_, kSide ? tst : xst, g)},
+        lane(lane_), xin((lane_ % PPK) * 8 < xdim), yin((lane_ % PPK) * 8 < ydim), oc(u_, lane_ % CW, st),
+        mc(u_, 2 * (lane_ % 4)), side(side_), row0(row0_), h(h_) {
     size = union_size<NA>(u);
     chunks = (size + CW - 1) / CW;
   }
@@ -195,22 +238,27 @@ struct Walk {
   __device__ __forceinline__ void issue(int ci) {
     using Lt = Layout<HD>;
     uint16_t* dst = buf + (ci & 1) * 2 * Lt::TILE;
-    const int e = (lane % PPK) * 8;
+    // Source addresses stay inside the tensors: the cursors never leave the union, and a
+    // lane whose channels lie past a head dim reads channel 0 (its copy is zero-filled).
+    const int e = (lane % PPK) * 8, left = size - ci * CW;
+    const T* Xl = X + (xin ? e : 0);
+    const T* Yl = Y + (yin ? e : 0);
 #pragma unroll
     for (int i = 0; i < CW / TPI; ++i) {
       const int j = i * TPI + lane / PPK;
-      const bool in = sc.f < size, okx = in && e < xdim, oky = in && e < ydim;
-      cp_async16(dst + j * Lt::P + e, okx ? static_cast<const void*>(X + sc.o[0] + e) : X, okx);
-      cp_async16(dst + Lt::TILE + j * Lt::P + e, oky ? static_cast<const void*>(Y + sc.o[1] + e) : Y, oky);
-      sc.step(u, TPI, st);
+      const int64_t ox = __shfl_sync(0xffffffffu, oc.o[0], j), oy = __shfl_sync(0xffffffffu, oc.o[0], CW + j);
+      const bool in = j < left;
+      cp_async16(dst + j * Lt::P + e, Xl + ox, in && xin);
+      cp_async16(dst + Lt::TILE + j * Lt::P + e, Yl + oy, in && yin);
+      if (kSide) {
+        const int64_t t = __shfl_sync(0xffffffffu, oc.o[NS - 1], j);
+        if (lane % PPK < 2) {  // the token's first two lanes: its LSE and its delta
+          const float* src = (lane % PPK == 0 ? p.lse : p.delta) + (row0 + t) * p.heads + h;
+          cp_async4(side + (ci & 1) * 2 * CW + (lane % PPK) * CW + j, src, in);
+        }
+      }
     }
-    if (kSide) {
-      const bool in = lc.f < size;
-      const int64_t r = (row0 + lc.o[0]) * p.heads + h;
-      const float* src = lane < CW ? p.lse + r : p.delta + r;
-      cp_async4(side + (ci & 1) * 2 * CW + lane, in ? src : p.lse, in);
-      lc.step(u, CW, &ts);
-    }
+    oc.step(u, st);
     cp_async_commit();
   }
   // Chunk ci is in shared memory for the whole warp (chunk ci + 1 is on its way).
@@ -238,13 +286,14 @@ struct Walk {
 
 // ------------------------------------------------------------------------- forward
 template <typename T, int NA, int HD>
-__global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
+__global__ void __launch_bounds__(kWarps * 32, HD <= 64 ? NATTN_TC_QUERY_BLOCKS : 1) forward_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
-  constexpr int KT = Lt::KT, NT = Lt::NT;
+  constexpr int NT = Lt::NT;
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
-  uint16_t* buf = tc_smem + warp * (4 * Lt::TILE);  // 2 stages x (K, V)
+  uint16_t* buf = tc_smem + warp * (5 * Lt::TILE);  // 2 stages x (K, V), then the warp's Q rows
+  uint16_t* sQ = buf + 4 * Lt::TILE;
   int g[3], L[3], first[3];
   if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * kWarps + warp, g, L, first)) return;
   const Rows<NA, false> rw(p, first, L, lane);
@@ -253,12 +302,11 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
   box_union<NA, false>(p, p.box, first, L, u);
   int rmult[3];
   rpb_mults<NA>(p, rmult);
-
-  unsigned qa[KT][4];
   {
     const T* Q = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4];
-    load_a<HD>(qa, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
-               p.dim, tq);
+    stage_rows<T, HD>(sQ, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
+                      p.dim, lane);
+    cp_async_commit();  // completes with the first chunk (groups retire in order)
   }
   const T* K = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
   const T* V = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
@@ -279,7 +327,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
     Cols cl;
     walk.take(cl, rmult, rpb != nullptr);
     float s[2][4];
-    mma_rows_t<T, HD>(s, qa, sK, lane);
+    mma_tiles_t<T, HD>(s, sQ, sK, lane);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -320,6 +368,7 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
     mma_rows<T, HD>(o, pa, sK + Lt::TILE, lane);
     __syncwarp();  // this stage is refilled two chunks on
   }
+  cp_async_wait<0>();  // no copy may land after the block's shared memory is gone
   const float l0 = quad_sum(l[0]), l1 = quad_sum(l[1]);
   T* O = static_cast<T*>(p.out) + int64_t(b) * p.out_s[0] + int64_t(h) * p.out_s[4];
   store_rows<T, HD>(O + spatial_offset<NA>(p, p.out_s, rw.ig[0], g), O + spatial_offset<NA>(p, p.out_s, rw.ig[1], g),
@@ -333,13 +382,14 @@ __global__ void __launch_bounds__(kWarps * 32) forward_kernel(const Params p) {
 
 // --------------------------------------------------------------- backward: dQ + delta
 template <typename T, int NA, int HD>
-__global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p) {
+__global__ void __launch_bounds__(kWarps * 32, HD <= 64 ? NATTN_TC_QUERY_BLOCKS : 1) backward_dq_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
   constexpr int KT = Lt::KT, NT = Lt::NT;
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
-  uint16_t* buf = tc_smem + warp * (4 * Lt::TILE);
+  uint16_t* buf = tc_smem + warp * (6 * Lt::TILE);  // 2 stages x (K, V), then the warp's Q and dO rows
+  uint16_t* sQ = buf + 4 * Lt::TILE;
   int g[3], L[3], first[3];
   if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * kWarps + warp, g, L, first)) return;
   const Rows<NA, false> rw(p, first, L, lane);
@@ -349,14 +399,17 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
   int rmult[3];
   rpb_mults<NA>(p, rmult);
 
-  unsigned qa[KT][4], da[KT][4];
   float delta[2], lse2[2];
   {
     const T* Q = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4];
     const T* D = static_cast<const T*>(p.grad_out) + int64_t(b) * p.grad_out_s[0] + int64_t(h) * p.grad_out_s[4];
     const T* O = static_cast<const T*>(p.out) + int64_t(b) * p.out_s[0] + int64_t(h) * p.out_s[4];
-    load_a<HD>(qa, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
-               p.dim, tq);
+    stage_rows<T, HD>(sQ, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
+                      p.dim, lane);
+    stage_rows<T, HD>(sQ + Lt::TILE, D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[0], g),
+                      D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[1], g), p.dim_v, lane);
+    cp_async_commit();
+    unsigned da[KT][4];
     load_a<HD>(da, D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[0], g),
                D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[1], g), p.dim_v, tq);
     unsigned oa[KT][4];
@@ -399,8 +452,8 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
     Cols cl;
     walk.take(cl, rmult, rpb != nullptr);
     float s[2][4], dp[2][4];
-    mma_rows_t<T, HD>(s, qa, sK, lane);
-    mma_rows_t<T, HD>(dp, da, sK + Lt::TILE, lane);
+    mma_tiles_t<T, HD>(s, sQ, sK, lane);
+    mma_tiles_t<T, HD>(dp, sQ + Lt::TILE, sK + Lt::TILE, lane);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -416,6 +469,7 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
     mma_rows<T, HD>(dq, dsa, sK, lane);
     __syncwarp();
   }
+  cp_async_wait<0>();
   T* DQ = static_cast<T*>(p.dq) + int64_t(b) * p.dq_s[0] + int64_t(h) * p.dq_s[4];
   store_rows<T, HD>(DQ + spatial_offset<NA>(p, p.dq_s, rw.ig[0], g), DQ + spatial_offset<NA>(p, p.dq_s, rw.ig[1], g),
                     rw.ok[0], rw.ok[1], dq, p.scale, p.scale, p.dim, tq);
@@ -425,19 +479,20 @@ __global__ void __launch_bounds__(kWarps * 32) backward_dq_kernel(const Params p
 // ------------------------------------------------------ backward: dK, dV, dRPB per key
 template <int HD>
 constexpr int dkv_warp_bytes() {
-  return 4 * Layout<HD>::TILE * 2 + 2 * 2 * CW * 4;  // 2 stages x (Q, dO) tiles, 2 stages x (lse, delta)
+  return 6 * Layout<HD>::TILE * 2 + 2 * 2 * CW * 4;  // 2 stages x (Q, dO), own K, V; 2 stages x (lse, delta)
 }
 
 template <typename T, int NA, int HD>
-__global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Params p) {
+__global__ void __launch_bounds__(kWarps * 32, HD <= 64 ? 3 : 2) backward_dkv_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
-  constexpr int KT = Lt::KT, NT = Lt::NT;
+  constexpr int NT = Lt::NT;
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
-  uint16_t* buf = tc_smem + warp * (4 * Lt::TILE);
-  float* sLD = reinterpret_cast<float*>(tc_smem + kWarps * 4 * Lt::TILE) + warp * 4 * CW;  // [stage][lse | delta]
-  float* drpb_smem = reinterpret_cast<float*>(tc_smem + kWarps * 4 * Lt::TILE) + kWarps * 4 * CW;
+  uint16_t* buf = tc_smem + warp * (6 * Lt::TILE);
+  uint16_t* sK = buf + 4 * Lt::TILE;  // the warp's K and V rows
+  float* sLD = reinterpret_cast<float*>(tc_smem + kWarps * 6 * Lt::TILE) + warp * 4 * CW;  // [stage][lse | delta]
+  float* drpb_smem = reinterpret_cast<float*>(tc_smem + kWarps * 6 * Lt::TILE) + kWarps * 4 * CW;
   const int hkv = blockIdx.y, b = blockIdx.z;
   const bool stage_rpb = p.rpb != nullptr && p.rpb_in_smem;
   const int64_t smem_len = int64_t(p.groups) * p.rpb_head_size;
@@ -450,14 +505,14 @@ __global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Para
     box_union<NA, true>(p, p.box, first, L, u);
     int rmult[3];
     rpb_mults<NA>(p, rmult);
-    unsigned ka[KT][4], va[KT][4];
     {
       const T* K = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
       const T* V = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
-      load_a<HD>(ka, K + spatial_offset<NA>(p, p.k_s, rw.ig[0], g), K + spatial_offset<NA>(p, p.k_s, rw.ig[1], g),
-                 p.dim, tq);
-      load_a<HD>(va, V + spatial_offset<NA>(p, p.v_s, rw.ig[0], g), V + spatial_offset<NA>(p, p.v_s, rw.ig[1], g),
-                 p.dim_v, tq);
+      stage_rows<T, HD>(sK, K + spatial_offset<NA>(p, p.k_s, rw.ig[0], g), K + spatial_offset<NA>(p, p.k_s, rw.ig[1], g),
+                        p.dim, lane);
+      stage_rows<T, HD>(sK + Lt::TILE, V + spatial_offset<NA>(p, p.v_s, rw.ig[0], g),
+                        V + spatial_offset<NA>(p, p.v_s, rw.ig[1], g), p.dim_v, lane);
+      cp_async_commit();
     }
     float dk[NT][4], dv[NT][4];
 #pragma unroll
@@ -475,8 +530,6 @@ __global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Para
       const T* Qb = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4];
       const T* Db = static_cast<const T*>(p.grad_out) + int64_t(b) * p.grad_out_s[0] + int64_t(h) * p.grad_out_s[4];
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
-      float* drpb = stage_rpb ? drpb_smem + int64_t(hg) * p.rpb_head_size
-                              : (p.drpb ? p.drpb + int64_t(h) * p.rpb_head_size : nullptr);
       Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
                                        int64_t(b) * p.tokens, h, tst);
       if (walk.chunks > 0) walk.issue(0);
@@ -487,8 +540,8 @@ __global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Para
         Cols cl;
         walk.take(cl, rmult, rpb != nullptr);
         float s[2][4], dp[2][4];
-        mma_rows_t<T, HD>(s, ka, sQ, lane);               // S^T: keys x queries
-        mma_rows_t<T, HD>(dp, va, sQ + Lt::TILE, lane);   // dP^T
+        mma_tiles_t<T, HD>(s, sK, sQ, lane);                          // S^T: keys x queries
+        mma_tiles_t<T, HD>(dp, sK + Lt::TILE, sQ + Lt::TILE, lane);   // dP^T
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -502,7 +555,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Para
             const float ds = pr * (dp[nt][e] - sL[CW + j]);
             s[nt][e] = pr;
             dp[nt][e] = ds;
-            if (rpb && ok) atomicAdd(drpb + ridx, ds);
+            if (rpb && ok) {  // one address space per branch: no generic atomics
+              if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, ds);
+              else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
+            }
           }
         unsigned pa[4], dsa[4];
         pack_a<T>(pa, s);
@@ -512,6 +568,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) backward_dkv_kernel(const Para
         __syncwarp();
       }
     }
+    cp_async_wait<0>();  // the own rows, when no query sees these keys
     T* DK = static_cast<T*>(p.dk) + int64_t(b) * p.dk_s[0] + int64_t(hkv) * p.dk_s[4];
     T* DV = static_cast<T*>(p.dv) + int64_t(b) * p.dv_s[0] + int64_t(hkv) * p.dv_s[4];
     store_rows<T, HD>(DK + spatial_offset<NA>(p, p.dk_s, rw.ig[0], g), DK + spatial_offset<NA>(p, p.dk_s, rw.ig[1], g),
@@ -533,8 +590,13 @@ bool allow_smem(K kernel, size_t bytes) {
 }
 
 template <int HD>
-constexpr size_t qkv_smem_bytes() {
-  return size_t(kWarps) * 4 * Layout<HD>::TILE * 2;  // per warp: 2 stages x 2 tiles
+constexpr size_t fwd_smem_bytes() {
+  return size_t(kWarps) * 5 * Layout<HD>::TILE * 2;  // per warp: 2 stages x (K, V) + its Q rows
+}
+
+template <int HD>
+constexpr size_t dq_smem_bytes() {
+  return size_t(kWarps) * 6 * Layout<HD>::TILE * 2;  // per warp: 2 stages x (K, V) + its Q and dO rows
 }
 
 // Box shape: the measured fixed shapes (16, 4x4, 2x2x4) unless NATTN_TC_BOX=model asks for
@@ -555,7 +617,7 @@ void launch_forward(const Params& problem, cudaStream_t stream) {
   set_box<NA>(p);
   const int64_t warps = num_warps<NA>(p, p.box);
   const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(p.heads), unsigned(p.batch));
-  constexpr size_t smem = qkv_smem_bytes<HD>();
+  constexpr size_t smem = fwd_smem_bytes<HD>();
   static const bool allowed = allow_smem(forward_kernel<T, NA, HD>, smem);
   (void)allowed;
   forward_kernel<T, NA, HD><<<grid, kWarps * 32, smem, stream>>>(p);
@@ -567,7 +629,7 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
   set_box<NA>(p);
   const int64_t warps = num_warps<NA>(p, p.box);
   const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
-  constexpr size_t smem = qkv_smem_bytes<HD>();
+  constexpr size_t smem = dq_smem_bytes<HD>();
   constexpr size_t dkv_max = size_t(kWarps) * dkv_warp_bytes<HD>() + size_t(kMaxDrpbSmemBytes);
   static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD>, smem) &&
                               allow_smem(backward_dkv_kernel<T, NA, HD>, dkv_max);
