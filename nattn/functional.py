@@ -12,6 +12,7 @@ import torch
 
 from . import ops
 from .backends import BACKENDS, choose_dense_backend, choose_na_backend
+from ._eager import DenseFunction, NAFunction, eager_ok
 from .merge import merge_attentions
 from .params import BoolOrTuple, IntOrTuple, check_qkv, normalize
 
@@ -44,6 +45,8 @@ def neighborhood_attention(
     impl = BACKENDS[name]
     if impl.composite and not torch.compiler.is_compiling():  # differentiable as it is
         out, lse = impl.na_composite(query, key, value, rpb, params)
+    elif eager_ok(query, key, value, rpb):  # no custom-op dispatch cost (nattn/_eager.py)
+        out, lse = NAFunction.apply(query, key, value, rpb, params, name)
     else:
         out, lse = ops.na_forward(
             query, key, value, rpb, list(params.kernel_size), list(params.stride),
@@ -103,6 +106,8 @@ na3d = _make(3)
 
 def _dense(q, k, v, is_causal, scale, backend):
     name = choose_dense_backend(q, k, v, is_causal, backend)
+    if eager_ok(q, k, v):
+        return DenseFunction.apply(q, k, v, is_causal, scale, name)
     return ops.attention_forward(q, k, v, is_causal, scale, name)
 
 

@@ -18,11 +18,13 @@ from ..params import NAParams
 # 169 keys on (13x13 at D=64: 1.15 vs 2.16 ms) and by 30x at 2048+ keys. 100 splits that.
 SIMT_MAX_WINDOW = 100
 # fp16/bf16 with head dims <= 128 on SM80+ run the tensor-core kernels. Measured on the
-# H200 against nattn's flex backend (forward / forward+backward, ms): 49 keys 0.20 / 0.81 vs
-# 0.57 / 1.52; 169 keys (13x13) 0.50 / 2.25 vs 1.28 / 4.03; but 245 keys (5x7x7) 0.82 / 3.32
-# vs 0.67 / 2.41, 2048 (1-D) 2.9 vs 0.75 and 6400 (80x80) 59 vs 23 forward, where flex's
-# 128-wide tiles keep the tensor cores busier than 16-query warp boxes. 200 splits 169/245.
-TC_MAX_WINDOW = 200
+# H200 against nattn's flex backend (forward / forward+backward, ms; PERF.md, third session):
+# 49 keys 0.16 / 0.71 vs 0.67 / 1.95; 169 keys (13x13) 0.45 / 2.07 vs 1.29 / 4.04; 245 keys
+# (5x7x7) 0.44 / 2.00 vs 0.67 / 2.40. Earlier runs had flex ahead at 2048 keys (1-D: 2.9 vs
+# 0.75 forward) and 6400 (80x80: 59 vs 23), where its 128-wide tiles keep the tensor cores
+# busier than 16-query warp boxes. 256 keeps every measured win; the crossover between 256
+# and 2048 keys is not measured yet.
+TC_MAX_WINDOW = 256
 TC_DTYPES = (torch.float16, torch.bfloat16)
 TC_MAX_HEAD_DIM = 128
 

@@ -1,0 +1,81 @@
+"""The eager fast path (nattn/_eager.py): plain eager calls skip the custom ops, and give the
+same outputs and gradients; anything observing the op still goes through them."""
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import nattn
+from nattn import _eager, ops
+
+
+def _inputs(seed, rpb=True):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 7, 6, 4, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    bias = torch.randn(4, 9, 9, generator=g, dtype=torch.float64, requires_grad=True) if rpb else None
+    return q, k, v, bias
+
+
+def _grads(fn, q, k, v, bias, use):
+    out, lse = fn(q, k, v, bias)
+    w_out, w_lse = torch.randn_like(out), torch.randn_like(lse)
+    loss = {"out": (out * w_out).sum(), "lse": (lse * w_lse).sum(),
+            "both": (out * w_out).sum() + (lse * w_lse).sum()}[use]
+    leaves = [t for t in (q, k, v, bias) if t is not None]
+    return (out, lse) + torch.autograd.grad(loss, leaves)
+
+
+@pytest.mark.parametrize("use", ["out", "lse", "both"])
+def test_eager_matches_custom_op(use):
+    seed = torch.randint(0, 2**31, ()).item()
+    q, k, v, bias = _inputs(seed)
+
+    def eager(q, k, v, bias):
+        return nattn.na2d(q, k, v, 5, dilation=(1, 1), rpb=bias, return_lse=True)
+
+    def custom(q, k, v, bias):
+        return ops.na_forward(q, k, v, bias, [5, 5], [1, 1], [1, 1], [0, 0], 8 ** -0.5, "reference")
+
+    torch.manual_seed(seed)
+    a = _grads(eager, q, k, v, bias, use)
+    torch.manual_seed(seed)
+    b = _grads(custom, q, k, v, bias, use)
+    for x, y in zip(a, b):
+        assert torch.isfinite(x).all()
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
+def test_plain_eager_calls_skip_the_custom_op(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("the custom op ran on the eager path")
+
+    monkeypatch.setattr(ops, "na_forward", fail)
+    q, k, v, _ = _inputs(0, rpb=False)
+    nattn.na2d(q, k, v, 3).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_observers_get_the_custom_op():
+    q, k, v, _ = _inputs(1, rpb=False)
+    assert _eager.eager_ok(q, k, v, None)
+    with FlopCounterMode(display=False) as counter:
+        assert not _eager.eager_ok(q, k, v, None)
+        nattn.na2d(q, k, v, 3)
+    assert counter.get_total_flops() > 0  # the counter saw nattn::na_forward
+    traced = torch.jit.trace(lambda q, k, v: nattn.na2d(q, k, v, 3), (q.detach(), k.detach(), v.detach()),
+                             check_trace=False)
+    assert "nattn::na_forward" in str(traced.graph)
+
+
+def test_extra_keys_eager_matches_custom_op():
+    g = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    q, k, v = (torch.randn(1, 6, 5, 2, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    ek, ev = (torch.randn(1, 3, 2, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    out = nattn.na2d(q, k, v, 3, additional_keys=ek, additional_values=ev)
+    grads = torch.autograd.grad(out.square().sum(), (q, ek))
+    with FlopCounterMode(display=False):  # forces the custom-op path
+        out2 = nattn.na2d(q, k, v, 3, additional_keys=ek, additional_values=ev)
+        grads2 = torch.autograd.grad(out2.square().sum(), (q, ek))
+    torch.testing.assert_close(out, out2, rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads, grads2):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
