@@ -73,24 +73,6 @@ __device__ __forceinline__ void load_a(unsigned (*a)[4], const T* r0, const T* r
   }
 }
 
-// s[2][4] = A (16 x HD, registers) times the staged tile's rows transposed (HD x 16).
-template <typename T, int HD>
-__device__ __forceinline__ void mma_rows_t(float (*s)[4], const unsigned (*a)[4], const uint16_t* tile, int lane) {
-  using Lt = Layout<HD>;
-  const int mi = lane / 8, ri = lane % 8;
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
-#pragma unroll
-  for (int kt = 0; kt < Lt::KT; ++kt) {
-    unsigned b[4];
-    ldmatrix_x4(b, tile + (ri + (mi >> 1) * 8) * Lt::P + kt * 16 + (mi & 1) * 8);
-    Mma<T>::run(s[0], a[kt], b);
-    Mma<T>::run(s[1], a[kt], b + 2);
-  }
-}
-
 // Copies the warp's own 16 rows (rows lane/4 and lane/4 + 8 at r0 / r1) of a token-major
 // tensor into a padded tile, channels past `dim` zero-filled: the A operand of the products
 // below, read with ldmatrix each chunk instead of held in registers (a 16 x HD fragment
