@@ -51,6 +51,7 @@ def test_tensor_core_problems_keep_cuda_up_to_their_limit(monkeypatch):
     assert SIMT_MAX_WINDOW < 13 * 13 <= TC_MAX_WINDOW < 2048
     assert na_auto_order(ORDER, half_q, params((13, 13))) == ORDER
     assert na_auto_order(ORDER, half_q, params((5, 7, 7))) == ORDER  # video-3d: measured faster
+    assert na_auto_order(ORDER, half_q, params((7, 9, 9))) == ["flex", "cuda", "reference"]  # even
     assert na_auto_order(ORDER, half_q, params((2048,))) == ["flex", "cuda", "reference"]
     wide_q = SimpleNamespace(device=half_q.device, dtype=torch.bfloat16, shape=(1, 8, 8, 2, 256))
     assert na_auto_order(ORDER, wide_q, params((13, 13))) == ["flex", "cuda", "reference"]

@@ -19,12 +19,12 @@ from ..params import NAParams
 SIMT_MAX_WINDOW = 100
 # fp16/bf16 with head dims <= 128 on SM80+ run the tensor-core kernels. Measured on the
 # H200 against nattn's flex backend (forward / forward+backward, ms; PERF.md, third session):
-# 49 keys 0.16 / 0.71 vs 0.67 / 1.95; 169 keys (13x13) 0.45 / 2.07 vs 1.29 / 4.04; 245 keys
-# (5x7x7) 0.44 / 2.00 vs 0.67 / 2.40. Earlier runs had flex ahead at 2048 keys (1-D: 2.9 vs
-# 0.75 forward) and 6400 (80x80: 59 vs 23), where its 128-wide tiles keep the tensor cores
-# busier than 16-query warp boxes. 256 keeps every measured win; the crossover between 256
-# and 2048 keys is not measured yet.
-TC_MAX_WINDOW = 256
+# 49 keys 0.16 / 0.70 vs 0.57 / 1.86; 169 keys (13x13) 0.45 / 2.10 vs 1.29 / 4.04; 245 keys
+# (5x7x7) 0.44 / 2.00 vs 0.67 / 2.41; 567 keys (7x9x9, same grid) 0.81 / 3.84 vs 0.89 / 3.50,
+# about even. Earlier runs had flex well ahead at 2048 keys (1-D: 2.9 vs 0.75 forward) and 6400
+# (80x80: 59 vs 23), where its 128-wide tiles keep the tensor cores busier than 16-query warp
+# boxes. 400 sits where the forward+backward ratio crosses 1 between 245 and 567 keys.
+TC_MAX_WINDOW = 400
 TC_DTYPES = (torch.float16, torch.bfloat16)
 TC_MAX_HEAD_DIM = 128
 
