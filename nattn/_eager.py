@@ -5,7 +5,7 @@ tracers see; their Python dispatch costs several hundred microseconds per call o
 (PERF.md: 0.37 ms forward, 1.0 ms forward+backward on the H200 machine), more than the
 kernels of a DiNAT layer. Plain eager calls on plain tensors skip that layer and call the
 backend directly; anything that observes the op (compilation, tracing, dispatch or
-function modes, functorch transforms, tensor subclasses) still goes through the custom op.
+function modes, tensor subclasses) still goes through the custom op.
 Both paths run the same backend methods.
 """
 
@@ -22,27 +22,43 @@ from .params import NAParams
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def _probe(name: str):
+    """A torch-internal predicate, or one that always answers "observed" if this torch lacks it
+    (then every call takes the custom op: slower, never wrong)."""
+    fn = getattr(torch._C, name, None)
+    return fn if fn is not None else (lambda: True)
+
+
+_dispatch_modes = _probe("_len_torch_dispatch_stack")        # FlopCounterMode, FakeTensorMode, ...
+_function_modes = _probe("_is_torch_function_mode_enabled")  # TorchFunctionMode
+
+
 def eager_ok(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether a call may bypass the custom op: nothing is watching or transforming it."""
+    """Whether a call may bypass the custom op: nothing is watching it. functorch transforms
+    take this path too: the custom op's autograd cannot run under ``torch.func.grad``, the
+    Function below can (vmap has no rule on either path)."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
-    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
-        return False  # e.g. FlopCounterMode, FakeTensorMode
-    if torch._C._are_functorch_transforms_active():
+    if _dispatch_modes() or _function_modes():
         return False
     return all(t is None or type(t) in _PLAIN for t in tensors)
 
 
 class NAFunction(torch.autograd.Function):
-    """``(out, lse)`` of one NA call through a named backend, with that backend's backward."""
+    """``(out, lse)`` of one NA call through a named backend, with that backend's backward.
+    Forward and ``setup_context`` are separate, so ``torch.func.grad`` works too."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rpb, params: NAParams, backend: str):
-        out, lse = BACKENDS[backend].na_forward(q, k, v, rpb, params)
+    def forward(q, k, v, rpb, params: NAParams, backend: str):
+        return BACKENDS[backend].na_forward(q, k, v, rpb, params)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, rpb, params, backend = inputs
+        out, lse = output
         ctx.save_for_backward(q, k, v, rpb, out, lse)
         ctx.params, ctx.backend = params, backend
         ctx.set_materialize_grads(False)  # an unused LSE gradient stays None (no zeros kernel)
-        return out, lse
 
     @staticmethod
     @once_differentiable
@@ -59,12 +75,16 @@ class DenseFunction(torch.autograd.Function):
     """``(out, lse)`` of dense attention through a named backend (the extra keys of NA)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal: bool, scale: float, backend: str):
-        out, lse = BACKENDS[backend].dense_forward(q, k, v, is_causal, scale)
+    def forward(q, k, v, is_causal: bool, scale: float, backend: str):
+        return BACKENDS[backend].dense_forward(q, k, v, is_causal, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, is_causal, scale, backend = inputs
+        out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (is_causal, scale, backend)
         ctx.set_materialize_grads(False)
-        return out, lse
 
     @staticmethod
     @once_differentiable

@@ -79,3 +79,28 @@ def test_extra_keys_eager_matches_custom_op():
     torch.testing.assert_close(out, out2, rtol=1e-12, atol=1e-12)
     for a, b in zip(grads, grads2):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_a_torch_without_the_probes_takes_the_custom_op(monkeypatch):
+    q, k, v, _ = _inputs(2, rpb=False)
+    monkeypatch.setattr(_eager, "_function_modes", _eager._probe("_no_such_torch_function"))
+    assert not _eager.eager_ok(q, k, v, None)
+    out = nattn.na2d(q, k, v, 3)  # still correct, through the custom op
+    with FlopCounterMode(display=False):
+        ref = nattn.na2d(q, k, v, 3)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_torch_func_grad_matches_autograd():
+    q, k, v, bias = _inputs(torch.randint(0, 2**31, ()).item())
+    w = torch.randn(2, 7, 6, 4, 8, dtype=torch.float64)
+
+    def loss(q, k, v, bias):
+        out, lse = nattn.na2d(q, k, v, 5, rpb=bias, return_lse=True)
+        return (out * w).sum() + lse.sum()
+
+    got = torch.func.grad(loss, argnums=(0, 1, 2, 3))(q.detach(), k.detach(), v.detach(), bias.detach())
+    want = torch.autograd.grad(loss(q, k, v, bias), (q, k, v, bias))
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
