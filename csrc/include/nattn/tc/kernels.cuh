@@ -2,10 +2,11 @@
 //
 // A warp serves a box of 16 tokens (the mma M: 4x4 in 2-D, 2x2x4 in 3-D, 16 in 1-D) of one
 // dilation group and walks the union of their windows packed, in chunks of 16 consecutive
-// union tokens that may span line ends (common/tiling.cuh). Chunks are copied to shared memory with cp.async, two in
-// flight, and read as mma fragments with ldmatrix. Scores, softmax and the per-token
-// window masks live in the accumulator fragments; P (dS) is re-packed in registers as the
-// A operand of the next product. No [N, N] or [N, window] tensor is ever written.
+// union tokens that may span line ends (common/tiling.cuh). Chunks are copied to shared
+// memory with cp.async, two in flight, and read as mma fragments with ldmatrix; so are the
+// warp's own rows (staged once). Scores, softmax and the per-token window masks live in the
+// accumulator fragments; P (dS) is re-packed in registers as the A operand of the next
+// product. No [N, N] or [N, window] tensor is ever written.
 //
 //   forward:  S = Q K^T, online softmax, O += P V; writes O and the LSE.
 //   dQ pass:  S, dP = dO V^T, dS = P (dP - delta), dQ += dS K; writes dQ and delta.
