@@ -28,11 +28,31 @@ namespace nattn { namespace tc {
 
 using namespace nattn::tiling;
 
-// Blocks per SM the forward and dQ kernels are compiled for at head dims <= 64 (a register
-// cap: 4 blocks = 128 registers a thread; PERF.md has the measurements).
-#ifndef NATTN_TC_QUERY_BLOCKS
+// Blocks per SM each kernel is compiled for (a register cap: 4 blocks of 128 threads = 128
+// registers a thread, 3 = 168). Head dims <= 64; larger ones take what they need. Tuning
+// builds override them with -D (benchmarks/build_variants.sh; PERF.md has the measurements).
+#ifndef NATTN_TC_QUERY_BLOCKS  // forward and dQ
 #define NATTN_TC_QUERY_BLOCKS 4
 #endif
+#ifndef NATTN_TC_QUERY_BLOCKS_HD32  // forward and dQ at head dims <= 32 (DiNAT)
+#define NATTN_TC_QUERY_BLOCKS_HD32 NATTN_TC_QUERY_BLOCKS
+#endif
+#ifndef NATTN_TC_DKV_BLOCKS  // dK/dV
+#define NATTN_TC_DKV_BLOCKS 3
+#endif
+#ifndef NATTN_TC_DKV_BLOCKS_HD32  // dK/dV at head dims <= 32
+#define NATTN_TC_DKV_BLOCKS_HD32 NATTN_TC_DKV_BLOCKS
+#endif
+
+template <int HD>
+constexpr int query_blocks() {
+  return HD <= 32 ? NATTN_TC_QUERY_BLOCKS_HD32 : HD <= 64 ? NATTN_TC_QUERY_BLOCKS : 1;
+}
+
+template <int HD>
+constexpr int dkv_blocks() {
+  return HD <= 32 ? NATTN_TC_DKV_BLOCKS_HD32 : HD <= 64 ? NATTN_TC_DKV_BLOCKS : 2;
+}
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -269,7 +289,7 @@ struct Walk {
 
 // ------------------------------------------------------------------------- forward
 template <typename T, int NA, int HD>
-__global__ void __launch_bounds__(kWarps * 32, HD <= 64 ? NATTN_TC_QUERY_BLOCKS : 1) forward_kernel(const Params p) {
+__global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) forward_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
   constexpr int NT = Lt::NT;
@@ -365,7 +385,7 @@ __global__ void __launch_bounds__(kWarps * 32, HD <= 64 ? NATTN_TC_QUERY_BLOCKS 
 
 // --------------------------------------------------------------- backward: dQ + delta
 template <typename T, int NA, int HD>
-__global__ void __launch_bounds__(kWarps * 32, HD <= 64 ? NATTN_TC_QUERY_BLOCKS : 1) backward_dq_kernel(const Params p) {
+__global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) backward_dq_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
   constexpr int KT = Lt::KT, NT = Lt::NT;
@@ -466,7 +486,7 @@ constexpr int dkv_warp_bytes() {
 }
 
 template <typename T, int NA, int HD>
-__global__ void __launch_bounds__(kWarps * 32, HD <= 64 ? 3 : 2) backward_dkv_kernel(const Params p) {
+__global__ void __launch_bounds__(kWarps * 32, dkv_blocks<HD>()) backward_dkv_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
   constexpr int NT = Lt::NT;
