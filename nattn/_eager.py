@@ -14,12 +14,24 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .backends import BACKENDS
 from .params import NAParams
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_NO_DOUBLE_BACKWARD = b"nattn: neighborhood attention has no double backward (second derivatives)"
+
+
+def _first_order_only(grads):
+    """Gradients computed without a graph. Under ``create_graph=True`` they come back behind an
+    error node, as from the custom op: differentiating them again raises, instead of silently
+    dropping the second-order terms through attention."""
+    if not torch.is_grad_enabled() or _functorch_active():  # functorch forbids requires_grad_
+        return grads
+    present = [g for g in grads if g is not None]
+    err = torch._C._functions.DelayedError(_NO_DOUBLE_BACKWARD, len(present))
+    marked = iter(err(*[g.detach().requires_grad_() for g in present]))
+    return tuple(next(marked) if g is not None else None for g in grads)
 
 
 def _probe(name: str):
@@ -31,6 +43,7 @@ def _probe(name: str):
 
 _dispatch_modes = _probe("_len_torch_dispatch_stack")        # FlopCounterMode, FakeTensorMode, ...
 _function_modes = _probe("_is_torch_function_mode_enabled")  # TorchFunctionMode
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 def eager_ok(*tensors: Optional[torch.Tensor]) -> bool:
@@ -61,14 +74,15 @@ class NAFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # an unused LSE gradient stays None (no zeros kernel)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out, grad_lse):
         q, k, v, rpb, out, lse = ctx.saved_tensors
-        if grad_out is None:  # only the LSE was used
-            grad_out = torch.zeros_like(out)
-        dq, dk, dv, drpb = BACKENDS[ctx.backend].na_backward(
-            q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params)
-        return dq, dk, dv, (drpb if rpb is not None else None), None, None
+        with torch.no_grad():
+            if grad_out is None:  # only the LSE was used
+                grad_out = torch.zeros_like(out)
+            dq, dk, dv, drpb = BACKENDS[ctx.backend].na_backward(
+                q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params)
+        dq, dk, dv, drpb = _first_order_only((dq, dk, dv, drpb if rpb is not None else None))
+        return dq, dk, dv, drpb, None, None
 
 
 class DenseFunction(torch.autograd.Function):
@@ -87,11 +101,12 @@ class DenseFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         is_causal, scale, backend = ctx.args
-        if grad_out is None:
-            grad_out = torch.zeros_like(out)
-        dq, dk, dv = BACKENDS[backend].dense_backward(q, k, v, out, lse, grad_out, grad_lse, is_causal, scale)
+        with torch.no_grad():
+            if grad_out is None:
+                grad_out = torch.zeros_like(out)
+            dq, dk, dv = BACKENDS[backend].dense_backward(q, k, v, out, lse, grad_out, grad_lse, is_causal, scale)
+        dq, dk, dv = _first_order_only((dq, dk, dv))
         return dq, dk, dv, None, None, None

@@ -104,3 +104,14 @@ def test_torch_func_grad_matches_autograd():
     for a, b in zip(got, want):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_double_backward_raises_instead_of_dropping_terms():
+    q, k, v, _ = _inputs(4, rpb=False)
+    out = nattn.na2d(q, k, v, 3)
+    (g,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    assert g.requires_grad  # behind an error node, as on the custom-op path
+    with pytest.raises(RuntimeError, match="no double backward"):
+        g.sum().backward()
+    # first-order use of create_graph=True stays correct
+    torch.testing.assert_close(g.detach(), torch.autograd.grad(nattn.na2d(q, k, v, 3).square().sum(), q)[0])
