@@ -74,6 +74,9 @@ static void check_staging(const Params& p, const AxisRange* u, const int* g, con
     for (int ci = 0; ci < chunks; ++ci, oc.step(u, st)) {
       const int f = ci * kChunk + lane % kChunk;
       CHECK(oc.f == f, "copy cursor at %d, want %d", oc.f, f);
+      for (int a = 0; a < NA; ++a)  // even past the union's end: its addresses stay valid
+        CHECK(unsigned(oc.c[a] - u[a].start) < unsigned(u[a].count), "copy cursor left the union at %d", f);
+      CHECK(oc.o[0] == direct.at(oc.c), "copy cursor offset drifted at %d (lane %d)", f, lane);
       if (f >= size) continue;
       check_coords<NA>(u, f, oc.c);
       CHECK(oc.o[0] == direct.at(oc.c), "copy cursor offset drifted at %d (lane %d)", f, lane);

@@ -245,6 +245,8 @@ struct GroupStrides {
 // A UnionCursor that moves a fixed D tokens at a time and also keeps its token's element
 // offsets in NS tensors, by additions: the per-stream increment of a step along the last
 // axis is kept, the rest (line ends) is read from the strides when a line end is crossed.
+// Its coordinates never leave the union (they wrap past its end; f tells), so copies
+// predicated off still get an address inside the tensor.
 template <int NA, int NS, int D>
 struct OffsetCursor {
   int c[3], f;
@@ -267,7 +269,7 @@ struct OffsetCursor {
     c[A] += D;
 #pragma unroll
     for (int i = 0; i < NS; ++i) o[i] += inc[i];
-    if (NA > 1 && c[A] >= u[A].start + u[A].count) wrap(u, s);
+    if (c[A] >= u[A].start + u[A].count) wrap(u, s);
   }
 
  private:
@@ -277,9 +279,10 @@ struct OffsetCursor {
     c[A] += d;
 #pragma unroll
     for (int i = 0; i < NS; ++i) o[i] += d * s[i].step(A);
-    if (NA > 1) wrap(u, s);
+    wrap(u, s);
   }
-  // Carries last-axis overflow into the leading axes (once per line end crossed).
+  // Carries last-axis overflow into the leading axes (once per line end crossed); past the
+  // union's end the coordinates start over, so the offsets always address union tokens.
   NATTN_HD void wrap(const AxisRange* u, const GroupStrides<NA>* s) {
     constexpr int A = NA - 1;
     while (c[A] >= u[A].start + u[A].count) {
