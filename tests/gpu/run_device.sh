@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all] ...
+#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|variants] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
-# the cuda and flex backends side by side (docs/dev/PERF.md records its tables).
+# the cuda and flex backends side by side (docs/dev/PERF.md records its tables); split, host,
+# models: benchmarks/{kernel_split,host_overhead,model_throughput}.py; variants: the tuning
+# builds in variants/*.so (benchmarks/build_variants.sh).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/nattn_out}; mkdir -p "$OUT"
@@ -35,6 +37,15 @@ fi
 if [[ $what == all || $what == *anchors* ]]; then
   timeout ${ANCHORS_TIMEOUT:-420} python3 -m nattn.bench --suite anchors --backprop --backend flex --markdown --no-progress --time-budget ${ANCHORS_BUDGET:-360} \
     --json "$OUT/anchors.json" 2>&1 | tee "$OUT/anchors.txt" | tail -30
+fi
+if [[ $what == *split* ]]; then  # per-kernel times of one forward+backward
+  (cd benchmarks && timeout 120 python3 kernel_split.py 2>&1 | tee "$OUT/split.txt" | grep -v vectorized)
+fi
+if [[ $what == *host* ]]; then  # host time per call (kernels negligible)
+  timeout 60 python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/host.txt" | tail -2
+fi
+if [[ $what == *models* ]]; then  # timm models end to end, per NA backend
+  timeout ${MODELS_TIMEOUT:-300} python3 benchmarks/model_throughput.py ${MODELS_ARGS:-} 2>&1 | tee "$OUT/models.md" | tail -12
 fi
 if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
   for lib in variants/*.so; do
