@@ -11,6 +11,7 @@ Both paths run the same backend methods.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -32,6 +33,13 @@ def _first_order_only(grads):
     err = torch._C._functions.DelayedError(_NO_DOUBLE_BACKWARD, len(present))
     marked = iter(err(*[g.detach().requires_grad_() for g in present]))
     return tuple(next(marked) if g is not None else None for g in grads)
+
+
+def _no_autocast(t: torch.Tensor):
+    """The backends run at their inputs' dtype, as below the custom op (which autocast never
+    reaches): an enclosing autocast region must not recast the reference's matmuls."""
+    device = t.device.type
+    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
 
 
 def _probe(name: str):
@@ -63,7 +71,8 @@ class NAFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, rpb, params: NAParams, backend: str):
-        return BACKENDS[backend].na_forward(q, k, v, rpb, params)
+        with _no_autocast(q):
+            return BACKENDS[backend].na_forward(q, k, v, rpb, params)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -76,7 +85,7 @@ class NAFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, rpb, out, lse = ctx.saved_tensors
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(q):
             if grad_out is None:  # only the LSE was used
                 grad_out = torch.zeros_like(out)
             dq, dk, dv, drpb = BACKENDS[ctx.backend].na_backward(
@@ -90,7 +99,8 @@ class DenseFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, is_causal: bool, scale: float, backend: str):
-        return BACKENDS[backend].dense_forward(q, k, v, is_causal, scale)
+        with _no_autocast(q):
+            return BACKENDS[backend].dense_forward(q, k, v, is_causal, scale)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -104,7 +114,7 @@ class DenseFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         is_causal, scale, backend = ctx.args
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast(q):
             if grad_out is None:
                 grad_out = torch.zeros_like(out)
             dq, dk, dv = BACKENDS[backend].dense_backward(q, k, v, out, lse, grad_out, grad_lse, is_causal, scale)

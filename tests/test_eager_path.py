@@ -115,3 +115,15 @@ def test_double_backward_raises_instead_of_dropping_terms():
         g.sum().backward()
     # first-order use of create_graph=True stays correct
     torch.testing.assert_close(g.detach(), torch.autograd.grad(nattn.na2d(q, k, v, 3).square().sum(), q)[0])
+
+
+def test_autocast_does_not_reach_the_backends():
+    q, k, v, bias = _inputs(5)
+    q, k, v, bias = (t.detach().float().requires_grad_() for t in (q, k, v, bias))
+    ref = nattn.na2d(q, k, v, 5, rpb=bias)
+    (g_ref,) = torch.autograd.grad(ref.square().sum(), q)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = nattn.na2d(q, k, v, 5, rpb=bias)  # eager path: same numbers as without autocast
+        (g,) = torch.autograd.grad(out.square().sum(), q)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(g, g_ref, rtol=0, atol=0)
