@@ -42,4 +42,11 @@ struct KernelEntry {
 extern const KernelEntry kKernels[];
 extern const int kNumKernels;
 
+// Element pointer of (batch b, head h) in a [B, *spatial, H, D] tensor with strides s (s[0]
+// batch, s[4] head): the origin the kernels add token offsets to. T carries the constness.
+template <typename T, typename V>
+__host__ __device__ inline T* head_base(V* ptr, const int64_t* s, int b, int h) {
+  return static_cast<T*>(ptr) + int64_t(b) * s[0] + int64_t(h) * s[4];
+}
+
 }  // namespace nattn

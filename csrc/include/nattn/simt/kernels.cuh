@@ -207,8 +207,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params p) {
   int c[3], g[3], ig[3];
   AxisRange win[3];
   query_windows<NA>(qi, p, c, g, ig, win);
-  const T* K = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4] + ch;
-  const T* V = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4] + ch;
+  const T* K = head_base<const T>(p.k, p.k_s, b, hkv) + ch;
+  const T* V = head_base<const T>(p.v, p.v_s, b, hkv) + ch;
   float q[C];
   load_channels<C>(q, static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] +
                           token_offset<NA>(c, p.q_s) + int64_t(h) * p.q_s[4] + ch, ch, p.dim, true);
@@ -298,8 +298,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
 #pragma unroll
   for (int i = 0; i < C; ++i) q[i] *= p.scale_log2;
 
-  const T* K = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4] + ch;
-  const T* V = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4] + ch;
+  const T* K = head_base<const T>(p.k, p.k_s, b, hkv) + ch;
+  const T* V = head_base<const T>(p.v, p.v_s, b, hkv) + ch;
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
   const AxisStrides ks = axis_strides(p.k_s), vs = axis_strides(p.v_s);
   const int64_t* strides[2] = {ks.s, vs.s};
@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
     const int total = box_size<NA>(inv);
     for (int hg = 0; hg < p.groups; ++hg) {  // GQA: every query head of this KV head
       const int h = hkv * p.groups + hg;
-      const T* Q = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4] + ch;
+      const T* Q = head_base<const T>(p.q, p.q_s, b, h) + ch;
       const T* DO = static_cast<const T*>(p.grad_out) + int64_t(b) * p.grad_out_s[0] +
                     int64_t(h) * p.grad_out_s[4] + ch;
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;

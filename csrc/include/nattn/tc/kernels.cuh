@@ -66,7 +66,6 @@ struct Layout {
   static constexpr int TILE = CW * P;           // one staged [CW, HD] tensor
   static constexpr int KT = HD / 16;            // k-steps over channels
   static constexpr int NT = HD / 8;             // n-tiles over channels
-  static constexpr int PIECES = CW * HD / 8;    // 16-byte pieces of one staged tensor
 };
 
 __device__ __forceinline__ unsigned ld32(const void* p) { return *reinterpret_cast<const unsigned*>(p); }
@@ -182,6 +181,10 @@ struct Rows {
                              : query_window(ig[r][a], L[a], p.kernel[a], p.stride[a], c);
       }
     }
+  }
+  // Row r's part of the RPB index (tiling::rpb_index adds a column's part).
+  __device__ __forceinline__ int rpb_part(const Params& p, const int* rmult, int r) const {
+    return rpb_row_part<NA, kInverse>(p, ig[r], rmult);
   }
 };
 
@@ -306,16 +309,16 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) forward_kerne
   int rmult[3];
   rpb_mults<NA>(p, rmult);
   {
-    const T* Q = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4];
+    const T* Q = head_base<const T>(p.q, p.q_s, b, h);
     stage_rows<T, HD>(sQ, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
                       p.dim, lane);
     cp_async_commit();  // completes with the first chunk (groups retire in order)
   }
-  const T* K = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
-  const T* V = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
+  const T* K = head_base<const T>(p.k, p.k_s, b, hkv);
+  const T* V = head_base<const T>(p.v, p.v_s, b, hkv);
   Walk<T, NA, HD, false> walk(p, rw, g, u, buf, lane, K, p.k_s, p.dim, V, p.v_s, p.dim_v);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
-  const int rrow[2] = {rpb_row_part<NA, false>(p, rw.ig[0], rmult), rpb_row_part<NA, false>(p, rw.ig[1], rmult)};
+  const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
 
   float o[NT][4];
 #pragma unroll
@@ -373,7 +376,7 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) forward_kerne
   }
   cp_async_wait<0>();  // no copy may land after the block's shared memory is gone
   const float l0 = quad_sum(l[0]), l1 = quad_sum(l[1]);
-  T* O = static_cast<T*>(p.out) + int64_t(b) * p.out_s[0] + int64_t(h) * p.out_s[4];
+  T* O = head_base<T>(p.out, p.out_s, b, h);
   store_rows<T, HD>(O + spatial_offset<NA>(p, p.out_s, rw.ig[0], g), O + spatial_offset<NA>(p, p.out_s, rw.ig[1], g),
                     rw.ok[0], rw.ok[1], o, 1.f / l0, 1.f / l1, p.dim_v, tq);
   if (tq == 0) {
@@ -404,9 +407,9 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) backward_dq_k
 
   float delta[2], lse2[2];
   {
-    const T* Q = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4];
-    const T* D = static_cast<const T*>(p.grad_out) + int64_t(b) * p.grad_out_s[0] + int64_t(h) * p.grad_out_s[4];
-    const T* O = static_cast<const T*>(p.out) + int64_t(b) * p.out_s[0] + int64_t(h) * p.out_s[4];
+    const T* Q = head_base<const T>(p.q, p.q_s, b, h);
+    const T* D = head_base<const T>(p.grad_out, p.grad_out_s, b, h);
+    const T* O = head_base<const T>(p.out, p.out_s, b, h);
     stage_rows<T, HD>(sQ, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
                       p.dim, lane);
     stage_rows<T, HD>(sQ + Lt::TILE, D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[0], g),
@@ -437,11 +440,11 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) backward_dq_k
       if (tq == 0 && rw.ok[r]) p.delta[row] = delta[r];
     }
   }
-  const T* K = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
-  const T* V = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
+  const T* K = head_base<const T>(p.k, p.k_s, b, hkv);
+  const T* V = head_base<const T>(p.v, p.v_s, b, hkv);
   Walk<T, NA, HD, false> walk(p, rw, g, u, buf, lane, K, p.k_s, p.dim, V, p.v_s, p.dim_v);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
-  const int rrow[2] = {rpb_row_part<NA, false>(p, rw.ig[0], rmult), rpb_row_part<NA, false>(p, rw.ig[1], rmult)};
+  const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
 
   float dq[NT][4];
 #pragma unroll
@@ -473,7 +476,7 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) backward_dq_k
     __syncwarp();
   }
   cp_async_wait<0>();
-  T* DQ = static_cast<T*>(p.dq) + int64_t(b) * p.dq_s[0] + int64_t(h) * p.dq_s[4];
+  T* DQ = head_base<T>(p.dq, p.dq_s, b, h);
   store_rows<T, HD>(DQ + spatial_offset<NA>(p, p.dq_s, rw.ig[0], g), DQ + spatial_offset<NA>(p, p.dq_s, rw.ig[1], g),
                     rw.ok[0], rw.ok[1], dq, p.scale, p.scale, p.dim, tq);
 #endif
@@ -509,8 +512,8 @@ __global__ void __launch_bounds__(kWarps * 32, dkv_blocks<HD>()) backward_dkv_ke
     int rmult[3];
     rpb_mults<NA>(p, rmult);
     {
-      const T* K = static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] + int64_t(hkv) * p.k_s[4];
-      const T* V = static_cast<const T*>(p.v) + int64_t(b) * p.v_s[0] + int64_t(hkv) * p.v_s[4];
+      const T* K = head_base<const T>(p.k, p.k_s, b, hkv);
+      const T* V = head_base<const T>(p.v, p.v_s, b, hkv);
       stage_rows<T, HD>(sK, K + spatial_offset<NA>(p, p.k_s, rw.ig[0], g), K + spatial_offset<NA>(p, p.k_s, rw.ig[1], g),
                         p.dim, lane);
       stage_rows<T, HD>(sK + Lt::TILE, V + spatial_offset<NA>(p, p.v_s, rw.ig[0], g),
@@ -525,13 +528,13 @@ __global__ void __launch_bounds__(kWarps * 32, dkv_blocks<HD>()) backward_dkv_ke
         dk[nt][e] = 0.f;
         dv[nt][e] = 0.f;
       }
-    const int rrow[2] = {rpb_row_part<NA, true>(p, rw.ig[0], rmult), rpb_row_part<NA, true>(p, rw.ig[1], rmult)};
+    const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
     int64_t tst[4];
     token_strides<NA>(p, tst);
     for (int hg = 0; hg < p.groups; ++hg) {  // GQA: every query head of this KV head
       const int h = hkv * p.groups + hg;
-      const T* Qb = static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + int64_t(h) * p.q_s[4];
-      const T* Db = static_cast<const T*>(p.grad_out) + int64_t(b) * p.grad_out_s[0] + int64_t(h) * p.grad_out_s[4];
+      const T* Qb = head_base<const T>(p.q, p.q_s, b, h);
+      const T* Db = head_base<const T>(p.grad_out, p.grad_out_s, b, h);
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
       Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
                                        int64_t(b) * p.tokens, h, tst);
@@ -572,8 +575,8 @@ __global__ void __launch_bounds__(kWarps * 32, dkv_blocks<HD>()) backward_dkv_ke
       }
     }
     cp_async_wait<0>();  // the own rows, when no query sees these keys
-    T* DK = static_cast<T*>(p.dk) + int64_t(b) * p.dk_s[0] + int64_t(hkv) * p.dk_s[4];
-    T* DV = static_cast<T*>(p.dv) + int64_t(b) * p.dv_s[0] + int64_t(hkv) * p.dv_s[4];
+    T* DK = head_base<T>(p.dk, p.dk_s, b, hkv);
+    T* DV = head_base<T>(p.dv, p.dv_s, b, hkv);
     store_rows<T, HD>(DK + spatial_offset<NA>(p, p.dk_s, rw.ig[0], g), DK + spatial_offset<NA>(p, p.dk_s, rw.ig[1], g),
                       rw.ok[0], rw.ok[1], dk, p.scale, p.scale, p.dim, tq);
     store_rows<T, HD>(DV + spatial_offset<NA>(p, p.dv_s, rw.ig[0], g), DV + spatial_offset<NA>(p, p.dv_s, rw.ig[1], g),
