@@ -154,6 +154,26 @@ NATTN_HD int union_size(const AxisRange* u) {
   return n;
 }
 
+// Carries a last-axis overflow of union coordinates c into the leading axes, once per line
+// end crossed; past the union's end they start over. moved(a, n) hears of each move of n
+// tokens along axis a (negative when an axis rewinds), for cursors that keep offsets.
+template <int NA, typename Moved>
+NATTN_HD void carry_lines(int* c, const AxisRange* u, Moved moved) {
+  constexpr int A = NA - 1;
+  while (c[A] >= u[A].start + u[A].count) {
+    c[A] -= u[A].count;
+    moved(A, -u[A].count);
+#pragma unroll
+    for (int a = A - 1; a >= 0; --a) {
+      ++c[a];
+      moved(a, 1);
+      if (c[a] < u[a].start + u[a].count) break;
+      c[a] = u[a].start;
+      moved(a, -u[a].count);
+    }
+  }
+}
+
 // One token of the packed walk: its group coordinates c, kept by counters (no divisions),
 // and its packed index f (past the union when f >= union_size).
 template <int NA>
@@ -172,16 +192,7 @@ struct UnionCursor {
     constexpr int A = NA - 1;
     f += d;
     c[A] += d;
-    if (NA == 1) return;
-    const int end = u[A].start + u[A].count;
-    while (c[A] >= end) {  // once per line end crossed (d is at most a chunk)
-      c[A] -= u[A].count;
-#pragma unroll
-      for (int a = A - 1; a >= 0; --a) {
-        if (++c[a] < u[a].start + u[a].count) break;
-        c[a] = u[a].start;
-      }
-    }
+    if (NA > 1) carry_lines<NA>(c, u, [](int, int) {});
   }
 };
 
@@ -281,25 +292,13 @@ struct OffsetCursor {
     for (int i = 0; i < NS; ++i) o[i] += d * s[i].step(A);
     wrap(u, s);
   }
-  // Carries last-axis overflow into the leading axes (once per line end crossed); past the
-  // union's end the coordinates start over, so the offsets always address union tokens.
+  // Line ends: past the union's end the coordinates start over, so the offsets always
+  // address union tokens.
   NATTN_HD void wrap(const AxisRange* u, const GroupStrides<NA>* s) {
-    constexpr int A = NA - 1;
-    while (c[A] >= u[A].start + u[A].count) {
-      c[A] -= u[A].count;
+    carry_lines<NA>(c, u, [&](int a, int n) {
 #pragma unroll
-      for (int i = 0; i < NS; ++i) o[i] -= u[A].count * s[i].step(A);
-#pragma unroll
-      for (int a = A - 1; a >= 0; --a) {
-        ++c[a];
-#pragma unroll
-        for (int i = 0; i < NS; ++i) o[i] += s[i].step(a);
-        if (c[a] < u[a].start + u[a].count) break;
-        c[a] = u[a].start;
-#pragma unroll
-        for (int i = 0; i < NS; ++i) o[i] -= u[a].count * s[i].step(a);
-      }
-    }
+      for (int i = 0; i < NS; ++i) o[i] += n * s[i].step(a);
+    });
   }
 };
 
