@@ -143,6 +143,16 @@ class ChannelsLastBackbone(nn.Module):
     def _classifier(self) -> nn.Module:
         return nn.Linear(self.num_features, self.num_classes) if self.num_classes > 0 else nn.Identity()
 
+    def _pyramid(self, num_classes: int, global_pool: str, embed_dim: int, depths, drop_path_rate: float):
+        """Head fields of a 4-stage pyramid (width doubling per stage): ``(dims, drop path
+        rates per stage)``; ``feature_info`` starts empty for the stages to fill."""
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        dims = [embed_dim * 2 ** i for i in range(len(depths))]
+        self.num_features = self.head_hidden_size = dims[-1]
+        self.feature_info = []
+        return dims, drop_path_rates(list(depths), drop_path_rate)
+
     def _add_head(self, norm_layer, drop_rate: float) -> None:
         """Final norm, dropout and classifier (timm's names), then every weight's init."""
         self.norm = norm_layer(self.num_features)

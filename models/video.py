@@ -15,7 +15,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NAStage, block_dilations, create, drop_path_rates, unwrap_state_dict
+from ._common import ChannelsLastBackbone, NAStage, block_dilations, create, unwrap_state_dict
 
 __all__ = ["VideoNAT"]
 
@@ -60,13 +60,9 @@ class VideoNAT(ChannelsLastBackbone):
     ):
         super().__init__()
         dilations = block_dilations(depths, num_heads, dilations)
-        self.num_classes = num_classes
-        self.global_pool = global_pool
-        dims = [embed_dim * 2 ** i for i in range(len(depths))]
-        self.num_features = self.head_hidden_size = dims[-1]
+        dims, dpr = self._pyramid(num_classes, global_pool, embed_dim, depths, drop_path_rate)
         self.patch_embed = ConvTokenizer3d(in_chans, embed_dim, norm_layer)
-        dpr = drop_path_rates(list(depths), drop_path_rate)
-        stages, self.feature_info = [], []
+        stages = []
         for i, depth in enumerate(depths):
             down = SpatialDownsampler3d(dims[i - 1], dims[i], norm_layer) if i > 0 else None
             spatial_dilations = [(1, d, d) for d in dilations[i]]  # dilate H and W, never T
