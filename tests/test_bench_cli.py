@@ -54,7 +54,9 @@ def test_only_selects_suite_problems():
 def test_anchors_are_the_canonical_problems():
     names = [p.name for p in ANCHORS]
     assert names == ["dinat-s1-2d", "dinat-s2-dil4", "mid-2d-k13", "video-3d", "1d-32k-w2048",
-                     "flux-2d-w80", "hunyuan-3d"]
+                     "flux-2d-w80", "hunyuan-3d", "flux-2d-w80-s16", "hunyuan-3d-s16"]
+    gna = {p.name: p.stride for p in ANCHORS if any(s > 1 for s in p.stride)}
+    assert gna == {"flux-2d-w80-s16": (16, 16), "hunyuan-3d-s16": (16, 8, 8)}
     flux = ANCHORS[5]
     assert flux.spatial == (256, 256) and flux.kernel == (80, 80) and flux.heads == 24 and flux.dim == 128
     # SEMANTICS.md's count: 4 * B * H * N * W * D when D_v == D.

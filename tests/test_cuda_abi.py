@@ -46,7 +46,7 @@ def problem(dim=DIM, dim_v=DIM, offset=0):
 def test_library_reports_its_table():
     assert LIB.kernels, "the library lists no kernels"
     for (family, dtype, na_dim), dims in LIB.kernels.items():
-        assert family in ("simt", "tc") and dtype in kernel_table.DTYPES and na_dim in (1, 2, 3)
+        assert family in ("simt", "tc", "sm90") and dtype in kernel_table.DTYPES and na_dim in (1, 2, 3)
         assert set(dims) <= set(kernel_table.HEAD_DIM_BUCKETS)
 
 

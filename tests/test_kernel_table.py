@@ -11,21 +11,51 @@ def test_simt_covers_everything_and_tc_only_16_bit_up_to_128():
     assert tc == {(d, n, h) for d in ("float16", "bfloat16") for n in kt.NA_DIMS for h in (16, 32, 64, 128)}
 
 
+def test_sm90_is_16_bit_forward_only_with_exact_head_dims():
+    insts = kt.instances()
+    sm90 = {(i.dtype, i.na_dim, i.head_dim) for i in insts if i.family == "sm90"}
+    assert sm90 == {(d, n, h) for d in ("float16", "bfloat16") for n in kt.NA_DIMS for h in (32, 64, 128)}
+    fam = kt.FAMILY_BY_NAME["sm90"]
+    assert not fam.backward and fam.prepare and fam.only_archs == ("9.0",)
+
+
+def test_arch_specific_families_only_when_their_arch_is_built():
+    for archs, has_sm90 in (("8.0", False), ("8.0;9.0", True), ("9.0", True), ("5.0;8.6", False), ("", True)):
+        fams = {i.family for i in kt.instances(archs=archs)}
+        assert ("sm90" in fams) == has_sm90, archs
+        assert {"simt", "tc"} <= fams
+
+
 def test_subsets_apply_to_every_family():
-    insts = kt.instances("float32,bfloat16", "64;256", "2")
+    insts = kt.instances("float32,bfloat16", "64;256", "2", "8.0")
     got = {(i.family, i.dtype, i.head_dim) for i in insts}
     assert got == {("simt", "float32", 64), ("simt", "float32", 256), ("simt", "bfloat16", 64),
                    ("simt", "bfloat16", 256), ("tc", "bfloat16", 64)}
     assert all(i.na_dim == 2 for i in insts)
+    with_sm90 = {(i.family, i.dtype, i.head_dim) for i in kt.instances("float32,bfloat16", "64;256", "2", "9.0")}
+    assert with_sm90 == got | {("sm90", "bfloat16", 64)}
 
 
-def test_generated_table_names_both_families(tmp_path):
-    insts = kt.instances("bfloat16", "32", "1")
+def test_generated_table_names_every_family(tmp_path):
+    insts = kt.instances("bfloat16", "32", "1", "9.0")
     sources = kt.generate(str(tmp_path), insts)
     assert sorted(p.rsplit("/", 1)[-1] for p in sources) == [
-        "kernel_table.cu", "simt_bfloat16_na1d_hd32.cu", "tc_bfloat16_na1d_hd32.cu"]
+        "kernel_table.cu", "simt_bfloat16_na1d_hd32.cu", "sm90_bfloat16_na1d_hd32.cu", "tc_bfloat16_na1d_hd32.cu"]
     table = (tmp_path / "kernel_table.cu").read_text()
-    assert '#include "nattn/simt/launch.h"' in table and '#include "nattn/tc/launch.h"' in table
-    assert '{"tc", 2, 1, 32, &tc::launch_forward<nattn::bf16_t, 1, 32>' in table
+    for fam in ("simt", "tc", "sm90"):
+        assert f'#include "nattn/{fam}/launch.h"' in table
+    args = "nattn::bf16_t, 1, 32"
+    assert (f'{{"tc", 2, 1, 32, &tc::launch_forward<{args}>, &tc::launch_backward<{args}>, nullptr}}'
+            in table)
+    assert (f'{{"sm90", 2, 1, 32, &sm90::launch_forward<{args}>, nullptr, &sm90::prepare_forward<{args}>}}'
+            in table)
     inst = (tmp_path / "tc_bfloat16_na1d_hd32.cu").read_text()
     assert '#include "nattn/tc/kernels.cuh"' in inst and "namespace tc" in inst
+    hopper = (tmp_path / "sm90_bfloat16_na1d_hd32.cu").read_text()
+    assert "prepare_forward<" in hopper and "launch_backward" not in hopper
+
+
+def test_wgmma_wrappers_are_current():
+    import subprocess, sys, os
+    tool = os.path.join(os.path.dirname(__file__), "..", "csrc", "tools", "gen_wgmma.py")
+    assert subprocess.run([sys.executable, tool, "--check"]).returncode == 0

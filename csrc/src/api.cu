@@ -57,22 +57,37 @@ const nattn::KernelEntry* find_kernel(const char* family, int dtype, int na_dim,
 
 bool aligned16(int64_t ptr) { return ptr % 16 == 0; }
 
-// Whether the tensor-core family may run on a device: SM80+, unless NATTN_FAMILY=simt
-// forces the SIMT kernels (for A/B measurements and for testing both families).
-bool tc_allowed(int device) {
-  static const bool forced_simt = [] {
-    const char* f = getenv("NATTN_FAMILY");
-    return f && !strcmp(f, "simt");
-  }();
-  static int major[64] = {0};  // 0: not asked yet
-  if (forced_simt || device < 0 || device >= 64) return false;
-  if (!major[device]) {
-    int m = 0;
-    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) m = -1;
-    major[device] = m;
-  }
-  return major[device] >= 8;
+// NATTN_FAMILY caps the family libnattn picks, for A/B measurements and for testing every
+// family on one GPU: simt, tc, or sm90 (which also makes a forward that the Hopper family
+// declines an error naming the reason). Unset, the most specialised family that takes a
+// problem runs. Read on every call (a getenv), so a process can switch between runs.
+enum FamilyCap { kCapSimt = 0, kCapTc = 1, kCapAny = 2, kCapSm90Only = 3 };
+int family_cap() {
+  const char* f = getenv("NATTN_FAMILY");
+  if (!f || !*f) return kCapAny;
+  return !strcmp(f, "simt") ? kCapSimt : !strcmp(f, "tc") ? kCapTc : !strcmp(f, "sm90") ? kCapSm90Only : kCapAny;
 }
+
+// Compute capability of a device as 10 * major + minor (0 when unknown), asked once.
+int device_cc(int device) {
+  static int cc[64] = {0};  // 0: not asked yet, -1: failed
+  if (device < 0 || device >= 64) return 0;
+  if (!cc[device]) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+      cc[device] = -1;
+    else
+      cc[device] = 10 * major + minor;
+  }
+  return cc[device] > 0 ? cc[device] : 0;
+}
+
+// The tensor-core family runs on SM80+ (its code is built for every arch from 8.0).
+bool tc_allowed(int device) { return family_cap() >= kCapTc && device_cc(device) >= 80; }
+
+// The Hopper family's code is sm_90a: it runs on compute capability 9.0 exactly.
+bool sm90_allowed(int device) { return family_cap() >= kCapAny && device_cc(device) == 90; }
 
 // Validates the problem and fills the kernel parameters. `backward` adds the
 // gradient tensors to the checks.
@@ -206,6 +221,26 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
   if (e != cudaSuccess)
     return fail(err, err_len, kCudaError, pr, what, "selecting device %lld: %s",
                 (long long)pr.device, cudaGetErrorString(e));
+  // The Hopper family's forward where it takes the problem (its prepare step writes the
+  // tensor maps into `workspace`); its backward is the tensor-core family's.
+  alignas(64) unsigned char workspace[nattn::kPrepareBytes];
+  if (!backward && p.dtype != 0) {
+    const bool required = family_cap() == kCapSm90Only;
+    const char* why = nullptr;
+    if (sm90_allowed(int(pr.device))) {
+      const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
+      const nattn::KernelEntry* h = find_kernel("sm90", p.dtype, p.na_dim, dim_max);
+      why = !h ? "no compiled sm90 kernel for this dtype, NA dim and head dim" : h->prepare(p, workspace);
+      if (!why) {
+        entry = h;
+        p.prepared = workspace;
+      }
+    } else {
+      why = "the device is not compute capability 9.0";
+    }
+    if (why && required)
+      return fail(err, err_len, kNotCompiled, pr, what, "NATTN_FAMILY=sm90, but the Hopper family declines: %s", why);
+  }
   (backward ? entry->backward : entry->forward)(p, static_cast<cudaStream_t>(stream));
   e = cudaGetLastError();
   if (e != cudaSuccess)

@@ -37,15 +37,24 @@ class Family:
     dtypes: Tuple[str, ...]
     head_dims: Tuple[int, ...]
     na_dims: Tuple[int, ...]
+    # Built only when one of these archs is requested (arch-specific code such as sm_90a);
+    # empty: whenever the family is compiled at all.
+    only_archs: Tuple[str, ...] = ()
+    backward: bool = True  # has its own backward (else another family's runs)
+    prepare: bool = False  # has a prepare step that may decline a problem
 
 
 # simt: every GPU from SM50, every dtype and head dim. tc: tensor cores (mma.sync, SM80+),
-# 16-bit inputs, head dims up to 128; libnattn picks it at run time where it applies
-# (src/api.cu) and falls back to simt otherwise.
+# 16-bit inputs, head dims up to 128. sm90: Hopper (TMA + wgmma, sm_90a code), forward,
+# head dims 32/64/128 exactly. libnattn picks the most specialised family that takes a
+# problem at run time (src/api.cu) and falls back to the next one otherwise.
 FAMILIES = (
     Family("simt", 50, DTYPES, HEAD_DIM_BUCKETS, NA_DIMS),
     Family("tc", 80, ("float16", "bfloat16"), (16, 32, 64, 128), NA_DIMS),
+    Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128), NA_DIMS, only_archs=("9.0",),
+           backward=False, prepare=True),
 )
+FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 
 # Fields of ``struct NattnProblem`` (all int64), in order: (name, count).
 # Pointers are passed as integers; absent tensors as 0. Strides are in elements,
@@ -117,10 +126,20 @@ def _subset(env_value: str, allowed: Sequence, cast) -> Tuple:
     return picked
 
 
-def instances(dtypes: str = "", head_dims: str = "", na_dims: str = "") -> List[Instance]:
-    """Every instance to compile, optionally restricted (NATTN_DTYPES / HEAD_DIMS / NA_DIMS)."""
+def _arch_list(archs: str) -> List[str]:
+    return [a.strip() for a in archs.replace(",", ";").split(";") if a.strip()]
+
+
+def instances(dtypes: str = "", head_dims: str = "", na_dims: str = "", archs: str = "") -> List[Instance]:
+    """Every instance to compile, optionally restricted (NATTN_DTYPES / HEAD_DIMS / NA_DIMS).
+
+    ``archs`` ("8.0;9.0") drops families whose arch-specific code none of them runs; empty
+    keeps every family (the table as a whole, e.g. for tests)."""
+    wanted = set(_arch_list(archs))
     out = []
     for fam in FAMILIES:
+        if wanted and fam.only_archs and not wanted & set(fam.only_archs):
+            continue
         for dt in _subset(dtypes, DTYPES, str):
             for nd in _subset(na_dims, fam.na_dims, int):
                 for hd in _subset(head_dims, HEAD_DIM_BUCKETS, int):
@@ -152,11 +171,17 @@ def problem_header() -> str:
 
 
 def instance_source(inst: Instance) -> str:
-    return (f"{_HEADER}#include \"nattn/{inst.family}/kernels.cuh\"\n\n"
-            f"namespace nattn {{ namespace {inst.family} {{\n"
-            f"template void launch_forward<{inst.template_args}>(const Params&, cudaStream_t);\n"
-            f"template void launch_backward<{inst.template_args}>(const Params&, cudaStream_t);\n"
-            f"}} }}\n")
+    fam = FAMILY_BY_NAME[inst.family]
+    args = inst.template_args
+    lines = [f"{_HEADER}#include \"nattn/{inst.family}/kernels.cuh\"", "",
+             f"namespace nattn {{ namespace {inst.family} {{",
+             f"template void launch_forward<{args}>(const Params&, cudaStream_t);"]
+    if fam.backward:
+        lines.append(f"template void launch_backward<{args}>(const Params&, cudaStream_t);")
+    if fam.prepare:
+        lines.append(f"template const char* prepare_forward<{args}>(const Params&, void*);")
+    lines += ["} }", ""]
+    return "\n".join(lines)
 
 
 def table_source(insts: Sequence[Instance]) -> str:
@@ -165,13 +190,16 @@ def table_source(insts: Sequence[Instance]) -> str:
         lines.append(f'#include "nattn/{fam}/launch.h"')
     lines += ["", "namespace nattn {", "const KernelEntry kKernels[] = {"]
     for i in insts:
+        fam = FAMILY_BY_NAME[i.family]
         code = DTYPES.index(i.dtype)
-        ns = f"{i.family}::"
+        ns, args = f"{i.family}::", i.template_args
+        backward = f"&{ns}launch_backward<{args}>" if fam.backward else "nullptr"
+        prepare = f"&{ns}prepare_forward<{args}>" if fam.prepare else "nullptr"
         lines.append(
             f'  {{"{i.family}", {code}, {i.na_dim}, {i.head_dim}, '
-            f"&{ns}launch_forward<{i.template_args}>, &{ns}launch_backward<{i.template_args}>}},")
+            f"&{ns}launch_forward<{args}>, {backward}, {prepare}}},")
     if not insts:
-        lines.append("  {nullptr, 0, 0, 0, nullptr, nullptr},")
+        lines.append("  {nullptr, 0, 0, 0, nullptr, nullptr, nullptr},")
     lines += ["};", f"const int kNumKernels = {len(insts)};", "}  // namespace nattn", ""]
     return "\n".join(lines)
 
@@ -210,7 +238,7 @@ def main(argv=None) -> None:
     ap.add_argument("--archs", default="", help="archs recorded in the configuration")
     ap.add_argument("--toolkit", default="", help="CUDA toolkit version recorded")
     a = ap.parse_args(argv)
-    insts = instances(a.dtypes, a.head_dims, a.na_dims)
+    insts = instances(a.dtypes, a.head_dims, a.na_dims, a.archs)
     sources = generate(a.out, insts)
     if a.config:
         config = {

@@ -102,6 +102,9 @@ ANCHORS = (
     Problem("1d-32k-w2048", (32768,), 1, 8, 128, (2048,)),
     Problem("flux-2d-w80", (256, 256), 1, 24, 128, (80, 80)),
     Problem("hunyuan-3d", (30, 48, 80), 1, 24, 128, (18, 24, 24)),
+    # GNA (strided) variants: groups of queries share one window, so whole tiles are dense.
+    Problem("flux-2d-w80-s16", (256, 256), 1, 24, 128, (80, 80), stride=(16, 16)),
+    Problem("hunyuan-3d-s16", (30, 48, 80), 1, 24, 128, (18, 24, 24), stride=(16, 8, 8)),
 )
 
 # Tiny problems that run in seconds on a CPU (CI runs this suite end to end).

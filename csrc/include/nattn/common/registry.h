@@ -26,9 +26,15 @@ struct Params {
   const void* grad_out; const float* grad_lse; float* delta;
   void* dq; void* dk; void* dv; float* drpb;
   int64_t q_s[5], k_s[5], v_s[5], out_s[5], grad_out_s[5], dq_s[5], dk_s[5], dv_s[5];
+  const void* prepared;   // host: launch state a family's prepare step left (sm90 tensor maps)
 };
 
+// Bytes of the host workspace a family's prepare step may fill (64-byte aligned).
+constexpr int kPrepareBytes = 512;
+
 using LaunchFn = void (*)(const Params&, cudaStream_t);
+// Whether a family takes a problem: nullptr when it does (workspace filled), else why not.
+using PrepareFn = const char* (*)(const Params&, void* workspace);
 
 struct KernelEntry {
   const char* family;
@@ -36,7 +42,8 @@ struct KernelEntry {
   int na_dim;
   int head_dim;  // bucket: runs any multiple of 8 up to this
   LaunchFn forward;
-  LaunchFn backward;
+  LaunchFn backward;   // nullptr: the family has no backward (another family's runs)
+  PrepareFn prepare;   // nullptr: takes every problem its table row matches
 };
 
 extern const KernelEntry kKernels[];

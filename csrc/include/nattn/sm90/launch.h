@@ -1,0 +1,13 @@
+// Host entry points of the Hopper (sm90) family, declared for the kernel table; the
+// explicit instantiations live in the generated files (one per dtype x NA dim x head dim).
+#pragma once
+#include "nattn/common/registry.h"
+
+namespace nattn { namespace sm90 {
+
+// Whether the family takes this forward problem: nullptr when it does (and the launch
+// state is written to `workspace`, kPrepareBytes, 64-byte aligned), else the reason.
+template <typename T, int NA, int HD> const char* prepare_forward(const Params& p, void* workspace);
+template <typename T, int NA, int HD> void launch_forward(const Params& p, cudaStream_t stream);
+
+}  }  // namespace nattn::sm90

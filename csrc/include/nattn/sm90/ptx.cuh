@@ -1,0 +1,180 @@
+// Hopper (sm_90a) building blocks as inline PTX: mbarriers, the bulk tensor copy (TMA),
+// warpgroup MMA fences and shared-memory matrix descriptors, register reallocation.
+// The sm90 family is compiled for sm_90a only (CMakeLists.txt); the host pass and any
+// other arch see empty bodies, and libnattn never launches the family elsewhere.
+#pragma once
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define NATTN_SM90_ENABLED 1
+#else
+#define NATTN_SM90_ENABLED 0
+#endif
+
+namespace nattn { namespace sm90 {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------- mbarriers
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+#if NATTN_SM90_ENABLED
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+#endif
+}
+
+// Makes the initialised barriers visible to the async proxy (the TMA engine).
+__device__ __forceinline__ void fence_barrier_init() {
+#if NATTN_SM90_ENABLED
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if NATTN_SM90_ENABLED
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if NATTN_SM90_ENABLED
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+
+// Spins until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+#if NATTN_SM90_ENABLED
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+// ---------------------------------------------------------------- TMA
+__device__ __forceinline__ void prefetch_tensor_map(const void* map) {
+#if NATTN_SM90_ENABLED
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
+// One box of a tensor map into shared memory, completing `bar`'s transaction count.
+// Coordinates are innermost first; out-of-bounds elements are written as zeros.
+template <int RANK>
+__device__ __forceinline__ void tma_load(void* dst, const void* map, uint64_t* bar, const int* c) {
+#if NATTN_SM90_ENABLED
+  const uint64_t m = reinterpret_cast<uint64_t>(map);
+  const uint32_t d = smem_u32(dst), b = smem_u32(bar);
+  if constexpr (RANK == 3) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+        ::"r"(d), "l"(m), "r"(b), "r"(c[0]), "r"(c[1]), "r"(c[2]) : "memory");
+  } else if constexpr (RANK == 4) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+        ::"r"(d), "l"(m), "r"(b), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]) : "memory");
+  } else {
+    static_assert(RANK == 5, "tensor maps here have rank 3, 4 or 5");
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n"
+        ::"r"(d), "l"(m), "r"(b), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "r"(c[4]) : "memory");
+  }
+#endif
+}
+
+// ---------------------------------------------------------------- warpgroup MMA
+__device__ __forceinline__ void wgmma_fence() {
+#if NATTN_SM90_ENABLED
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+#if NATTN_SM90_ENABLED
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if NATTN_SM90_ENABLED
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Keeps the compiler from moving reads or writes of accumulator registers across the
+// asynchronous MMAs that own them between issue and wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address,
+// leading and stride byte offsets (all in 16-byte units), and the swizzle mode of the
+// canonical layout. Tiles here start on 1024-byte boundaries, so the base offset is 0.
+//   swizzle bytes 128 -> mode 1, 64 -> 2, 32 -> 3.
+template <int SWIZZLE_BYTES>
+__device__ __forceinline__ uint64_t smem_desc(const void* tile, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  static_assert(SWIZZLE_BYTES == 128 || SWIZZLE_BYTES == 64 || SWIZZLE_BYTES == 32, "swizzle");
+  constexpr uint64_t mode = SWIZZLE_BYTES == 128 ? 1 : SWIZZLE_BYTES == 64 ? 2 : 3;
+  uint64_t d = (uint64_t(smem_u32(tile)) & 0x3FFFF) >> 4;
+  d |= uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16;
+  d |= uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32;
+  d |= mode << 62;
+  return d;
+}
+
+// ---------------------------------------------------------------- registers, barriers
+template <int REGS>
+__device__ __forceinline__ void regs_dealloc() {
+#if NATTN_SM90_ENABLED
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+#endif
+}
+
+template <int REGS>
+__device__ __forceinline__ void regs_alloc() {
+#if NATTN_SM90_ENABLED
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+#endif
+}
+
+// A named barrier among `threads` threads (one consumer warpgroup); id 0 is __syncthreads'.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+#if NATTN_SM90_ENABLED
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r = 0;
+#if NATTN_SM90_ENABLED
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+  return r;
+}
+
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  uint32_t r = 0;
+#if NATTN_SM90_ENABLED
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+  return r;
+}
+
+}  }  // namespace nattn::sm90

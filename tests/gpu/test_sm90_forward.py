@@ -1,0 +1,69 @@
+"""GPU tier, Hopper family: the sm90 forward (output and LSE) against the reference on
+fresh random problems it must take. Run with NATTN_FAMILY=sm90 (tests/gpu/run_device.sh
+does), which makes libnattn fail any forward the Hopper family declines instead of
+running another family, so a pass means the sm90 kernels computed every case."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+import nattn  # noqa: E402
+from gpu_cases import make_inputs  # noqa: E402
+from sm90_cases import sm90_sweep  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("needs a compute capability 9.0 GPU", allow_module_level=True)
+if os.environ.get("NATTN_FAMILY") != "sm90":
+    pytest.skip("run with NATTN_FAMILY=sm90 (tests/gpu/run_device.sh does)", allow_module_level=True)
+
+CASES = sm90_sweep(int(os.environ.get("NATTN_SM90_CASES", "1100")), seed=4242)
+WIDE = sm90_sweep(int(os.environ.get("NATTN_SM90_WIDE_CASES", "120")), seed=5151, wide=True)
+FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+
+
+def forward(case, t, backend):
+    with torch.no_grad():
+        return FUNCS[len(case.spatial)](
+            t["query"], t["key"], t["value"], case.kernel, stride=case.stride,
+            dilation=case.dilation, is_causal=case.causal, scale=case.scale,
+            additional_keys=t.get("additional_keys"), additional_values=t.get("additional_values"),
+            rpb=t.get("rpb"), backend=backend, return_lse=True)
+
+
+def rel_err(got, want):
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def compare(case):
+    t, _ = make_inputs(case)
+    out, lse = forward(case, t, "cuda")
+    ref_out, ref_lse = forward(case, t, "reference")
+    for name, got, want, tol in (("out", out, ref_out, TOL[case.dtype]), ("lse", lse, ref_lse, 1e-4)):
+        assert got.shape == want.shape, name
+        assert torch.isfinite(got).all(), f"{name}: non-finite values from the sm90 forward"
+        err = rel_err(got, want)
+        assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{i}-{c}" for i, c in enumerate(CASES)])
+def test_sm90_forward_matches_reference(case):
+    compare(case)
+
+
+@pytest.mark.parametrize("case", WIDE, ids=[f"wide{i}-{c}" for i, c in enumerate(WIDE)])
+def test_sm90_forward_wide_windows(case):
+    compare(case)
+
+
+def test_sm90_declines_what_it_cannot_take():
+    """A heads-major view (head stride != head dim) is declined with the reason named."""
+    q = torch.randn(1, 4, 16, 16, 64, device="cuda", dtype=torch.bfloat16).permute(0, 2, 3, 1, 4)
+    with pytest.raises(Exception, match="head stride"):
+        nattn.na2d(q, q, q, 5, backend="cuda")
