@@ -5,7 +5,7 @@ sm90 row and its distance to the floor (the larger of the FLOP floor, dense SDPA
 measured throughput applied to the NA work, and the memory floor at the measured copy
 rate). Each sm90 output is checked against the tc family's on the full problem.
 
-    python benchmarks/sm90_forward.py [--only a,b] [--no-flex] [--no-tc]
+    python benchmarks/sm90_forward.py [--only a,b] [--no-flex] [--no-tc] [--crossover]
 """
 
 import argparse
@@ -17,9 +17,15 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import nattn
-from nattn.bench import ANCHORS
+from nattn.bench import ANCHORS, Problem
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+# Window sizes between the small vision windows and the large ones: where sm90 overtakes tc.
+CROSSOVER = tuple(
+    [Problem(f"2d-128-k{k}", (128, 128), 4, 8, 64, (k, k)) for k in (9, 13, 17, 21, 25, 33)]
+    + [Problem(f"3d-k{'x'.join(map(str, k))}", (16, 32, 32), 2, 8, 64, k) for k in ((5, 7, 7), (7, 9, 9), (9, 11, 11))]
+    + [Problem(f"1d-32k-w{w}", (32768,), 1, 8, 128, (w,)) for w in (128, 256, 512, 1024)]
+    + [Problem(f"2d-56-k{k}-d32", (56, 56), 32, 4, 32, (k, k)) for k in (7, 13, 21)])
 
 
 def timed(fn, large):
@@ -60,12 +66,13 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-tc", action="store_true")
+    ap.add_argument("--crossover", action="store_true", help="the window-size sweep instead of the anchors")
     a = ap.parse_args()
     only = set(filter(None, a.only.split(",")))
     tbps, dense_tflops = copy_rate(), dense_rate()
     print(f"copy {tbps:.2f} TB/s, dense SDPA {dense_tflops:.0f} TFLOP/s")
     rows = []
-    for p in ANCHORS:
+    for p in CROSSOVER if a.crossover else ANCHORS:
         if only and p.name not in only:
             continue
         large = p.tokens * p.window > 1e8

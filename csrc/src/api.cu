@@ -89,6 +89,21 @@ bool tc_allowed(int device) { return family_cap() >= kCapTc && device_cc(device)
 // The Hopper family's code is sm_90a: it runs on compute capability 9.0 exactly.
 bool sm90_allowed(int device) { return family_cap() >= kCapAny && device_cc(device) == 90; }
 
+// Smallest window (keys per query) from which the Hopper family runs a forward unless
+// NATTN_FAMILY says otherwise, per NA dim. Measured on the H200 (bf16, docs/dev/PERF.md):
+// its 128-query boxes walk whole 128-key boxes of the window union, which costs little
+// next to a large window but 4-10x the work of a 7x7 or 13x13 one, where the tensor-core
+// family's 16-query warps are 2x faster. 1-D: it wins from 128 keys (0.22 vs 0.26 ms at
+// 32k tokens); 2-D: 33x33 wins, 25x25 loses; 3-D: 9x11x11 still loses 2.3 vs 1.3 ms, the
+// 18x24x24 video window wins 92 vs 222 ms.
+constexpr int64_t kSm90MinWindow[3] = {128, 1000, 4000};
+
+bool sm90_preferred(const nattn::Params& p) {
+  int64_t window = 1;
+  for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
+  return window >= kSm90MinWindow[p.na_dim - 1];
+}
+
 // Validates the problem and fills the kernel parameters. `backward` adds the
 // gradient tensors to the checks.
 int build_params(const int64_t* fields, int64_t n_fields, double scale, bool backward,
@@ -227,7 +242,7 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
   if (!backward && p.dtype != 0) {
     const bool required = family_cap() == kCapSm90Only;
     const char* why = nullptr;
-    if (sm90_allowed(int(pr.device))) {
+    if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p))) {
       const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
       const nattn::KernelEntry* h = find_kernel("sm90", p.dtype, p.na_dim, dim_max);
       why = !h ? "no compiled sm90 kernel for this dtype, NA dim and head dim" : h->prepare(p, workspace);
@@ -236,7 +251,7 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
         p.prepared = workspace;
       }
     } else {
-      why = "the device is not compute capability 9.0";
+      why = sm90_allowed(int(pr.device)) ? "window below the family's minimum" : "the device is not compute capability 9.0";
     }
     if (why && required)
       return fail(err, err_len, kNotCompiled, pr, what, "NATTN_FAMILY=sm90, but the Hopper family declines: %s", why);
@@ -255,6 +270,12 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
 NATTN_API int64_t nattn_abi_version() { return NATTN_ABI_VERSION; }
 
 NATTN_API int64_t nattn_num_problem_fields() { return NATTN_NUM_PROBLEM_FIELDS; }
+
+// The smallest window (keys) from which an NA forward of this dimension runs the Hopper
+// family when it can (Python's dispatch orders backends with it).
+NATTN_API int64_t nattn_sm90_min_window(int64_t na_dim) {
+  return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindow[na_dim - 1] : -1;
+}
 
 // "family:dtype:na_dim:head_dim" for every compiled instance, ';'-separated.
 NATTN_API const char* nattn_kernels() {

@@ -50,6 +50,12 @@ class Library:
             fn.restype = ctypes.c_int
         self.forward = lib.nattn_forward
         self.backward = lib.nattn_backward
+        # Per NA dim, the window from which a forward runs the Hopper family (none: older builds).
+        self.sm90_min_window = {}
+        if hasattr(lib, "nattn_sm90_min_window"):
+            lib.nattn_sm90_min_window.restype = ctypes.c_int64
+            lib.nattn_sm90_min_window.argtypes = [ctypes.c_int64]
+            self.sm90_min_window = {n: lib.nattn_sm90_min_window(n) for n in (1, 2, 3)}
         # (family, dtype, na_dim) -> sorted head-dim buckets
         self.kernels = {}
         for item in lib.nattn_kernels().decode().split(";"):

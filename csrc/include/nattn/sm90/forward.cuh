@@ -36,13 +36,14 @@ struct Smem {
   static constexpr int kBlocks = HD >= 64 ? HD / 64 : 1;     // column blocks
   static constexpr int kBlockBytes = kTileRows * kRowBytes;  // one column block of a tile
   static constexpr int kTileBytes = kBlocks * kBlockBytes;   // 128 x HD, 16-bit
-  static constexpr int kStages = HD >= 128 ? 2 : 3;
+  static constexpr int kStages = 3;
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kTileBytes;
   static constexpr int kV = kK + kStages * kTileBytes;
   static constexpr int kBars = kV + kStages * kTileBytes;  // q_full, k_full[S], v_full[S], empty[S]
   static constexpr int kBytes = kBars + 8 * (1 + 3 * kStages);
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
+  static_assert(kAlloc <= 227 * 1024, "more shared memory than a Hopper block may have");
 
   // Byte offset of (row, channel c) in a tile: the swizzle the copy engine writes
   // (16-byte chunk index XOR row bits), which the wgmma descriptors then describe.
@@ -204,24 +205,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const bool has_rpb = p.rpb != nullptr;
-
   const unsigned char* q_tile = smem + S::kQ + cw * kWgRows * S::kRowBytes;
-  mbar_wait(q_full, 0);
 
-  for (int k = 0; k < tile.tiles; ++k) {
+  // S = Q K^T of key box k, issued (completes at the next wgmma wait).
+  auto issue_s = [&](int k, float (&sc)[kNk / 2]) {
     const int s = k % S::kStages;
-    const int phase = (k / S::kStages) & 1;
-    int origin[3] = {0, 0, 0};
-    key_origin<NA>(tile, k, origin);
-    bool full = true;
-#pragma unroll
-    for (int a = 0; a < NA; ++a)
-      full = full && origin[a] >= full_lo[a] && origin[a] + box_extent<NA>(a) - 1 <= full_hi[a];
-
-    // S = Q K^T over HD / 16 k-steps.
-    float sc[kNk / 2];
     const unsigned char* k_tile = smem + S::kK + s * S::kTileBytes;
-    mbar_wait(k_full + s, phase);
+    mbar_wait(k_full + s, (k / S::kStages) & 1);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
@@ -231,17 +221,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_ss<T, kNk>(sc, da, db, kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(sc);
-
-    // Scale, mask, bias; the tile's row maxima.
-    float mx[2] = {-INFINITY, -INFINITY};
+  };
+  // O += P V of key box k, issued.
+  auto issue_pv = [&](int k, const uint32_t (&pa)[kNk / 16][4]) {
+    const int s = k % S::kStages;
+    const unsigned char* v_tile = smem + S::kV + s * S::kTileBytes;
+    mbar_wait(v_full + s, (k / S::kStages) & 1);
+    wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < kNk / 2; ++i) {
-      const int r = (i / 2) % 2;
-      const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
-      float x = sc[i] * p.scale_log2;
-      if (!full || has_rpb) {
+    for (int kk = 0; kk < kNk / 16; ++kk) {
+      const uint64_t dv = smem_desc<S::kRowBytes>(v_tile + kk * 16 * S::kRowBytes, S::kBlockBytes, 8 * S::kRowBytes);
+      wgmma_rs<T, HD>(o, pa[kk], dv, 1);
+    }
+    wgmma_commit();
+  };
+  // Scale, mask (boxes not inside every window), bias; online softmax: sc becomes P in
+  // fp32, m and l move on, and alpha is the factor O must be rescaled by.
+  auto softmax = [&](int k, float (&sc)[kNk / 2], float (&alpha)[2]) {
+    int origin[3] = {0, 0, 0};
+    key_origin<NA>(tile, k, origin);
+    bool full = true;
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+      full = full && origin[a] >= full_lo[a] && origin[a] + box_extent<NA>(a) - 1 <= full_hi[a];
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (full && !has_rpb) {  // the common case of large windows: no per-element work
+#pragma unroll
+      for (int i = 0; i < kNk / 2; ++i) {
+        sc[i] *= p.scale_log2;
+        mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kNk / 2; ++i) {
+        const int r = (i / 2) % 2;
+        const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
+        float x = sc[i] * p.scale_log2;
         bool in = true;
         int rpb_col = 0;
 #pragma unroll
@@ -252,45 +267,69 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (!in) x = -INFINITY;
         else if (has_rpb) x += __ldg(p.rpb + row[r].rpb + rpb_col) * kLog2e;
+        sc[i] = x;
+        mx[r] = fmaxf(mx[r], x);
       }
-      sc[i] = x;
-      mx[r] = fmaxf(mx[r], x);
     }
-    float alpha[2], m_use[2];
+    float m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float m_new = fmaxf(m[r], quad_max(mx[r]));
       m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing seen yet stays at zero
-      alpha[r] = exp2f(m[r] - m_use[r]);
+      alpha[r] = fast_exp2(m[r] - m_use[r]);
       m[r] = m_new;
       l[r] *= alpha[r];
     }
-    uint32_t pa[kNk / 16][4];
 #pragma unroll
-    for (int i = 0; i < kNk / 2; i += 2) {
-      const int r = (i / 2) % 2;
-      const float p0 = exp2f(sc[i] - m_use[r]), p1 = exp2f(sc[i + 1] - m_use[r]);
-      l[r] += p0 + p1;
-      pa[i / 8][(i % 8) / 2] = pack2<T>(p0, p1);
+    for (int i = 0; i < kNk / 2; ++i) {
+      sc[i] = fast_exp2(sc[i] - m_use[(i / 2) % 2]);
+      l[(i / 2) % 2] += sc[i];
     }
+  };
+  auto pack_p = [&](const float (&sc)[kNk / 2], uint32_t (&pa)[kNk / 16][4]) {
 #pragma unroll
-    for (int i = 0; i < HD / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+    for (int i = 0; i < kNk / 2; i += 2) pa[i / 8][(i % 8) / 2] = pack2<T>(sc[i], sc[i + 1]);
+  };
+  auto release = [&](int k) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + k % S::kStages);
+  };
 
-    // O += P V over the box's keys, 16 at a time.
-    const unsigned char* v_tile = smem + S::kV + s * S::kTileBytes;
-    mbar_wait(v_full + s, phase);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kNk / 16; ++kk) {
-      const uint64_t dv = smem_desc<S::kRowBytes>(v_tile + kk * 16 * S::kRowBytes, S::kBlockBytes, 8 * S::kRowBytes);
-      wgmma_rs<T, HD>(o, pa[kk], dv, 1);
-    }
-    wgmma_commit();
+  // Pipelined as FlashAttention-3 does: while the tensor cores run P_{k-1} V_{k-1}, the
+  // warpgroup computes the softmax of box k (issued just before). The two consumer
+  // warpgroups also take turns issuing (barriers 3 and 4), so one's softmax overlaps the
+  // other's products.
+  const int my_turn = 3 + cw, their_turn = 4 - cw;
+  float sc[kNk / 2], alpha[2];
+  uint32_t pa[kNk / 16][4];
+  mbar_wait(q_full, 0);
+  issue_s(0, sc);
+  wgmma_wait<0>();
+  fence_regs(sc);
+  softmax(0, sc, alpha);
+  pack_p(sc, pa);
+  if (cw == 1 && tile.tiles > 1) named_arrive(their_turn, 256);  // warpgroup 0 goes first
+  for (int k = 1; k < tile.tiles; ++k) {
+    named_sync(my_turn, 256);
+    issue_s(k, sc);
+    issue_pv(k - 1, pa);
+    if (cw == 0 || k + 1 < tile.tiles) named_arrive(their_turn, 256);
+    wgmma_wait<1>();  // S of box k is in; P_{k-1} V_{k-1} may still run
+    fence_regs(sc);
+    softmax(k, sc, alpha);
     wgmma_wait<0>();
     fence_regs(o);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + s);
+    fence_regs(pa);
+    release(k - 1);
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+    pack_p(sc, pa);
   }
+  issue_pv(tile.tiles - 1, pa);
+  wgmma_wait<0>();
+  fence_regs(o);
+  fence_regs(pa);
+  release(tile.tiles - 1);
 
   // O / l through shared memory (the warpgroup's own query rows, no longer read), then
   // 16-byte stores of whole rows; the LSE from the lanes holding column 0.

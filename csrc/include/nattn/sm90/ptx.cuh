@@ -118,10 +118,12 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-template <int N>
-__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+template <int N, int M>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][M]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < M; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
 // Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address,
@@ -159,6 +161,20 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 #if NATTN_SM90_ENABLED
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 #endif
+}
+
+// Arrives at a named barrier without waiting (the other side of a named_sync).
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+#if NATTN_SM90_ENABLED
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+
+// 2^x in one MUFU op (flush-to-zero; exp2f adds a denormal-range fix-up around it).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
