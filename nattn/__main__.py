@@ -84,12 +84,15 @@ def main(argv=None) -> int:
 
     print(f"\nna2d: q, k, v {list(shape)} {args.dtype}, kernel_size {args.kernel}, "
           f"dilation {args.dilation}")
-    rows, failed, eager_flex = [], [], False
-    for name in AUTO_ORDER:
+    w0 = max(len("backend"), *(len(n) + 2 for n in AUTO_ORDER))
+    row = f"{{:<{w0}}}  {{:>9}}  {{:>9}}  {{}}"
+    print("\n" + row.format("backend", "time (ms)", "max |err|", "result"))
+    failed, eager_flex = [], False
+    for name in AUTO_ORDER:  # one line per backend as soon as it has run
         label = name + (" *" if name == best else "")
         reasons = BACKENDS[name].na_not_supported_reasons(q, k, v, None, params, True)
         if reasons:
-            rows.append((label, "-", "-", "skipped: " + "; ".join(reasons)))
+            print(row.format(label, "-", "-", "skipped: " + "; ".join(reasons)))
             continue
         run = lambda: nattn.na2d(q, k, v, backend=name, **na)  # noqa: E731
         with warnings.catch_warnings():
@@ -102,19 +105,14 @@ def main(argv=None) -> int:
         ok = bool(torch.isfinite(out).all()) and err < tol
         if not ok:
             failed.append(name)
-        rows.append((label, f"{ms:.2f}", f"{err:.1e}", "ok" if ok else f"MISMATCH (tolerance {tol:g})"))
-
-    header = ("backend", "time (ms)", "max |err|", "result")
-    w0 = max(len(header[0]), *(len(r[0]) for r in rows))
-    print(f"\n{header[0]:<{w0}}  {header[1]:>9}  {header[2]:>9}  {header[3]}")
-    for label, ms, err, result in rows:
-        print(f"{label:<{w0}}  {ms:>9}  {err:>9}  {result}")
+        result = "ok" if ok else f"MISMATCH (tolerance {tol:g})"
+        print(row.format(label, f"{ms:.2f}", f"{err:.1e}", result), flush=True)
     print("\n* chosen automatically for this problem. max |err|: against the float64 reference.")
     if eager_flex:
         print("flex on CPU runs torch's eager (unfused) flex_attention; automatic dispatch "
               "uses flex on CUDA only.")
     if failed:
-        print(f"FAILED: {', '.join(failed)} disagree with the reference beyond {tol:g}.")
+        print(f"FAILED: max |err| above {tol:g} for {', '.join(failed)}.")
         return 1
     return 0
 
