@@ -1,5 +1,5 @@
-"""Times the cuda backend on the ANCHORS.md problems, beside the reference backend and
-torch's dense SDPA, bf16, forward and forward+backward (ms, medians). libnattn runs its
+"""Times the cuda backend on the anchor problems (nattn/bench/problems.py), beside the reference
+backend and torch's dense SDPA, bf16, forward and forward+backward (ms, medians). libnattn runs its
 tensor-core family here on SM80+; NATTN_FAMILY=simt times the SIMT kernels instead, and
 NATTN_TC_BOX=model the tensor-core kernels with per-problem box shapes.
 
@@ -16,7 +16,7 @@ from triton.testing import do_bench
 
 import nattn
 
-# name, spatial, batch, heads, head_dim, kernel, dilation (ANCHORS.md)
+# name, spatial, batch, heads, head_dim, kernel, dilation (as in nattn/bench/problems.py)
 ANCHORS = [
     ("dinat-s1-2d", (56, 56), 32, 4, 32, (7, 7), (1, 1)),
     ("dinat-s2-dil4", (28, 28), 32, 8, 32, (7, 7), (4, 4)),

@@ -1,4 +1,4 @@
-"""Per-kernel GPU time of one cuda-backend forward+backward on ANCHORS.md problems (bf16):
+"""Per-kernel GPU time of one cuda-backend forward+backward on the anchor problems (bf16):
 which of libnattn's passes (forward, dQ, dK/dV) the time goes to, from torch.profiler.
 
     python benchmarks/kernel_split.py [--only dinat-s1-2d,video-3d] [--iters 20]

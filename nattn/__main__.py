@@ -1,8 +1,8 @@
 """``python -m nattn``: run a small 2-D NA problem on every backend that fits this machine.
 
 Each backend's output is checked against the reference computed in float64; the table
-shows backend, shape, median time and max error. The build configuration of the
-compiled kernel library (if any) is printed first.
+shows backend, median time and max error. A line on the compiled CUDA kernel library
+(built or not, and what it holds) comes first.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import argparse
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 
@@ -18,14 +19,30 @@ import nattn
 from nattn.backends import AUTO_ORDER, BACKENDS, choose_na_backend
 from nattn.params import normalize
 
+# torch's flex_attention warns once per process when it runs without torch.compile. nattn
+# compiles flex on CUDA only; on CPU the flex backend runs eagerly by design (and only when
+# asked, as here), so that warning's advice is not for the user of this job.
+_FLEX_EAGER_WARNING = "flex_attention called without torch.compile"
+
 
 def _build_summary() -> str:
     try:
         from nattn.build_info import build_config
     except ImportError:
-        return "compiled kernels: not part of this install (reference/flex backends only)"
+        return "CUDA kernels: not part of this install (reference and flex backends only)"
     cfg = build_config()
-    return "compiled kernels: " + ", ".join(f"{k}={v}" for k, v in cfg.items())
+    if cfg["library"] is None:
+        return ("CUDA kernels: not built (reference and flex backends only; "
+                "NATTN_CUDA_ARCH at install builds them, docs/kernels.md)")
+    if "error" in cfg:
+        return f"CUDA kernels: {cfg['error']}"
+    fields = [("archs", "archs"), ("dtypes", "dtypes"), ("head dims", "head_dims"),
+              ("NA dims", "na_dims"), ("families", "families")]
+    held = [f"{label} {', '.join(map(str, cfg[key]))}" for label, key in fields if cfg[key]]
+    if cfg.get("toolkit"):
+        held.append(f"toolkit {cfg['toolkit']}")
+    held = "; ".join(held)
+    return f"CUDA kernels: {cfg['library']}\n  {held}"
 
 
 def _time(fn, device, repeats: int) -> float:
@@ -65,24 +82,39 @@ def main(argv=None) -> int:
     best = choose_na_backend(q, k, v, None, params)
     tol = 1e-3 if dtype == torch.float32 else 3e-2
 
-    print(f"\nproblem: na2d q/k/v {list(shape)} {args.dtype}, kernel {args.kernel}, dilation {args.dilation}")
-    print(f"{'backend':<12} {'chosen':<7} {'time (ms)':>10} {'max |err|':>11}  status")
-    failed = False
-    for name in AUTO_ORDER:
+    print(f"\nna2d: q, k, v {list(shape)} {args.dtype}, kernel_size {args.kernel}, "
+          f"dilation {args.dilation}")
+    w0 = max(len("backend"), *(len(n) + 2 for n in AUTO_ORDER))
+    row = f"{{:<{w0}}}  {{:>9}}  {{:>9}}  {{}}"
+    print("\n" + row.format("backend", "time (ms)", "max |err|", "result"))
+    failed, eager_flex = [], False
+    for name in AUTO_ORDER:  # one line per backend as soon as it has run
+        label = name + (" *" if name == best else "")
         reasons = BACKENDS[name].na_not_supported_reasons(q, k, v, None, params, True)
         if reasons:
-            print(f"{name:<12} {'':<7} {'-':>10} {'-':>11}  skipped: {'; '.join(reasons)}")
+            print(row.format(label, "-", "-", "skipped: " + "; ".join(reasons)))
             continue
         run = lambda: nattn.na2d(q, k, v, backend=name, **na)  # noqa: E731
-        out = run()
+        with warnings.catch_warnings():
+            if name == "flex" and device.type == "cpu":
+                eager_flex = True
+                warnings.filterwarnings("ignore", message=_FLEX_EAGER_WARNING, category=UserWarning)
+            out = run()
+            ms = _time(run, device, args.repeats) * 1e3
         err = (out.double() - truth).abs().max().item()
         ok = bool(torch.isfinite(out).all()) and err < tol
-        failed |= not ok
-        ms = _time(run, device, args.repeats) * 1e3
-        mark = "*" if name == best else ""
-        print(f"{name:<12} {mark:<7} {ms:>10.3f} {err:>11.2e}  {'ok' if ok else 'MISMATCH'}")
-    print("\n* = backend chosen automatically; error vs the float64 reference.")
-    return 1 if failed else 0
+        if not ok:
+            failed.append(name)
+        result = "ok" if ok else f"MISMATCH (tolerance {tol:g})"
+        print(row.format(label, f"{ms:.2f}", f"{err:.1e}", result), flush=True)
+    print("\n* chosen automatically for this problem. max |err|: against the float64 reference.")
+    if eager_flex:
+        print("flex on CPU runs torch's eager (unfused) flex_attention; automatic dispatch "
+              "uses flex on CUDA only.")
+    if failed:
+        print(f"FAILED: max |err| above {tol:g} for {', '.join(failed)}.")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""FLOP and MAC counting for nattn's ops (SEMANTICS.md, "FLOPs").
+"""FLOP and MAC counting for nattn's ops (docs/semantics.md, "FLOPs").
 
 Only the two matrix products count: ``2 * B * H * N * W * D`` for QK and
 ``2 * B * H * N * W * D_v`` for AV, with ``N`` query tokens and ``W = prod(kernel_size)``;

@@ -1,12 +1,12 @@
 """Public functional API: ``na1d``/``na2d``/``na3d``, dense ``attention``, ``merge_attentions``.
 
-Names and keywords follow NATTEN's functional API, so existing code ports by changing
-the import. Layout is heads-last: ``[B, *spatial, H, D]``.
+Function and argument names follow NATTEN's functional API; docs/porting-from-natten.md
+lists what differs. Layout is heads-last: ``[B, *spatial, H, D]``.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -35,8 +35,17 @@ def neighborhood_attention(
     return_lse: bool = False,
     *,
     na_dim: int,
-):
-    """Neighborhood attention over ``na_dim`` spatial axes (see :func:`na2d`)."""
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Neighborhood attention over ``na_dim`` (1, 2 or 3) spatial axes.
+
+    ``neighborhood_attention(q, k, v, ..., na_dim=2)`` is ``na2d(q, k, v, ...)``; the
+    arguments, results and errors are those of [na1d][nattn.functional.na1d],
+    [na2d][nattn.functional.na2d] and [na3d][nattn.functional.na3d], with ``query``
+    ``[B, *spatial, H, D]`` of ``na_dim`` spatial axes.
+
+    Args:
+        na_dim: the number of spatial axes (keyword-only).
+    """
     params = normalize(
         query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
         rpb, additional_keys, additional_values,
@@ -63,45 +72,225 @@ def neighborhood_attention(
     return (out, lse) if return_lse else out
 
 
-def _doc(na_dim: int) -> str:
-    axes = ", ".join("XYZ"[:na_dim])
-    return f"""{na_dim}-D neighborhood attention.
+def na1d(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kernel_size: IntOrTuple,
+    stride: IntOrTuple = 1,
+    dilation: IntOrTuple = 1,
+    is_causal: BoolOrTuple = False,
+    scale: Optional[float] = None,
+    additional_keys: Optional[torch.Tensor] = None,
+    additional_values: Optional[torch.Tensor] = None,
+    rpb: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """1-D neighborhood attention: each query attends to a window of keys around it.
+
+    Every query at ``[b, X, h]`` attends to the keys of its neighborhood (a window of
+    ``kernel_size`` keys per axis, see docs/semantics.md) and, if given, to every one of
+    ``additional_keys``. Differentiable in ``query``, ``key``, ``value``, ``rpb`` and the
+    additional keys/values (first derivatives only).
 
     Args:
-        query: ``[B, {axes}, H, D]``.
-        key, value: ``[B, {axes}, H_kv, D]`` and ``[B, {axes}, H_kv, D_v]``; ``H % H_kv == 0``.
-        kernel_size: window size per axis (int or {na_dim}-tuple, >= 2, even allowed).
-        stride: query grouping per axis, ``1 <= stride <= kernel_size``.
-        dilation: per axis, ``kernel_size * dilation <= size``.
-        is_causal: bool or {na_dim}-tuple of bools (causal per axis).
-        scale: logit scale, default ``D ** -0.5``.
-        additional_keys, additional_values: ``[B, N_extra, H_kv, D]`` / ``[..., D_v]``, attended
-            by every query besides its neighborhood, merged exactly through the LSE.
-        rpb: relative positional bias ``[H, 2k-1, ...]`` (odd kernels, stride 1, non-causal).
-        backend: ``None``/``"auto"`` (fastest that fits) or a backend name.
-        return_lse: also return the logsumexp ``[B, {axes}, H]`` (float32).
+        query: ``[B, X, H, D]``; float32, float16, bfloat16 or float64.
+        key: ``[B, X, H_kv, D]``, same dtype and device as ``query``; ``H`` must be a
+            multiple of ``H_kv`` (GQA/MQA: query head ``h`` uses key head ``h // (H // H_kv)``).
+        value: ``[B, X, H_kv, D_v]``; ``D_v`` may differ from ``D``.
+        kernel_size: window size, an int for every axis or a 1-tuple of ints; each ``>= 2``
+            (even sizes allowed) and ``kernel_size * dilation <= `` the input size on that axis.
+        stride: per axis, ``1 <= stride <= kernel_size``: blocks of ``stride`` queries share
+            one window.
+        dilation: per axis, ``>= 1``: the window takes every ``dilation``-th key.
+        is_causal: a bool for every axis or a 1-tuple of bools; a causal axis keeps only keys
+            at or before the query on that axis.
+        scale: factor applied to ``q . k`` before the softmax. Default ``D ** -0.5``.
+        additional_keys: ``[B, N_extra, H_kv, D]`` or None: keys attended by every query
+            besides its neighborhood (one softmax over both, merged through the logsumexp).
+            Give together with ``additional_values``.
+        additional_values: ``[B, N_extra, H_kv, D_v]`` or None.
+        rpb: relative positional bias ``[H, 2*k_X-1]`` or None: the logit of a key at
+            offset ``o`` from its query (in dilated steps) gets ``rpb[h, o_X + k_X - 1]``.
+            Needs odd kernel sizes, stride 1 and no causal axis.
+        backend: None or ``"auto"`` picks the fastest backend that can run the call
+            (docs/backends.md); ``"cuda"``, ``"flex"`` or ``"reference"`` forces one.
+        return_lse: also return the logsumexp of the logits.
 
     Returns:
-        ``out [B, {axes}, H, D_v]``, or ``(out, lse)`` when ``return_lse``.
+        ``out`` ``[B, X, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
+            tuple ``(out, lse)``, ``lse`` ``[B, X, H]`` in float32 (float64 for float64
+            inputs), natural log.
+
+    Raises:
+        TypeError: an argument of the wrong type (a non-tensor, a dtype other than those
+            above, mixed dtypes, a non-int ``kernel_size``/``stride``/``dilation``, a
+            non-bool ``is_causal``).
+        ValueError: shapes that do not match the layout above, tensors on different
+            devices, a tuple of the wrong length, a value outside the ranges above, or an
+            unknown ``backend`` name; the message names the argument (and the axis).
+        nattn.backends.NoBackendError: (a ``ValueError``) no backend, or not the one named
+            in ``backend``, can run the call; the message gives each backend's reasons.
+
+    Example:
+        ```python
+        q = k = v = torch.randn(2, 128, 4, 32)
+        out = nattn.na1d(q, k, v, kernel_size=7)
+        ```
     """
+    return neighborhood_attention(
+        query, key, value, kernel_size, stride, dilation, is_causal, scale,
+        additional_keys, additional_values, rpb, backend, return_lse, na_dim=1,
+    )
 
 
-def _make(na_dim: int):
-    def na(query, key, value, kernel_size, stride=1, dilation=1, is_causal=False, scale=None,
-           additional_keys=None, additional_values=None, rpb=None, backend=None, return_lse=False):
-        return neighborhood_attention(
-            query, key, value, kernel_size, stride, dilation, is_causal, scale,
-            additional_keys, additional_values, rpb, backend, return_lse, na_dim=na_dim,
-        )
+def na2d(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kernel_size: IntOrTuple,
+    stride: IntOrTuple = 1,
+    dilation: IntOrTuple = 1,
+    is_causal: BoolOrTuple = False,
+    scale: Optional[float] = None,
+    additional_keys: Optional[torch.Tensor] = None,
+    additional_values: Optional[torch.Tensor] = None,
+    rpb: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """2-D neighborhood attention: each query attends to a window of keys around it.
 
-    na.__name__ = na.__qualname__ = f"na{na_dim}d"
-    na.__doc__ = _doc(na_dim)
-    return na
+    Every query at ``[b, X, Y, h]`` attends to the keys of its neighborhood (a window of
+    ``kernel_size`` keys per axis, see docs/semantics.md) and, if given, to every one of
+    ``additional_keys``. Differentiable in ``query``, ``key``, ``value``, ``rpb`` and the
+    additional keys/values (first derivatives only).
+
+    Args:
+        query: ``[B, X, Y, H, D]``; float32, float16, bfloat16 or float64.
+        key: ``[B, X, Y, H_kv, D]``, same dtype and device as ``query``; ``H`` must be a
+            multiple of ``H_kv`` (GQA/MQA: query head ``h`` uses key head ``h // (H // H_kv)``).
+        value: ``[B, X, Y, H_kv, D_v]``; ``D_v`` may differ from ``D``.
+        kernel_size: window size, an int for every axis or a 2-tuple of ints; each ``>= 2``
+            (even sizes allowed) and ``kernel_size * dilation <= `` the input size on that axis.
+        stride: per axis, ``1 <= stride <= kernel_size``: blocks of ``stride`` queries share
+            one window.
+        dilation: per axis, ``>= 1``: the window takes every ``dilation``-th key.
+        is_causal: a bool for every axis or a 2-tuple of bools; a causal axis keeps only keys
+            at or before the query on that axis.
+        scale: factor applied to ``q . k`` before the softmax. Default ``D ** -0.5``.
+        additional_keys: ``[B, N_extra, H_kv, D]`` or None: keys attended by every query
+            besides its neighborhood (one softmax over both, merged through the logsumexp).
+            Give together with ``additional_values``.
+        additional_values: ``[B, N_extra, H_kv, D_v]`` or None.
+        rpb: relative positional bias ``[H, 2*k_X-1, 2*k_Y-1]`` or None: the logit of a key at
+            offset ``o`` from its query (in dilated steps) gets
+            ``rpb[h, o_X + k_X - 1, o_Y + k_Y - 1]``.
+            Needs odd kernel sizes, stride 1 and no causal axis.
+        backend: None or ``"auto"`` picks the fastest backend that can run the call
+            (docs/backends.md); ``"cuda"``, ``"flex"`` or ``"reference"`` forces one.
+        return_lse: also return the logsumexp of the logits.
+
+    Returns:
+        ``out`` ``[B, X, Y, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
+            tuple ``(out, lse)``, ``lse`` ``[B, X, Y, H]`` in float32 (float64 for float64
+            inputs), natural log.
+
+    Raises:
+        TypeError: an argument of the wrong type (a non-tensor, a dtype other than those
+            above, mixed dtypes, a non-int ``kernel_size``/``stride``/``dilation``, a
+            non-bool ``is_causal``).
+        ValueError: shapes that do not match the layout above, tensors on different
+            devices, a tuple of the wrong length, a value outside the ranges above, or an
+            unknown ``backend`` name; the message names the argument (and the axis).
+        nattn.backends.NoBackendError: (a ``ValueError``) no backend, or not the one named
+            in ``backend``, can run the call; the message gives each backend's reasons.
+
+    Example:
+        ```python
+        q = k = v = torch.randn(2, 32, 32, 4, 32)
+        out = nattn.na2d(q, k, v, kernel_size=7, dilation=2)
+        ```
+    """
+    return neighborhood_attention(
+        query, key, value, kernel_size, stride, dilation, is_causal, scale,
+        additional_keys, additional_values, rpb, backend, return_lse, na_dim=2,
+    )
 
 
-na1d = _make(1)
-na2d = _make(2)
-na3d = _make(3)
+def na3d(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kernel_size: IntOrTuple,
+    stride: IntOrTuple = 1,
+    dilation: IntOrTuple = 1,
+    is_causal: BoolOrTuple = False,
+    scale: Optional[float] = None,
+    additional_keys: Optional[torch.Tensor] = None,
+    additional_values: Optional[torch.Tensor] = None,
+    rpb: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """3-D neighborhood attention: each query attends to a window of keys around it.
+
+    Every query at ``[b, X, Y, Z, h]`` attends to the keys of its neighborhood (a window of
+    ``kernel_size`` keys per axis, see docs/semantics.md) and, if given, to every one of
+    ``additional_keys``. Differentiable in ``query``, ``key``, ``value``, ``rpb`` and the
+    additional keys/values (first derivatives only).
+
+    Args:
+        query: ``[B, X, Y, Z, H, D]``; float32, float16, bfloat16 or float64.
+        key: ``[B, X, Y, Z, H_kv, D]``, same dtype and device as ``query``; ``H`` must be a
+            multiple of ``H_kv`` (GQA/MQA: query head ``h`` uses key head ``h // (H // H_kv)``).
+        value: ``[B, X, Y, Z, H_kv, D_v]``; ``D_v`` may differ from ``D``.
+        kernel_size: window size, an int for every axis or a 3-tuple of ints; each ``>= 2``
+            (even sizes allowed) and ``kernel_size * dilation <= `` the input size on that axis.
+        stride: per axis, ``1 <= stride <= kernel_size``: blocks of ``stride`` queries share
+            one window.
+        dilation: per axis, ``>= 1``: the window takes every ``dilation``-th key.
+        is_causal: a bool for every axis or a 3-tuple of bools; a causal axis keeps only keys
+            at or before the query on that axis.
+        scale: factor applied to ``q . k`` before the softmax. Default ``D ** -0.5``.
+        additional_keys: ``[B, N_extra, H_kv, D]`` or None: keys attended by every query
+            besides its neighborhood (one softmax over both, merged through the logsumexp).
+            Give together with ``additional_values``.
+        additional_values: ``[B, N_extra, H_kv, D_v]`` or None.
+        rpb: relative positional bias ``[H, 2*k_X-1, 2*k_Y-1, 2*k_Z-1]`` or None: the logit
+            of a key at offset ``o`` from its query (in dilated steps) gets
+            ``rpb[h, o_X + k_X - 1, o_Y + k_Y - 1, o_Z + k_Z - 1]``.
+            Needs odd kernel sizes, stride 1 and no causal axis.
+        backend: None or ``"auto"`` picks the fastest backend that can run the call
+            (docs/backends.md); ``"cuda"``, ``"flex"`` or ``"reference"`` forces one.
+        return_lse: also return the logsumexp of the logits.
+
+    Returns:
+        ``out`` ``[B, X, Y, Z, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
+            tuple ``(out, lse)``, ``lse`` ``[B, X, Y, Z, H]`` in float32 (float64 for float64
+            inputs), natural log.
+
+    Raises:
+        TypeError: an argument of the wrong type (a non-tensor, a dtype other than those
+            above, mixed dtypes, a non-int ``kernel_size``/``stride``/``dilation``, a
+            non-bool ``is_causal``).
+        ValueError: shapes that do not match the layout above, tensors on different
+            devices, a tuple of the wrong length, a value outside the ranges above, or an
+            unknown ``backend`` name; the message names the argument (and the axis).
+        nattn.backends.NoBackendError: (a ``ValueError``) no backend, or not the one named
+            in ``backend``, can run the call; the message gives each backend's reasons.
+
+    Example:
+        ```python
+        q = k = v = torch.randn(2, 8, 16, 16, 4, 32)
+        out = nattn.na3d(q, k, v, kernel_size=(3, 7, 7))
+        ```
+    """
+    return neighborhood_attention(
+        query, key, value, kernel_size, stride, dilation, is_causal, scale,
+        additional_keys, additional_values, rpb, backend, return_lse, na_dim=3,
+    )
 
 
 def _dense(q, k, v, is_causal, scale, backend):
@@ -119,11 +308,36 @@ def attention(
     scale: Optional[float] = None,
     return_lse: bool = False,
     backend: Optional[str] = None,
-):
-    """Dense attention ``[B, N, H, D]`` with optional LSE (memory-bounded, chunked).
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Dense (full) attention in the heads-last layout, with the logsumexp on request.
 
-    ``key``/``value`` are ``[B, N_kv, H_kv, D]``/``[..., D_v]``; causal masking is
-    top-left aligned (query ``i`` sees keys ``j <= i``) and needs ``N == N_kv``.
+    Every query attends to every key. This is the operation that ``additional_keys`` of
+    [na2d][nattn.functional.na2d] runs; its ``(out, lse)`` pairs merge exactly with
+    [merge_attentions][nattn.merge.merge_attentions].
+
+    Args:
+        query: ``[B, N, H, D]``; float32, float16, bfloat16 or float64.
+        key: ``[B, N_kv, H_kv, D]``, same dtype and device as ``query``; ``H`` must be a
+            multiple of ``H_kv`` (GQA/MQA).
+        value: ``[B, N_kv, H_kv, D_v]``.
+        is_causal: query ``i`` attends only to keys ``j <= i`` (top-left aligned); needs
+            ``N == N_kv``.
+        scale: factor applied to ``q . k`` before the softmax. Default ``D ** -0.5``.
+        return_lse: also return the logsumexp of the logits.
+        backend: None or ``"auto"`` picks the fastest backend that implements dense
+            attention, a name forces one. Today only ``"reference"`` does (plain PyTorch,
+            in chunks of queries: memory is bounded by the chunk, not by ``N x N_kv``).
+
+    Returns:
+        ``out`` ``[B, N, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
+            tuple ``(out, lse)``, ``lse`` ``[B, N, H]`` in float32 (float64 for float64 inputs).
+
+    Raises:
+        TypeError: a non-tensor, an unsupported or mixed dtype, a non-bool ``is_causal``.
+        ValueError: shapes that do not match the layout above, a batch mismatch,
+            ``is_causal=True`` with ``N != N_kv``, or an unknown ``backend`` name.
+        nattn.backends.NoBackendError: (a ``ValueError``) the backend named in ``backend``
+            does not implement dense attention.
     """
     check_qkv(query, key, value, na_dim=1)
     if query.shape[0] != key.shape[0]:

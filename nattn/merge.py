@@ -1,4 +1,4 @@
-"""Exact merge of partial attentions through their logsumexps (SEMANTICS.md)."""
+"""Exact merge of partial attentions through their logsumexps (docs/semantics.md)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,26 @@ def merge_attentions(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Merge attentions over disjoint key sets into one softmax over their union.
 
-    ``outputs[i]`` is ``[B, *tokens, H, D_v]`` and ``lse_tensors[i]`` is ``[B, *tokens, H]``.
-    Returns ``(output, lse)``: ``lse = logsumexp_i lse_i`` and
-    ``output = sum_i exp(lse_i - lse) * output_i``. Gradients flow into every output
-    and every LSE. Computed in float32 (float64 for float64 inputs).
+    With ``lse = logsumexp_i lse_i``, the result is ``output = sum_i exp(lse_i - lse) *
+    output_i``: what one attention over all the keys together would give. Gradients flow
+    into every output and every LSE. Computed in float32 (float64 for float64 outputs).
+
+    Args:
+        outputs: two or more attention outputs of the same queries, each
+            ``[B, *tokens, H, D_v]``, all of one shape, dtype and device (any number of
+            token axes, e.g. ``[B, X, Y, H, D_v]`` from ``na2d``).
+        lse_tensors: their logsumexps, one per output, each ``[B, *tokens, H]`` (as
+            returned with ``return_lse=True``).
+
+    Returns:
+        ``(output, lse)``, ``output`` in the dtype of ``outputs[0]`` and ``lse`` in the
+            dtype of ``lse_tensors[0]``.
+
+    Raises:
+        TypeError: ``outputs`` or ``lse_tensors`` is not a list or tuple.
+        ValueError: fewer than two outputs, not one LSE per output, outputs that differ
+            in shape, dtype or device, or an LSE whose shape is not its output's without
+            the last axis.
     """
     if not isinstance(outputs, (list, tuple)) or not isinstance(lse_tensors, (list, tuple)):
         raise TypeError("outputs and lse_tensors must be lists or tuples of tensors")

@@ -147,7 +147,7 @@ def normalize(
     additional_keys: Optional[torch.Tensor] = None,
     additional_values: Optional[torch.Tensor] = None,
 ) -> NAParams:
-    """Validate one NA call and return its per-axis parameters (see SEMANTICS.md)."""
+    """Validate one NA call and return its per-axis parameters (see docs/semantics.md)."""
     check_qkv(query, key, value, na_dim)
     if query.shape[:-2] != key.shape[:-2]:
         raise ValueError(

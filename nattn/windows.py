@@ -1,4 +1,4 @@
-"""The neighborhood of each query, axis by axis, exactly as SEMANTICS.md defines it.
+"""The neighborhood of each query, axis by axis, exactly as docs/semantics.md defines it.
 
 For one axis, :func:`axis_window` returns, for every query coordinate ``i`` and every
 window slot ``t`` in ``0..k-1``, the key coordinate, whether that slot is a real key

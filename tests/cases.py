@@ -30,7 +30,7 @@ class Case:
 
 def random_window(rng: random.Random, na_dim: int, max_tokens: int, max_kernel: int,
                   dilations, size_of, causal_p: float, rpb_p: float):
-    """Random per-axis window arguments that satisfy SEMANTICS.md's constraints.
+    """Random per-axis window arguments that satisfy docs/semantics.md's constraints.
 
     Returns ``(spatial, kernel, stride, dilation, causal, rpb)``; with ``rpb`` the kernels
     are made odd and stride/causal dropped, as an RPB table requires.

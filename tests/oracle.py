@@ -1,4 +1,4 @@
-"""Brute-force NA oracle, written from SEMANTICS.md independently of nattn's code.
+"""Brute-force NA oracle, written from docs/semantics.md independently of nattn's code.
 
 Builds the full boolean mask (and RPB index) query by query with Python integers,
 then runs dense masked attention in float64. Only for small sizes.

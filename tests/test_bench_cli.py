@@ -59,7 +59,7 @@ def test_anchors_are_the_canonical_problems():
     assert gna == {"flux-2d-w80-s16": (16, 16), "hunyuan-3d-s16": (16, 8, 8)}
     flux = ANCHORS[5]
     assert flux.spatial == (256, 256) and flux.kernel == (80, 80) and flux.heads == 24 and flux.dim == 128
-    # SEMANTICS.md's count: 4 * B * H * N * W * D when D_v == D.
+    # docs/semantics.md's count: 4 * B * H * N * W * D when D_v == D.
     assert flux.na_flops() == 4 * 1 * 24 * 256 * 256 * 6400 * 128
 
 
@@ -76,7 +76,7 @@ def test_smaller_copies_keep_features_and_fit():
 
 
 def test_floors_follow_anchors_definition():
-    """ANCHORS.md: FLOP floor = dense time x W / N; memory floor = (q, k, v, out) bytes / copy rate."""
+    """FLOP floor = dense time x W / N; memory floor = (q, k, v, out) bytes / copy rate."""
     p = ANCHORS[0]
     rates = Rates(copy_bytes_per_s=4.3e12, dense_flops_per_s=600e12, device="test")
     f = floors(p, rates, 2, dense_ms=0.809, backward=False)

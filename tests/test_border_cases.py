@@ -1,4 +1,4 @@
-"""Border cases of SEMANTICS.md, each against the float64 oracle with gradients."""
+"""Border cases of docs/semantics.md, each against the float64 oracle with gradients."""
 
 import pytest
 import torch

@@ -1,7 +1,7 @@
 """The flex backend against the brute-force oracle on CPU: eager flex, forward and LSE.
 
 torch's flex_attention has no CPU backward, so gradients are checked on the device
-(tests/gpu/test_flex_gpu.py). Every feature of SEMANTICS.md is in the sweep: odd/even
+(tests/gpu/test_flex_gpu.py). Every feature of docs/semantics.md is in the sweep: odd/even
 kernels, stride, dilation, per-axis causal, GQA, D_v != D, RPB and extra keys/values.
 """
 

@@ -1,4 +1,4 @@
-"""FLOPs of single ops: the SEMANTICS.md formula, torch's FlopCounterMode (registered on
+"""FLOPs of single ops: the docs/semantics.md formula, torch's FlopCounterMode (registered on
 ``import nattn``) and fvcore (``add_nattn_handles``) must agree."""
 
 import math

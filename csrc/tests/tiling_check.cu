@@ -3,7 +3,7 @@
 // tokens and windows, the union's packed 16-token chunks, the lanes' copy and column
 // cursors, the per-element mask) and
 // checks that each real token is served by exactly one warp row, that the keys a query row
-// keeps are exactly its SEMANTICS.md window (the queries a key row keeps: exactly its
+// keeps are exactly its docs/semantics.md window (the queries a key row keeps: exactly its
 // inverse neighbourhood), each once, and that the line offsets, token indices and RPB
 // indices the kernels use match direct formulas. Prints "ok <checks>" or the first mismatch.
 #include <stdio.h>
@@ -198,7 +198,8 @@ static void random_problem() {
   check_problem<NA, true>(p, box);
 }
 
-// The opt-in box model's picks on the ANCHORS.md problems (documented in tiling.cuh).
+// The opt-in box model's picks on the anchor problems (nattn/bench/problems.py), documented
+// in tiling.cuh.
 static void check_model_boxes() {
   struct Case { int na, sp[3], k[3], d[3], want[3]; } cases[] = {
       {2, {56, 56, 1}, {7, 7, 1}, {1, 1, 1}, {2, 8, 1}},     {2, {128, 128, 1}, {13, 13, 1}, {1, 1, 1}, {4, 4, 1}},

@@ -1,5 +1,5 @@
 // Host-side check of the SIMT family's index math (runs on the CPU, no GPU needed):
-// per-axis windows against SEMANTICS.md written out directly, the inverse ranges against
+// per-axis windows against docs/semantics.md written out directly, the inverse ranges against
 // brute force, and BoxCursor's incremental offsets / RPB indices against direct formulas.
 // Prints "ok <checks>" or the first mismatch (exit code 1).
 #include <stdio.h>
@@ -17,7 +17,7 @@ static int rnd(int lo, int hi) {  // inclusive
   return lo + int(rng_state % (unsigned long long)(hi - lo + 1));
 }
 
-// SEMANTICS.md, one axis, in group coordinates: is key jg in the window of query ig?
+// docs/semantics.md, one axis, in group coordinates: is key jg in the window of query ig?
 static bool in_window(int ig, int jg, int len_g, int k, int s, bool causal) {
   const int block = (ig / s) * s;
   if (causal) {

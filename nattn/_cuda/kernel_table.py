@@ -1,4 +1,4 @@
-"""The one table of compiled kernels (DESIGN.md principle 1).
+"""The one table of compiled kernels.
 
 This file is the single source of truth for:
   * which kernel instances are compiled (family x dtype x NA dim x head-dim bucket),

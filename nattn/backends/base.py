@@ -1,4 +1,4 @@
-"""The contract every backend follows (DESIGN.md principle 3).
+"""The contract every backend follows.
 
 A backend says what it cannot do and why (``na_not_supported_reasons``), then computes
 forward and backward from raw tensors and an :class:`~nattn.params.NAParams`. Automatic

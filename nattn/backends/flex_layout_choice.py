@@ -29,7 +29,7 @@ SAMPLES = 24
 
 
 def axis_window_table(length: int, kernel: int, stride: int, dilation: int, causal: bool) -> torch.Tensor:
-    """``[L, L]`` booleans: is key coordinate ``j`` in the window of query ``i`` (SEMANTICS.md)."""
+    """``[L, L]`` booleans: is key ``j`` in the window of query ``i`` (docs/semantics.md)."""
     from .flex_mask import axis_in_window  # the same rule as the mask_mod
 
     i = torch.arange(length)[:, None]

@@ -4,7 +4,7 @@ flex evaluates the mask_mod for every (query, key) pair of every partially maske
 inside its kernel. Gathers from index tables there cost more than the attention itself
 on mid-size windows, so both modifiers are pure integer arithmetic on ``q_idx``/``kv_idx``:
 the layout decodes a position into per-axis (group coordinate, dilation group)
-(:meth:`.TileLayout.decode`) and :func:`axis_in_window` applies SEMANTICS.md's rule.
+(:meth:`.TileLayout.decode`) and :func:`axis_in_window` applies docs/semantics.md's rule.
 The only tensor read is the RPB table itself. Everything else is a Python int constant
 baked into the compiled kernel.
 """
@@ -24,7 +24,7 @@ BLOCK_MASK_CACHE_SIZE = 32
 def axis_in_window(qc, kc, group_len, kernel: int, stride: int, causal: bool):
     """Is group coordinate ``kc`` in the window of the query at group coordinate ``qc``?
 
-    SEMANTICS.md steps 2-4 for one axis; ``group_len`` (the query's group length ``L_g``)
+    docs/semantics.md, steps 2-4, for one axis; ``group_len`` (the query's group length ``L_g``)
     is an int or a tensor. ``qc`` may lie past its group's end (clamped padding): the leader
     is always capped at ``L_g - 1``.
     """
@@ -66,7 +66,7 @@ def neighborhood_mask_mod(layout: TileLayout, kernel, stride, causal) -> Callabl
 
 
 def rpb_score_mod(layout: TileLayout, kernel, holder: list) -> Callable:
-    """``score + table[h, (k'_a - q'_a) + k_a - 1 ...]`` in group coordinates (SEMANTICS.md).
+    """``score + table[h, (k'_a - q'_a) + k_a - 1 ...]`` in group coordinates (docs/semantics.md).
 
     The table ``[H, prod(2k - 1)]`` is read through ``holder[0]``; offsets are clamped so
     that masked pairs (which flex also scores) stay in bounds.

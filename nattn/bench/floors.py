@@ -1,4 +1,5 @@
-"""The floors of ANCHORS.md, from rates measured on this machine at the start of a run.
+"""The FLOP and memory floors of a problem, from rates measured on this machine at the start
+of a run.
 
 - copy rate: a large device-to-device copy, counting bytes read plus bytes written;
 - dense rate: torch's dense SDPA (flash/cuDNN on a GPU) on a large square problem.

@@ -1,4 +1,4 @@
-"""Benchmark problems: the canonical anchors of ANCHORS.md (kept here as data), the CPU
+"""Benchmark problems: the canonical anchor problems (defined here), the CPU
 smoke suite, custom problems from flags, and the smaller copies used for verification."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Problem:
         return math.prod(self.kernel)
 
     def na_flops(self) -> int:
-        """SEMANTICS.md's count (the two matrix products; causal masking not discounted)."""
+        """docs/semantics.md's count (the two matrix products; causal masking not discounted)."""
         return 2 * self.batch * self.heads * self.tokens * (self.window + self.extra) * (self.dim + self.dim_v)
 
     def dense_flops(self) -> int:
@@ -93,7 +93,7 @@ class Problem:
         return asdict(self)
 
 
-# ANCHORS.md: (spatial, batch, heads, head_dim, kernel, dilation), stride 1, non-causal.
+# The anchor problems: (spatial, batch, heads, head_dim, kernel, dilation), stride 1, non-causal.
 ANCHORS = (
     Problem("dinat-s1-2d", (56, 56), 32, 4, 32, (7, 7)),
     Problem("dinat-s2-dil4", (28, 28), 32, 8, 32, (7, 7), dilation=(4, 4)),

@@ -75,7 +75,8 @@ def _strip(text: str) -> str:
 
 
 def markdown_summary(results: List[dict], backprop: bool) -> str:
-    """One line per problem, the shape of ANCHORS.md's table (milliseconds)."""
+    """A markdown table, one line per problem: each row's forward (and forward+backward) time,
+    then the FLOP, memory and overall floors (milliseconds)."""
     names: List[str] = []
     for res in results:
         for row in res.get("rows", []):

@@ -117,7 +117,7 @@ class DenseRow(Row):
 
 def row_major_mask_mod(spatial, kernel, stride, dilation, causal):
     """The closed-form neighborhood ``mask_mod`` over row-major tokens a user writes by hand:
-    coordinates by div/mod, then SEMANTICS.md's per-axis rule (integer arithmetic only)."""
+    coordinates by div/mod, then docs/semantics.md's per-axis rule (integer arithmetic only)."""
     from nattn.backends.flex_mask import axis_in_window
 
     def mask_mod(b, h, q_idx, kv_idx):

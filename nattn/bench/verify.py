@@ -1,7 +1,7 @@
 """Verify before timing: each NA row on a smaller copy of the problem against the reference.
 
 The reference runs in float32 on the same (rounded) inputs; the error is
-``|out - ref| / |ref|`` over the whole output (METHOD.md), NaN never passes.
+``|out - ref| / |ref|`` over the whole output; NaN never passes.
 """
 
 from __future__ import annotations

@@ -37,18 +37,35 @@ def _probability(value, name: str) -> float:
 class NeighborhoodAttentionND(nn.Module):
     """Multi-head neighborhood attention over ``na_dim`` spatial axes (use the 1D/2D/3D classes).
 
+    A fused ``qkv`` projection, one [na1d][nattn.functional.na1d] /
+    [na2d][nattn.functional.na2d] / [na3d][nattn.functional.na3d] call and an output
+    projection ``proj``: input and output ``[B, *spatial, embed_dim]``. Parameter names
+    (``qkv``, ``rpb``, ``proj``) are those of NAT/DiNAT checkpoints.
+
     Args:
         embed_dim: channels ``C`` of input and output; divisible by ``num_heads``.
-        num_heads: attention heads.
-        kernel_size, stride, dilation: per axis (int or tuple), as in :func:`nattn.na2d`.
-        is_causal: bool or per-axis tuple.
+        num_heads: attention heads; the head dim is ``embed_dim // num_heads``.
+        kernel_size: window size per axis (int or tuple), ``>= 2``, even allowed.
+        stride: per axis (int or tuple), ``1 <= stride <= kernel_size``.
+        dilation: per axis (int or tuple), ``>= 1``.
+        is_causal: bool or per-axis tuple of bools.
         qkv_bias: bias in the fused qkv projection.
-        qk_scale: logit scale, default ``head_dim ** -0.5``.
-        attn_drop: dropout on the attention weights (training only; takes an unfused path).
-        proj_drop: dropout after the output projection.
-        rel_pos_bias: learn a relative positional bias table ``rpb [H, 2k-1, ...]``
-            (NAT/DiNAT); needs odd kernels, stride 1 and no causal mask.
-        backend: NA backend name, ``None`` for automatic choice.
+        qk_scale: logit scale; None means ``head_dim ** -0.5``.
+        attn_drop: dropout on the attention weights, in ``[0, 1)``. In training mode with
+            ``attn_drop > 0`` the layer takes an unfused path (``nattn.nn.na_explicit``)
+            that forms the weights.
+        proj_drop: dropout after the output projection, in ``[0, 1)``.
+        rel_pos_bias: learn a relative positional bias table ``rpb [num_heads, 2k-1, ...]``
+            (NAT/DiNAT; truncated-normal init, std 0.02); needs odd kernels, stride 1 and
+            no causal axis.
+        backend: NA backend name; None for automatic choice.
+
+    Raises:
+        TypeError: a ``qk_scale`` or ``rel_pos_bias`` of the wrong type, or a window
+            argument of the wrong type.
+        ValueError: a non-positive ``embed_dim``/``num_heads``, ``embed_dim`` not divisible
+            by ``num_heads``, window arguments out of range, dropout outside ``[0, 1)``, or
+            ``rel_pos_bias=True`` with an even kernel, a stride or a causal axis.
 
     Inputs smaller than ``kernel_size * dilation`` along an axis are zero-padded at the
     end of that axis (before the qkv projection) and the output is cropped back, as
@@ -126,11 +143,20 @@ class NeighborhoodAttentionND(nn.Module):
         return kv[:, :, 0], kv[:, :, 1]
 
     def forward(self, x: torch.Tensor, additional_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``x [B, *spatial, C] -> [B, *spatial, C]``.
+        """Attend over the neighborhoods of ``x`` (and ``additional_tokens``, if given).
 
-        ``additional_tokens [B, N_extra, C]`` (optional): extra tokens (e.g. class/register
-        tokens or a cross-attention context) projected to keys/values with the same
-        weights and attended by every query besides its neighborhood.
+        Args:
+            x: ``[B, *spatial, C]`` with ``na_dim`` spatial axes and ``C = embed_dim``.
+            additional_tokens: ``[B, N_extra, C]`` or None: extra tokens (class/register
+                tokens, a cross-attention context) projected to keys and values with the
+                key/value rows of ``qkv`` and attended by every query besides its
+                neighborhood.
+
+        Returns:
+            ``[B, *spatial, C]``, the shape of ``x``.
+
+        Raises:
+            ValueError: ``x`` or ``additional_tokens`` of the wrong rank or channels.
         """
         n = self.na_dim
         if x.dim() != n + 2 or x.shape[-1] != self.embed_dim:
@@ -166,18 +192,48 @@ class NeighborhoodAttentionND(nn.Module):
 
 
 class NeighborhoodAttention1D(NeighborhoodAttentionND):
-    """1-D neighborhood attention over ``[B, L, C]`` (see :class:`NeighborhoodAttentionND`)."""
+    """1-D neighborhood attention over ``[B, L, C]`` inputs.
+
+    Arguments and behaviour: [NeighborhoodAttentionND][nattn.nn.NeighborhoodAttentionND].
+
+    Example:
+        ```python
+        layer = NeighborhoodAttention1D(embed_dim=64, num_heads=4, kernel_size=7)
+        x = torch.randn(2, 256, 64)
+        y = layer(x)  # same shape as x
+        ```
+    """
 
     na_dim = 1
 
 
 class NeighborhoodAttention2D(NeighborhoodAttentionND):
-    """2-D neighborhood attention over ``[B, H, W, C]`` (see :class:`NeighborhoodAttentionND`)."""
+    """2-D neighborhood attention over ``[B, H, W, C]`` inputs.
+
+    Arguments and behaviour: [NeighborhoodAttentionND][nattn.nn.NeighborhoodAttentionND].
+
+    Example:
+        ```python
+        layer = NeighborhoodAttention2D(embed_dim=64, num_heads=4, kernel_size=7, dilation=2)
+        x = torch.randn(2, 32, 32, 64)
+        y = layer(x)  # same shape as x
+        ```
+    """
 
     na_dim = 2
 
 
 class NeighborhoodAttention3D(NeighborhoodAttentionND):
-    """3-D neighborhood attention over ``[B, T, H, W, C]`` (see :class:`NeighborhoodAttentionND`)."""
+    """3-D neighborhood attention over ``[B, T, H, W, C]`` inputs.
+
+    Arguments and behaviour: [NeighborhoodAttentionND][nattn.nn.NeighborhoodAttentionND].
+
+    Example:
+        ```python
+        layer = NeighborhoodAttention3D(embed_dim=64, num_heads=4, kernel_size=(3, 7, 7))
+        x = torch.randn(2, 8, 16, 16, 64)
+        y = layer(x)  # same shape as x
+        ```
+    """
 
     na_dim = 3

@@ -1,4 +1,4 @@
-// Per-axis NA windows (SEMANTICS.md), in dilation-group coordinates, and their inverse.
+// Per-axis NA windows (docs/semantics.md), in dilation-group coordinates, and their inverse.
 #pragma once
 
 // Host and device: the host-side unit test (tests/test_cuda_window_math.py) runs them on the CPU.
