@@ -44,8 +44,11 @@ else
   echo "== sm_50 with the default nvcc is rejected: $(grep -o 'nvcc [^ ]* ([^)]*) cannot compile sm_50' "$BUILD-reject.log")"
 fi
 
-# 2. sm_80 + sm_90 with the default nvcc.
+# 2. sm_80 + sm_90 with the default nvcc (9.0 adds the Hopper family, sm_90a code), and the
+#    Hopper kernels' machine code: wgmma (HGMMA) and bulk tensor copies (UTMALDG), no spills.
 build "$BUILD-sm80-sm90" "8.0;9.0" -DCMAKE_CUDA_COMPILER="$(command -v nvcc)"
+"$PY" csrc/tools/check_sm90_sass.py --find >/dev/null || "$PY" -m pip install -q nvidia-cuda-cuobjdump
+"$PY" csrc/tools/check_sm90_sass.py "$BUILD-sm80-sm90/libnattn.so"
 # The library validates problems before touching a GPU: test its C ABI errors here.
 if "$PY" -c "import pytest" 2>/dev/null; then
   NATTN_LIBRARY="$PWD/$BUILD-sm80-sm90/libnattn.so" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_abi.py
@@ -67,4 +70,4 @@ fi
 # Debian's 11.8 keeps ptxas, cudafe++, fatbinary and nvlink in /usr/bin: put them ahead of
 # CUDA 13's copies in /usr/local/bin, or nvcc 11.8 runs a ptxas that lacks sm_50.
 PATH=/usr/lib/nvidia-cuda-toolkit/bin:/usr/bin:$PATH build "$BUILD-sm50" "5.0" -DCMAKE_CUDA_COMPILER="$NVCC118"
-echo "== compile check passed: every kernel family (simt, tc) for sm_50 (CUDA 11.8), sm_80 and sm_90"
+echo "== compile check passed: simt and tc for sm_50 (CUDA 11.8), sm_80 and sm_90; sm90 for sm_90a"

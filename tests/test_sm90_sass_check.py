@@ -1,0 +1,34 @@
+"""The CI's SASS check of the Hopper family (csrc/tools/check_sm90_sass.py) on made-up dumps:
+it must pass a kernel with HGMMA and UTMALDG and fail one without them or with local memory."""
+
+import importlib.util
+import os
+
+_PATH = os.path.join(os.path.dirname(__file__), "..", "csrc", "tools", "check_sm90_sass.py")
+_spec = importlib.util.spec_from_file_location("check_sm90_sass", _PATH)
+sass_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sass_check)
+
+
+def dump(name, *ops):
+    lines = [f"\t\tFunction : {name}"]
+    lines += [f"        /*{16 * i:04x}*/                   {op} R0, R1 ;" for i, op in enumerate(ops)]
+    return "\n".join(lines) + "\n"
+
+
+GOOD = "_ZN5nattn4sm9014forward_kernelILi2ELi64EEEv"
+
+
+def test_good_kernel_passes_and_others_are_ignored():
+    sass = dump(GOOD, "UTMALDG.4D", "HGMMA.64x128x16.F32.BF16", "@!P0 BAR.ARV") + dump("_ZN5nattn2tc1kEv", "STL", "HMMA")
+    assert sass_check.check(sass) == ([], 1)
+
+
+def test_missing_instructions_and_local_memory_fail():
+    problems, _ = sass_check.check(dump(GOOD, "UTMALDG.4D", "HMMA.16816.F32"))
+    assert any("no HGMMA" in p for p in problems)
+    problems, _ = sass_check.check(dump(GOOD, "HGMMA.64x128x16.F32.BF16", "LDG.E"))
+    assert any("no UTMALDG" in p for p in problems)
+    problems, _ = sass_check.check(dump(GOOD, "UTMALDG.4D", "HGMMA.64x128x16.F32.BF16", "@P1 STL [R1], R2"))
+    assert any("local memory" in p for p in problems)
+    assert sass_check.check(dump("_ZN5nattn2tc1kEv", "HMMA"))[0] == ["no sm90 kernel found in the library"]
