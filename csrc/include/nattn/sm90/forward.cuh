@@ -245,12 +245,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int a = 0; a < NA; ++a)
       full = full && origin[a] >= full_lo[a] && origin[a] + box_extent<NA>(a) - 1 <= full_hi[a];
     float mx[2] = {-INFINITY, -INFINITY};
-    if (full && !has_rpb) {  // the common case of large windows: no per-element work
+    // Unmasked boxes (the common case of large windows) keep the raw scores: the row max
+    // is taken on them and the scale folds into the exponent's FFMA below. (A negative
+    // scale would turn the max into a min: those take the general path.)
+    float mul = 1.f;
+    if (full && !has_rpb && p.scale_log2 > 0.f) {
 #pragma unroll
-      for (int i = 0; i < kNk / 2; ++i) {
-        sc[i] *= p.scale_log2;
-        mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
-      }
+      for (int i = 0; i < kNk / 2; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
+      mx[0] *= p.scale_log2;
+      mx[1] *= p.scale_log2;
+      mul = p.scale_log2;
     } else {
 #pragma unroll
       for (int i = 0; i < kNk / 2; ++i) {
@@ -282,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 #pragma unroll
     for (int i = 0; i < kNk / 2; ++i) {
-      sc[i] = fast_exp2(sc[i] - m_use[(i / 2) % 2]);
+      sc[i] = fast_exp2(fmaf(sc[i], mul, -m_use[(i / 2) % 2]));
       l[(i / 2) % 2] += sc[i];
     }
   };
@@ -321,8 +325,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(o);
     fence_regs(pa);
     release(k - 1);
+    // Once the row maxima settle (most boxes of a large window) alpha is 1: skip the rescale.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int i = 0; i < HD / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+      for (int i = 0; i < HD / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+    }
     pack_p(sc, pa);
   }
   issue_pv(tile.tiles - 1, pa);
