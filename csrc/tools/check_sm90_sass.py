@@ -20,13 +20,30 @@ REQUIRED = ("HGMMA", "UTMALDG")
 FORBIDDEN = ("LDL", "STL")
 
 
-def find_cuobjdump():
-    path = shutil.which("cuobjdump")
-    if path:
-        return path
+def candidates():
+    """cuobjdumps to try, newest toolkit first: the wheels' (nvidia/cu13/bin, ...), the CUDA
+    toolkit's, then PATH's (which may be an older toolkit that cannot read sm_90a code)."""
     site = sysconfig.get_paths()["purelib"]
-    hits = sorted(glob.glob(os.path.join(site, "nvidia", "*", "bin", "cuobjdump")))
-    return hits[-1] if hits else None
+    found = sorted(glob.glob(os.path.join(site, "nvidia", "*", "bin", "cuobjdump")), reverse=True)
+    found += [p for p in ("/usr/local/cuda/bin/cuobjdump", shutil.which("cuobjdump")) if p and os.path.isfile(p)]
+    return list(dict.fromkeys(found))
+
+
+def find_cuobjdump():
+    """A cuobjdump known to read sm_90a code (a wheel's or the CUDA toolkit's), or None."""
+    found = [c for c in candidates() if c != shutil.which("cuobjdump") or c.startswith("/usr/local/cuda")]
+    return found[0] if found else None
+
+
+def dump_sass(library):
+    """The SASS of the library from the first cuobjdump that can read it."""
+    errors = []
+    for tool in candidates():
+        r = subprocess.run([tool, "-sass", library], capture_output=True, text=True)
+        if r.returncode == 0:
+            return r.stdout
+        errors.append(f"{tool}: {r.stderr.strip()[:200]}")
+    raise RuntimeError("no cuobjdump could read " + library + ("\n" + "\n".join(errors) if errors else ""))
 
 
 def kernels(sass: str):
@@ -69,12 +86,10 @@ def main(argv):
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    tool = find_cuobjdump()
-    if not tool:
+    if not candidates():
         print("cuobjdump not found (pip install nvidia-cuda-cuobjdump)", file=sys.stderr)
         return 2
-    sass = subprocess.run([tool, "-sass", argv[1]], capture_output=True, text=True, check=True).stdout
-    problems, n = check(sass)
+    problems, n = check(dump_sass(argv[1]))
     for p in problems:
         print("ERROR:", p)
     if not problems:
