@@ -14,7 +14,7 @@ python3 -c "import nattn.build_info as b; print(b.build_config())" 2>&1 | tee "$
 if [[ $what == all || $what == *tests* ]]; then  # TEST_LIBS: libraries to test (default: the package's)
   for lib in ${TEST_LIBS:-nattn/_cuda/libnattn.so}; do
     echo "== GPU tests with $lib"
-    NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu tests/gpu -q \
+    NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu tests/gpu -q \
       --maxfail=25 -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -15
     # the Hopper family's forward on cases it must take (a compute capability 9.0 GPU)
     echo "== GPU sm90 sweep with $lib, NATTN_FAMILY=sm90"
