@@ -67,6 +67,7 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-tc", action="store_true")
     ap.add_argument("--crossover", action="store_true", help="the window-size sweep instead of the anchors")
+    ap.add_argument("--tiles", default="", help="comma-separated NATTN_SM90_TILE pairs to time as extra sm90 columns")
     a = ap.parse_args()
     only = set(filter(None, a.only.split(",")))
     tbps, dense_tflops = copy_rate(), dense_rate()
@@ -87,6 +88,16 @@ def main():
         with torch.no_grad():
             out = with_family("sm90", call("cuda"))
             row["sm90"] = with_family("sm90", lambda: timed(call("cuda"), large))
+            for tile in filter(None, a.tiles.split(",")):
+                if tile.count("x") != 2 * (p.na_dim - 1):
+                    continue  # a pair of another NA dim
+                os.environ["NATTN_SM90_TILE"] = tile
+                try:
+                    row[tile] = with_family("sm90", lambda: timed(call("cuda"), large))
+                except RuntimeError:
+                    row[tile] = float("nan")
+                finally:
+                    os.environ.pop("NATTN_SM90_TILE", None)
             if not a.no_tc:
                 ref = with_family("tc", call("cuda"))
                 row["err vs tc"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
@@ -101,7 +112,7 @@ def main():
         print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
         del q, k, v
         torch.cuda.empty_cache()
-    cols = ["name", "sm90", "tc", "flex", "TFLOP/s", "x floor", "err vs tc"]
+    cols = ["name", "sm90", *filter(None, a.tiles.split(",")), "tc", "flex", "TFLOP/s", "x floor", "err vs tc"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")

@@ -1,5 +1,7 @@
 """The kernel table: which instances each family compiles, and the generated dispatch table."""
 
+import math
+
 from nattn._cuda import kernel_table as kt
 
 
@@ -15,6 +17,23 @@ def test_sm90_is_16_bit_forward_only_with_exact_head_dims():
     insts = kt.instances()
     sm90 = {(i.dtype, i.na_dim, i.head_dim) for i in insts if i.family == "sm90"}
     assert sm90 == {(d, n, h) for d in ("float16", "bfloat16") for n in kt.NA_DIMS for h in (32, 64, 128)}
+    # one instance per (query box, key box) pair of its NA dim; untiled families have none
+    for i in insts:
+        if i.family != "sm90":
+            assert i.tile is None and i.tile_name == ""
+            continue
+        q, k = i.tile
+        assert len(q) == len(k) == i.na_dim
+        assert math.prod(q) == 128 and q[0] % 2 == 0 and math.prod(k) in (64, 128)
+    per_na = {n: {i.tile_name for i in insts if i.family == "sm90" and i.na_dim == n} for n in kt.NA_DIMS}
+    assert per_na[1] == {"q128_k128"} and "q8x16_k8x16" in per_na[2] and "q2x8x8_k2x8x8" in per_na[3]
+    assert len({i.stem for i in insts}) == len(insts)  # every instance its own file
+    # the library's default pair per NA dim is the first it meets in the table (src/api.cu)
+    for n in kt.NA_DIMS:
+        default = next(t for na, t in kt.SM90_TILES if na == n)
+        first = next(i for i in insts if i.family == "sm90" and i.na_dim == n and i.dtype == "bfloat16"
+                     and i.head_dim == 64)
+        assert first.tile == default
     fam = kt.FAMILY_BY_NAME["sm90"]
     assert not fam.backward and fam.prepare and fam.only_archs == ("9.0",)
 
@@ -40,18 +59,20 @@ def test_generated_table_names_every_family(tmp_path):
     insts = kt.instances("bfloat16", "32", "1", "9.0")
     sources = kt.generate(str(tmp_path), insts)
     assert sorted(p.rsplit("/", 1)[-1] for p in sources) == [
-        "kernel_table.cu", "simt_bfloat16_na1d_hd32.cu", "sm90_bfloat16_na1d_hd32.cu", "tc_bfloat16_na1d_hd32.cu"]
+        "kernel_table.cu", "simt_bfloat16_na1d_hd32.cu", "sm90_bfloat16_na1d_hd32_q128_k128.cu",
+        "tc_bfloat16_na1d_hd32.cu"]
     table = (tmp_path / "kernel_table.cu").read_text()
     for fam in ("simt", "tc", "sm90"):
         assert f'#include "nattn/{fam}/launch.h"' in table
     args = "nattn::bf16_t, 1, 32"
-    assert (f'{{"tc", 2, 1, 32, &tc::launch_forward<{args}>, &tc::launch_backward<{args}>, nullptr}}'
-            in table)
-    assert (f'{{"sm90", 2, 1, 32, &sm90::launch_forward<{args}>, nullptr, &sm90::prepare_forward<{args}>}}'
-            in table)
+    assert (f'{{"tc", 2, 1, 32, &tc::launch_forward<{args}>, &tc::launch_backward<{args}>, nullptr, '
+            '{0, 0, 0}, {0, 0, 0}}' in table)
+    hargs = f"{args}, nattn::sm90::Tile<128, 1, 1, 128, 1, 1>"
+    assert (f'{{"sm90", 2, 1, 32, &sm90::launch_forward<{hargs}>, nullptr, &sm90::prepare_forward<{hargs}>, '
+            '{128, 1, 1}, {128, 1, 1}}' in table)
     inst = (tmp_path / "tc_bfloat16_na1d_hd32.cu").read_text()
     assert '#include "nattn/tc/kernels.cuh"' in inst and "namespace tc" in inst
-    hopper = (tmp_path / "sm90_bfloat16_na1d_hd32.cu").read_text()
+    hopper = (tmp_path / "sm90_bfloat16_na1d_hd32_q128_k128.cu").read_text()
     assert "prepare_forward<" in hopper and "launch_backward" not in hopper
 
 

@@ -98,6 +98,69 @@ bool sm90_allowed(int device) { return family_cap() >= kCapAny && device_cc(devi
 // 18x24x24 video window wins 92 vs 222 ms.
 constexpr int64_t kSm90MinWindow[3] = {128, 1000, 4000};
 
+// Keys the Hopper family walks per query with a (query box, key box) pair: per axis, the
+// union of a query box's windows (the window plus the leaders' spread: blocks of `stride`
+// queries share a window) rounded up to whole key boxes. 64-key boxes count 15% more (a
+// narrower wgmma keeps the tensor cores less busy).
+double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
+  double keys = 1;
+  int kbox_size = 1;
+  for (int a = 0; a < p.na_dim; ++a) {
+    const int d = p.dilation[a], s = p.stride[a], k = p.kernel[a];
+    const int len = (p.spatial[a] + d - 1) / d;
+    const int leaders = (e.qbox[a] + s - 1) / s;
+    const int span = k + (leaders - 1) * s;
+    const int uni = span < len ? span : len;
+    keys *= double((uni + e.kbox[a] - 1) / e.kbox[a]) * e.kbox[a];
+    kbox_size *= e.kbox[a];
+  }
+  return kbox_size < 128 ? keys * 1.15 : keys;
+}
+
+// The first pair of an NA dim in the table (SM90_TILES) is its default; another runs only
+// when it walks at least 10% fewer keys. Measured on the H200 (docs/dev/PERF.md, fourth
+// session, call 8): the key count alone mispredicts small differences (hunyuan-3d: 4x4x8
+// queries with 2x4x16 keys walk 4% fewer keys than 2x8x8 / 2x8x8 but ran 67.7 vs 61.8 ms),
+// while large ones hold (video-3d 5x7x7: 17% fewer, 0.73 vs 0.89 ms; 9x11x11: 40% fewer,
+// 1.70 vs 2.19 ms; DiNAT 7x7 with 8x8 key boxes: 0.46 vs 0.52 ms).
+constexpr double kSm90TileGain = 0.9;
+
+// "q8x16_k4x32": a tile pair's name (NATTN_SM90_TILE forces one, for tests and tuning).
+void sm90_tile_name(const nattn::KernelEntry& e, int na_dim, char* buf, size_t n) {
+  int used = snprintf(buf, n, "q");
+  for (int a = 0; a < na_dim; ++a) used += snprintf(buf + used, n - used, a ? "x%d" : "%d", e.qbox[a]);
+  used += snprintf(buf + used, n - used, "_k");
+  for (int a = 0; a < na_dim; ++a) used += snprintf(buf + used, n - used, a ? "x%d" : "%d", e.kbox[a]);
+}
+
+// The Hopper entry for a problem: NATTN_SM90_TILE's pair, else the default pair unless
+// another walks clearly fewer keys (kSm90TileGain).
+const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char** why) {
+  const char* forced = getenv("NATTN_SM90_TILE");
+  if (forced && !*forced) forced = nullptr;
+  const nattn::KernelEntry* best = nullptr;
+  const nattn::KernelEntry* first = nullptr;
+  double best_cost = 0;
+  for (int i = 0; i < nattn::kNumKernels; ++i) {
+    const nattn::KernelEntry& e = nattn::kKernels[i];
+    if (!e.family || strcmp(e.family, "sm90") || e.dtype != p.dtype || e.na_dim != p.na_dim || e.head_dim != dim)
+      continue;
+    if (forced) {
+      char name[64];
+      sm90_tile_name(e, p.na_dim, name, sizeof name);
+      if (!strcmp(name, forced)) return &e;
+      continue;
+    }
+    const double cost = sm90_tile_cost(p, e);
+    if (!first) first = &e;
+    if (!best || cost < best_cost) best = &e, best_cost = cost;
+  }
+  if (best && best != first && best_cost > kSm90TileGain * sm90_tile_cost(p, *first)) best = first;
+  if (!best) *why = forced ? "NATTN_SM90_TILE names no compiled tile pair for this NA dim"
+                           : "no compiled sm90 kernel for this dtype, NA dim and head dim";
+  return best;
+}
+
 bool sm90_preferred(const nattn::Params& p) {
   int64_t window = 1;
   for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
@@ -244,8 +307,8 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
     const char* why = nullptr;
     if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p))) {
       const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
-      const nattn::KernelEntry* h = find_kernel("sm90", p.dtype, p.na_dim, dim_max);
-      why = !h ? "no compiled sm90 kernel for this dtype, NA dim and head dim" : h->prepare(p, workspace);
+      const nattn::KernelEntry* h = find_sm90(p, dim_max, &why);
+      if (h) why = h->prepare(p, workspace);
       if (!why) {
         entry = h;
         p.prepared = workspace;

@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ABI_VERSION = 1
 
@@ -42,7 +42,23 @@ class Family:
     only_archs: Tuple[str, ...] = ()
     backward: bool = True  # has its own backward (else another family's runs)
     prepare: bool = False  # has a prepare step that may decline a problem
+    # Tile configurations per NA dim, each (query box, key box) as per-axis extents; one
+    # instance per configuration (empty: the family's tiles are not template parameters).
+    tiles: Tuple[Tuple[int, Tuple[Tuple[int, ...], Tuple[int, ...]]], ...] = ()
 
+    def tiles_for(self, na_dim: int):
+        return [t for n, t in self.tiles if n == na_dim] or [None]
+
+
+# The Hopper family's (query box, key box) pairs: 128 queries (even along axis 0, one half
+# per consumer warpgroup), 64 or 128 keys. The library picks one per problem by the keys its
+# boxes walk per query (src/api.cu, sm90_tile_cost); measured in docs/dev/PERF.md.
+SM90_TILES = (
+    (1, ((128,), (128,))),
+    (2, ((8, 16), (8, 16))), (2, ((8, 16), (4, 16))), (2, ((8, 16), (8, 8))),
+    (3, ((2, 8, 8), (2, 8, 8))), (3, ((4, 4, 8), (2, 4, 16))), (3, ((4, 8, 4), (4, 2, 16))),
+    (3, ((4, 4, 8), (4, 2, 16))),
+)
 
 # simt: every GPU from SM50, every dtype and head dim. tc: tensor cores (mma.sync, SM80+),
 # 16-bit inputs, head dims up to 128. sm90: Hopper (TMA + wgmma, sm_90a code), forward,
@@ -52,7 +68,7 @@ FAMILIES = (
     Family("simt", 50, DTYPES, HEAD_DIM_BUCKETS, NA_DIMS),
     Family("tc", 80, ("float16", "bfloat16"), (16, 32, 64, 128), NA_DIMS),
     Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128), NA_DIMS, only_archs=("9.0",),
-           backward=False, prepare=True),
+           backward=False, prepare=True, tiles=SM90_TILES),
 )
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 
@@ -99,20 +115,38 @@ for _name, _n in PROBLEM_FIELDS:
 del _o
 
 
+def _pad3(extents) -> Tuple[int, int, int]:
+    return tuple(extents) + (1,) * (3 - len(extents))
+
+
 @dataclass(frozen=True)
 class Instance:
     family: str
     dtype: str
     na_dim: int
     head_dim: int
+    tile: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None  # (query box, key box)
+
+    @property
+    def tile_name(self) -> str:
+        """"q8x16_k4x32" (empty for untiled families)."""
+        if not self.tile:
+            return ""
+        q, k = self.tile
+        return f"q{'x'.join(map(str, q))}_k{'x'.join(map(str, k))}"
 
     @property
     def stem(self) -> str:
-        return f"{self.family}_{self.dtype}_na{self.na_dim}d_hd{self.head_dim}"
+        base = f"{self.family}_{self.dtype}_na{self.na_dim}d_hd{self.head_dim}"
+        return f"{base}_{self.tile_name}" if self.tile else base
 
     @property
     def template_args(self) -> str:
-        return f"{CPP_TYPES[self.dtype]}, {self.na_dim}, {self.head_dim}"
+        args = f"{CPP_TYPES[self.dtype]}, {self.na_dim}, {self.head_dim}"
+        if self.tile:
+            q, k = (", ".join(map(str, _pad3(b))) for b in self.tile)
+            args += f", nattn::{self.family}::Tile<{q}, {k}>"
+        return args
 
 
 def _subset(env_value: str, allowed: Sequence, cast) -> Tuple:
@@ -144,7 +178,7 @@ def instances(dtypes: str = "", head_dims: str = "", na_dims: str = "", archs: s
             for nd in _subset(na_dims, fam.na_dims, int):
                 for hd in _subset(head_dims, HEAD_DIM_BUCKETS, int):
                     if dt in fam.dtypes and hd in fam.head_dims:
-                        out.append(Instance(fam.name, dt, nd, hd))
+                        out.extend(Instance(fam.name, dt, nd, hd, t) for t in fam.tiles_for(nd))
     return out
 
 
@@ -195,11 +229,12 @@ def table_source(insts: Sequence[Instance]) -> str:
         ns, args = f"{i.family}::", i.template_args
         backward = f"&{ns}launch_backward<{args}>" if fam.backward else "nullptr"
         prepare = f"&{ns}prepare_forward<{args}>" if fam.prepare else "nullptr"
+        q, k = (("{" + ", ".join(map(str, _pad3(b))) + "}") for b in (i.tile or ((0, 0, 0), (0, 0, 0))))
         lines.append(
             f'  {{"{i.family}", {code}, {i.na_dim}, {i.head_dim}, '
-            f"&{ns}launch_forward<{args}>, {backward}, {prepare}}},")
+            f"&{ns}launch_forward<{args}>, {backward}, {prepare}, {q}, {k}}},")
     if not insts:
-        lines.append("  {nullptr, 0, 0, 0, nullptr, nullptr, nullptr},")
+        lines.append("  {nullptr, 0, 0, 0, nullptr, nullptr, nullptr, {0, 0, 0}, {0, 0, 0}},")
     lines += ["};", f"const int kNumKernels = {len(insts)};", "}  // namespace nattn", ""]
     return "\n".join(lines)
 
@@ -249,6 +284,7 @@ def main(argv=None) -> None:
             "head_dims": sorted({i.head_dim for i in insts}),
             "na_dims": sorted({i.na_dim for i in insts}),
             "instances": [i.stem for i in insts],
+            "tiles": sorted({f"na{i.na_dim}d:{i.tile_name}" for i in insts if i.tile}),
             "abi_version": ABI_VERSION,
         }
         _write_if_changed(a.config, json.dumps(config, indent=1) + "\n")

@@ -22,6 +22,13 @@ if os.environ.get("NATTN_FAMILY") != "sm90":
     pytest.skip("run with NATTN_FAMILY=sm90 (tests/gpu/run_device.sh does)", allow_module_level=True)
 
 CASES = sm90_sweep(int(os.environ.get("NATTN_SM90_CASES", "1100")), seed=4242)
+# Every (query box, key box) pair of the kernel table, each forced (NATTN_SM90_TILE) on its
+# own fresh cases: the default choice only reaches the pairs its cost model prefers.
+from nattn._cuda.kernel_table import SM90_TILES, Instance  # noqa: E402
+TILES = [(na, Instance("sm90", "bfloat16", na, 64, t).tile_name) for na, t in SM90_TILES]
+PER_TILE = int(os.environ.get("NATTN_SM90_TILE_CASES", "150"))
+TILE_CASES = [(name, c) for j, (na, name) in enumerate(TILES)
+              for c in sm90_sweep(3 * PER_TILE, seed=900 + j) if len(c.spatial) == na]
 WIDE = sm90_sweep(int(os.environ.get("NATTN_SM90_WIDE_CASES", "120")), seed=5151, wide=True)
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
@@ -59,6 +66,12 @@ def test_sm90_forward_matches_reference(case):
 
 @pytest.mark.parametrize("case", WIDE, ids=[f"wide{i}-{c}" for i, c in enumerate(WIDE)])
 def test_sm90_forward_wide_windows(case):
+    compare(case)
+
+
+@pytest.mark.parametrize("tile,case", TILE_CASES, ids=[f"{t}-{i}-{c}" for i, (t, c) in enumerate(TILE_CASES)])
+def test_sm90_forward_every_tile_pair(tile, case, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", tile)  # read by libnattn on every call
     compare(case)
 
 

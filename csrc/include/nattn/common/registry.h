@@ -44,6 +44,7 @@ struct KernelEntry {
   LaunchFn forward;
   LaunchFn backward;   // nullptr: the family has no backward (another family's runs)
   PrepareFn prepare;   // nullptr: takes every problem its table row matches
+  int qbox[3], kbox[3];  // tiled families (sm90): query and key box extents; else zeros
 };
 
 extern const KernelEntry kKernels[];

@@ -28,19 +28,22 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 
-// Shared-memory geometry for head dim HD: rows of min(HD, 64) channels (one swizzle
-// span), HD / 64 column blocks per tile, a ring of STAGES key/value slots.
-template <int HD>
+// Shared-memory geometry for head dim HD and NK keys per box: rows of min(HD, 64)
+// channels (one swizzle span), HD / 64 column blocks per tile, a ring of STAGES key/value
+// slots.
+template <int HD, int NK>
 struct Smem {
-  static constexpr int kRowBytes = HD >= 64 ? 128 : HD * 2;  // = the swizzle span
-  static constexpr int kBlocks = HD >= 64 ? HD / 64 : 1;     // column blocks
-  static constexpr int kBlockBytes = kTileRows * kRowBytes;  // one column block of a tile
-  static constexpr int kTileBytes = kBlocks * kBlockBytes;   // 128 x HD, 16-bit
+  static constexpr int kRowBytes = HD >= 64 ? 128 : HD * 2;   // = the swizzle span
+  static constexpr int kBlocks = HD >= 64 ? HD / 64 : 1;      // column blocks
+  static constexpr int kBlockBytes = kQueryRows * kRowBytes;  // one column block of the Q tile
+  static constexpr int kTileBytes = kBlocks * kBlockBytes;    // 128 x HD, 16-bit
+  static constexpr int kKvBlockBytes = NK * kRowBytes;        // one column block of a K/V tile
+  static constexpr int kKvTileBytes = kBlocks * kKvBlockBytes;
   static constexpr int kStages = 3;
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kTileBytes;
-  static constexpr int kV = kK + kStages * kTileBytes;
-  static constexpr int kBars = kV + kStages * kTileBytes;  // q_full, k_full[S], v_full[S], empty[S]
+  static constexpr int kV = kK + kStages * kKvTileBytes;
+  static constexpr int kBars = kV + kStages * kKvTileBytes;  // q_full, k_full[S], v_full[S], empty[S]
   static constexpr int kBytes = kBars + 8 * (1 + 3 * kStages);
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
   static_assert(kAlloc <= 227 * 1024, "more shared memory than a Hopper block may have");
@@ -88,14 +91,16 @@ struct RowWindow {
   int rpb;           // the row's part of the RPB index (head included)
 };
 
-template <typename T, int NA, int HD>
+template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
                    const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
 #if NATTN_SM90_ENABLED
-  using S = Smem<HD>;
+  using QB = typename Tl::Q;
+  using KB = typename Tl::K;
+  constexpr int kNk = KB::kSize;  // keys per box
+  using S = Smem<HD, kNk>;
   constexpr int kRank = NA + 2;
-  constexpr int kNk = kTileRows;  // keys per box
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
@@ -105,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = bars + 1 + 2 * S::kStages;
 
   CtaTile tile;
-  if (!cta_tile<NA>(p, blockIdx.x, tile)) return;  // uniform over the CTA
+  if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform over the CTA
   const int h = blockIdx.y, b = blockIdx.z;
   const int h_kv = h / p.groups;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -139,16 +144,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int s = k % S::kStages;
       if (k >= S::kStages) mbar_wait(empty + s, ((k / S::kStages) - 1) & 1);
       int origin[3];
-      key_origin<NA>(tile, k, origin);
-      mbar_expect_tx(k_full + s, S::kTileBytes);
+      key_origin<NA, KB>(tile, k, origin);
+      mbar_expect_tx(k_full + s, S::kKvTileBytes);
       for (int cb = 0; cb < S::kBlocks; ++cb) {
         box_coords<NA>(p, tile, origin, h_kv * HD + cb * kChannels, b, c);
-        tma_load<kRank>(smem + S::kK + s * S::kTileBytes + cb * S::kBlockBytes, &map_k, k_full + s, c);
+        tma_load<kRank>(smem + S::kK + s * S::kKvTileBytes + cb * S::kKvBlockBytes, &map_k, k_full + s, c);
       }
-      mbar_expect_tx(v_full + s, S::kTileBytes);
+      mbar_expect_tx(v_full + s, S::kKvTileBytes);
       for (int cb = 0; cb < S::kBlocks; ++cb) {
         box_coords<NA>(p, tile, origin, h_kv * HD + cb * kChannels, b, c);
-        tma_load<kRank>(smem + S::kV + s * S::kTileBytes + cb * S::kBlockBytes, &map_v, v_full + s, c);
+        tma_load<kRank>(smem + S::kV + s * S::kKvTileBytes + cb * S::kKvBlockBytes, &map_v, v_full + s, c);
       }
     }
     return;
@@ -172,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     row[r].rpb = h * int(p.rpb_head_size);
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
-      const int i = tile.q0[a] + box_offset<NA>(qr, a);
+      const int i = tile.q0[a] + QB::offset(qr, a);
       row_ok[r] = row_ok[r] && i < tile.len[a];
       const int ic = nattn_min(i, tile.len[a] - 1);
       const AxisRange w = query_window(ic, tile.len[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
@@ -186,10 +191,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   int full_lo[3], full_hi[3];
 #pragma unroll
   for (int a = 0; a < NA; ++a) {
-    int first = tile.q0[a], last = tile.q0[a] + box_extent<NA>(a) - 1;
+    int first = tile.q0[a], last = tile.q0[a] + QB::extent(a) - 1;
     if (a == 0) {
-      first = tile.q0[0] + cw * (box_extent<NA>(0) / 2);
-      last = first + box_extent<NA>(0) / 2 - 1;
+      first = tile.q0[0] + cw * (QB::extent(0) / 2);
+      last = first + QB::extent(0) / 2 - 1;
     }
     first = nattn_min(first, tile.len[a] - 1);
     last = nattn_min(last, tile.len[a] - 1);
@@ -210,14 +215,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // S = Q K^T of key box k, issued (completes at the next wgmma wait).
   auto issue_s = [&](int k, float (&sc)[kNk / 2]) {
     const int s = k % S::kStages;
-    const unsigned char* k_tile = smem + S::kK + s * S::kTileBytes;
+    const unsigned char* k_tile = smem + S::kK + s * S::kKvTileBytes;
     mbar_wait(k_full + s, (k / S::kStages) & 1);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
       const int cb = (kk * 16) / 64, within = ((kk * 16) % 64) * 2;
       const uint64_t da = smem_desc<S::kRowBytes>(q_tile + cb * S::kBlockBytes + within, 16, 8 * S::kRowBytes);
-      const uint64_t db = smem_desc<S::kRowBytes>(k_tile + cb * S::kBlockBytes + within, 16, 8 * S::kRowBytes);
+      const uint64_t db = smem_desc<S::kRowBytes>(k_tile + cb * S::kKvBlockBytes + within, 16, 8 * S::kRowBytes);
       wgmma_ss<T, kNk>(sc, da, db, kk > 0);
     }
     wgmma_commit();
@@ -225,12 +230,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // O += P V of key box k, issued.
   auto issue_pv = [&](int k, const uint32_t (&pa)[kNk / 16][4]) {
     const int s = k % S::kStages;
-    const unsigned char* v_tile = smem + S::kV + s * S::kTileBytes;
+    const unsigned char* v_tile = smem + S::kV + s * S::kKvTileBytes;
     mbar_wait(v_full + s, (k / S::kStages) & 1);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kNk / 16; ++kk) {
-      const uint64_t dv = smem_desc<S::kRowBytes>(v_tile + kk * 16 * S::kRowBytes, S::kBlockBytes, 8 * S::kRowBytes);
+      const uint64_t dv = smem_desc<S::kRowBytes>(v_tile + kk * 16 * S::kRowBytes, S::kKvBlockBytes, 8 * S::kRowBytes);
       wgmma_rs<T, HD>(o, pa[kk], dv, 1);
     }
     wgmma_commit();
@@ -239,11 +244,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // fp32, m and l move on, and alpha is the factor O must be rescaled by.
   auto softmax = [&](int k, float (&sc)[kNk / 2], float (&alpha)[2]) {
     int origin[3] = {0, 0, 0};
-    key_origin<NA>(tile, k, origin);
+    key_origin<NA, KB>(tile, k, origin);
     bool full = true;
 #pragma unroll
     for (int a = 0; a < NA; ++a)
-      full = full && origin[a] >= full_lo[a] && origin[a] + box_extent<NA>(a) - 1 <= full_hi[a];
+      full = full && origin[a] >= full_lo[a] && origin[a] + KB::extent(a) - 1 <= full_hi[a];
     float mx[2] = {-INFINITY, -INFINITY};
     // Unmasked boxes (the common case of large windows) keep the raw scores: the row max
     // is taken on them and the scale folds into the exponent's FFMA below. (A negative
@@ -265,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int rpb_col = 0;
 #pragma unroll
         for (int a = 0; a < NA; ++a) {
-          const int key = origin[a] + box_offset<NA>(col, a);
+          const int key = origin[a] + KB::offset(col, a);
           in = in && key >= row[r].lo[a] && key <= row[r].hi[a];
           rpb_col += key * rpb_mult[a];
         }
@@ -362,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int64_t token = 0;
 #pragma unroll
       for (int a = 0; a < NA; ++a)
-        token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * (tile.q0[a] + box_offset<NA>(qr, a));
+        token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * (tile.q0[a] + QB::offset(qr, a));
       p.lse[(int64_t(b) * p.tokens + token) * p.heads + h] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
     }
   }
@@ -375,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     bool ok = true;
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
-      const int i = tile.q0[a] + box_offset<NA>(qr, a);
+      const int i = tile.q0[a] + QB::offset(qr, a);
       ok = ok && i < tile.len[a];
       off += int64_t(tile.g[a] + p.dilation[a] * i) * p.out_s[1 + a];
     }

@@ -18,17 +18,20 @@ struct ForwardLaunch {
 };
 static_assert(sizeof(ForwardLaunch) <= kPrepareBytes, "workspace too small");
 
-template <typename T, int NA, int HD>
+template <typename T, int NA, int HD, class Tl>
 const char* prepare_forward(const Params& p, void* workspace) {
   if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64 or 128)";
-  int box[3];
-  for (int a = 0; a < 3; ++a) box[a] = box_extent<NA>(a);
+  int qbox[3], kbox[3];
+  for (int a = 0; a < 3; ++a) {
+    qbox[a] = Tl::Q::extent(a);
+    kbox[a] = Tl::K::extent(a);
+  }
   MapSpec mq, mk, mv;
-  const char* why = map_spec(p, p.q_s, p.heads, HD, box, mq);
-  if (!why) why = map_spec(p, p.k_s, p.heads_kv, HD, box, mk);
-  if (!why) why = map_spec(p, p.v_s, p.heads_kv, HD, box, mv);
+  const char* why = map_spec(p, p.q_s, p.heads, HD, qbox, mq);
+  if (!why) why = map_spec(p, p.k_s, p.heads_kv, HD, kbox, mk);
+  if (!why) why = map_spec(p, p.v_s, p.heads_kv, HD, kbox, mv);
   if (why) return why;
-  if (num_cta_tiles(p, box) > 0x7fffffff) return "too many query boxes for the grid";
+  if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
   ForwardLaunch* l = static_cast<ForwardLaunch*>(workspace);
   constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
   if ((why = encode(&l->q, mq, p.q, kBf16))) return why;
@@ -37,19 +40,17 @@ const char* prepare_forward(const Params& p, void* workspace) {
   return nullptr;
 }
 
-template <typename T, int NA, int HD>
+template <typename T, int NA, int HD, class Tl>
 void launch_forward(const Params& p, cudaStream_t stream) {
   const ForwardLaunch* l = static_cast<const ForwardLaunch*>(p.prepared);
-  int box[3];
-  for (int a = 0; a < 3; ++a) box[a] = box_extent<NA>(a);
-  constexpr int smem = Smem<HD>::kAlloc;
+  constexpr int smem = Smem<HD, Tl::K::kSize>::kAlloc;
   static const bool configured = [] {
-    cudaFuncSetAttribute(forward_kernel<T, NA, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaFuncSetAttribute(forward_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     return true;
   }();
   (void)configured;
-  const dim3 grid(unsigned(num_cta_tiles(p, box)), unsigned(p.heads), unsigned(p.batch));
-  forward_kernel<T, NA, HD><<<grid, kThreads, smem, stream>>>(p, l->q, l->k, l->v);
+  const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
+  forward_kernel<T, NA, HD, Tl><<<grid, kThreads, smem, stream>>>(p, l->q, l->k, l->v);
 }
 
 }  }  // namespace nattn::sm90

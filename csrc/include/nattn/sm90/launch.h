@@ -2,12 +2,13 @@
 // explicit instantiations live in the generated files (one per dtype x NA dim x head dim).
 #pragma once
 #include "nattn/common/registry.h"
+#include "nattn/sm90/tiles.cuh"
 
 namespace nattn { namespace sm90 {
 
 // Whether the family takes this forward problem: nullptr when it does (and the launch
 // state is written to `workspace`, kPrepareBytes, 64-byte aligned), else the reason.
-template <typename T, int NA, int HD> const char* prepare_forward(const Params& p, void* workspace);
-template <typename T, int NA, int HD> void launch_forward(const Params& p, cudaStream_t stream);
+template <typename T, int NA, int HD, class Tile> const char* prepare_forward(const Params& p, void* workspace);
+template <typename T, int NA, int HD, class Tile> void launch_forward(const Params& p, cudaStream_t stream);
 
 }  }  // namespace nattn::sm90
