@@ -7,6 +7,7 @@ tuples; no backend re-parses ints or re-checks shapes.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
@@ -59,6 +60,32 @@ def _per_axis(value, na_dim: int, name: str, kind: type) -> tuple:
                 f"got {type(v).__name__} ({v!r})"
             )
     return values
+
+
+def check_scale(scale, head_dim: int, name: str = "scale") -> float:
+    """The logit scale as a float: ``None`` gives ``head_dim ** -0.5``.
+
+    Any finite real number is accepted, zero and negative included (as NATTEN does: 0 gives
+    uniform weights over the window); bools, strings, tensors and sequences are a
+    ``TypeError``, NaN, infinities and ints too large for a float a ``ValueError``.
+    """
+    if scale is None:
+        return head_dim ** -0.5
+    accepted = "a finite real number (int or float) or None"
+    if isinstance(scale, (bool, torch.Tensor)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{name} must be {accepted}, got {type(scale).__name__} ({_short(scale)})")
+    try:
+        value = float(scale)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be {accepted}, got {_short(scale)}")
+    return value
+
+
+def _short(x, limit: int = 40) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[:limit] + "..."
 
 
 def _check_tensor(t, name: str) -> None:
@@ -163,12 +190,7 @@ def normalize(
                 f"kernel_size * dilation along axis {axis} ({_AXES[axis]}) must be <= the input "
                 f"size {n}, got {k} * {d} = {k * d}"
             )
-    if scale is None:
-        scale = query.shape[-1] ** -0.5
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    scale = float(scale)
-    params = NAParams(kernel, strides, dils, causal, scale)
+    params = NAParams(kernel, strides, dils, causal, check_scale(scale, query.shape[-1]))
     if rpb is not None:
         check_rpb(rpb, query, params)
     check_additional_kv(query, key, value, additional_keys, additional_values)
