@@ -130,6 +130,17 @@ def check_qkv(query, key, value, na_dim: int) -> None:
         )
 
 
+def layout_hint(query: torch.Tensor, na_dim: int) -> str:
+    """How a query was read (heads-last), for errors a heads-first tensor runs into."""
+    axes = _AXES[:na_dim]
+    named = ", ".join(f"{a}={n}" for a, n in zip(axes, query.shape[1 : 1 + na_dim]))
+    return (
+        f"Inputs are heads-last [B, {', '.join(axes)}, H, D]: query {tuple(query.shape)} was read "
+        f"as B={query.shape[0]}, {named}, H={query.shape[-2]}, D={query.shape[-1]}; a heads-first "
+        f"[B, H, {', '.join(axes)}, D] tensor needs .movedim(1, -2) first."
+    )
+
+
 def normalize_window_args(na_dim: int, kernel_size, stride=1, dilation=1, is_causal=False):
     """Per-axis ``(kernel, stride, dilation, causal)`` tuples, with the checks that need no input."""
     kernel = _per_axis(kernel_size, na_dim, "kernel_size", int)
@@ -179,7 +190,7 @@ def normalize(
     if query.shape[:-2] != key.shape[:-2]:
         raise ValueError(
             "query and key must agree on [B, *spatial] in neighborhood attention, got "
-            f"{tuple(query.shape)} and {tuple(key.shape)}"
+            f"{tuple(query.shape)} and {tuple(key.shape)}. {layout_hint(query, na_dim)}"
         )
     kernel, strides, dils, causal = normalize_window_args(na_dim, kernel_size, stride, dilation, is_causal)
     spatial = tuple(query.shape[1 : 1 + na_dim])
@@ -188,7 +199,7 @@ def normalize(
         if k * d > n:
             raise ValueError(
                 f"kernel_size * dilation along axis {axis} ({_AXES[axis]}) must be <= the input "
-                f"size {n}, got {k} * {d} = {k * d}"
+                f"size {n}, got {k} * {d} = {k * d}. {layout_hint(query, na_dim)}"
             )
     params = NAParams(kernel, strides, dils, causal, check_scale(scale, query.shape[-1]))
     if rpb is not None:

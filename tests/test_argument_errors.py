@@ -81,6 +81,25 @@ def test_bad_input_raises_clear_error(overrides, exc, words):
         assert word in str(info.value), f"{word!r} not in {str(info.value)!r}"
 
 
+@pytest.mark.parametrize("na_dim", [1, 2, 3])
+def test_heads_first_input_error_shows_the_expected_layout(na_dim):
+    """A heads-first [B, H, *spatial, D] tensor fails on the kernel-vs-axis check (here the
+    heads axis, read as X, is shorter than the kernel); the error shows the heads-last layout
+    and the sizes it read, and how to convert."""
+    spatial = tuple(int(n) for n in torch.randint(8, 12, (na_dim,)))
+    heads = int(torch.randint(2, 4, ()))
+    q = torch.randn(2, heads, *spatial, 4)  # heads first: wrong
+    fn = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}[na_dim]
+    with pytest.raises(ValueError) as info:
+        fn(q, q, q, kernel_size=5)
+    msg = str(info.value)
+    axes = ", ".join("XYZ"[:na_dim])
+    for word in [f"[B, {axes}, H, D]", f"X={heads}", f"H={spatial[-1]}", "heads-first", ".movedim(1, -2)"]:
+        assert word in msg, f"{word!r} not in {msg!r}"
+    with pytest.raises(ValueError, match=r"heads-last \[B, X, H, D\]"):  # GQA heads-first: spatial mismatch
+        nattn.na1d(torch.randn(1, 4, 16, 8), torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8), 3)
+
+
 def test_axis_shorter_than_kernel_raises():
     q = torch.randn(1, 5, 2, 4)
     with pytest.raises(ValueError, match=r"axis 0 \(X\).*6 \* 1 = 6"):
