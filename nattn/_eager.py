@@ -39,7 +39,14 @@ def _no_autocast(t: torch.Tensor):
     """The backends run at their inputs' dtype, as below the custom op (which autocast never
     reaches): an enclosing autocast region must not recast the reference's matmuls."""
     device = t.device.type
+    if not _autocast_available(device):  # e.g. meta tensors: no autocast to turn off
+        return contextlib.nullcontext()
     return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
+
+
+def _autocast_available(device: str) -> bool:
+    check = getattr(torch.amp, "is_autocast_available", None)
+    return check(device) if check is not None else device in ("cpu", "cuda")
 
 
 def _probe(name: str):

@@ -14,7 +14,7 @@ from . import ops
 from .backends import BACKENDS, choose_dense_backend, choose_na_backend
 from ._eager import DenseFunction, NAFunction, eager_ok
 from .merge import merge_attentions
-from .params import BoolOrTuple, IntOrTuple, check_qkv, normalize
+from .params import BoolOrTuple, IntOrTuple, check_qkv, check_scale, normalize
 
 __all__ = ["na1d", "na2d", "na3d", "neighborhood_attention", "attention", "merge_attentions"]
 
@@ -348,8 +348,7 @@ def attention(
         raise ValueError(
             f"is_causal=True needs as many keys as queries, got N={query.shape[1]}, N_kv={key.shape[1]}"
         )
-    if scale is None:
-        scale = query.shape[-1] ** -0.5
-    out, lse = _dense(query, key, value, is_causal, float(scale), backend)
+    scale = check_scale(scale, query.shape[-1])
+    out, lse = _dense(query, key, value, is_causal, scale, backend)
     return (out, lse) if return_lse else out
 

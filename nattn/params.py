@@ -7,6 +7,7 @@ tuples; no backend re-parses ints or re-checks shapes.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
@@ -61,6 +62,32 @@ def _per_axis(value, na_dim: int, name: str, kind: type) -> tuple:
     return values
 
 
+def check_scale(scale, head_dim: int, name: str = "scale") -> float:
+    """The logit scale as a float: ``None`` gives ``head_dim ** -0.5``.
+
+    Any finite real number is accepted, zero and negative included (as NATTEN does: 0 gives
+    uniform weights over the window); bools, strings, tensors and sequences are a
+    ``TypeError``, NaN, infinities and ints too large for a float a ``ValueError``.
+    """
+    if scale is None:
+        return head_dim ** -0.5
+    accepted = "a finite real number (int or float) or None"
+    if isinstance(scale, (bool, torch.Tensor)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{name} must be {accepted}, got {type(scale).__name__} ({_short(scale)})")
+    try:
+        value = float(scale)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be {accepted}, got {_short(scale)}")
+    return value
+
+
+def _short(x, limit: int = 40) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
 def _check_tensor(t, name: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -101,6 +128,17 @@ def check_qkv(query, key, value, na_dim: int) -> None:
         raise ValueError(
             f"query heads ({heads}) must be divisible by key/value heads ({heads_kv}) for GQA/MQA"
         )
+
+
+def layout_hint(query: torch.Tensor, na_dim: int) -> str:
+    """How a query was read (heads-last), for errors a heads-first tensor runs into."""
+    axes = _AXES[:na_dim]
+    named = ", ".join(f"{a}={n}" for a, n in zip(axes, query.shape[1 : 1 + na_dim]))
+    return (
+        f"Inputs are heads-last [B, {', '.join(axes)}, H, D]: query {tuple(query.shape)} was read "
+        f"as B={query.shape[0]}, {named}, H={query.shape[-2]}, D={query.shape[-1]}; a heads-first "
+        f"[B, H, {', '.join(axes)}, D] tensor needs .movedim(1, -2) first."
+    )
 
 
 def normalize_window_args(na_dim: int, kernel_size, stride=1, dilation=1, is_causal=False):
@@ -152,7 +190,7 @@ def normalize(
     if query.shape[:-2] != key.shape[:-2]:
         raise ValueError(
             "query and key must agree on [B, *spatial] in neighborhood attention, got "
-            f"{tuple(query.shape)} and {tuple(key.shape)}"
+            f"{tuple(query.shape)} and {tuple(key.shape)}. {layout_hint(query, na_dim)}"
         )
     kernel, strides, dils, causal = normalize_window_args(na_dim, kernel_size, stride, dilation, is_causal)
     spatial = tuple(query.shape[1 : 1 + na_dim])
@@ -161,14 +199,9 @@ def normalize(
         if k * d > n:
             raise ValueError(
                 f"kernel_size * dilation along axis {axis} ({_AXES[axis]}) must be <= the input "
-                f"size {n}, got {k} * {d} = {k * d}"
+                f"size {n}, got {k} * {d} = {k * d}. {layout_hint(query, na_dim)}"
             )
-    if scale is None:
-        scale = query.shape[-1] ** -0.5
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    scale = float(scale)
-    params = NAParams(kernel, strides, dils, causal, scale)
+    params = NAParams(kernel, strides, dils, causal, check_scale(scale, query.shape[-1]))
     if rpb is not None:
         check_rpb(rpb, query, params)
     check_additional_kv(query, key, value, additional_keys, additional_values)

@@ -46,7 +46,13 @@ BAD = [
     (dict(stride=(1,)), ValueError, ["stride", "tuple of 2"]),
     (dict(is_causal=(True,)), ValueError, ["is_causal", "tuple of 2"]),
     (dict(is_causal=1), TypeError, ["is_causal", "bool"]),
-    (dict(scale="big"), TypeError, ["scale"]),
+    (dict(scale="big"), TypeError, ["scale", "finite real number"]),
+    (dict(scale=[0.3]), TypeError, ["scale", "finite real number", "list"]),
+    (dict(scale=True), TypeError, ["scale", "bool"]),
+    (dict(scale=torch.tensor(0.3)), TypeError, ["scale", "Tensor"]),
+    (dict(scale=float("nan")), ValueError, ["scale", "finite real number", "nan"]),
+    (dict(scale=float("-inf")), ValueError, ["scale", "-inf"]),
+    (dict(scale=10**400), ValueError, ["scale", "finite real number", "..."]),
     (dict(kernel_size=4, rpb=torch.zeros(2, 7, 7)), ValueError, ["rpb", "odd kernel_size"]),
     (dict(stride=2, rpb=torch.zeros(2, 5, 5)), ValueError, ["rpb", "stride 1"]),
     (dict(is_causal=(False, True), rpb=torch.zeros(2, 5, 5)), ValueError, ["rpb", "is_causal=False"]),
@@ -75,6 +81,25 @@ def test_bad_input_raises_clear_error(overrides, exc, words):
         assert word in str(info.value), f"{word!r} not in {str(info.value)!r}"
 
 
+@pytest.mark.parametrize("na_dim", [1, 2, 3])
+def test_heads_first_input_error_shows_the_expected_layout(na_dim):
+    """A heads-first [B, H, *spatial, D] tensor fails on the kernel-vs-axis check (here the
+    heads axis, read as X, is shorter than the kernel); the error shows the heads-last layout
+    and the sizes it read, and how to convert."""
+    spatial = tuple(int(n) for n in torch.randint(8, 12, (na_dim,)))
+    heads = int(torch.randint(2, 4, ()))
+    q = torch.randn(2, heads, *spatial, 4)  # heads first: wrong
+    fn = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}[na_dim]
+    with pytest.raises(ValueError) as info:
+        fn(q, q, q, kernel_size=5)
+    msg = str(info.value)
+    axes = ", ".join("XYZ"[:na_dim])
+    for word in [f"[B, {axes}, H, D]", f"X={heads}", f"H={spatial[-1]}", "heads-first", ".movedim(1, -2)"]:
+        assert word in msg, f"{word!r} not in {msg!r}"
+    with pytest.raises(ValueError, match=r"heads-last \[B, X, H, D\]"):  # GQA heads-first: spatial mismatch
+        nattn.na1d(torch.randn(1, 4, 16, 8), torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8), 3)
+
+
 def test_axis_shorter_than_kernel_raises():
     q = torch.randn(1, 5, 2, 4)
     with pytest.raises(ValueError, match=r"axis 0 \(X\).*6 \* 1 = 6"):
@@ -91,3 +116,25 @@ def test_attention_errors():
         nattn.merge_attentions([q], [q[..., 0]])
     with pytest.raises(ValueError, match=r"lse_tensors\[1\]"):
         nattn.merge_attentions([q, q], [q[..., 0], q])
+
+
+SCALE_BAD = [("a", TypeError), ([0.3], TypeError), (True, TypeError), (float("nan"), ValueError),
+             (float("inf"), ValueError), (10**400, ValueError)]
+
+
+@pytest.mark.parametrize("scale,exc", SCALE_BAD, ids=lambda x: repr(x)[:12])
+def test_dense_attention_validates_scale_like_na(scale, exc):
+    q = torch.randn(1, 6, 2, 4)
+    with pytest.raises(exc, match="scale must be a finite real number"):
+        nattn.attention(q, q, q, scale=scale)
+
+
+@pytest.mark.parametrize("scale", [0, -0.7, 2, 0.25])
+def test_zero_negative_and_int_scales_are_accepted(scale):
+    """Any finite real scale is accepted (as in NATTEN); 0 gives uniform weights."""
+    q, k, v = (torch.randn(1, 7, 2, 4, dtype=torch.float64) for _ in range(3))
+    out = nattn.na1d(q, k, v, kernel_size=7, scale=scale)
+    want = nattn.attention(q, k, v, scale=float(scale))
+    torch.testing.assert_close(out, want)
+    if scale == 0:
+        torch.testing.assert_close(out, v.mean(1, keepdim=True).expand_as(out))

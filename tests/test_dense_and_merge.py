@@ -57,3 +57,41 @@ def test_low_precision_dense_close_to_float64():
         out = nattn.attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True, scale=0.25)
         assert out.dtype == dtype
         torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+def test_merge_validates_lse_dtypes_and_types():
+    o = torch.randn(1, 5, 2, 4)
+    lse = torch.randn(1, 5, 2)
+    with pytest.raises(TypeError, match=r"lse_tensors\[0\] must be float32.*int32"):
+        nattn.merge_attentions([o, o], [lse.int(), lse.int()])
+    with pytest.raises(TypeError, match=r"outputs\[1\] must be float32.*int64"):
+        nattn.merge_attentions([o, o.long()], [lse, lse])
+    with pytest.raises(ValueError, match=r"lse_tensors\[1\] dtype.*float64"):
+        nattn.merge_attentions([o, o], [lse, lse.double()])
+    with pytest.raises(TypeError, match=r"lse_tensors\[1\] must be a torch.Tensor"):
+        nattn.merge_attentions([o, o], [lse, 0.0])
+
+
+def test_merge_drops_empty_parts_with_finite_gradients():
+    """A part with LSE -inf attended no key: it adds nothing (even a NaN output) and the
+    gradients stay finite; every part empty gives zeros with LSE -inf."""
+    dt = torch.float64
+    full = torch.randn(2, 6, 3, 4, dtype=dt, requires_grad=True)
+    full_lse = torch.randn(2, 6, 3, dtype=dt, requires_grad=True)
+    nan_out = torch.full((2, 6, 3, 4), float("nan"), dtype=dt, requires_grad=True)
+    empty_lse = torch.full((2, 6, 3), float("-inf"), dtype=dt, requires_grad=True)
+    out, lse = nattn.merge_attentions([nan_out, full], [empty_lse, full_lse])
+    torch.testing.assert_close(out, full)
+    torch.testing.assert_close(lse, full_lse)
+    go, gl = torch.randn_like(out), torch.randn_like(lse)
+    grads = torch.autograd.grad((out * go).sum() + (lse * gl).sum(), (nan_out, full, empty_lse, full_lse))
+    for g in grads:
+        assert torch.isfinite(g).all()
+    torch.testing.assert_close(grads[1], go)
+    torch.testing.assert_close(grads[3], gl)
+    assert (grads[0] == 0).all() and (grads[2] == 0).all()
+
+    out, lse = nattn.merge_attentions([nan_out, nan_out], [empty_lse, empty_lse])
+    assert (out == 0).all() and (lse == float("-inf")).all()
+    grads = torch.autograd.grad((out * go).sum() + (lse.exp() * gl).sum(), (nan_out, empty_lse))
+    assert all(torch.isfinite(g).all() for g in grads)

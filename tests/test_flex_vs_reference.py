@@ -5,6 +5,8 @@ torch's flex_attention has no CPU backward, so gradients are checked on the devi
 kernels, stride, dilation, per-axis causal, GQA, D_v != D, RPB and extra keys/values.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -117,3 +119,23 @@ def test_each_compiled_flex_has_its_own_code_object():
     ref = torch.softmax(q @ q.transpose(-1, -2) * 0.5, -1) @ q
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(lse, torch.logsumexp(q @ q.transpose(-1, -2) * 0.5, -1))
+
+
+def test_uncompiled_flex_refuses_problems_whose_scores_would_not_fit():
+    """Eager flex (the CPU path) materializes B*H*N^2 scores: above EAGER_MAX_SCORES it refuses,
+    with the same reason for explicit and automatic requests; just below, it accepts."""
+    from nattn.backends import NoBackendError, na_backend_reasons
+    from nattn.backends import flex as flex_module
+    from nattn.params import normalize
+
+    heads = int(torch.randint(1, 4, ()))
+    n = math.isqrt(getattr(flex_module, "EAGER_MAX_SCORES", 2**25) // heads)
+    small = torch.randn(1, n, heads, 8)
+    big = torch.randn(1, n + 1, heads, 8)
+    assert na_backend_reasons(small, small, small, None, normalize(small, small, small, 1, 3))["flex"] == []
+    reasons = na_backend_reasons(big, big, big, None, normalize(big, big, big, 1, 3))["flex"]
+    assert any("materializes" in r and "reference" in r for r in reasons), reasons
+    with pytest.raises(NoBackendError, match=r"B\*H\*N\^2 = \d+ scores"):
+        nattn.na1d(big, big, big, 3, backend="flex")
+    with torch.no_grad():  # automatic dispatch still runs it (on the reference)
+        assert torch.isfinite(nattn.na1d(big, big, big, 3)).all()

@@ -150,6 +150,8 @@ def test_extra_repr():
     (dict(attn_drop=1.5), ValueError, "attn_drop"),
     (dict(proj_drop=-0.1), ValueError, "proj_drop"),
     (dict(qk_scale="x"), TypeError, "qk_scale"),
+    (dict(qk_scale=float("nan")), ValueError, "qk_scale must be a finite real number"),
+    (dict(qk_scale=True), TypeError, "qk_scale"),
 ])
 def test_bad_arguments(kw, err, match):
     args = dict(embed_dim=16, num_heads=2, kernel_size=3)

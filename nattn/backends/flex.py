@@ -16,6 +16,7 @@ no CPU backward.
 from __future__ import annotations
 
 import itertools
+import math
 import types
 from contextlib import contextmanager
 
@@ -36,6 +37,10 @@ except ImportError:  # pragma: no cover
     AuxRequest = None
 
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Uncompiled flex (the CPU path, or compile=False) materializes every score: B * H * N^2 of
+# them, about 20 bytes each at peak (measured on the CPU, float32 and bfloat16; 27 for
+# float64). Above this many scores (~0.7 GiB) the backend refuses; docs/backends.md.
+EAGER_MAX_SCORES = 2**25
 
 
 @contextmanager
@@ -114,6 +119,14 @@ class FlexBackend(Backend):
                     reasons.append(f"flex on CUDA needs a power-of-two {name} >= 16, got {dim}")
         else:
             reasons.append(f"flex supports cpu and cuda devices, got {device}")
+        if device in ("cpu", "cuda") and not self._use_compiled(q.device):
+            scores = q.shape[0] * q.shape[-2] * math.prod(q.shape[1 : 1 + params.na_dim]) ** 2
+            if scores > EAGER_MAX_SCORES:
+                reasons.append(
+                    f"uncompiled flex_attention (the CPU path) materializes all B*H*N^2 = {scores} "
+                    f"scores (~20 bytes each), over the limit of {EAGER_MAX_SCORES}; "
+                    "use backend='reference', whose memory does not grow with N^2"
+                )
         return reasons
 
     # ------------------------------------------------------------------ compute

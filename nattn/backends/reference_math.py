@@ -29,6 +29,24 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def softmax_shift(lse: torch.Tensor) -> torch.Tensor:
+    """The LSE to subtract from the logits: 0 where it is -inf (no finite logit, no key).
+
+    Such a query gets zero probabilities, hence output 0 with LSE -inf and zero gradients,
+    instead of ``exp(-inf - -inf) = NaN``.
+    """
+    return lse.masked_fill(lse == float("-inf"), 0)
+
+
+def softmax_or_zero(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Differentiable softmax whose rows without a finite logit are 0 (not NaN), with
+    finite gradients there (``torch.softmax`` gives NaN for an all ``-inf`` row)."""
+    top = softmax_shift(s.detach().amax(dim, keepdim=True))
+    e = torch.exp(s - top)
+    total = e.sum(dim, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
 def _chunk_len(batch, window, heads, heads_kv, dim, dim_v) -> int:
     per_query = batch * window * (heads_kv * (dim + dim_v) * 2 + heads * 3)
     return max(1, CHUNK_ELEMENTS // per_query)
@@ -54,6 +72,8 @@ class _Problem:
             params.is_causal, device=q.device,
         )
         self.tokens = self.table.num_tokens
+        # Only causal windows near the start hold fewer than k keys (invalid slots).
+        self.has_invalid_slots = any(params.is_causal)
         self.chunk = _chunk_len(
             b, self.table.window_size, self.heads, hk, self.dim, self.dim_v
         )
@@ -63,10 +83,20 @@ class _Problem:
             stop = min(start + self.chunk, self.tokens)
             yield (start, stop) + self.table.chunk(start, stop)
 
+    def select(self, x, valid):
+        """``x [B, C, W, ...]`` with invalid window slots set to 0 (``torch.where``, not a product)."""
+        if not self.has_invalid_slots:
+            return x
+        return torch.where(valid.reshape(1, *valid.shape, *(1,) * (x.dim() - 3)), x, 0)
+
     def logits(self, start, stop, key_idx, valid, rpb_idx, rpb):
-        """Masked logits ``[B, C, H_kv, G, W]`` and the gathered keys/values."""
-        k_w = self.k[:, key_idx]  # [B, C, W, H_kv, D]
-        v_w = self.v[:, key_idx]  # [B, C, W, H_kv, D_v]
+        """Masked logits ``[B, C, H_kv, G, W]`` and the gathered keys/values.
+
+        Invalid slots gather a real token (clamped index); they are zeroed by selection,
+        so that a NaN/Inf there cannot reach the query through ``0 * NaN``.
+        """
+        k_w = self.select(self.k[:, key_idx], valid)  # [B, C, W, H_kv, D]
+        v_w = self.select(self.v[:, key_idx], valid)  # [B, C, W, H_kv, D_v]
         q_c = self.q[:, start:stop]  # [B, C, H_kv, G, D]
         s = torch.einsum("bchgd,bcwhd->bchgw", q_c, k_w) * self.params.scale
         if rpb is not None:
@@ -85,7 +115,7 @@ def forward(q, k, v, rpb: Optional[torch.Tensor], params: NAParams) -> Tuple[tor
     for start, stop, key_idx, valid, rpb_idx in p.chunks():
         s, _, _, v_w = p.logits(start, stop, key_idx, valid, rpb_idx, rpb)
         lse_c = torch.logsumexp(s, dim=-1)
-        probs = torch.exp(s - lse_c[..., None])
+        probs = torch.exp(s - softmax_shift(lse_c)[..., None])
         out[:, start:stop] = torch.einsum("bchgw,bcwhe->bchge", probs, v_w)
         lse[:, start:stop] = lse_c
     out = out.reshape(p.batch, *p.spatial, p.heads, p.dim_v).to(q.dtype)
@@ -103,7 +133,7 @@ def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams):
     b, hk, g = p.batch, p.heads_kv, p.groups
     d_out = grad_out.reshape(b, -1, hk, g, p.dim_v).to(p.dtype)
     o = out.reshape(b, -1, hk, g, p.dim_v).to(p.dtype)
-    lse_f = lse.reshape(b, -1, hk, g).to(p.dtype)
+    lse_f = softmax_shift(lse.reshape(b, -1, hk, g).to(p.dtype))
     delta = (d_out * o).sum(-1)  # rowsum(dO * O) = sum_w P * dP
     if grad_lse is not None:
         delta = delta - grad_lse.reshape(b, -1, hk, g).to(p.dtype)
@@ -119,8 +149,8 @@ def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams):
         ds = probs * (dp - delta[:, start:stop, ..., None])  # d logits
         dq[:, start:stop] = torch.einsum("bchgw,bcwhd->bchgd", ds, k_w) * params.scale
         flat_idx = key_idx.reshape(-1)
-        dk_w = torch.einsum("bchgw,bchgd->bcwhd", ds, q_c) * params.scale
-        dv_w = torch.einsum("bchgw,bchge->bcwhe", probs, do_c)
+        dk_w = p.select(torch.einsum("bchgw,bchgd->bcwhd", ds, q_c) * params.scale, valid)
+        dv_w = p.select(torch.einsum("bchgw,bchge->bcwhe", probs, do_c), valid)
         dk.index_add_(1, flat_idx, dk_w.reshape(b, -1, hk, p.dim))
         dv.index_add_(1, flat_idx, dv_w.reshape(b, -1, hk, p.dim_v))
         if drpb is not None:

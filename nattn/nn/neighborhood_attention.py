@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..functional import neighborhood_attention
-from ..params import NAParams, normalize_window_args, rpb_config_reasons
+from ..params import NAParams, check_scale, normalize_window_args, rpb_config_reasons
 from .unfused import na_explicit
 
 IntOrTuple = Union[int, Sequence[int]]
@@ -100,9 +100,7 @@ class NeighborhoodAttentionND(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.kernel_size, self.stride, self.dilation, self.is_causal = normalize_window_args(
             n, kernel_size, stride, dilation, is_causal)
-        if qk_scale is not None and (isinstance(qk_scale, bool) or not isinstance(qk_scale, (int, float))):
-            raise TypeError(f"qk_scale must be a float or None, got {qk_scale!r}")
-        self.scale = float(qk_scale) if qk_scale is not None else self.head_dim ** -0.5
+        self.scale = check_scale(qk_scale, self.head_dim, "qk_scale")
         if not isinstance(rel_pos_bias, bool):
             raise TypeError(f"rel_pos_bias must be a bool, got {rel_pos_bias!r}")
         if rel_pos_bias:

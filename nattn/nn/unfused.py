@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..backends.reference_math import softmax_or_zero
 from ..params import NAParams
 from ..windows import WindowTable
 
@@ -36,6 +37,9 @@ def na_explicit(
     qf = q.reshape(b, -1, heads_kv, groups, dim)
     k_w = k.reshape(b, -1, heads_kv, dim)[:, key_idx]  # [B, N, W, H_kv, D]
     v_w = v.reshape(b, -1, heads_kv, dim_v)[:, key_idx]
+    if any(params.is_causal):  # invalid (clamped) slots: selected away, never 0 * NaN
+        slot = valid[None, :, :, None, None]
+        k_w, v_w = torch.where(slot, k_w, 0), torch.where(slot, v_w, 0)
     logits = torch.einsum("bnhgd,bnwhd->bnhgw", qf, k_w) * params.scale
     if rpb is not None:
         bias = rpb.flatten(1)[:, rpb_idx]  # [H, N, W]
@@ -45,7 +49,7 @@ def na_explicit(
         extra = torch.einsum("bnhgd,bmhd->bnhgm", qf, additional_keys) * params.scale
         logits = torch.cat([logits, extra], dim=-1)
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32  # softmax never in half
-    weights = torch.softmax(logits.to(acc), dim=-1).to(q.dtype)
+    weights = softmax_or_zero(logits.to(acc), dim=-1).to(q.dtype)  # no finite logit: zeros
     if weights_hook is not None:
         weights = weights_hook(weights)
     out = torch.einsum("bnhgw,bnwhe->bnhge", weights[..., :window], v_w)
