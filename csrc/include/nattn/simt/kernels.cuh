@@ -12,6 +12,7 @@
 
 #include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
+#include "nattn/common/softmax.cuh"
 #include "nattn/common/vec.cuh"
 #include "nattn/common/window.cuh"
 #include "nattn/simt/launch.h"
@@ -243,26 +244,27 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params p) {
       if (U > 1 && base + u >= total) sc[u] = -INFINITY;
       m_new = fmaxf(m_new, sc[u]);
     }
-    const float corr = exp2f(m - m_new);
+    const float ref = m_new == -INFINITY ? 0.f : m_new;  // nothing finite yet: keep zeros
+    const float corr = exp2f(m - ref);
     m = m_new;
     l *= corr;
 #pragma unroll
     for (int i = 0; i < C; ++i) acc[i] *= corr;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const float pr = exp2f(sc[u] - m_new);
+      const float pr = exp2f(sc[u] - ref);
       l += pr;
 #pragma unroll
       for (int i = 0; i < C; ++i) acc[i] = fmaf(pr, vv[u][i], acc[i]);
     }
   }
-  const float inv_l = 1.f / l;
+  const float inv_l = inv_row_sum(l);
 #pragma unroll
   for (int i = 0; i < C; ++i) acc[i] *= inv_l;
   if (has_v)
     store_channels<C>(static_cast<T*>(p.out) + int64_t(b) * p.out_s[0] + token_offset<NA>(c, p.out_s) +
                           int64_t(h) * p.out_s[4] + ch, acc, ch, p.dim_v);
-  if (lane == 0) p.lse[(int64_t(b) * p.tokens + qi) * p.heads + h] = (m + log2f(l)) * kLn2;
+  if (lane == 0) p.lse[(int64_t(b) * p.tokens + qi) * p.heads + h] = row_lse(m, l);
 }
 
 // --------------------------------------------------------------- backward: dQ + delta
@@ -294,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
   group_sum_n<TPQ, 1>(dl, mask);
   const float delta = dl[0] - (p.grad_lse ? p.grad_lse[row] : 0.f);
   if (lane == 0) p.delta[row] = delta;
-  const float lse2 = p.lse[row] * kLog2e;
+  const float lse2 = lse_log2(p.lse[row]);
 #pragma unroll
   for (int i = 0; i < C; ++i) q[i] *= p.scale_log2;
 
@@ -398,7 +400,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
           load_channels<C>(dd[u], DO + cur.off[1], ch, p.dim_v, ok);
           red[u] = dot<C>(qq[u], kk);
           red[U + u] = dot<C>(dd[u], vv);
-          lse2[u] = p.lse[row] * kLog2e;
+          lse2[u] = lse_log2(p.lse[row]);
           dlt[u] = p.delta[row];
           ridx[u] = cur.rpb;
           bias[u] = rpb && ok ? rpb[cur.rpb] * kLog2e : 0.f;

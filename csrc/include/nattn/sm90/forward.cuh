@@ -17,6 +17,7 @@
 #include <math.h>
 
 #include "nattn/common/registry.h"
+#include "nattn/common/softmax.cuh"
 #include "nattn/common/window.cuh"
 #include "nattn/sm90/ptx.cuh"
 #include "nattn/sm90/tiles.cuh"
@@ -349,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] = quad_sum(l[r]);
-    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    inv[r] = inv_row_sum(l[r]);
   }
   unsigned char* stage = smem + S::kQ;
 #pragma unroll
@@ -368,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int a = 0; a < NA; ++a)
         token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * (tile.q0[a] + QB::offset(qr, a));
-      p.lse[(int64_t(b) * p.tokens + token) * p.heads + h] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+      p.lse[(int64_t(b) * p.tokens + token) * p.heads + h] = row_lse(m[r], l[r]);
     }
   }
   named_sync(1 + cw, 128);

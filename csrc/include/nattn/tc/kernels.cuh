@@ -19,6 +19,7 @@
 
 #include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
+#include "nattn/common/softmax.cuh"
 #include "nattn/common/tiling.cuh"
 #include "nattn/common/window.cuh"
 #include "nattn/tc/launch.h"
@@ -378,10 +379,10 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) forward_kerne
   const float l0 = quad_sum(l[0]), l1 = quad_sum(l[1]);
   T* O = head_base<T>(p.out, p.out_s, b, h);
   store_rows<T, HD>(O + spatial_offset<NA>(p, p.out_s, rw.ig[0], g), O + spatial_offset<NA>(p, p.out_s, rw.ig[1], g),
-                    rw.ok[0], rw.ok[1], o, 1.f / l0, 1.f / l1, p.dim_v, tq);
+                    rw.ok[0], rw.ok[1], o, inv_row_sum(l0), inv_row_sum(l1), p.dim_v, tq);
   if (tq == 0) {
-    if (rw.ok[0]) p.lse[(int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[0], g)) * p.heads + h] = (m[0] + log2f(l0)) * kLn2;
-    if (rw.ok[1]) p.lse[(int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[1], g)) * p.heads + h] = (m[1] + log2f(l1)) * kLn2;
+    if (rw.ok[0]) p.lse[(int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[0], g)) * p.heads + h] = row_lse(m[0], l0);
+    if (rw.ok[1]) p.lse[(int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[1], g)) * p.heads + h] = row_lse(m[1], l1);
   }
 #endif
 }
@@ -436,7 +437,7 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) backward_dq_k
     for (int r = 0; r < 2; ++r) {
       const int64_t row = (int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[r], g)) * p.heads + h;
       delta[r] = quad_sum(dl[r]) - (p.grad_lse && rw.ok[r] ? p.grad_lse[row] : 0.f);
-      lse2[r] = rw.ok[r] ? p.lse[row] * kLog2e : 0.f;
+      lse2[r] = rw.ok[r] ? lse_log2(p.lse[row]) : 0.f;
       if (tq == 0 && rw.ok[r]) p.delta[row] = delta[r];
     }
   }
@@ -557,7 +558,7 @@ __global__ void __launch_bounds__(kWarps * 32, dkv_blocks<HD>()) backward_dkv_ke
             const int ridx = rpb_index<true>(rrow[r], cl.rpb[q]);
             float v = s[nt][e] * p.scale_log2;
             if (rpb && ok) v += rpb[ridx] * kLog2e;
-            const float pr = ok ? exp2f(v - sL[j] * kLog2e) : 0.f;
+            const float pr = ok ? exp2f(v - lse_log2(sL[j])) : 0.f;
             const float ds = pr * (dp[nt][e] - sL[CW + j]);
             s[nt][e] = pr;
             dp[nt][e] = ds;

@@ -1,0 +1,22 @@
+// Softmax conventions every family shares for queries with no finite logit (a window masked
+// to -inf by an RPB table, say): output 0 and LSE -inf in the forward, zero probabilities
+// and so zero gradients in the backward (docs/semantics.md).
+#pragma once
+#include <math.h>
+
+namespace nattn {
+
+// The LSE in log2 units for recomputing probabilities exp2(logit - lse2): an LSE of -inf
+// (no finite logit) becomes +inf, so every probability is 0 instead of exp2(-inf + inf).
+__device__ __forceinline__ float lse_log2(float lse) {
+  return lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+}
+
+// 1 / l for the output and the natural-log LSE from a row's running max m (log2 units)
+// and sum l: 0 and -inf when nothing finite was seen.
+__device__ __forceinline__ float inv_row_sum(float l) { return l > 0.f ? 1.f / l : 0.f; }
+__device__ __forceinline__ float row_lse(float m, float l) {
+  return l > 0.f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
+}
+
+}  // namespace nattn
