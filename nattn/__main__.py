@@ -20,12 +20,12 @@ from nattn.params import normalize
 
 
 def _build_summary() -> str:
-    try:
-        from nattn.build_info import build_config
-    except ImportError:
-        return "compiled kernels: not part of this install (reference/flex backends only)"
-    cfg = build_config()
-    return "compiled kernels: " + ", ".join(f"{k}={v}" for k, v in cfg.items())
+    from nattn.build_info import build_config, describe
+
+    gpu = None
+    if torch.cuda.is_available():
+        gpu = "{}.{}".format(*torch.cuda.get_device_capability())
+    return "\n".join(describe(build_config(), gpu))
 
 
 def _time(fn, device, repeats: int) -> float:
