@@ -43,6 +43,11 @@ class CMakeBuild(build_ext):
         build_dir = os.path.join(ROOT, "build", "cmake")
         os.makedirs(build_dir, exist_ok=True)
         config_out = os.path.join(os.path.dirname(target), "build_config.json")
+        if not shutil.which("cmake"):  # only without build isolation, which installs it
+            raise RuntimeError(
+                f"building CUDA kernels for NATTN_CUDA_ARCH={ARCHS!r} needs cmake>=3.24 on PATH: "
+                "pip install cmake ninja nvidia-cutlass, or drop --no-build-isolation, "
+                "or set NATTN_CUDA_ARCH=none")
         args = [
             "cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
             f"-DNATTN_CUDA_ARCH={ARCHS}", f"-DPython3_EXECUTABLE={sys.executable}",
@@ -51,7 +56,7 @@ class CMakeBuild(build_ext):
             args.append(f"-D{var}={os.environ.get(var, '')}")
         if shutil.which("ninja"):
             args += ["-G", "Ninja"]
-        # The nvcc the arch request saw (CMake alone may prefer /usr/bin/nvcc).
+        # $CUDACXX, else PATH, CUDA_HOME, /usr/local/cuda (CMake alone may prefer /usr/bin/nvcc).
         nvcc = find_nvcc()
         if nvcc:
             args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")

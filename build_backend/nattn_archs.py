@@ -43,7 +43,7 @@ def _arch_key(arch: str) -> Tuple[int, int]:
 
 
 def parse_archs(value: str) -> Tuple[str, ...]:
-    """``"8.0;9.0"`` (``;``, ``,`` or spaces between) -> ``("8.0", "9.0")``; ``"none"`` -> ``()``."""
+    """``"8.0;9.0"`` (``;``, ``,`` or spaces between) -> ``("8.0", "9.0")``; ``none`` -> ``()``."""
     if value.strip().lower() in _OFF:
         return ()
     items = [a for a in re.split(r"[;,\s]+", value.strip()) if a]

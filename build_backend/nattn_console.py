@@ -9,6 +9,7 @@ the same at run time.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -29,6 +30,9 @@ def to_terminal(line: str) -> None:
     lead = "\r\033[K" if _state["wrote"] else "\n"
     try:
         with open("/dev/tty", "w") as tty:
+            # A background job writing to its terminal may be stopped (stty tostop): skip.
+            if os.tcgetpgrp(tty.fileno()) != os.getpgrp():
+                return
             tty.write(lead + line + "\n")
         _state["wrote"] = True
     except OSError:  # no controlling terminal

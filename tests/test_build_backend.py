@@ -28,7 +28,8 @@ def machine(monkeypatch):
 
     def set_up(gpus=(), nvcc=False):
         monkeypatch.setattr(nattn_archs, "gpu_archs", lambda: tuple(gpus))
-        monkeypatch.setattr(nattn_archs, "find_nvcc", lambda env=None: "/cuda/bin/nvcc" if nvcc else None)
+        found = "/cuda/bin/nvcc" if nvcc else None
+        monkeypatch.setattr(nattn_archs, "find_nvcc", lambda env=None: found)
 
     set_up()
     return set_up
@@ -100,7 +101,8 @@ def test_find_nvcc_order(tmp_path):
     assert nattn_archs.find_nvcc({"PATH": empty, "CUDA_HOME": str(tmp_path / "cuda")}) == str(nvcc)
 
 
-@pytest.mark.parametrize("hook", ["get_requires_for_build_wheel", "get_requires_for_build_editable"])
+@pytest.mark.parametrize("hook", ["get_requires_for_build_wheel",
+                                  "get_requires_for_build_editable"])
 def test_backend_adds_toolchain_only_for_kernels(machine, monkeypatch, hook):
     monkeypatch.setattr(backend._setuptools, hook, lambda config_settings=None: ["from-setuptools"])
     get_requires = getattr(backend, hook)
@@ -120,7 +122,8 @@ def test_backend_adds_toolchain_only_for_kernels(machine, monkeypatch, hook):
 def test_build_hooks_say_the_notice_first(machine, monkeypatch):
     said = []
     monkeypatch.setattr(backend, "say", said.append)
-    monkeypatch.setattr(backend._setuptools, "build_wheel", lambda *a: said.append("built") or "w.whl")
+    build = lambda *args: said.append("built") or "w.whl"  # noqa: E731
+    monkeypatch.setattr(backend._setuptools, "build_wheel", build)
     assert backend.build_wheel("dist") == "w.whl"
     assert said[0].startswith("nattn: no CUDA kernels built") and said[1] == "built"
 
@@ -169,6 +172,7 @@ def test_describe_pure_python_install():
 
 def test_describe_built_library():
     config = {"library": "/x/libnattn.so", "archs": ["8.0", "9.0"], "toolkit": "13.0",
-              "families": ["simt", "tc"], "dtypes": ["bfloat16"], "head_dims": [32, 64], "na_dims": [2]}
+              "families": ["simt", "tc"], "dtypes": ["bfloat16"], "head_dims": [32, 64],
+              "na_dims": [2]}
     (line,) = describe(config, gpu_arch="9.0")
     assert "archs 8.0/9.0" in line and "head dims 32/64" in line and "CUDA 13.0" in line
