@@ -11,6 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "build_backend"))
+pytest.importorskip("setuptools")  # the backend wraps setuptools.build_meta
 
 import nattn_archs  # noqa: E402
 import nattn_build_backend as backend  # noqa: E402
