@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 from ._cuda import library
 
@@ -34,3 +34,26 @@ def build_config() -> Dict[str, Any]:
         config["na_dims"] = sorted({n for _, _, n in lib.kernels})
         config["head_dims"] = sorted({h for hs in lib.kernels.values() for h in hs})
     return config
+
+
+def describe(config: Dict[str, Any], gpu_arch: Optional[str] = None) -> List[str]:
+    """The build configuration in words; ``gpu_arch`` ("9.0") is this machine's GPU, if any.
+
+    Install-time notices are hidden by pip (it shows a build's output only with -v), so
+    this is where a user learns that no kernels were built and how to build them.
+    """
+    if config["library"] is None:
+        lines = ["compiled kernels: none (a pure-Python install: reference and flex backends)"]
+        if gpu_arch:
+            lines.append(f"warning: a GPU (sm_{gpu_arch.replace('.', '')}) is present but no CUDA "
+                         f"kernels were built for it; build them with "
+                         f"NATTN_CUDA_ARCH=\"{gpu_arch}\" pip install -v -e .")
+        else:
+            lines.append('  to build them (on any machine with nvcc): NATTN_CUDA_ARCH="9.0" '
+                         "pip install -v -e .")
+        return lines
+    if "error" in config:
+        return [f"compiled kernels: unusable: {config['error']}"]
+    fields = ", ".join(f"{k.replace('_', ' ')} {'/'.join(map(str, config[k]))}"
+                       for k in ("archs", "families", "dtypes", "head_dims", "na_dims"))
+    return [f"compiled kernels: {config['library']} (CUDA {config['toolkit']}): {fields}"]
