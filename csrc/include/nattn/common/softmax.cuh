@@ -1,6 +1,7 @@
-// Softmax conventions every family shares for queries with no finite logit (a window masked
-// to -inf by an RPB table, say): output 0 and LSE -inf in the forward, zero probabilities
-// and so zero gradients in the backward (docs/semantics.md).
+// Softmax pieces the kernel families share: quad reductions of the tensor-core fragment
+// layouts, and the convention for queries with no finite logit (a window masked to -inf by
+// an RPB table, say): output 0 and LSE -inf in the forward, zero probabilities and so zero
+// gradients in the backward (docs/semantics.md).
 #pragma once
 #include <math.h>
 
@@ -17,6 +18,18 @@ __device__ __forceinline__ float lse_log2(float lse) {
 __device__ __forceinline__ float inv_row_sum(float l) { return l > 0.f ? 1.f / l : 0.f; }
 __device__ __forceinline__ float row_lse(float m, float l) {
   return l > 0.f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
+}
+
+// Row max and row sum over the 4 lanes that hold one accumulator row (lanes 4r..4r+3 of
+// the mma / wgmma fragment layouts).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 }  // namespace nattn

@@ -65,16 +65,6 @@ __device__ __forceinline__ uint32_t pack2<bf16_t>(float lo, float hi) { return p
 template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) { return pack_f16(lo, hi); }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // TMA coordinates (innermost first) of a box: channel, the spatial axes from last to
 // first (real coordinates: group g plus dilation times the group coordinate), batch.
 template <int NA>

@@ -71,16 +71,6 @@ struct Layout {
 
 __device__ __forceinline__ unsigned ld32(const void* p) { return *reinterpret_cast<const unsigned*>(p); }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // A fragments (rows r0 = lane/4 and r1 = r0 + 8 of the warp's box) of a token-major tensor.
 template <int HD, typename T>
 __device__ __forceinline__ void load_a(unsigned (*a)[4], const T* r0, const T* r1, int dim, int t) {
