@@ -1,5 +1,8 @@
 """Measured dispatch (opt-in): the fastest backend that accepts a problem wins, measured once
-per signature; explicit requests, torch.compile and disabled tuning keep the usual choice."""
+per signature; explicit requests, torch.compile and disabled tuning keep the usual choice.
+
+No test here depends on real time: the backends advance an injected fake clock
+(``autotune._clock``) by a set amount per forward, so every measurement is exact."""
 
 import json
 import time
@@ -13,11 +16,22 @@ from nattn.backends.reference import ReferenceBackend
 from nattn.params import normalize
 
 
-class Timed(ReferenceBackend):
-    """The reference math behind another name, slowed down by a fixed delay per forward."""
+class FakeClock:
+    """Stands in for ``autotune._clock``: time moves only when a ``Timed`` backend runs."""
 
-    def __init__(self, name, delay):
-        self.name, self.delay, self.calls, self.checks = name, delay, 0, 0
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class Timed(ReferenceBackend):
+    """The reference math behind another name; each forward takes ``delay`` seconds of the fake
+    clock (a list: one delay per call, the last one repeated)."""
+
+    def __init__(self, name, clock, delay):
+        self.name, self.clock, self.delay, self.calls, self.checks = name, clock, delay, 0, 0
 
     def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
         self.checks += 1
@@ -25,13 +39,16 @@ class Timed(ReferenceBackend):
 
     def na_forward(self, q, k, v, rpb, params):
         self.calls += 1
-        time.sleep(self.delay)
+        delays = self.delay if isinstance(self.delay, list) else [self.delay]
+        self.clock.now += delays[min(self.calls, len(delays)) - 1]
         return super().na_forward(q, k, v, rpb, params)
 
 
 @pytest.fixture
 def two_backends(monkeypatch, tmp_path):
-    slow, fast = Timed("slow", 0.08), Timed("fast", 0.0)  # a margin that CPU noise cannot close
+    clock = FakeClock()
+    monkeypatch.setattr(autotune, "_clock", clock)
+    slow, fast = Timed("slow", clock, 0.080), Timed("fast", clock, 0.002)
     monkeypatch.setitem(BACKENDS, "slow", slow)
     monkeypatch.setitem(BACKENDS, "fast", fast)
     # the slow one first in the automatic order: only a measurement picks the fast one
@@ -60,7 +77,7 @@ def test_fastest_wins_and_is_measured_once(two_backends):
     assert (slow.calls, fast.calls) == calls  # cached
     assert (slow.checks, fast.checks) == (0, 1)  # a hit checks only the winner
     (entry,) = autotune.results().values()
-    assert entry["backend"] == "fast" and entry["ms"]["slow"] > entry["ms"]["fast"]
+    assert entry["backend"] == "fast" and entry["ms"] == pytest.approx({"slow": 80.0, "fast": 2.0})
     q2, k2, v2, p2 = problem(size=14)  # another signature is measured again
     assert choose_na_backend(q2, k2, v2, None, p2) == "fast" and slow.calls > calls[0]
 
@@ -71,9 +88,26 @@ def test_results_persist_in_the_cache_file(two_backends, tmp_path):
     choose_na_backend(q, k, v, None, p)
     saved = json.loads((tmp_path / "tune.json").read_text())
     assert [e["backend"] for e in saved.values()] == ["fast"]
+    assert [e["ms"] for e in saved.values()] == [pytest.approx({"slow": 80.0, "fast": 2.0})]
     autotune.enable(True, cache_path=str(tmp_path / "tune.json"))  # a new process would load it
     before = slow.calls
     assert choose_na_backend(q, k, v, None, p) == "fast" and slow.calls == before
+
+
+def test_the_warm_up_is_not_timed_and_the_best_repeat_counts(two_backends):
+    """A huge first call (compilation) is not timed, and the minimum over the repeats counts:
+    slow's mean (or a timed first call) would lose to fast, its best repeat wins."""
+    slow, fast = two_backends
+    slow.delay = [5.0] + [0.003] * (autotune.REPEATS - 1) + [0.001]
+    fast.delay = [0.0] + [0.002] * autotune.REPEATS
+    q, k, v, p = problem()
+    assert choose_na_backend(q, k, v, None, p) == "slow"
+    (entry,) = autotune.results().values()
+    assert entry["ms"] == pytest.approx({"slow": 1.0, "fast": 2.0})
+
+
+def test_the_real_clock_is_monotonic():
+    assert autotune._clock is time.perf_counter
 
 
 def test_explicit_backend_and_disabled_tuning_are_not_measured(two_backends):

@@ -11,6 +11,19 @@ from nattn.bench.cli import parse
 from nattn.bench.floors import Rates, floors
 from nattn.bench.problems import cpu_copy, shrink
 from nattn.bench.report import markdown_summary
+from nattn.bench.timing import median_ms
+
+
+@pytest.fixture
+def quick_timing(monkeypatch):
+    """The CLI's timings at their minimum (2 warm-up calls, 3 timed ones) instead of ~300 ms of
+    work each: these tests check what a run reports, not how precise its times are."""
+
+    def quick(fn, input_sets, device, **kwargs):
+        return median_ms(fn, input_sets, device, **{**kwargs, "warmup_ms": 0.0, "target_ms": 0.0})
+
+    monkeypatch.setattr("nattn.bench.run.median_ms", quick)
+    monkeypatch.setattr("nattn.bench.floors.median_ms", quick)
 
 
 def test_custom_problem_from_flags():
@@ -87,7 +100,7 @@ def test_floors_follow_anchors_definition():
     assert f_nodense.flop_ms == pytest.approx(p.na_flops() / 600e12 * 1e3)
 
 
-def test_cpu_smoke_run_end_to_end(tmp_path, capsys):
+def test_cpu_smoke_run_end_to_end(tmp_path, capsys, quick_timing):
     js, cs = tmp_path / "r.json", tmp_path / "r.csv"
     code = main(["--suite", "smoke", "--backprop", "--no-progress", "--markdown", "--device", "cpu",
                  "--json", str(js), "--csv", str(cs), "--plot", str(tmp_path / "r.png")])
@@ -110,7 +123,7 @@ def test_cpu_smoke_run_end_to_end(tmp_path, capsys):
     assert "| smoke-1d |" in out
 
 
-def test_mismatch_is_reported_in_red(monkeypatch, capsys):
+def test_mismatch_is_reported_in_red(monkeypatch, capsys, quick_timing):
     """A wrong backend is never hidden: its check fails, the run says MISMATCH and exits 1."""
     from nattn.bench import rows as rows_mod
 

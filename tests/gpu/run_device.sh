@@ -7,6 +7,8 @@
 # models: benchmarks/{kernel_split,host_overhead,model_throughput}.py; variants: the tuning
 # builds in variants/*.so (benchmarks/build_variants.sh).
 set -uo pipefail
+# pytest runs with -n 0: one process for the one GPU (pyproject's addopts ask pytest-xdist for
+# one worker per core; the device image has pytest-xdist, so -p no:xdist would fail on -n).
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/nattn_out}; mkdir -p "$OUT"
 what=${1:-all}
@@ -14,16 +16,16 @@ python3 -c "import nattn.build_info as b; print(b.build_config())" 2>&1 | tee "$
 if [[ $what == all || $what == *tests* ]]; then  # TEST_LIBS: libraries to test (default: the package's)
   for lib in ${TEST_LIBS:-nattn/_cuda/libnattn.so}; do
     echo "== GPU tests with $lib"
-    NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu tests/gpu -q \
+    NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu tests/gpu -q -n 0 \
       --maxfail=25 -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -15
     # the Hopper family's forward on cases it must take (a compute capability 9.0 GPU)
     echo "== GPU sm90 sweep with $lib, NATTN_FAMILY=sm90"
     NATTN_FAMILY=sm90 NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu \
-      tests/gpu/test_sm90_forward.py -q --maxfail=25 -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -3
+      tests/gpu/test_sm90_forward.py -q -n 0 --maxfail=25 -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -3
     # 16-bit problems run the tensor-core family by default: the sweep again on SIMT alone
     echo "== GPU sweep with $lib, NATTN_FAMILY=simt"
     NATTN_FAMILY=simt NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu \
-      tests/gpu/test_cuda_vs_reference.py -q --maxfail=25 -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -5
+      tests/gpu/test_cuda_vs_reference.py -q -n 0 --maxfail=25 -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -5
   done
 fi
 if [[ $what == all || $what == *sanitize* ]]; then
@@ -40,7 +42,7 @@ if [[ $what == all || $what == *bench* ]]; then
   timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/cuda_anchors.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"
 fi
 if [[ $what == all || $what == *flex* ]]; then
-  timeout ${FLEX_TIMEOUT:-200} python3 -m pytest -q -m gpu tests/gpu/test_flex_gpu.py tests/test_reference_gpu.py \
+  timeout ${FLEX_TIMEOUT:-200} python3 -m pytest -q -n 0 -m gpu tests/gpu/test_flex_gpu.py tests/test_reference_gpu.py \
     -p no:cacheprovider -W ignore 2>&1 | tee "$OUT/flex_tests.log" | tail -8
 fi
 if [[ $what == all || $what == *anchors* ]]; then
