@@ -51,7 +51,7 @@ build "$BUILD-sm80-sm90" "8.0;9.0" -DCMAKE_CUDA_COMPILER="$(command -v nvcc)"
 "$PY" csrc/tools/check_sm90_sass.py "$BUILD-sm80-sm90/libnattn.so"
 # The library validates problems before touching a GPU: test its C ABI errors here.
 if "$PY" -c "import pytest" 2>/dev/null; then
-  NATTN_LIBRARY="$PWD/$BUILD-sm80-sm90/libnattn.so" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_abi.py
+  NATTN_LIBRARY="$PWD/$BUILD-sm80-sm90/libnattn.so" "$PY" -m pytest -q -n 0 -p no:cacheprovider tests/test_cuda_abi.py
 fi
 
 # 3. sm_50 with CUDA 11.8 (installed from Debian contrib/non-free when missing).
