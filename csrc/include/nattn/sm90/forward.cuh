@@ -26,7 +26,6 @@
 namespace nattn { namespace sm90 {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 
 // Shared-memory geometry for head dim HD and NK keys per box: rows of min(HD, 64)
