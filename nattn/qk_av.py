@@ -1,6 +1,6 @@
 """Unfused NA ops: ``na{1,2,3}d_qk`` (window logits) and ``na{1,2,3}d_av`` (apply weights).
 
-``softmax(naXd_qk(q * scale, k, ...)) `` followed by ``naXd_av(weights, v, ...)`` is
+``softmax(naXd_qk(q * scale, k, ...))`` followed by ``naXd_av(weights, v, ...)`` is
 ``naXd(q, k, v, ..., scale=scale)``. The window of every query and the order of its
 ``W = prod(kernel_size)`` slots (row-major over the per-axis slots, as in NATTEN) come
 from :class:`~nattn.windows.WindowTable`; slots a causal window does not hold get a
@@ -32,8 +32,35 @@ def _table(spatial, params: NAParams, device) -> WindowTable:
                        params.is_causal, device=device)
 
 
-def na_qk(query, key, kernel_size, stride=1, dilation=1, is_causal=False, rpb=None, *, na_dim: int):
-    """Logits ``query . key`` over each query's window, ``[B, *spatial, H, W]``; no scale."""
+def na_qk(
+    query: torch.Tensor, key: torch.Tensor, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
+    dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False,
+    rpb: Optional[torch.Tensor] = None, *, na_dim: int,
+) -> torch.Tensor:
+    """Neighborhood-attention logits (unfused QK) over ``na_dim`` spatial axes.
+
+    ``softmax`` of them (after scaling the query) with :func:`na_av` is the fused op.
+
+    Args:
+        query: ``[B, *spatial, H, D]`` (heads-last, as ``naXd``).
+        key: ``[B, *spatial, H_kv, D]``, ``H % H_kv == 0`` (GQA/MQA), same dtype and device.
+        kernel_size: window size per axis (int or tuple), as in the fused op (docs/semantics.md).
+        stride: per axis, ``1 <= stride <= kernel_size``.
+        dilation: per axis, ``>= 1``.
+        is_causal: a bool or a per-axis tuple of bools.
+        rpb: ``[H, 2k-1, ...]`` or None, added to the logits; needs odd kernels, stride 1
+            and no causal axis.
+        na_dim: the number of spatial axes, 1, 2 or 3 (keyword-only).
+
+    Returns:
+        ``[B, *spatial, H, W]`` with ``W = prod(kernel_size)``: ``query . key`` for every
+        window slot (row-major over the per-axis slots, as NATTEN), **not scaled** (scale
+        the query, as with NATTEN's qk ops), plus the RPB; ``-inf`` in the slots a causal
+        window does not hold.
+
+    Raises:
+        TypeError, ValueError: as the fused op, naming the argument.
+    """
     # key doubles as the value for the shared layout checks (same shape by construction).
     params = normalize(query, key, key, na_dim, kernel_size, stride, dilation, is_causal, None, rpb)
     b, heads, dim = query.shape[0], query.shape[-2], query.shape[-1]
@@ -54,8 +81,29 @@ def na_qk(query, key, kernel_size, stride=1, dilation=1, is_causal=False, rpb=No
     return logits.reshape(b, *spatial, heads, table.window_size)
 
 
-def na_av(attn, value, kernel_size, stride=1, dilation=1, is_causal=False, *, na_dim: int):
-    """``sum_w attn[..., w] * value[window key w]``, ``[B, *spatial, H, D_v]``."""
+def na_av(
+    attn: torch.Tensor, value: torch.Tensor, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
+    dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False, *, na_dim: int,
+) -> torch.Tensor:
+    """Neighborhood attention's weighted sum of window values (unfused AV) over ``na_dim`` axes.
+
+    ``out[b, i, h] = sum_w attn[b, i, h, w] * value[b, key_w(i), h // (H // H_kv)]``.
+
+    Args:
+        attn: ``[B, *spatial, H, W]`` weights, ``W = prod(kernel_size)``, slots as ``*_qk``.
+        value: ``[B, *spatial, H_kv, D_v]``, ``H % H_kv == 0``, same dtype and device.
+        kernel_size: as in ``*_qk``.
+        stride: as in ``*_qk``.
+        dilation: as in ``*_qk``.
+        is_causal: as in ``*_qk``.
+        na_dim: the number of spatial axes, 1, 2 or 3 (keyword-only).
+
+    Returns:
+        ``[B, *spatial, H, D_v]``; slots a causal window does not hold are ignored.
+
+    Raises:
+        TypeError, ValueError: naming the argument.
+    """
     _check_tensor(attn, "attn")
     _check_tensor(value, "value")
     kernel, strides, dils, causal = normalize_window_args(na_dim, kernel_size, stride, dilation, is_causal)
@@ -99,54 +147,40 @@ def na_av(attn, value, kernel_size, stride=1, dilation=1, is_causal=False, *, na
     return out.reshape(b, *spatial, heads, dim_v)
 
 
-def _qk_doc(n: int) -> str:
-    axes = ", ".join(_AXES[:n])
-    return f"""{n}-D neighborhood-attention logits (unfused QK), heads-last.
-
-    Args:
-        query: ``[B, {axes}, H, D]``.
-        key: ``[B, {axes}, H_kv, D]``, ``H % H_kv == 0`` (GQA/MQA).
-        kernel_size, stride, dilation, is_causal: as in ``na{n}d`` (docs/semantics.md).
-        rpb: ``[H, 2k-1, ...]`` or None, added to the logits (odd kernels, stride 1, no causal axis).
-
-    Returns:
-        ``[B, {axes}, H, W]``, ``W = prod(kernel_size)``: ``query . key`` for every window
-        slot (row-major over the per-axis slots), **unscaled** (scale the query, as NATTEN's
-        qk ops expect), plus the RPB; ``-inf`` in the slots a causal window does not hold.
-        ``softmax`` of it with ``na{n}d_av`` is ``na{n}d``.
-    """
+def na1d_qk(query: torch.Tensor, key: torch.Tensor, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
+            dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False,
+            rpb: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """1-D logits ``[B, *spatial, H, prod(kernel_size)]``, unscaled: [na_qk][nattn.qk_av.na_qk] with ``na_dim=1``."""
+    return na_qk(query, key, kernel_size, stride, dilation, is_causal, rpb, na_dim=1)
 
 
-def _av_doc(n: int) -> str:
-    axes = ", ".join(_AXES[:n])
-    return f"""{n}-D neighborhood attention's weighted sum of values (unfused AV), heads-last.
-
-    Args:
-        attn: ``[B, {axes}, H, W]`` weights, ``W = prod(kernel_size)``, slots as ``na{n}d_qk``.
-        value: ``[B, {axes}, H_kv, D_v]``, ``H % H_kv == 0``, same dtype and device.
-        kernel_size, stride, dilation, is_causal: as in ``na{n}d_qk``.
-
-    Returns:
-        ``[B, {axes}, H, D_v]``. Slots a causal window does not hold are ignored.
-    """
+def na2d_qk(query: torch.Tensor, key: torch.Tensor, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
+            dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False,
+            rpb: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """2-D logits ``[B, *spatial, H, prod(kernel_size)]``, unscaled: [na_qk][nattn.qk_av.na_qk] with ``na_dim=2``."""
+    return na_qk(query, key, kernel_size, stride, dilation, is_causal, rpb, na_dim=2)
 
 
-def _make(n: int):
-    def qk(query: torch.Tensor, key: torch.Tensor, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
-           dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False,
-           rpb: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return na_qk(query, key, kernel_size, stride, dilation, is_causal, rpb, na_dim=n)
-
-    def av(attn: torch.Tensor, value: torch.Tensor, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
-           dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False) -> torch.Tensor:
-        return na_av(attn, value, kernel_size, stride, dilation, is_causal, na_dim=n)
-
-    qk.__name__ = qk.__qualname__ = f"na{n}d_qk"
-    av.__name__ = av.__qualname__ = f"na{n}d_av"
-    qk.__doc__, av.__doc__ = _qk_doc(n), _av_doc(n)
-    return qk, av
+def na3d_qk(query: torch.Tensor, key: torch.Tensor, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
+            dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False,
+            rpb: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """3-D logits ``[B, *spatial, H, prod(kernel_size)]``, unscaled: [na_qk][nattn.qk_av.na_qk] with ``na_dim=3``."""
+    return na_qk(query, key, kernel_size, stride, dilation, is_causal, rpb, na_dim=3)
 
 
-na1d_qk, na1d_av = _make(1)
-na2d_qk, na2d_av = _make(2)
-na3d_qk, na3d_av = _make(3)
+def na1d_av(attn: torch.Tensor, value: torch.Tensor, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
+            dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False) -> torch.Tensor:
+    """1-D weighted sum of window values: [na_av][nattn.qk_av.na_av] with ``na_dim=1``."""
+    return na_av(attn, value, kernel_size, stride, dilation, is_causal, na_dim=1)
+
+
+def na2d_av(attn: torch.Tensor, value: torch.Tensor, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
+            dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False) -> torch.Tensor:
+    """2-D weighted sum of window values: [na_av][nattn.qk_av.na_av] with ``na_dim=2``."""
+    return na_av(attn, value, kernel_size, stride, dilation, is_causal, na_dim=2)
+
+
+def na3d_av(attn: torch.Tensor, value: torch.Tensor, kernel_size: IntOrTuple, stride: IntOrTuple = 1,
+            dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False) -> torch.Tensor:
+    """3-D weighted sum of window values: [na_av][nattn.qk_av.na_av] with ``na_dim=3``."""
+    return na_av(attn, value, kernel_size, stride, dilation, is_causal, na_dim=3)
