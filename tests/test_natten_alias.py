@@ -59,3 +59,46 @@ def test_natten_alias_refuses_to_shadow_an_imported_natten(monkeypatch):
     finally:
         compat.uninstall_natten_alias()
     assert "natten" not in sys.modules and "natten.functional" not in sys.modules
+
+
+_METADATA_SCRIPT = r"""
+import importlib.metadata as md, importlib.util, sys
+import nattn.compat
+
+def available():  # what transformers' _is_package_available("natten") looks at
+    if importlib.util.find_spec("natten") is None:
+        return None
+    try:
+        return md.version("natten")
+    except md.PackageNotFoundError:
+        return "no-metadata"
+
+assert available() is None, available()
+nattn.compat.install_natten_alias()
+assert available() == "no-metadata", available()  # metadata only on request
+nattn.compat.install_natten_alias(metadata=True)
+nattn.compat.install_natten_alias(metadata=True)  # idempotent
+assert available() == "0.14.6", available()
+assert sum(d.metadata["Name"] == "natten" for d in md.distributions()) == 0  # not in listings
+assert sum(type(f).__name__ == "_AliasFinder" for f in sys.meta_path) == 1
+nattn.compat.uninstall_natten_alias()
+assert available() is None, available()
+print("metadata-ok")
+"""
+
+
+def test_natten_alias_metadata_is_opt_in_and_removable():
+    root = os.path.dirname(os.path.dirname(nattn.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", _METADATA_SCRIPT], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-1000:]
+    assert res.stdout.strip().endswith("metadata-ok")
+
+
+def test_natten_alias_arguments_are_checked():
+    with pytest.raises(TypeError, match="metadata must be a bool"):
+        compat.install_natten_alias(metadata="yes")
+    with pytest.raises(TypeError, match="replace must be a bool"):
+        compat.install_natten_alias(replace=1)
+    assert "natten" not in sys.modules
