@@ -4,9 +4,10 @@
 ``naXd(q, k, v, ..., scale=scale)``. The window of every query and the order of its
 ``W = prod(kernel_size)`` slots (row-major over the per-axis slots, as in NATTEN) come
 from :class:`~nattn.windows.WindowTable`; slots a causal window does not hold get a
-``-inf`` logit and are ignored by ``*_av``. Plain PyTorch, differentiable by autograd,
-any device. Memory: ``B * N * W * H_kv * D`` for the gathered window keys/values (never
-an ``N x N`` tensor).
+``-inf`` logit and are ignored by ``*_av``. Plain PyTorch on any device, differentiable
+(first derivatives; nattn/qk_av_math.py gathers the window keys/values a chunk of
+queries at a time, forward and backward). Memory: the inputs and the logits
+``B * N * H * W``, plus one chunk; never an ``N x N`` tensor.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .params import (
     BoolOrTuple, IntOrTuple, NAParams, _check_tensor, layout_hint,
     normalize, normalize_window_args,
 )
+from .qk_av_math import WindowAV, WindowQK
 from .windows import WindowTable
 
 __all__ = ["na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av", "na_qk", "na_av"]
@@ -70,10 +72,8 @@ def na_qk(
     table = _table(spatial, params, query.device)
     key_idx, valid, rpb_idx = table.chunk(0, table.num_tokens)  # [N, W] each
     qf = query.reshape(b, -1, heads_kv, groups, dim)
-    k_w = key.reshape(b, -1, heads_kv, dim)[:, key_idx]  # [B, N, W, H_kv, D]
-    if any(params.is_causal):  # clamped slots: selected away, so a NaN there cannot leak
-        k_w = torch.where(valid[None, :, :, None, None], k_w, 0)
-    logits = torch.einsum("bnhgd,bnwhd->bnhgw", qf, k_w)
+    # [B, N, H_kv, G, W] in chunks of queries; clamped slots never read (NaN there cannot leak)
+    logits = WindowQK.apply(qf, key.reshape(b, -1, heads_kv, dim), key_idx, valid, any(params.is_causal))
     if rpb is not None:
         bias = rpb.flatten(1)[:, rpb_idx].to(logits.dtype)  # [H, N, W]
         logits = logits + bias.reshape(heads_kv, groups, *bias.shape[1:]).permute(2, 0, 1, 3)[None]
@@ -138,12 +138,11 @@ def na_av(
     b, groups = attn.shape[0], heads // heads_kv
     table = _table(spatial, params, value.device)
     key_idx, valid, _ = table.chunk(0, table.num_tokens)
-    v_w = value.reshape(b, -1, heads_kv, dim_v)[:, key_idx]  # [B, N, W, H_kv, D_v]
     weights = attn.reshape(b, -1, heads_kv, groups, window)
-    if any(causal):  # slots outside the window contribute nothing, whatever attn holds there
-        v_w = torch.where(valid[None, :, :, None, None], v_w, 0)
+    masked = any(causal)
+    if masked:  # slots outside the window contribute nothing, whatever attn holds there
         weights = torch.where(valid[None, :, None, None, :], weights, 0)
-    out = torch.einsum("bnhgw,bnwhe->bnhge", weights, v_w)
+    out = WindowAV.apply(weights, value.reshape(b, -1, heads_kv, dim_v), key_idx, valid, masked)
     return out.reshape(b, *spatial, heads, dim_v)
 
 

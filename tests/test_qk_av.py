@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import nattn
+import nattn.qk_av_math
 from oracle import mask_and_bias_index
 
 QK = {1: nattn.na1d_qk, 2: nattn.na2d_qk, 3: nattn.na3d_qk}
@@ -26,6 +27,15 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["one-chunk", "many-chunks"])
+def chunking(request, monkeypatch):
+    """The default chunk budget (one chunk here), or a few queries per chunk."""
+    if request.param == "many-chunks":
+        budget = 96 * torch.randint(1, 4, ()).item()  # a few queries per chunk, one for big windows
+        monkeypatch.setattr(nattn.qk_av_math, "CHUNK_ELEMENTS", budget)
+    return request.param
+
+
 def _inputs(spatial, heads, heads_kv, d=4, dv=3, b=2):
     def r(*shape):
         return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
@@ -33,7 +43,7 @@ def _inputs(spatial, heads, heads_kv, d=4, dv=3, b=2):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-k{c[1]}-s{c[2]}-d{c[3]}-c{c[4]}-h{c[5]}/{c[6]}-rpb{c[7]}")
-def test_split_equals_fused_values_and_grads(case):
+def test_split_equals_fused_values_and_grads(case, chunking):
     spatial, kernel, stride, dilation, causal, heads, heads_kv, with_rpb = case
     n = len(spatial)
     q, k, v = _inputs(spatial, heads, heads_kv)
@@ -131,3 +141,47 @@ def test_errors_name_the_argument():
         nattn.na2d_av(torch.zeros(2, 6, 7, 2, 9), v, 3)
     with pytest.raises(ValueError, match="kernel_size \\* dilation"):
         nattn.na2d_av(torch.zeros(2, 6, 7, 2, 9, dtype=q.dtype), v, 3, dilation=3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_qk_and_av_in_chunks(causal, monkeypatch):
+    """First derivatives of the chunked custom backward, attn's own gradient included."""
+    monkeypatch.setattr(nattn.qk_av_math, "CHUNK_ELEMENTS", 40)
+    spatial, kernel, stride, dilation = (5, 6), (2, 3), (1, 2), (2, 1)
+    q, k, v = _inputs(spatial, 2, 1, d=2, dv=2, b=1)
+    attn = torch.rand(1, *spatial, 2, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda q, k: nattn.na2d_qk(q, k, kernel, stride, dilation, causal).clamp(min=-1e30), (q, k))
+    assert torch.autograd.gradcheck(
+        lambda a, v: nattn.na2d_av(a, v, kernel, stride, dilation, causal), (attn, v))
+
+
+def test_gradient_into_one_input_only():
+    q, k, v = _inputs((9,), 2, 2)
+    k = k.detach()
+    logits = nattn.na1d_qk(q, k, 3)
+    (gq,) = torch.autograd.grad(logits.square().sum(), q)
+    k_only = k.detach().requires_grad_()
+    (gk,) = torch.autograd.grad(nattn.na1d_qk(q.detach(), k_only, 3).square().sum(), k_only)
+    assert torch.isfinite(gq).all() and torch.isfinite(gk).all() and gq.abs().sum() > 0 and gk.abs().sum() > 0
+
+
+def test_backward_keeps_no_gathered_window_block():
+    """What autograd keeps for qk -> softmax -> av is about inputs + logits, far below the
+    B * N * W * H_kv * D gathered window keys (values) a plain einsum would keep."""
+    spatial, kernel, heads, d = (12, 12), (5, 5), 2, 32
+    q, k, v = _inputs(spatial, heads, heads, d=d, dv=d)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = nattn.na2d_av(nattn.na2d_qk(q, k, kernel).softmax(-1), v, kernel)
+    n, w = math.prod(spatial), math.prod(kernel)
+    gathered = 2 * n * w * heads * d
+    inputs_and_logits = 3 * 2 * n * heads * d + 2 * n * heads * w
+    assert inputs_and_logits <= sum(saved) <= 4 * inputs_and_logits < gathered
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
