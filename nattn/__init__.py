@@ -4,6 +4,7 @@ from . import flops, nn  # noqa: F401  (flops registers FlopCounterMode formulas
 from ._timm_registration import register_with_timm as _register_with_timm
 from .functional import attention, merge_attentions, na1d, na2d, na3d, neighborhood_attention
 from .params import NAParams
+from .qk_av import na1d_av, na1d_qk, na2d_av, na2d_qk, na3d_av, na3d_qk
 
 # NAT/DiNAT/... become timm models as soon as timm is imported (now, if it already is);
 # `import nattn` itself does not import timm (about a second, with torchvision).
@@ -13,4 +14,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "na1d", "na2d", "na3d", "neighborhood_attention", "attention", "merge_attentions", "NAParams",
+    "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
 ]

@@ -1,0 +1,187 @@
+"""nattn.na{1,2,3}d_qk / na{1,2,3}d_av: softmax(qk) -> av is the fused op (values and
+gradients), the slot order is row-major over the window's keys, errors name the argument."""
+
+import math
+
+import pytest
+import torch
+
+import nattn
+import nattn.qk_av_math
+from oracle import mask_and_bias_index
+
+QK = {1: nattn.na1d_qk, 2: nattn.na2d_qk, 3: nattn.na3d_qk}
+AV = {1: nattn.na1d_av, 2: nattn.na2d_av, 3: nattn.na3d_av}
+FUSED = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+
+# (spatial, kernel, stride, dilation, causal, heads, heads_kv, rpb)
+CASES = [
+    ((13,), (5,), (1,), (2,), (False,), 2, 2, True),
+    ((12,), (4,), (3,), (1,), (False,), 4, 2, False),
+    ((11,), (4,), (2,), (2,), (True,), 2, 1, False),
+    ((7, 9), (3, 5), (1, 1), (2, 1), (False, False), 2, 2, True),
+    ((8, 9), (4, 3), (2, 3), (1, 2), (True, False), 4, 2, False),
+    ((6, 7), (2, 4), (1, 2), (2, 1), (False, True), 2, 2, False),
+    ((4, 5, 6), (3, 3, 3), (1, 1, 1), (1, 1, 2), (False, False, False), 2, 2, True),
+    ((4, 5, 6), (2, 3, 4), (2, 1, 3), (1, 1, 1), (True, True, False), 2, 1, False),
+]
+
+
+@pytest.fixture(params=["one-chunk", "many-chunks"])
+def chunking(request, monkeypatch):
+    """The default chunk budget (one chunk here), or a few queries per chunk."""
+    if request.param == "many-chunks":
+        budget = 96 * torch.randint(1, 4, ()).item()  # a few queries per chunk, one for big windows
+        monkeypatch.setattr(nattn.qk_av_math, "CHUNK_ELEMENTS", budget)
+    return request.param
+
+
+def _inputs(spatial, heads, heads_kv, d=4, dv=3, b=2):
+    def r(*shape):
+        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    return r(b, *spatial, heads, d), r(b, *spatial, heads_kv, d), r(b, *spatial, heads_kv, dv)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-k{c[1]}-s{c[2]}-d{c[3]}-c{c[4]}-h{c[5]}/{c[6]}-rpb{c[7]}")
+def test_split_equals_fused_values_and_grads(case, chunking):
+    spatial, kernel, stride, dilation, causal, heads, heads_kv, with_rpb = case
+    n = len(spatial)
+    q, k, v = _inputs(spatial, heads, heads_kv)
+    rpb = None
+    if with_rpb:
+        rpb = torch.randn(heads, *(2 * x - 1 for x in kernel), dtype=torch.float64, requires_grad=True)
+    scale = 0.5 + torch.rand(()).item()
+    logits = QK[n](q * scale, k, kernel, stride, dilation, causal, rpb=rpb)
+    assert logits.shape == (2, *spatial, heads, math.prod(kernel))
+    out = AV[n](logits.softmax(-1), v, kernel, stride, dilation, causal)
+    ref = FUSED[n](q, k, v, kernel, stride, dilation, causal, scale, rpb=rpb, backend="reference")
+    assert out.shape == ref.shape and torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad_out = torch.randn_like(out)
+    leaves = [t for t in (q, k, v, rpb) if t is not None]
+    got = torch.autograd.grad(out, leaves, grad_out)
+    want = torch.autograd.grad(ref, leaves, grad_out)
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", CASES[:2] + CASES[4:5] + CASES[7:], ids=str)
+def test_slot_order_is_row_major_over_window_keys(case):
+    """Valid slots hold q . k_j for the window's keys j in ascending flat order; others -inf."""
+    spatial, kernel, stride, dilation, causal, heads, heads_kv, _ = case
+    n = len(spatial)
+    q, k, _ = _inputs(spatial, heads, heads_kv, b=1)
+    logits = QK[n](q, k, kernel, stride, dilation, causal).detach().reshape(-1, heads, math.prod(kernel))
+    mask, _ = mask_and_bias_index(spatial, kernel, stride, dilation, causal)
+    qf = q.detach().reshape(-1, heads, q.shape[-1])
+    kf = k.detach().reshape(-1, heads_kv, 1, k.shape[-1]).expand(-1, heads_kv, heads // heads_kv, -1)
+    dense = torch.einsum("nhd,mhd->nhm", qf, kf.reshape(-1, heads, k.shape[-1]))
+    for i in range(mask.shape[0]):
+        keys = mask[i].nonzero().flatten()  # ascending
+        row = logits[i]  # [H, W]
+        finite = torch.isfinite(row)
+        assert (finite == finite[:1]).all()  # same slots valid for every head
+        assert int(finite[0].sum()) == keys.numel()
+        assert (row[~finite] == float("-inf")).all()
+        torch.testing.assert_close(row[:, finite[0]], dense[i][:, keys], rtol=1e-12, atol=1e-12)
+
+
+def test_rpb_slot_offsets():
+    """With q = 0 the logits are the RPB entry of each slot's offset (oracle's offsets)."""
+    spatial, kernel, dilation = (7, 8), (3, 5), (2, 1)
+    heads = 3
+    q = torch.zeros(1, *spatial, heads, 4, dtype=torch.float64)
+    k = torch.randn(1, *spatial, heads, 4, dtype=torch.float64)
+    rpb = torch.randn(heads, 5, 9, dtype=torch.float64)
+    logits = nattn.na2d_qk(q, k, kernel, dilation=dilation, rpb=rpb).reshape(-1, heads, 15)
+    mask, offsets = mask_and_bias_index(spatial, kernel, (1, 1), dilation, (False, False))
+    for i in range(mask.shape[0]):
+        keys = mask[i].nonzero().flatten()
+        off = offsets[i, keys]
+        torch.testing.assert_close(logits[i], rpb[:, off[:, 0], off[:, 1]], rtol=0, atol=0)
+
+
+def test_av_ignores_slots_outside_a_causal_window():
+    spatial, kernel = (9,), (4,)
+    attn = torch.rand(1, *spatial, 2, 4, dtype=torch.float64)
+    v = torch.randn(1, *spatial, 2, 3, dtype=torch.float64)
+    out = nattn.na1d_av(attn, v, kernel, is_causal=True)
+    poisoned = attn.clone()
+    poisoned[:, 0, :, :3] = float("nan")  # query 0 of a causal 4-window holds only slot 3
+    again = nattn.na1d_av(poisoned, v, kernel, is_causal=True)
+    assert torch.isfinite(again).all()
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_close_to_float64(dtype):
+    q, k, v = (t.detach() for t in _inputs((6, 7), 2, 2))
+    logits = nattn.na2d_qk(q.to(dtype), k.to(dtype), 3, dilation=2)
+    out = nattn.na2d_av(logits.float().softmax(-1).to(dtype), v.to(dtype), 3, dilation=2)
+    assert out.dtype == dtype
+    ref = nattn.na2d(q, k, v, 3, dilation=2, scale=1.0)
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+def test_errors_name_the_argument():
+    q, k, v = (t.detach() for t in _inputs((6, 7), 2, 2))
+    with pytest.raises(ValueError, match="kernel_size"):
+        nattn.na2d_qk(q, k, 1)
+    with pytest.raises(ValueError, match="rpb"):
+        nattn.na2d_qk(q, k, 3, is_causal=True, rpb=torch.zeros(2, 5, 5, dtype=q.dtype))
+    with pytest.raises(ValueError, match=r"attn must have shape .*prod\(kernel_size\)=9"):
+        nattn.na2d_av(torch.zeros(2, 6, 7, 2, 8, dtype=q.dtype), v, 3)
+    with pytest.raises(ValueError, match="attn must have rank 5"):
+        nattn.na2d_av(torch.zeros(2, 6, 7, 9, dtype=q.dtype), v, 3)
+    with pytest.raises(ValueError, match="attn heads"):
+        nattn.na2d_av(torch.zeros(2, 6, 7, 3, 9, dtype=q.dtype), v, 3)
+    with pytest.raises(TypeError, match="value must match attn"):
+        nattn.na2d_av(torch.zeros(2, 6, 7, 2, 9), v, 3)
+    with pytest.raises(ValueError, match="kernel_size \\* dilation"):
+        nattn.na2d_av(torch.zeros(2, 6, 7, 2, 9, dtype=q.dtype), v, 3, dilation=3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_qk_and_av_in_chunks(causal, monkeypatch):
+    """First derivatives of the chunked custom backward, attn's own gradient included."""
+    monkeypatch.setattr(nattn.qk_av_math, "CHUNK_ELEMENTS", 40)
+    spatial, kernel, stride, dilation = (5, 6), (2, 3), (1, 2), (2, 1)
+    q, k, v = _inputs(spatial, 2, 1, d=2, dv=2, b=1)
+    attn = torch.rand(1, *spatial, 2, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda q, k: nattn.na2d_qk(q, k, kernel, stride, dilation, causal).clamp(min=-1e30), (q, k))
+    assert torch.autograd.gradcheck(
+        lambda a, v: nattn.na2d_av(a, v, kernel, stride, dilation, causal), (attn, v))
+
+
+def test_gradient_into_one_input_only():
+    q, k, v = _inputs((9,), 2, 2)
+    k = k.detach()
+    logits = nattn.na1d_qk(q, k, 3)
+    (gq,) = torch.autograd.grad(logits.square().sum(), q)
+    k_only = k.detach().requires_grad_()
+    (gk,) = torch.autograd.grad(nattn.na1d_qk(q.detach(), k_only, 3).square().sum(), k_only)
+    assert torch.isfinite(gq).all() and torch.isfinite(gk).all() and gq.abs().sum() > 0 and gk.abs().sum() > 0
+
+
+def test_backward_keeps_no_gathered_window_block():
+    """What autograd keeps for qk -> softmax -> av is about inputs + logits, far below the
+    B * N * W * H_kv * D gathered window keys (values) a plain einsum would keep."""
+    spatial, kernel, heads, d = (12, 12), (5, 5), 2, 32
+    q, k, v = _inputs(spatial, heads, heads, d=d, dv=d)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = nattn.na2d_av(nattn.na2d_qk(q, k, kernel).softmax(-1), v, kernel)
+    n, w = math.prod(spatial), math.prod(kernel)
+    gathered = 2 * n * w * heads * d
+    inputs_and_logits = 3 * 2 * n * heads * d + 2 * n * heads * w
+    assert inputs_and_logits <= sum(saved) <= 4 * inputs_and_logits < gathered
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
