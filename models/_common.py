@@ -23,7 +23,9 @@ class NABlock(nn.Module):
     """Pre-norm block: ``x + NA(norm1(x))`` then ``x + MLP(norm2(x))``, channels last.
 
     ``layer_scale`` (a float) multiplies each branch by learned per-channel gains
-    ``gamma1``/``gamma2`` initialised to it, as NAT-Small/Base do.
+    ``gamma1``/``gamma2`` initialised to it, as NAT-Small/Base and DiNAT-Base do.
+    ``dilation=None`` means 1, as in the original NAT code (which passes ``None`` through
+    for undilated blocks).
     """
 
     def __init__(self, dim: int, num_heads: int, kernel_size=7, dilation=1, mlp_ratio: float = 4.0,
@@ -32,6 +34,8 @@ class NABlock(nn.Module):
                  norm_layer=nn.LayerNorm, act_layer=nn.GELU, na_dim: int = 2,
                  rel_pos_bias: bool = True, backend: Optional[str] = None):
         super().__init__()
+        if dilation is None:
+            dilation = 1
         self.norm1 = norm_layer(dim)
         self.attn = _NA[na_dim](
             dim, num_heads, kernel_size, dilation=dilation, qkv_bias=qkv_bias, qk_scale=qk_scale,
@@ -54,14 +58,18 @@ class NABlock(nn.Module):
 
 
 def block_dilations(depths, num_heads, dilations) -> List[List[int]]:
-    """Per-block dilations (default: 1 everywhere), checked against the stage layout."""
+    """Per-block dilations, checked against the stage layout. ``None`` (for all, a stage,
+    or a block) means 1, as the original NAT code passes ``dilation=None`` for NA blocks."""
     if len(depths) != len(num_heads):
         raise ValueError(f"depths {depths} and num_heads {num_heads} must have one entry per stage")
     if dilations is None:
         return [[1] * d for d in depths]
+    if len(dilations) != len(depths):
+        raise ValueError(f"dilations must give one dilation per block, got {dilations} for depths {depths}")
+    dilations = [[1] * depth if stage is None else list(stage) for stage, depth in zip(dilations, depths)]
     if [len(d) for d in dilations] != list(depths):
         raise ValueError(f"dilations must give one dilation per block, got {dilations} for depths {depths}")
-    return dilations
+    return [[1 if d is None else d for d in stage] for stage in dilations]
 
 
 def drop_path_rates(depths: List[int], rate: float) -> List[List[float]]:

@@ -92,12 +92,13 @@ default_cfgs = generate_default_cfgs({
     "dinat_s_large.in22k_ft_in1k": _cfg(_URL.format("dinat_s_large_in1k_224"), first_conv="patch_embed.proj"),
 })
 
-# (depths, heads, embed_dim, drop_path_rate); mlp_ratio 4 and kernel 7 throughout.
+# (depths, heads, embed_dim, drop_path_rate), as in SHI-Labs' classification/dinats.py;
+# mlp_ratio 4, kernel 7 and no layer scale throughout.
 _CONFIGS = {
     "tiny": ((2, 2, 6, 2), (3, 6, 12, 24), 96, 0.2),
     "small": ((2, 2, 18, 2), (3, 6, 12, 24), 96, 0.3),
     "base": ((2, 2, 18, 2), (4, 8, 16, 32), 128, 0.5),
-    "large": ((2, 2, 18, 2), (4, 8, 16, 32), 192, 0.35),
+    "large": ((2, 2, 18, 2), (6, 12, 24, 48), 192, 0.35),
 }
 
 
