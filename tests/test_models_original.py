@@ -2,11 +2,17 @@
 
 ``ORIGINAL`` transcribes the model definitions of SHI-Labs/Neighborhood-Attention-Transformer
 (``classification/nat.py``, ``dinat.py``, ``dinats.py``, ``isotropic.py``); each registered
-model must build exactly that.
+model must build exactly that. Then a small independent re-implementation of the original
+architectures (plain torch, a naive NATTEN-semantics neighborhood attention, the original's
+module names, so that its ``state_dict`` has the original checkpoint keys) is given random
+weights, its state dict goes through nattn's ``checkpoint_filter_fn`` into nattn's model with
+a strict load, and the logits must agree in float64.
 """
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import nattn  # noqa: F401  (registers the models with timm)
 
@@ -97,3 +103,202 @@ def test_dilation_none_means_one(dilations):
     from nattn.models._common import NABlock
 
     assert NABlock(8, 2, 3, dilation=None).attn.dilation == (1, 1)
+
+
+# --------------------------------------------------- the original architectures, re-written
+def _window(length, kernel, dilation):
+    """NATTEN's neighborhoods along one axis: key index and RPB index per (query, j)."""
+    idx = torch.empty(length, kernel, dtype=torch.long)
+    for i in range(length):
+        g, ig = i % dilation, i // dilation
+        group_len = (length - g + dilation - 1) // dilation
+        start = max(0, min(ig - kernel // 2, group_len - kernel))
+        idx[i] = (torch.arange(kernel) + start) * dilation + g
+    rel = (idx - torch.arange(length)[:, None]) // dilation + kernel - 1
+    return idx, rel
+
+
+class RefNA(nn.Module):
+    """natten<=0.17 NeighborhoodAttention2D (qkv, rpb, proj), computed naively."""
+
+    def __init__(self, dim, num_heads, kernel_size=7, dilation=None):
+        super().__init__()
+        self.heads, self.k, self.d = num_heads, kernel_size, dilation or 1
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.rpb = nn.Parameter(torch.zeros(num_heads, 2 * kernel_size - 1, 2 * kernel_size - 1))
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, h0, w0, c = x.shape
+        win = self.k * self.d
+        x = F.pad(x, (0, 0, 0, max(0, win - w0), 0, max(0, win - h0)))  # natten pads before qkv
+        _, h, w, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, h, w, 3, self.heads, c // self.heads).permute(3, 0, 4, 1, 2, 5)
+        ih, rh = _window(h, self.k, self.d)
+        iw, rw = _window(w, self.k, self.d)
+        # keys/values per (query row, query col, j_row, j_col): [B, heads, h, w, k, k, hd]
+        kn = k[:, :, ih[:, None, :, None], iw[None, :, None, :]]
+        vn = v[:, :, ih[:, None, :, None], iw[None, :, None, :]]
+        logits = torch.einsum("bnhwc,bnhwijc->bnhwij", q * self.scale, kn)
+        logits = logits + self.rpb[:, rh[:, None, :, None], rw[None, :, None, :]]
+        attn = logits.flatten(-2).softmax(-1).view_as(logits)
+        out = torch.einsum("bnhwij,bnhwijc->bnhwc", attn, vn)
+        out = out.permute(0, 2, 3, 1, 4).reshape(b, h, w, c)[:, :h0, :w0]
+        return self.proj(out)
+
+
+class RefMlp(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class RefLayer(nn.Module):
+    """NATLayer / NATransformerLayer: pre-norm NA and MLP, optional gamma1/gamma2."""
+
+    def __init__(self, dim, heads, dilation, mlp_ratio, layer_scale):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = RefNA(dim, heads, 7, dilation)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = RefMlp(dim, int(dim * mlp_ratio))
+        self.layer_scale = layer_scale is not None
+        if self.layer_scale:
+            self.gamma1 = nn.Parameter(layer_scale * torch.ones(dim))
+            self.gamma2 = nn.Parameter(layer_scale * torch.ones(dim))
+
+    def forward(self, x):
+        g1, g2 = (self.gamma1, self.gamma2) if self.layer_scale else (1.0, 1.0)
+        x = x + g1 * self.attn(self.norm1(x))
+        return x + g2 * self.mlp(self.norm2(x))
+
+
+class RefConvDown(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.reduction = nn.Conv2d(dim, 2 * dim, 3, 2, 1, bias=False)
+        self.norm = nn.LayerNorm(2 * dim)
+
+    def forward(self, x):
+        return self.norm(self.reduction(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
+
+
+class RefMerge(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+        self.norm = nn.LayerNorm(4 * dim)
+
+    def forward(self, x):
+        x = F.pad(x, (0, 0, 0, x.shape[2] % 2, 0, x.shape[1] % 2))
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
+        return self.reduction(self.norm(x))
+
+
+class RefLevel(nn.Module):
+    def __init__(self, dim, depth, heads, dilations, mlp_ratio, layer_scale, down):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            RefLayer(dim, heads, None if dilations is None else dilations[i], mlp_ratio, layer_scale)
+            for i in range(depth))
+        self.downsample = down(dim) if down is not None else None
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = blk(x)
+        return x if self.downsample is None else self.downsample(x)
+
+
+class RefPatchEmbed(nn.Module):
+    def __init__(self, family, dim):
+        super().__init__()
+        if family == "nat":  # ConvTokenizer
+            self.proj = nn.Sequential(nn.Conv2d(3, dim // 2, 3, 2, 1), nn.Conv2d(dim // 2, dim, 3, 2, 1))
+            self.patch = 1
+        else:  # Swin's PatchEmbed
+            self.patch = 4 if family == "dinat_s" else 16
+            self.proj = nn.Conv2d(3, dim, self.patch, self.patch)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        p = self.patch
+        x = F.pad(x, (0, (-x.shape[-1]) % p, 0, (-x.shape[-2]) % p))
+        return self.norm(self.proj(x).permute(0, 2, 3, 1))
+
+
+class RefModel(nn.Module):
+    """The original NAT/DiNAT (``levels``), DiNAT_s or isotropic (``layers``) classifier."""
+
+    def __init__(self, name, num_classes=1000):
+        super().__init__()
+        family, dim, depths, heads, mlp_ratio, _, layer_scale, dilations = ORIGINAL[name]
+        self.patch_embed = RefPatchEmbed(family, dim)
+        if family == "iso":
+            self.layers = nn.Sequential(*[RefLayer(dim, heads[0], dilations[0][i], mlp_ratio, None)
+                                          for i in range(depths[0])])
+            features = dim
+        else:
+            down = RefConvDown if family == "nat" else RefMerge
+            levels = nn.ModuleList(
+                RefLevel(dim * 2 ** i, depths[i], heads[i], None if dilations is None else dilations[i],
+                         mlp_ratio, layer_scale, down if i < len(depths) - 1 else None)
+                for i in range(len(depths)))
+            setattr(self, "levels" if family == "nat" else "layers", levels)
+            features = dim * 2 ** (len(depths) - 1)
+        self.norm = nn.LayerNorm(features)
+        self.head = nn.Linear(features, num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x)
+        for layer in self.layers if hasattr(self, "layers") else self.levels:
+            x = layer(x)
+        return self.head(self.norm(x).flatten(1, 2).mean(1))
+
+
+def _randomize(model, gen):
+    """Random weights everywhere, well away from the initialisation (gamma 1e-5 would hide
+    a block; LayerNorm 1/0 and zero biases would hide a mixed-up norm or bias)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=p.dtype)
+            if name.endswith(("gamma1", "gamma2")) or "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.2 * noise)
+            elif name.endswith("rpb"):
+                p.copy_(noise)
+            else:
+                p.copy_(0.05 * noise)
+
+
+def _check_against_original(name, checkpoint_filter_fn, state_dict_fn=lambda sd: sd, num_classes=10,
+                            size=(40, 48), **model_kwargs):
+    gen = torch.Generator().manual_seed(hash(name) % 2**31)
+    ref = RefModel(name, num_classes).double().eval()
+    _randomize(ref, gen)
+    model = timm.create_model(name, num_classes=num_classes, **model_kwargs).double().eval()
+    model.load_state_dict(checkpoint_filter_fn(state_dict_fn(ref.state_dict()), model), strict=True)
+    x = torch.randn(2, 3, *size, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        want, got = ref(x), model(x)
+    assert want.abs().max() > 1e-3  # the reference computes something
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    return ref, model
+
+
+SMALL = ["nat_mini", "dinat_mini", "dinat_s_tiny", "nat_isotropic_small", "dinat_isotropic_small"]
+LARGE = sorted(set(ORIGINAL) - set(SMALL))
+
+
+def _filter(name):
+    from nattn.models import dinat_s, isotropic, nat
+
+    return {"nat": nat, "dinat_s": dinat_s, "iso": isotropic}[ORIGINAL[name][0]].checkpoint_filter_fn
+
+
+@pytest.mark.parametrize("name", SMALL + LARGE)
+def test_original_state_dict_gives_the_same_logits(name):
+    size = (64, 80) if "isotropic" in name else (40, 48)
+    _check_against_original(name, _filter(name), size=size)
