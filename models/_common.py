@@ -4,6 +4,7 @@ feature/classifier contract, weight init, checkpoint helpers and model creation.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -161,8 +162,17 @@ class ChannelsLastBackbone(nn.Module):
         self.feature_info = []
         return dims, drop_path_rates(list(depths), drop_path_rate)
 
-    def _add_head(self, norm_layer, drop_rate: float) -> None:
-        """Final norm, dropout and classifier (timm's names), then every weight's init."""
+    def _add_head(self, norm_layer, drop_rate: float, feature_norms: bool = False) -> None:
+        """Final norm, dropout and classifier (timm's names), then every weight's init.
+
+        ``feature_norms=True`` adds a LayerNorm on each stage output (``feature_norms.{i}``,
+        the ``norm{i}`` of the original detection/segmentation backbones), applied by
+        ``forward_intermediates`` and so by ``features_only``.
+        """
+        if not isinstance(feature_norms, bool):
+            raise TypeError(f"feature_norms must be a bool, got {feature_norms!r}")
+        if feature_norms:
+            self.feature_norms = nn.ModuleList(norm_layer(f["num_chs"]) for f in self.feature_info)
         self.norm = norm_layer(self.num_features)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = self._classifier()
@@ -195,6 +205,7 @@ class ChannelsLastBackbone(nn.Module):
         seq = self._sequence()
         take, max_index = feature_take_indices(len(seq), indices)
         last = len(seq) - 1
+        feature_norms = getattr(self, "feature_norms", None)
         intermediates = []
         x = self.patch_embed(x)
         for i, module in enumerate(seq):
@@ -202,7 +213,10 @@ class ChannelsLastBackbone(nn.Module):
                 break
             x = module(x)
             if i in take:
-                y = self.norm(x) if norm and i == last else x
+                if feature_norms is not None:  # the detection/segmentation backbones' norm{i}
+                    y = feature_norms[i](x)
+                else:
+                    y = self.norm(x) if norm and i == last else x
                 intermediates.append(y.movedim(-1, 1).contiguous() if output_fmt == "NCHW" else y)
         if intermediates_only:
             return intermediates
@@ -230,6 +244,79 @@ def unwrap_state_dict(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Te
     return {(k[len("module."):] if k.startswith("module.") else k): v for k, v in state_dict.items()}
 
 
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint's keys or shapes do not fit the model (after ``checkpoint_filter_fn``'s
+    renaming): the message lists every missing, unexpected and mis-shaped key."""
+
+
+_ORIGINAL_OUT_NORM = re.compile(r"^norm(\d+)\.(.*)$")
+
+
+def strip_backbone_prefix(state_dict: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], bool]:
+    """Detection/segmentation checkpoints (mmdet/mmseg) hold the backbone under ``backbone.``
+    next to ``neck.``/``*_head.`` keys: keep only the backbone, unprefixed. Returns
+    ``(state_dict, was_backbone_checkpoint)``."""
+    if not any(k.startswith("backbone.") for k in state_dict):
+        return state_dict, False
+    return {k[len("backbone."):]: v for k, v in state_dict.items() if k.startswith("backbone.")}, True
+
+
+def _short(keys: List[str], limit: int = 20) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def check_state_dict(out: Dict[str, torch.Tensor], model: nn.Module, backbone_checkpoint: bool,
+                     classifier: str = "head") -> Dict[str, torch.Tensor]:
+    """Make a renamed checkpoint fit ``model`` or raise :class:`CheckpointMismatchError`.
+
+    Tolerated, and taken from the model's own initialisation: the per-output norms
+    (``feature_norms.*``) when the checkpoint has none (classification checkpoints), and the
+    final ``norm``/classifier when the checkpoint is a detection/segmentation backbone (it
+    has neither; a warning says so unless the model has no classifier). The original
+    backbones' ``norm{i}`` go to ``feature_norms.{i}``, or are dropped when the model was
+    built without ``feature_norms``. Classifier shapes are left to timm (``num_classes``).
+    Anything else that differs is an error that names the keys.
+    """
+    own = model.state_dict()
+    has_feature_norms = any(k.startswith("feature_norms.") for k in own)
+    renamed = {}
+    for key, value in out.items():
+        m = _ORIGINAL_OUT_NORM.match(key)
+        if m:
+            if not has_feature_norms:
+                continue  # only used for the backbone's outputs; not requested
+            key = f"feature_norms.{m.group(1)}.{m.group(2)}"
+        renamed[key] = value
+    out = renamed
+    fill = []
+    if not any(k.startswith("feature_norms.") for k in out):
+        fill += [k for k in own if k.startswith("feature_norms.")]
+    if backbone_checkpoint:
+        extra = [k for k in own if k not in out and (k.startswith("norm.") or k.startswith(classifier + "."))]
+        if any(k.startswith(classifier + ".") for k in extra) and getattr(model, "num_classes", 0) > 0:
+            warnings.warn(
+                f"{type(model).__name__}: a detection/segmentation backbone checkpoint has no final "
+                f"norm or classifier; {_short(extra)} keep their initial values", UserWarning, stacklevel=3)
+        fill += extra
+    for key in fill:
+        out[key] = own[key].detach().clone()
+    missing = [k for k in own if k not in out]
+    unexpected = [k for k in out if k not in own]
+    shapes = [f"{k} {tuple(out[k].shape)} (model: {tuple(own[k].shape)})" for k in out
+              if k in own and not k.startswith(classifier + ".") and out[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        parts = [f"{len(missing)} missing: {_short(missing)}" if missing else "",
+                 f"{len(unexpected)} unexpected: {_short(unexpected)}" if unexpected else "",
+                 f"{len(shapes)} of another shape: {_short(shapes)}" if shapes else ""]
+        matched = len(own) - len(missing)
+        raise CheckpointMismatchError(
+            f"{type(model).__name__}: the checkpoint does not fit the model ({matched} of {len(own)} "
+            f"keys matched after renaming); " + "; ".join(p for p in parts if p)
+        )
+    return out
+
+
 def resize_rpb(table: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
     """Interpolate an RPB table ``[H, 2k-1, ...]`` to another kernel size (Swin's recipe)."""
     if tuple(table.shape) == tuple(shape):
@@ -248,9 +335,11 @@ def rename_stages(state_dict, old: str, model: nn.Module, extra_renames=()) -> D
     (``{old}.{i}.downsample``); here a stage starts with its own downsampler, so that
     stage outputs are the features at each resolution: ``stages.{i+1}.downsample``.
     RPB tables are ``[H, 2k-1, 2k-1]`` in both and pass through (resized when the
-    kernel size differs).
+    kernel size differs). Detection/segmentation checkpoints lose their ``backbone.``
+    prefix (and their neck/heads); then :func:`check_state_dict` raises
+    :class:`CheckpointMismatchError` unless the result fits the model.
     """
-    state_dict = unwrap_state_dict(state_dict)
+    state_dict, backbone_checkpoint = strip_backbone_prefix(unwrap_state_dict(state_dict))
     own = model.state_dict()
     out = {}
     for key, value in state_dict.items():
@@ -261,10 +350,10 @@ def rename_stages(state_dict, old: str, model: nn.Module, extra_renames=()) -> D
             key = re.sub(rf"^{old}\.(\d+)\.blocks\.", r"stages.\1.blocks.", key)
         for pattern, repl in extra_renames:
             key = re.sub(pattern, repl, key)
-        if key.endswith("attn.rpb") and key in own:
-            value = resize_rpb(value, tuple(own[key].shape))
+        if key.endswith("attn.rpb") and key in own and value.shape[0] == own[key].shape[0]:
+            value = resize_rpb(value, tuple(own[key].shape))  # another head count: reported below
         out[key] = value
-    return out
+    return check_state_dict(out, model, backbone_checkpoint)
 
 
 # ------------------------------------------------------------------------ creation
@@ -291,9 +380,16 @@ def create(model_cls, variant: str, pretrained: bool, filter_fn: Callable, defau
             model_cls, variant, pretrained, pretrained_filter_fn=filter_fn,
             feature_cfg=feature_cfg, **kwargs,
         )
+    except CheckpointMismatchError as e:
+        raise CheckpointMismatchError(f"{variant}: weights from {source!r}: {e}") from e
     except (OSError, ConnectionError, ValueError, RuntimeError) as e:  # urllib/HTTP/IO errors
         if not pretrained or isinstance(e, PretrainedWeightsError):
             raise
+        if cfg.get("file"):  # the user's own file: suggesting a file would not help
+            raise PretrainedWeightsError(
+                f"{variant}: pretrained=True but the file {cfg['file']!r} (pretrained_cfg_overlay's "
+                f"'file') could not be loaded ({type(e).__name__}: {e})"
+            ) from e
         raise PretrainedWeightsError(
             f"{variant}: pretrained=True but the weights could not be loaded from {source!r} "
             f"({type(e).__name__}: {e}). If you have the original SHI-Labs checkpoint, pass "

@@ -61,7 +61,7 @@ class DiNAT_s(ChannelsLastBackbone):
         dilations: Optional[Sequence[Sequence[int]]] = None, mlp_ratio: float = 4.0, qkv_bias: bool = True,
         qk_scale: Optional[float] = None, drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0, drop_path_rate: float = 0.2, norm_layer=nn.LayerNorm,
-        backend: Optional[str] = None,
+        backend: Optional[str] = None, feature_norms: bool = False,
     ):
         super().__init__()
         dilations = block_dilations(depths, num_heads, dilations)
@@ -76,11 +76,12 @@ class DiNAT_s(ChannelsLastBackbone):
             ))
             self.feature_info.append(dict(num_chs=dims[i], reduction=patch_size * 2 ** i, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)
-        self._add_head(norm_layer, drop_rate)
+        self._add_head(norm_layer, drop_rate, feature_norms)
 
 
 def checkpoint_filter_fn(state_dict, model):
-    """Load original DiNAT_s checkpoints (``layers.{i}...``) or our own."""
+    """Load original DiNAT_s checkpoints (``layers.{i}...``; classification, or
+    detection/segmentation with ``backbone.`` and ``norm{i}``) or our own."""
     return rename_stages(state_dict, "layers", model)
 
 

@@ -57,6 +57,7 @@ class NAT(ChannelsLastBackbone):
         qkv_bias: bool = True, qk_scale: Optional[float] = None, drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.2,
         layer_scale: Optional[float] = None, norm_layer=nn.LayerNorm, backend: Optional[str] = None,
+        feature_norms: bool = False,
     ):
         super().__init__()
         dilations = block_dilations(depths, num_heads, dilations)
@@ -72,11 +73,12 @@ class NAT(ChannelsLastBackbone):
             ))
             self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)
-        self._add_head(norm_layer, drop_rate)
+        self._add_head(norm_layer, drop_rate, feature_norms)
 
 
 def checkpoint_filter_fn(state_dict, model):
-    """Load original SHI-Labs NAT/DiNAT checkpoints (``levels.{i}...``) or our own."""
+    """Load original SHI-Labs NAT/DiNAT checkpoints (``levels.{i}...``; classification, or
+    detection/segmentation with ``backbone.`` and ``norm{i}``) or our own."""
     return rename_stages(state_dict, "levels", model)
 
 

@@ -271,6 +271,7 @@ def _randomize(model, gen):
                 p.copy_(noise)
             else:
                 p.copy_(0.05 * noise)
+    return model
 
 
 def _check_against_original(name, checkpoint_filter_fn, state_dict_fn=lambda sd: sd, num_classes=10,
@@ -302,3 +303,146 @@ def _filter(name):
 def test_original_state_dict_gives_the_same_logits(name):
     size = (64, 80) if "isotropic" in name else (40, 48)
     _check_against_original(name, _filter(name), size=size)
+
+
+# ------------------------------------------- detection/segmentation checkpoints, load errors
+from nattn.models._common import CheckpointMismatchError, PretrainedWeightsError  # noqa: E402
+
+
+def _float32_exact(ref):
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(p.float().double())
+    return ref
+
+
+def _level_outputs(ref, x):
+    """The original backbones' outputs: each level's blocks, before its downsampler."""
+    x = ref.patch_embed(x)
+    outs = []
+    for level in ref.levels if hasattr(ref, "levels") else ref.layers:
+        for blk in level.blocks:
+            x = blk(x)
+        outs.append(x)
+        if level.downsample is not None:
+            x = level.downsample(x)
+    return outs
+
+
+def _detection_checkpoint(ref, gen, tmp_path):
+    """mmdet/mmseg layout: {'meta', 'state_dict': backbone.* (no norm/head, norm0..norm3), neck, heads}.
+    Values are float32-exact: timm loads them into a float32 model that the tests then make float64."""
+    sd = {"backbone." + k: v for k, v in ref.state_dict().items() if not k.startswith(("norm.", "head."))}
+    norms = {}
+    for i, level in enumerate(ref.levels if hasattr(ref, "levels") else ref.layers):
+        c = level.blocks[0].norm1.weight.shape[0]
+        norms[i] = ((1 + 0.2 * torch.randn(c, generator=gen)).double(), (0.2 * torch.randn(c, generator=gen)).double())
+        sd[f"backbone.norm{i}.weight"], sd[f"backbone.norm{i}.bias"] = norms[i]
+    sd["neck.lateral_convs.0.conv.weight"] = torch.randn(8, 4, 1, 1, generator=gen)
+    sd["rpn_head.rpn_conv.bias"] = torch.randn(8, generator=gen)
+    path = tmp_path / "det.pth"
+    torch.save({"meta": {"epoch": 36}, "state_dict": sd}, path)
+    return str(path), norms
+
+
+@pytest.mark.parametrize("name", ["dinat_mini", "dinat_s_tiny"])
+def test_detection_backbone_checkpoint_with_feature_norms(name, tmp_path):
+    gen = torch.Generator().manual_seed(11)
+    ref = RefModel(name).double().eval()
+    _float32_exact(_randomize(ref, gen))
+    path, norms = _detection_checkpoint(ref, gen, tmp_path)
+    x = torch.randn(1, 3, 40, 56, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        levels = _level_outputs(ref, x)
+    want = [F.layer_norm(y, y.shape[-1:], *norms[i]).permute(0, 3, 1, 2) for i, y in enumerate(levels)]
+
+    normed = timm.create_model(name, features_only=True, feature_norms=True, pretrained=True,
+                               pretrained_cfg_overlay=dict(file=path)).double().eval()
+    plain = timm.create_model(name, features_only=True, pretrained=True,
+                              pretrained_cfg_overlay=dict(file=path)).double().eval()
+    with torch.no_grad():
+        got_normed, got_plain = normed(x), plain(x)
+    assert len(got_normed) == 4
+    for g, w, p, raw in zip(got_normed, want, got_plain, levels):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(p, raw.permute(0, 3, 1, 2), rtol=1e-9, atol=1e-9)
+    one = timm.create_model(name, features_only=True, feature_norms=True, out_indices=(2,), pretrained=True,
+                            pretrained_cfg_overlay=dict(file=path)).double().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(one(x)[0], want[2], rtol=1e-9, atol=1e-9)
+
+
+def test_detection_checkpoint_into_a_classifier_warns_and_loads_the_backbone(tmp_path):
+    gen = torch.Generator().manual_seed(12)
+    ref = RefModel("nat_mini").double()
+    _randomize(ref, gen)
+    path, _ = _detection_checkpoint(ref, gen, tmp_path)
+    with pytest.warns(UserWarning, match="no final norm or classifier"):
+        model = timm.create_model("nat_mini", pretrained=True, pretrained_cfg_overlay=dict(file=path))
+    torch.testing.assert_close(model.stages[3].downsample.reduction.weight.double(),
+                               ref.levels[2].downsample.reduction.weight)
+    torch.testing.assert_close(model.stages[1].blocks[2].attn.rpb.double(), ref.levels[1].blocks[2].attn.rpb)
+
+
+def test_feature_norms_from_a_classification_checkpoint_start_at_identity(tmp_path):
+    gen = torch.Generator().manual_seed(13)
+    ref = RefModel("nat_mini").double().eval()
+    _float32_exact(_randomize(ref, gen))
+    path = tmp_path / "cls.pth"
+    torch.save({"model": ref.state_dict()}, path)
+    model = timm.create_model("nat_mini", features_only=True, feature_norms=True, pretrained=True,
+                              pretrained_cfg_overlay=dict(file=str(path))).double().eval()
+    x = torch.randn(1, 3, 32, 32, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        got, levels = model(x), _level_outputs(ref, x)
+    for g, y in zip(got, levels):
+        torch.testing.assert_close(g, F.layer_norm(y, y.shape[-1:]).permute(0, 3, 1, 2), rtol=1e-9, atol=1e-9)
+    with pytest.raises(TypeError, match="feature_norms must be a bool"):
+        timm.create_model("nat_mini", feature_norms="yes")
+
+
+@pytest.mark.parametrize("features_only", [False, True])
+def test_a_checkpoint_that_does_not_fit_names_the_keys(features_only, tmp_path):
+    gen = torch.Generator().manual_seed(14)
+    ref = RefModel("nat_mini")
+    _randomize(ref, gen)
+    sd = {("encoder." + k if "levels.1." in k else k): v for k, v in ref.state_dict().items()}
+    path = tmp_path / "renamed.pth"
+    torch.save(sd, path)
+    with pytest.raises(CheckpointMismatchError) as info:
+        timm.create_model("nat_mini", features_only=features_only, pretrained=True,
+                          pretrained_cfg_overlay=dict(file=str(path)))
+    msg = str(info.value)
+    n = sum(1 for k in sd if k.startswith("encoder."))
+    assert msg.startswith("nat_mini: weights from ") and str(path) in msg
+    assert f"{n} missing: stages.1.blocks.0." in msg and f"{n} unexpected: encoder.levels.1." in msg
+    assert "pretrained_cfg_overlay" not in msg
+
+    # a detection checkpoint under another prefix loads nothing: an error, not silence
+    torch.save({"model." + k: v for k, v in ref.state_dict().items()}, path)
+    with pytest.raises(CheckpointMismatchError, match=r"\(0 of \d+ keys matched"):
+        timm.create_model("nat_mini", features_only=features_only, pretrained=True,
+                          pretrained_cfg_overlay=dict(file=str(path)))
+
+
+def test_rpb_with_other_heads_is_reported_not_resized():
+    """DiNAT-Large's tables (6-12-24-48 heads) into a 4-8-16-32-head model: the old mismatch."""
+    from nattn.models.nat import checkpoint_filter_fn
+
+    ref = RefModel("dinat_mini")
+    model = timm.create_model("dinat_mini", num_heads=(1, 2, 4, 8))
+    with pytest.raises(CheckpointMismatchError) as info:
+        checkpoint_filter_fn(ref.state_dict(), model)
+    msg = str(info.value)
+    assert "18 of another shape: stages.0.blocks.0.attn.rpb (2, 13, 13) (model: (1, 13, 13))" in msg
+    assert "missing" not in msg and "unexpected" not in msg
+
+
+def test_unreadable_file_error_does_not_suggest_a_file(tmp_path):
+    path = tmp_path / "broken.pth"
+    path.write_bytes(bytes(torch.randint(0, 256, (64,), dtype=torch.uint8).tolist()))
+    with pytest.raises(PretrainedWeightsError) as info:
+        timm.create_model("nat_mini", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+    msg = str(info.value)
+    assert str(path) in msg and "could not be loaded" in msg
+    assert "pretrained_cfg_overlay=dict(file=" not in msg
