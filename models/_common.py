@@ -3,6 +3,7 @@ feature/classifier contract, weight init, checkpoint helpers and model creation.
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from typing import Callable, Dict, List, Optional, Tuple, Union
@@ -261,19 +262,82 @@ def strip_backbone_prefix(state_dict: Dict[str, torch.Tensor]) -> Tuple[Dict[str
     return {k[len("backbone."):]: v for k, v in state_dict.items() if k.startswith("backbone.")}, True
 
 
+_HF_BLOCK = re.compile(r"^encoder\.levels\.(\d+)\.layers\.(\d+)\.(.*)$")
+_HF_BLOCK_NAMES = (
+    ("layernorm_before.", "norm1."), ("attention.self.rpb", "attn.rpb"),
+    ("attention.output.dense.", "attn.proj."), ("layernorm_after.", "norm2."),
+    ("intermediate.dense.", "mlp.fc1."), ("output.dense.", "mlp.fc2."),
+)
+_HF_OTHER_NAMES = (
+    (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+    (r"^embeddings\.norm\.", "patch_embed.norm."),
+    (r"^encoder\.levels\.(\d+)\.downsample\.", r"levels.\1.downsample."),
+    (r"^layernorm\.", "norm."), (r"^classifier\.", "head."),
+    (r"^hidden_states_norms\.stage(\d+)\.", lambda m: f"norm{int(m.group(1)) - 1}."),
+)
+
+
+def is_hf_checkpoint(state_dict: Dict[str, torch.Tensor]) -> bool:
+    """A Hugging Face transformers ``Nat*``/``Dinat*`` state dict (``shi-labs/*`` on the Hub)."""
+    return any(re.search(r"(^|\.)encoder\.levels\.\d+\.layers\.\d+\.", k) for k in state_dict)
+
+
+def hf_to_original(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """transformers' NAT/DiNAT names -> the SHI-Labs originals' (``levels.{i}.blocks.{j}``).
+
+    ``nat.``/``dinat.`` prefixes (the classifiers) go; separate ``query``/``key``/``value``
+    become one ``qkv`` (rows in that order, natten's layout); ``layer_scale_parameters``
+    ``[2, C]`` become ``gamma1``/``gamma2``; ``hidden_states_norms.stage{n}`` (``*Backbone``)
+    become the detection backbones' ``norm{n-1}``. Unknown keys pass through unchanged, for
+    :func:`check_state_dict` to report.
+    """
+    out, qkv = {}, {}
+    for key, value in state_dict.items():
+        key = re.sub(r"^(dinat|nat)\.", "", key)
+        m = _HF_BLOCK.match(key)
+        if m:
+            prefix, rest = f"levels.{m.group(1)}.blocks.{m.group(2)}.", m.group(3)
+            qm = re.match(r"^attention\.self\.(query|key|value)\.(weight|bias)$", rest)
+            if qm:
+                qkv.setdefault((prefix, qm.group(2)), {})[qm.group(1)] = value
+                continue
+            if rest == "layer_scale_parameters":
+                out[prefix + "gamma1"], out[prefix + "gamma2"] = value[0], value[1]
+                continue
+            for old, new in _HF_BLOCK_NAMES:
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+                    break
+            out[prefix + rest] = value
+            continue
+        for pattern, repl in _HF_OTHER_NAMES:
+            key, n = re.subn(pattern, repl, key)
+            if n:
+                break
+        out[key] = value
+    for (prefix, kind), parts in qkv.items():
+        if set(parts) != {"query", "key", "value"}:
+            raise CheckpointMismatchError(
+                f"Hugging Face checkpoint: {prefix}attn.qkv.{kind} needs query, key and value, "
+                f"got only {sorted(parts)}")
+        out[f"{prefix}attn.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]])
+    return out
+
+
 def _short(keys: List[str], limit: int = 20) -> str:
     shown = ", ".join(keys[:limit])
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
 
 
 def check_state_dict(out: Dict[str, torch.Tensor], model: nn.Module, backbone_checkpoint: bool,
-                     classifier: str = "head") -> Dict[str, torch.Tensor]:
+                     classifier: str = "head", features_only: bool = False) -> Dict[str, torch.Tensor]:
     """Make a renamed checkpoint fit ``model`` or raise :class:`CheckpointMismatchError`.
 
     Tolerated, and taken from the model's own initialisation: the per-output norms
     (``feature_norms.*``) when the checkpoint has none (classification checkpoints), and the
     final ``norm``/classifier when the checkpoint is a detection/segmentation backbone (it
-    has neither; a warning says so unless the model has no classifier). The original
+    has neither; a warning says so unless the model has no classifier or is built for
+    ``features_only``, which drops both). The original
     backbones' ``norm{i}`` go to ``feature_norms.{i}``, or are dropped when the model was
     built without ``feature_norms``. Classifier shapes are left to timm (``num_classes``).
     Anything else that differs is an error that names the keys.
@@ -294,7 +358,8 @@ def check_state_dict(out: Dict[str, torch.Tensor], model: nn.Module, backbone_ch
         fill += [k for k in own if k.startswith("feature_norms.")]
     if backbone_checkpoint:
         extra = [k for k in own if k not in out and (k.startswith("norm.") or k.startswith(classifier + "."))]
-        if any(k.startswith(classifier + ".") for k in extra) and getattr(model, "num_classes", 0) > 0:
+        if (any(k.startswith(classifier + ".") for k in extra) and getattr(model, "num_classes", 0) > 0
+                and not features_only):
             warnings.warn(
                 f"{type(model).__name__}: a detection/segmentation backbone checkpoint has no final "
                 f"norm or classifier; {_short(extra)} keep their initial values", UserWarning, stacklevel=3)
@@ -328,7 +393,8 @@ def resize_rpb(table: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
     return out[0].to(table.dtype)
 
 
-def rename_stages(state_dict, old: str, model: nn.Module, extra_renames=()) -> Dict[str, torch.Tensor]:
+def rename_stages(state_dict, old: str, model: nn.Module, extra_renames=(),
+                  features_only: bool = False) -> Dict[str, torch.Tensor]:
     """Map an original SHI-Labs state dict onto our layout.
 
     The originals end each level with the downsampler of the next one
@@ -340,6 +406,9 @@ def rename_stages(state_dict, old: str, model: nn.Module, extra_renames=()) -> D
     :class:`CheckpointMismatchError` unless the result fits the model.
     """
     state_dict, backbone_checkpoint = strip_backbone_prefix(unwrap_state_dict(state_dict))
+    if old == "levels" and is_hf_checkpoint(state_dict):  # transformers has NAT/DiNAT only
+        state_dict = hf_to_original(state_dict)
+        backbone_checkpoint = backbone_checkpoint or "norm.weight" not in state_dict  # *Backbone
     own = model.state_dict()
     out = {}
     for key, value in state_dict.items():
@@ -353,7 +422,7 @@ def rename_stages(state_dict, old: str, model: nn.Module, extra_renames=()) -> D
         if key.endswith("attn.rpb") and key in own and value.shape[0] == own[key].shape[0]:
             value = resize_rpb(value, tuple(own[key].shape))  # another head count: reported below
         out[key] = value
-    return check_state_dict(out, model, backbone_checkpoint)
+    return check_state_dict(out, model, backbone_checkpoint, features_only=features_only)
 
 
 # ------------------------------------------------------------------------ creation
@@ -375,6 +444,8 @@ def create(model_cls, variant: str, pretrained: bool, filter_fn: Callable, defau
             f"pretrained=False, or pass pretrained_cfg_overlay=dict(file='/path/to/weights.pth')"
         )
     feature_cfg = dict(feature_cls="getter", out_indices=kwargs.pop("out_indices", default_out_indices))
+    if kwargs.get("features_only"):  # no final norm/classifier wanted: no warning when a checkpoint lacks them
+        filter_fn = functools.partial(filter_fn, features_only=True)
     try:
         return build_model_with_cfg(
             model_cls, variant, pretrained, pretrained_filter_fn=filter_fn,

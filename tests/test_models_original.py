@@ -9,6 +9,8 @@ weights, its state dict goes through nattn's ``checkpoint_filter_fn`` into nattn
 a strict load, and the logits must agree in float64.
 """
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -356,8 +358,10 @@ def test_detection_backbone_checkpoint_with_feature_norms(name, tmp_path):
         levels = _level_outputs(ref, x)
     want = [F.layer_norm(y, y.shape[-1:], *norms[i]).permute(0, 3, 1, 2) for i, y in enumerate(levels)]
 
-    normed = timm.create_model(name, features_only=True, feature_norms=True, pretrained=True,
-                               pretrained_cfg_overlay=dict(file=path)).double().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # features_only: no norm/head to miss
+        normed = timm.create_model(name, features_only=True, feature_norms=True, pretrained=True,
+                                   pretrained_cfg_overlay=dict(file=path)).double().eval()
     plain = timm.create_model(name, features_only=True, pretrained=True,
                               pretrained_cfg_overlay=dict(file=path)).double().eval()
     with torch.no_grad():
@@ -446,3 +450,99 @@ def test_unreadable_file_error_does_not_suggest_a_file(tmp_path):
     msg = str(info.value)
     assert str(path) in msg and "could not be loaded" in msg
     assert "pretrained_cfg_overlay=dict(file=" not in msg
+
+
+# ------------------------------------------------- Hugging Face transformers' shi-labs/* layout
+def _to_hf(original, prefix, backbone_norms=None):
+    """The original's state dict in transformers' Nat/Dinat layout (modeling_dinat.py):
+    ``{prefix}embeddings.patch_embeddings.projection``, ``{prefix}encoder.levels.{i}.layers.{j}``
+    with ``attention.self.{query,key,value,rpb}``, ``attention.output.dense``,
+    ``layernorm_before/after``, ``intermediate.dense``, ``output.dense``,
+    ``layer_scale_parameters`` [2, C]; ``{prefix}layernorm``, ``classifier``; the
+    ``*Backbone`` has no prefix, no layernorm/classifier, and ``hidden_states_norms.stage{n}``."""
+    block_names = {"norm1": "layernorm_before", "norm2": "layernorm_after", "attn.proj": "attention.output.dense",
+                   "attn.rpb": "attention.self.rpb", "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
+    out = {}
+    for key, value in original.items():
+        parts = key.split(".")
+        if key.startswith("patch_embed.proj."):
+            out[prefix + "embeddings.patch_embeddings.projection." + ".".join(parts[2:])] = value
+        elif key.startswith("patch_embed.norm."):
+            out[prefix + "embeddings.norm." + parts[-1]] = value
+        elif parts[0] == "levels" and parts[2] == "downsample":
+            out[prefix + "encoder." + key] = value
+        elif parts[0] == "levels":
+            base = f"{prefix}encoder.levels.{parts[1]}.layers.{parts[3]}."
+            rest = ".".join(parts[4:])
+            if rest.startswith("attn.qkv."):
+                for name, chunk in zip(("query", "key", "value"), value.chunk(3)):
+                    out[base + f"attention.self.{name}.{parts[-1]}"] = chunk
+            elif rest == "gamma1":
+                out[base + "layer_scale_parameters"] = torch.stack([value, original[key[:-1] + "2"]])
+            elif rest != "gamma2":
+                name = rest if rest == "attn.rpb" else rest.rsplit(".", 1)[0]
+                out[base + block_names[name] + rest[len(name):]] = value
+        elif key.startswith("norm.") and backbone_norms is None:
+            out[prefix + "layernorm." + parts[-1]] = value
+        elif key.startswith("head.") and backbone_norms is None:
+            out["classifier." + parts[-1]] = value
+    for i, (w, b) in (backbone_norms or {}).items():
+        out[f"hidden_states_norms.stage{i + 1}.weight"], out[f"hidden_states_norms.stage{i + 1}.bias"] = w, b
+    return out
+
+
+@pytest.mark.parametrize("name, prefix", [("nat_mini", "nat."), ("dinat_base", "dinat."), ("dinat_mini", "dinat.")])
+def test_hugging_face_checkpoint_gives_the_same_logits(name, prefix):
+    from nattn.models.nat import checkpoint_filter_fn
+
+    def to_hf(sd):
+        hf = _to_hf(sd, prefix)
+        assert not any(k.startswith(("levels.", "patch_embed.")) for k in hf)
+        if ORIGINAL[name][6] is not None:
+            assert any(k.endswith("layer_scale_parameters") for k in hf)
+        return hf
+
+    _check_against_original(name, checkpoint_filter_fn, to_hf)
+
+
+def test_hugging_face_backbone_checkpoint_with_feature_norms(tmp_path):
+    gen = torch.Generator().manual_seed(15)
+    ref = _float32_exact(_randomize(RefModel("dinat_mini").double().eval(), gen))
+    norms = {i: ((1 + 0.2 * torch.randn(c, generator=gen)).double(), (0.2 * torch.randn(c, generator=gen)).double())
+             for i, c in enumerate((64, 128, 256, 512))}
+    path = tmp_path / "pytorch_model.bin"
+    torch.save(_to_hf(ref.state_dict(), "", norms), path)
+    model = timm.create_model("dinat_mini", features_only=True, feature_norms=True, pretrained=True,
+                              pretrained_cfg_overlay=dict(file=str(path))).double().eval()
+    x = torch.randn(1, 3, 48, 40, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        got, levels = model(x), _level_outputs(ref, x)
+    for i, (g, y) in enumerate(zip(got, levels)):
+        torch.testing.assert_close(g, F.layer_norm(y, y.shape[-1:], *norms[i]).permute(0, 3, 1, 2),
+                                   rtol=1e-9, atol=1e-9)
+
+
+def test_hugging_face_checkpoint_missing_a_projection_is_named():
+    from nattn.models.nat import checkpoint_filter_fn
+
+    hf = _to_hf(RefModel("nat_mini").state_dict(), "nat.")
+    del hf["nat.encoder.levels.2.layers.1.attention.self.key.weight"]
+    with pytest.raises(CheckpointMismatchError, match=r"levels\.2\.blocks\.1\.attn\.qkv\.weight needs query, key "
+                                                      r"and value, got only \['query', 'value'\]"):
+        checkpoint_filter_fn(hf, timm.create_model("nat_mini"))
+
+
+@pytest.mark.parametrize("name", ["nat_isotropic_small", "nat_video_tiny"])
+def test_features_only_from_own_checkpoint_other_families(name, tmp_path):
+    """create() passes features_only to every family's checkpoint_filter_fn."""
+    torch.manual_seed(16)
+    source = timm.create_model(name)
+    path = tmp_path / "own.pth"
+    torch.save(source.state_dict(), path)
+    feats = timm.create_model(name, features_only=True, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+    x = torch.randn(1, 3, 4, 32, 32) if "video" in name else torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        want = source.eval().forward_intermediates(x, intermediates_only=True)
+        got = feats.eval()(x)
+    for g, w in zip(got, want[-len(got):]):
+        torch.testing.assert_close(g, w)
