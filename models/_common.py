@@ -330,7 +330,8 @@ def _short(keys: List[str], limit: int = 20) -> str:
 
 
 def check_state_dict(out: Dict[str, torch.Tensor], model: nn.Module, backbone_checkpoint: bool,
-                     classifier: str = "head", features_only: bool = False) -> Dict[str, torch.Tensor]:
+                     classifier: str = "head", features_only: bool = False,
+                     strict: bool = True) -> Dict[str, torch.Tensor]:
     """Make a renamed checkpoint fit ``model`` or raise :class:`CheckpointMismatchError`.
 
     Tolerated, and taken from the model's own initialisation: the per-output norms
@@ -340,7 +341,9 @@ def check_state_dict(out: Dict[str, torch.Tensor], model: nn.Module, backbone_ch
     ``features_only``, which drops both). The original
     backbones' ``norm{i}`` go to ``feature_norms.{i}``, or are dropped when the model was
     built without ``feature_norms``. Classifier shapes are left to timm (``num_classes``).
-    Anything else that differs is an error that names the keys.
+    Anything else that differs is an error that names the keys; with ``strict=False``
+    (``pretrained_strict=False`` to ``timm.create_model``) a warning with the same list,
+    and the unexpected and mis-shaped keys are left out so that the rest loads.
     """
     own = model.state_dict()
     has_feature_norms = any(k.startswith("feature_norms.") for k in own)
@@ -375,10 +378,13 @@ def check_state_dict(out: Dict[str, torch.Tensor], model: nn.Module, backbone_ch
                  f"{len(unexpected)} unexpected: {_short(unexpected)}" if unexpected else "",
                  f"{len(shapes)} of another shape: {_short(shapes)}" if shapes else ""]
         matched = len(own) - len(missing)
-        raise CheckpointMismatchError(
-            f"{type(model).__name__}: the checkpoint does not fit the model ({matched} of {len(own)} "
-            f"keys matched after renaming); " + "; ".join(p for p in parts if p)
-        )
+        msg = (f"{type(model).__name__}: the checkpoint does not fit the model ({matched} of {len(own)} "
+               f"keys matched after renaming); " + "; ".join(p for p in parts if p))
+        if strict:
+            raise CheckpointMismatchError(msg + "; pretrained_strict=False loads the keys that fit")
+        warnings.warn(msg + "; the missing ones keep their initial values", UserWarning, stacklevel=3)
+        bad = set(unexpected) | {s.split(" ", 1)[0] for s in shapes}
+        out = {k: v for k, v in out.items() if k not in bad}
     return out
 
 
@@ -394,7 +400,7 @@ def resize_rpb(table: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
 
 
 def rename_stages(state_dict, old: str, model: nn.Module, extra_renames=(),
-                  features_only: bool = False) -> Dict[str, torch.Tensor]:
+                  features_only: bool = False, strict: bool = True) -> Dict[str, torch.Tensor]:
     """Map an original SHI-Labs state dict onto our layout.
 
     The originals end each level with the downsampler of the next one
@@ -422,7 +428,7 @@ def rename_stages(state_dict, old: str, model: nn.Module, extra_renames=(),
         if key.endswith("attn.rpb") and key in own and value.shape[0] == own[key].shape[0]:
             value = resize_rpb(value, tuple(own[key].shape))  # another head count: reported below
         out[key] = value
-    return check_state_dict(out, model, backbone_checkpoint, features_only=features_only)
+    return check_state_dict(out, model, backbone_checkpoint, features_only=features_only, strict=strict)
 
 
 # ------------------------------------------------------------------------ creation
@@ -444,8 +450,10 @@ def create(model_cls, variant: str, pretrained: bool, filter_fn: Callable, defau
             f"pretrained=False, or pass pretrained_cfg_overlay=dict(file='/path/to/weights.pth')"
         )
     feature_cfg = dict(feature_cls="getter", out_indices=kwargs.pop("out_indices", default_out_indices))
-    if kwargs.get("features_only"):  # no final norm/classifier wanted: no warning when a checkpoint lacks them
-        filter_fn = functools.partial(filter_fn, features_only=True)
+    # features_only: no final norm/classifier wanted, so no warning when a checkpoint lacks them;
+    # pretrained_strict=False: a mismatch warns and what fits loads (timm then loads non-strictly)
+    filter_fn = functools.partial(filter_fn, features_only=bool(kwargs.get("features_only")),
+                                  strict=kwargs.get("pretrained_strict", True))
     try:
         return build_model_with_cfg(
             model_cls, variant, pretrained, pretrained_filter_fn=filter_fn,

@@ -79,10 +79,10 @@ class DiNAT_s(ChannelsLastBackbone):
         self._add_head(norm_layer, drop_rate, feature_norms)
 
 
-def checkpoint_filter_fn(state_dict, model, features_only: bool = False):
+def checkpoint_filter_fn(state_dict, model, features_only: bool = False, strict: bool = True):
     """Load original DiNAT_s checkpoints (``layers.{i}...``; classification, or
     detection/segmentation with ``backbone.`` and ``norm{i}``) or our own."""
-    return rename_stages(state_dict, "layers", model, features_only=features_only)
+    return rename_stages(state_dict, "layers", model, features_only=features_only, strict=strict)
 
 
 _URL = "https://shi-labs.com/projects/dinat/checkpoints/imagenet1k/{}.pth"

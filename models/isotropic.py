@@ -44,7 +44,7 @@ class NATIsotropic(ChannelsLastBackbone):
         self._add_head(norm_layer, drop_rate)
 
 
-def checkpoint_filter_fn(state_dict, model, features_only: bool = False):
+def checkpoint_filter_fn(state_dict, model, features_only: bool = False, strict: bool = True):
     """Load original isotropic checkpoints (blocks under ``layers.{i}``) or our own."""
     state_dict, backbone_checkpoint = strip_backbone_prefix(unwrap_state_dict(state_dict))
     out = {}
@@ -52,7 +52,7 @@ def checkpoint_filter_fn(state_dict, model, features_only: bool = False):
         if key.startswith("layers."):
             key = "blocks." + key[len("layers."):]
         out[key] = value
-    return check_state_dict(out, model, backbone_checkpoint, features_only=features_only)
+    return check_state_dict(out, model, backbone_checkpoint, features_only=features_only, strict=strict)
 
 
 _URL = "https://shi-labs.com/projects/dinat/checkpoints/isotropic/{}_in1k_224.pth"

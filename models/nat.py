@@ -76,10 +76,10 @@ class NAT(ChannelsLastBackbone):
         self._add_head(norm_layer, drop_rate, feature_norms)
 
 
-def checkpoint_filter_fn(state_dict, model, features_only: bool = False):
+def checkpoint_filter_fn(state_dict, model, features_only: bool = False, strict: bool = True):
     """Load original SHI-Labs NAT/DiNAT checkpoints (``levels.{i}...``; classification, or
     detection/segmentation with ``backbone.`` and ``norm{i}``) or our own."""
-    return rename_stages(state_dict, "levels", model, features_only=features_only)
+    return rename_stages(state_dict, "levels", model, features_only=features_only, strict=strict)
 
 
 def _cfg(url: str = "", **kwargs):

@@ -546,3 +546,26 @@ def test_features_only_from_own_checkpoint_other_families(name, tmp_path):
         got = feats.eval()(x)
     for g, w in zip(got, want[-len(got):]):
         torch.testing.assert_close(g, w)
+
+
+def test_pretrained_strict_false_warns_with_the_list_and_loads_what_fits(tmp_path):
+    gen = torch.Generator().manual_seed(17)
+    ref = _randomize(RefModel("nat_mini"), gen)
+    sd = {("encoder." + k if "levels.1.blocks.0." in k else k): v for k, v in ref.state_dict().items()}
+    sd["levels.2.blocks.0.attn.rpb"] = torch.randn(3, 13, 13, generator=gen)  # another head count
+    path = tmp_path / "partial.pth"
+    torch.save(sd, path)
+    torch.manual_seed(0)
+    fresh = timm.create_model("nat_mini")
+    with pytest.warns(UserWarning, match=r"missing: stages\.1\.blocks\.0\..*unexpected: encoder\.levels\.1\."
+                                         r".*1 of another shape: stages\.2\.blocks\.0\.attn\.rpb"):
+        torch.manual_seed(0)
+        model = timm.create_model("nat_mini", pretrained=True, pretrained_strict=False,
+                                  pretrained_cfg_overlay=dict(file=str(path)))
+    # what fits is loaded; the rest keeps the initialisation a fresh model gets
+    torch.testing.assert_close(model.stages[1].blocks[1].attn.qkv.weight, ref.levels[1].blocks[1].attn.qkv.weight)
+    torch.testing.assert_close(model.stages[3].blocks[4].mlp.fc2.bias, ref.levels[3].blocks[4].mlp.fc2.bias)
+    torch.testing.assert_close(model.stages[1].blocks[0].attn.qkv.weight, fresh.stages[1].blocks[0].attn.qkv.weight)
+    torch.testing.assert_close(model.stages[2].blocks[0].attn.rpb, fresh.stages[2].blocks[0].attn.rpb)
+    with pytest.raises(CheckpointMismatchError, match="pretrained_strict=False loads the keys that fit"):
+        timm.create_model("nat_mini", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
