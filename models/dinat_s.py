@@ -61,7 +61,7 @@ class DiNAT_s(ChannelsLastBackbone):
         dilations: Optional[Sequence[Sequence[int]]] = None, mlp_ratio: float = 4.0, qkv_bias: bool = True,
         qk_scale: Optional[float] = None, drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0, drop_path_rate: float = 0.2, norm_layer=nn.LayerNorm,
-        backend: Optional[str] = None,
+        backend: Optional[str] = None, feature_norms: bool = False,
     ):
         super().__init__()
         dilations = block_dilations(depths, num_heads, dilations)
@@ -76,12 +76,13 @@ class DiNAT_s(ChannelsLastBackbone):
             ))
             self.feature_info.append(dict(num_chs=dims[i], reduction=patch_size * 2 ** i, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)
-        self._add_head(norm_layer, drop_rate)
+        self._add_head(norm_layer, drop_rate, feature_norms)
 
 
-def checkpoint_filter_fn(state_dict, model):
-    """Load original DiNAT_s checkpoints (``layers.{i}...``) or our own."""
-    return rename_stages(state_dict, "layers", model)
+def checkpoint_filter_fn(state_dict, model, features_only: bool = False, strict: bool = True):
+    """Load original DiNAT_s checkpoints (``layers.{i}...``; classification, or
+    detection/segmentation with ``backbone.`` and ``norm{i}``) or our own."""
+    return rename_stages(state_dict, "layers", model, features_only=features_only, strict=strict)
 
 
 _URL = "https://shi-labs.com/projects/dinat/checkpoints/imagenet1k/{}.pth"
@@ -92,12 +93,13 @@ default_cfgs = generate_default_cfgs({
     "dinat_s_large.in22k_ft_in1k": _cfg(_URL.format("dinat_s_large_in1k_224"), first_conv="patch_embed.proj"),
 })
 
-# (depths, heads, embed_dim, drop_path_rate); mlp_ratio 4 and kernel 7 throughout.
+# (depths, heads, embed_dim, drop_path_rate), as in SHI-Labs' classification/dinats.py;
+# mlp_ratio 4, kernel 7 and no layer scale throughout.
 _CONFIGS = {
     "tiny": ((2, 2, 6, 2), (3, 6, 12, 24), 96, 0.2),
     "small": ((2, 2, 18, 2), (3, 6, 12, 24), 96, 0.3),
     "base": ((2, 2, 18, 2), (4, 8, 16, 32), 128, 0.5),
-    "large": ((2, 2, 18, 2), (4, 8, 16, 32), 192, 0.35),
+    "large": ((2, 2, 18, 2), (6, 12, 24, 48), 192, 0.35),
 }
 
 

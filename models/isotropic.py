@@ -8,7 +8,8 @@ from typing import Optional
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NABlock, create, drop_path_rates, unwrap_state_dict
+from ._common import (ChannelsLastBackbone, NABlock, check_state_dict, create, drop_path_rates,
+                      strip_backbone_prefix, unwrap_state_dict)
 from .dinat_s import PatchEmbed
 from .nat import _cfg
 
@@ -43,14 +44,15 @@ class NATIsotropic(ChannelsLastBackbone):
         self._add_head(norm_layer, drop_rate)
 
 
-def checkpoint_filter_fn(state_dict, model):
+def checkpoint_filter_fn(state_dict, model, features_only: bool = False, strict: bool = True):
     """Load original isotropic checkpoints (blocks under ``layers.{i}``) or our own."""
+    state_dict, backbone_checkpoint = strip_backbone_prefix(unwrap_state_dict(state_dict))
     out = {}
-    for key, value in unwrap_state_dict(state_dict).items():
+    for key, value in state_dict.items():
         if key.startswith("layers."):
             key = "blocks." + key[len("layers."):]
         out[key] = value
-    return out
+    return check_state_dict(out, model, backbone_checkpoint, features_only=features_only, strict=strict)
 
 
 _URL = "https://shi-labs.com/projects/dinat/checkpoints/isotropic/{}_in1k_224.pth"

@@ -57,6 +57,7 @@ class NAT(ChannelsLastBackbone):
         qkv_bias: bool = True, qk_scale: Optional[float] = None, drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.2,
         layer_scale: Optional[float] = None, norm_layer=nn.LayerNorm, backend: Optional[str] = None,
+        feature_norms: bool = False,
     ):
         super().__init__()
         dilations = block_dilations(depths, num_heads, dilations)
@@ -72,12 +73,13 @@ class NAT(ChannelsLastBackbone):
             ))
             self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)
-        self._add_head(norm_layer, drop_rate)
+        self._add_head(norm_layer, drop_rate, feature_norms)
 
 
-def checkpoint_filter_fn(state_dict, model):
-    """Load original SHI-Labs NAT/DiNAT checkpoints (``levels.{i}...``) or our own."""
-    return rename_stages(state_dict, "levels", model)
+def checkpoint_filter_fn(state_dict, model, features_only: bool = False, strict: bool = True):
+    """Load original SHI-Labs NAT/DiNAT checkpoints (``levels.{i}...``; classification, or
+    detection/segmentation with ``backbone.`` and ``norm{i}``) or our own."""
+    return rename_stages(state_dict, "levels", model, features_only=features_only, strict=strict)
 
 
 def _cfg(url: str = "", **kwargs):
@@ -100,13 +102,20 @@ default_cfgs = generate_default_cfgs({
                                       paper_ids="arXiv:2209.15001"),
 })
 
-# (depths, heads, embed_dim, mlp_ratio, drop_path_rate, layer_scale of NAT), from the papers.
+# (depths, heads, embed_dim, mlp_ratio, drop_path_rate), as in SHI-Labs'
+# classification/nat.py and classification/dinat.py. Large exists only as DiNAT.
 _CONFIGS = {
-    "mini": ((3, 4, 6, 5), (2, 4, 8, 16), 64, 3.0, 0.2, None),
-    "tiny": ((3, 4, 18, 5), (2, 4, 8, 16), 64, 3.0, 0.2, None),
-    "small": ((3, 4, 18, 5), (3, 6, 12, 24), 96, 2.0, 0.3, 1e-5),
-    "base": ((3, 4, 18, 5), (4, 8, 16, 32), 128, 2.0, 0.5, 1e-5),
-    "large": ((3, 4, 18, 5), (4, 8, 16, 32), 192, 2.0, 0.35, None),
+    "mini": ((3, 4, 6, 5), (2, 4, 8, 16), 64, 3.0, 0.2),
+    "tiny": ((3, 4, 18, 5), (2, 4, 8, 16), 64, 3.0, 0.2),
+    "small": ((3, 4, 18, 5), (3, 6, 12, 24), 96, 2.0, 0.3),
+    "base": ((3, 4, 18, 5), (4, 8, 16, 32), 128, 2.0, 0.5),
+    "large": ((3, 4, 18, 5), (6, 12, 24, 48), 192, 2.0, 0.35),
+}
+# Layer scale (per-channel gains ``gamma1``/``gamma2`` initialised to this) differs between
+# the families: NAT-Small/Base have it, of DiNAT only Base does.
+_LAYER_SCALE = {
+    False: {"small": 1e-5, "base": 1e-5},
+    True: {"base": 1e-5},
 }
 
 
@@ -117,11 +126,11 @@ def dinat_dilations(depths: Sequence[int], stage_dilations=(8, 4, 2, 1)):
 
 
 def _model_args(size: str, dilated: bool, kwargs):
-    depths, heads, dim, mlp, dpr, ls = _CONFIGS[size]
+    depths, heads, dim, mlp, dpr = _CONFIGS[size]
     args = dict(depths=depths, num_heads=heads, embed_dim=dim, mlp_ratio=mlp, drop_path_rate=dpr,
-                layer_scale=ls, kernel_size=7)
-    if dilated:  # the published DiNAT checkpoints have no layer scale at any size
-        args.update(dilations=dinat_dilations(depths), layer_scale=None)
+                layer_scale=_LAYER_SCALE[dilated].get(size), kernel_size=7)
+    if dilated:
+        args.update(dilations=dinat_dilations(depths))
     args.update(kwargs)
     return args
 

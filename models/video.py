@@ -76,7 +76,8 @@ class VideoNAT(ChannelsLastBackbone):
         self._add_head(norm_layer, drop_rate)
 
 
-def checkpoint_filter_fn(state_dict, model):
+def checkpoint_filter_fn(state_dict, model, features_only: bool = False, strict: bool = True):
+    """nattn's own video checkpoints (no published ones): unwrapped, passed through."""
     return unwrap_state_dict(state_dict)
 
 

@@ -16,14 +16,14 @@ from nattn.models._common import PretrainedWeightsError  # noqa: E402
 
 # Exact counts (1000 classes; video: 400) and the published figure in millions
 # (NAT: arXiv:2204.07143, DiNAT, DiNAT_s, isotropic: arXiv:2209.15001). The papers
-# round (DiNAT_s-Large 196.50M -> 197M) or truncate (DiNAT-Large 200.90M -> 200M).
+# round (DiNAT_s-Large 196.53M -> 197M) or truncate (DiNAT-Large 200.94M -> 200M).
 PARAMS = {
     "nat_mini": (19984174, 20), "nat_tiny": (27901582, 28), "nat_small": (50743297, 51),
     "nat_base": (89769652, 90),
     "dinat_mini": (19984174, 20), "dinat_tiny": (27901582, 28), "dinat_small": (50719681, 51),
-    "dinat_base": (89738164, 90), "dinat_large": (200901940, 200),
+    "dinat_base": (89769652, 90), "dinat_large": (200943514, 200),
     "dinat_s_tiny": (28288354, 28), "dinat_s_small": (49606258, 50), "dinat_s_base": (87768224, 88),
-    "dinat_s_large": (196500704, 197),
+    "dinat_s_large": (196532476, 197),
     "nat_isotropic_small": (21999736, 22), "nat_isotropic_base": (86465800, 86),
     "dinat_isotropic_small": (21999736, 22), "dinat_isotropic_base": (86465800, 86),
     "nat_video_tiny": (11512124, None), "dinat_video_tiny": (11512124, None),  # nattn's own design
