@@ -170,3 +170,13 @@ def test_bad_inputs():
         m(torch.randn(2, 5, 5, 16), additional_tokens=torch.randn(2, 3, 8))
     with pytest.raises(TypeError, match="1D, NeighborhoodAttention2D"):
         nattn.nn.NeighborhoodAttentionND(16, 2, 3)
+
+
+def test_dilation_none_means_one():
+    """The original NAT code passes dilation=None to its attention layers."""
+    a = nattn.nn.NeighborhoodAttention2D(embed_dim=16, num_heads=2, kernel_size=3, dilation=None)
+    b = nattn.nn.NeighborhoodAttention2D(embed_dim=16, num_heads=2, kernel_size=3, dilation=1)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(1, 6, 6, 16)
+    assert a.dilation == (1, 1)
+    torch.testing.assert_close(a(x), b(x))

@@ -47,7 +47,8 @@ class NeighborhoodAttentionND(nn.Module):
         num_heads: attention heads; the head dim is ``embed_dim // num_heads``.
         kernel_size: window size per axis (int or tuple), ``>= 2``, even allowed.
         stride: per axis (int or tuple), ``1 <= stride <= kernel_size``.
-        dilation: per axis (int or tuple), ``>= 1``.
+        dilation: per axis (int or tuple), ``>= 1``; ``None`` means 1 (as the original NAT
+            code passes it).
         is_causal: bool or per-axis tuple of bools.
         qkv_bias: bias in the fused qkv projection.
         qk_scale: logit scale; None means ``head_dim ** -0.5``.
@@ -80,7 +81,7 @@ class NeighborhoodAttentionND(nn.Module):
         num_heads: int,
         kernel_size: IntOrTuple,
         stride: IntOrTuple = 1,
-        dilation: IntOrTuple = 1,
+        dilation: Optional[IntOrTuple] = 1,
         is_causal: BoolOrTuple = False,
         qkv_bias: bool = True,
         qk_scale: Optional[float] = None,
@@ -98,6 +99,7 @@ class NeighborhoodAttentionND(nn.Module):
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         self.head_dim = embed_dim // num_heads
+        dilation = 1 if dilation is None else dilation  # NAT's original layers pass None
         self.kernel_size, self.stride, self.dilation, self.is_causal = normalize_window_args(
             n, kernel_size, stride, dilation, is_causal)
         self.scale = check_scale(qk_scale, self.head_dim, "qk_scale")
