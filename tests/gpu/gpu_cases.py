@@ -109,3 +109,9 @@ def make_inputs(case: GpuCase, device="cuda"):
         if name in t:
             t[name].requires_grad_(True)
     return t, leaves
+
+
+def rel_err(got, want):
+    """Relative L2 error ``|got - want| / |want|`` in float64."""
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()

@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nattn  # noqa: E402
-from gpu_cases import make_inputs, sweep  # noqa: E402
+from gpu_cases import make_inputs, rel_err, sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -35,11 +35,6 @@ def run(case, t, backend):
         additional_keys=t.get("additional_keys"), additional_values=t.get("additional_values"),
         rpb=t.get("rpb"), backend=backend, return_lse=True,
     )
-
-
-def rel_err(got, want):
-    got, want = got.double(), want.double()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def check(name, got, want, tol):

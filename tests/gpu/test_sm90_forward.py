@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
-from gpu_cases import make_inputs  # noqa: E402
+from gpu_cases import make_inputs, rel_err  # noqa: E402
 from sm90_cases import sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -41,11 +41,6 @@ def forward(case, t, backend):
             dilation=case.dilation, is_causal=case.causal, scale=case.scale,
             additional_keys=t.get("additional_keys"), additional_values=t.get("additional_values"),
             rpb=t.get("rpb"), backend=backend, return_lse=True)
-
-
-def rel_err(got, want):
-    got, want = got.double(), want.double()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def compare(case):
