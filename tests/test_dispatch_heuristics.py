@@ -61,9 +61,9 @@ def test_tensor_core_problems_keep_cuda_up_to_their_limit(monkeypatch):
     assert na_auto_order(ORDER, half_q, params((13, 13))) == ["flex", "cuda", "reference"]
 
 
-def test_hopper_forward_problems_go_to_cuda_first(monkeypatch):
-    """On a 9.0 GPU whose libnattn has the sm90 family, inference calls from its minimum
-    window on go to cuda ahead of flex; calls that need gradients keep the tc rule."""
+def test_hopper_problems_go_to_cuda_first(monkeypatch):
+    """On a 9.0 GPU whose libnattn has the sm90 family, calls from its minimum window on go
+    to cuda ahead of flex; calls that need gradients only where the build has its backward."""
     monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 0))
     monkeypatch.setattr(heuristics, "_capability_major", lambda index: 9)
     minimum = {1: 128, 2: 1000, 3: 4000}
@@ -71,18 +71,23 @@ def test_hopper_forward_problems_go_to_cuda_first(monkeypatch):
     q = SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16, shape=(1, 8, 8, 2, 128),
                         requires_grad=False)
     for kernel in ((80, 80), (2048,), (18, 24, 24), (33, 33)):
-        assert heuristics.runs_hopper_forward(q, params(kernel))
+        assert heuristics.runs_hopper(q, params(kernel))
         assert na_auto_order(ORDER, q, params(kernel)) == ORDER
-    assert not heuristics.runs_hopper_forward(q, params((25, 25)))  # below the 2-D minimum
+    assert not heuristics.runs_hopper(q, params((25, 25)))  # below the 2-D minimum
     assert na_auto_order(ORDER, q, params((25, 25))) == ["flex", "cuda", "reference"]
     grad_q = SimpleNamespace(**{**vars(q), "requires_grad": True})
-    assert not heuristics.runs_hopper_forward(grad_q, params((80, 80)))
+    monkeypatch.setattr(heuristics, "_sm90_has_backward", lambda dtype, na, hd: False)  # an older build
+    assert not heuristics.runs_hopper(grad_q, params((80, 80)))
     with torch.no_grad():
-        assert heuristics.runs_hopper_forward(grad_q, params((80, 80)))
+        assert heuristics.runs_hopper(grad_q, params((80, 80)))
+    monkeypatch.setattr(heuristics, "_sm90_has_backward", lambda dtype, na, hd: (dtype, na, hd) == ("bfloat16", 2, 128))
+    assert heuristics.runs_hopper(grad_q, params((80, 80)))
+    assert na_auto_order(ORDER, grad_q, params((80, 80))) == ORDER
+    assert not heuristics.runs_hopper(grad_q, params((18, 24, 24)))  # no 3-D backward in this "build"
     v48 = SimpleNamespace(shape=(1, 8, 8, 2, 64))  # D_v != D: not the Hopper family
-    assert not heuristics.runs_hopper_forward(q, params((80, 80)), v48)
+    assert not heuristics.runs_hopper(q, params((80, 80)), v48)
     monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 1))
-    assert not heuristics.runs_hopper_forward(q, params((80, 80)))
+    assert not heuristics.runs_hopper(q, params((80, 80)))
     monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 0))
     monkeypatch.setattr(heuristics, "_sm90_min_window", lambda dtype, na: None)  # not built
-    assert not heuristics.runs_hopper_forward(q, params((80, 80)))
+    assert not heuristics.runs_hopper(q, params((80, 80)))

@@ -13,7 +13,7 @@ def test_simt_covers_everything_and_tc_only_16_bit_up_to_128():
     assert tc == {(d, n, h) for d in ("float16", "bfloat16") for n in kt.NA_DIMS for h in (16, 32, 64, 128)}
 
 
-def test_sm90_is_16_bit_forward_only_with_exact_head_dims():
+def test_sm90_is_16_bit_with_exact_head_dims():
     insts = kt.instances()
     sm90 = {(i.dtype, i.na_dim, i.head_dim) for i in insts if i.family == "sm90"}
     assert sm90 == {(d, n, h) for d in ("float16", "bfloat16") for n in kt.NA_DIMS for h in (32, 64, 128)}
@@ -26,7 +26,7 @@ def test_sm90_is_16_bit_forward_only_with_exact_head_dims():
         assert len(q) == len(k) == i.na_dim
         assert math.prod(q) == 128 and q[0] % 2 == 0 and math.prod(k) in (64, 128)
     per_na = {n: {i.tile_name for i in insts if i.family == "sm90" and i.na_dim == n} for n in kt.NA_DIMS}
-    assert per_na[1] == {"q128_k128"} and "q8x16_k8x16" in per_na[2] and "q2x8x8_k2x8x8" in per_na[3]
+    assert per_na[1] == {"q128_k128", "q128_k64"} and "q8x16_k8x16" in per_na[2] and "q2x8x8_k2x8x8" in per_na[3]
     assert len({i.stem for i in insts}) == len(insts)  # every instance its own file
     # the library's default pair per NA dim is the first it meets in the table (src/api.cu)
     for n in kt.NA_DIMS:
@@ -35,7 +35,18 @@ def test_sm90_is_16_bit_forward_only_with_exact_head_dims():
                      and i.head_dim == 64)
         assert first.tile == default
     fam = kt.FAMILY_BY_NAME["sm90"]
-    assert not fam.backward and fam.prepare and fam.only_archs == ("9.0",)
+    assert fam.backward and fam.prepare and fam.only_archs == ("9.0",)
+    # one backward pair per NA dim, each also a forward pair; only those get a backward
+    assert sorted(n for n, _ in kt.SM90_BACKWARD_TILES) == list(kt.NA_DIMS)
+    assert set(kt.SM90_BACKWARD_TILES) <= set(kt.SM90_TILES)
+    sm90 = [i for i in insts if i.family == "sm90"]
+    assert {(i.na_dim, i.tile) for i in sm90 if i.has_backward} == set(kt.SM90_BACKWARD_TILES)
+    for i in sm90:
+        src = kt.instance_source(i)
+        assert ("launch_backward" in src) == i.has_backward == ("prepare_backward" in src)
+        q, k = i.tile
+        if i.has_backward:  # a 128-token box and a 64-token box (the two passes swap them)
+            assert math.prod(q) == 128 and math.prod(k) == 64
 
 
 def test_arch_specific_families_only_when_their_arch_is_built():
@@ -60,20 +71,26 @@ def test_generated_table_names_every_family(tmp_path):
     sources = kt.generate(str(tmp_path), insts)
     assert sorted(p.rsplit("/", 1)[-1] for p in sources) == [
         "kernel_table.cu", "simt_bfloat16_na1d_hd32.cu", "sm90_bfloat16_na1d_hd32_q128_k128.cu",
-        "tc_bfloat16_na1d_hd32.cu"]
+        "sm90_bfloat16_na1d_hd32_q128_k64.cu", "tc_bfloat16_na1d_hd32.cu"]
     table = (tmp_path / "kernel_table.cu").read_text()
     for fam in ("simt", "tc", "sm90"):
         assert f'#include "nattn/{fam}/launch.h"' in table
     args = "nattn::bf16_t, 1, 32"
-    assert (f'{{"tc", 2, 1, 32, &tc::launch_forward<{args}>, &tc::launch_backward<{args}>, nullptr, '
+    assert (f'{{"tc", 2, 1, 32, &tc::launch_forward<{args}>, &tc::launch_backward<{args}>, nullptr, nullptr, '
             '{0, 0, 0}, {0, 0, 0}}' in table)
     hargs = f"{args}, nattn::sm90::Tile<128, 1, 1, 128, 1, 1>"
     assert (f'{{"sm90", 2, 1, 32, &sm90::launch_forward<{hargs}>, nullptr, &sm90::prepare_forward<{hargs}>, '
-            '{128, 1, 1}, {128, 1, 1}}' in table)
+            'nullptr, {128, 1, 1}, {128, 1, 1}}' in table)
+    bargs = f"{args}, nattn::sm90::Tile<128, 1, 1, 64, 1, 1>"
+    assert (f'{{"sm90", 2, 1, 32, &sm90::launch_forward<{bargs}>, &sm90::launch_backward<{bargs}>, '
+            f'&sm90::prepare_forward<{bargs}>, &sm90::prepare_backward<{bargs}>, {{128, 1, 1}}, {{64, 1, 1}}}}'
+            in table)
     inst = (tmp_path / "tc_bfloat16_na1d_hd32.cu").read_text()
     assert '#include "nattn/tc/kernels.cuh"' in inst and "namespace tc" in inst
     hopper = (tmp_path / "sm90_bfloat16_na1d_hd32_q128_k128.cu").read_text()
     assert "prepare_forward<" in hopper and "launch_backward" not in hopper
+    hopper_bwd = (tmp_path / "sm90_bfloat16_na1d_hd32_q128_k64.cu").read_text()
+    assert "launch_backward<" in hopper_bwd and "prepare_backward<" in hopper_bwd
 
 
 def test_wgmma_wrappers_are_current():

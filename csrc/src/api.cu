@@ -161,6 +161,28 @@ const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char*
   return best;
 }
 
+// The Hopper entry for a backward: the pair of SM90_BACKWARD_TILES for this NA dim (or
+// NATTN_SM90_TILE's pair when it has a backward; a forced forward-only pair leaves the
+// backward on the default, so forcing a pair never makes training fail).
+const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, const char** why) {
+  const char* forced = getenv("NATTN_SM90_TILE");
+  const nattn::KernelEntry* first = nullptr;
+  for (int i = 0; i < nattn::kNumKernels; ++i) {
+    const nattn::KernelEntry& e = nattn::kKernels[i];
+    if (!e.family || strcmp(e.family, "sm90") || e.dtype != p.dtype || e.na_dim != p.na_dim || e.head_dim != dim ||
+        !e.backward)
+      continue;
+    if (forced && *forced) {
+      char name[64];
+      sm90_tile_name(e, p.na_dim, name, sizeof name);
+      if (!strcmp(name, forced)) return &e;
+    }
+    if (!first) first = &e;
+  }
+  if (!first) *why = "no compiled sm90 backward for this dtype, NA dim and head dim";
+  return first;
+}
+
 bool sm90_preferred(const nattn::Params& p) {
   int64_t window = 1;
   for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
@@ -293,22 +315,23 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
   NattnProblem pr;
   memcpy(&pr, fields, sizeof pr);
   const char* what = backward ? "nattn backward" : "nattn forward";
-  int current = -1;
-  cudaError_t e = cudaGetDevice(&current);
-  if (e == cudaSuccess && current != int(pr.device)) e = cudaSetDevice(int(pr.device));
+  // cudaSetDevice also makes the device's primary context current on this thread: a thread
+  // that has made no runtime call yet (autograd's backward worker) has none, and the driver's
+  // tensor-map encoding (sm90) refuses to run without one (CUDA_ERROR_INVALID_CONTEXT).
+  cudaError_t e = cudaSetDevice(int(pr.device));
   if (e != cudaSuccess)
     return fail(err, err_len, kCudaError, pr, what, "selecting device %lld: %s",
                 (long long)pr.device, cudaGetErrorString(e));
-  // The Hopper family's forward where it takes the problem (its prepare step writes the
-  // tensor maps into `workspace`); its backward is the tensor-core family's.
+  // The Hopper family where it takes the problem (its prepare steps write the tensor maps
+  // into `workspace`); else the tensor-core or SIMT entry build_params chose.
   alignas(64) unsigned char workspace[nattn::kPrepareBytes];
-  if (!backward && p.dtype != 0) {
+  if (p.dtype != 0) {
     const bool required = family_cap() == kCapSm90Only;
     const char* why = nullptr;
     if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p))) {
       const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
-      const nattn::KernelEntry* h = find_sm90(p, dim_max, &why);
-      if (h) why = h->prepare(p, workspace);
+      const nattn::KernelEntry* h = backward ? find_sm90_backward(p, dim_max, &why) : find_sm90(p, dim_max, &why);
+      if (h) why = (backward ? h->prepare_backward : h->prepare)(p, workspace);
       if (!why) {
         entry = h;
         p.prepared = workspace;
@@ -338,6 +361,18 @@ NATTN_API int64_t nattn_num_problem_fields() { return NATTN_NUM_PROBLEM_FIELDS; 
 // family when it can (Python's dispatch orders backends with it).
 NATTN_API int64_t nattn_sm90_min_window(int64_t na_dim) {
   return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindow[na_dim - 1] : -1;
+}
+
+// Whether this build has the Hopper family's backward for a dtype code, NA dim and head dim
+// (Python's dispatch sends training calls to cuda only then).
+NATTN_API int64_t nattn_sm90_has_backward(int64_t dtype, int64_t na_dim, int64_t head_dim) {
+  for (int i = 0; i < nattn::kNumKernels; ++i) {
+    const nattn::KernelEntry& e = nattn::kKernels[i];
+    if (e.family && !strcmp(e.family, "sm90") && e.dtype == dtype && e.na_dim == na_dim && e.head_dim == head_dim &&
+        e.backward)
+      return 1;
+  }
+  return 0;
 }
 
 // "family:dtype:na_dim:head_dim" for every compiled instance, ';'-separated.

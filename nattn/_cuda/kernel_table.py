@@ -45,6 +45,8 @@ class Family:
     # Tile configurations per NA dim, each (query box, key box) as per-axis extents; one
     # instance per configuration (empty: the family's tiles are not template parameters).
     tiles: Tuple[Tuple[int, Tuple[Tuple[int, ...], Tuple[int, ...]]], ...] = ()
+    # Tiled families: the tile pairs that also get a backward instance (empty: all of them).
+    backward_tiles: Tuple[Tuple[int, Tuple[Tuple[int, ...], Tuple[int, ...]]], ...] = ()
 
     def tiles_for(self, na_dim: int):
         return [t for n, t in self.tiles if n == na_dim] or [None]
@@ -58,17 +60,26 @@ SM90_TILES = (
     (2, ((8, 16), (8, 16))), (2, ((8, 16), (4, 16))), (2, ((8, 16), (8, 8))),
     (3, ((2, 8, 8), (2, 8, 8))), (3, ((4, 4, 8), (2, 4, 16))), (3, ((4, 8, 4), (4, 2, 16))),
     (3, ((4, 4, 8), (4, 2, 16))),
+    (1, ((128,), (64,))), (3, ((2, 8, 8), (1, 8, 8))),
+)
+# The pairs with a backward (csrc/include/nattn/sm90/backward_*.cuh): a 128-token box and a
+# 64-token box. The dQ pass walks 64-key boxes from 128-query boxes; the dK/dV pass swaps
+# the roles (128 keys per CTA walking 64-query boxes), which keeps both passes' accumulators
+# (S, dP and a head-dim-wide dQ, or dK and dV) within a consumer warpgroup's registers.
+SM90_BACKWARD_TILES = (
+    (1, ((128,), (64,))), (2, ((8, 16), (4, 16))), (3, ((2, 8, 8), (1, 8, 8))),
 )
 
 # simt: every GPU from SM50, every dtype and head dim. tc: tensor cores (mma.sync, SM80+),
-# 16-bit inputs, head dims up to 128. sm90: Hopper (TMA + wgmma, sm_90a code), forward,
-# head dims 32/64/128 exactly. libnattn picks the most specialised family that takes a
-# problem at run time (src/api.cu) and falls back to the next one otherwise.
+# 16-bit inputs, head dims up to 128. sm90: Hopper (TMA + wgmma, sm_90a code), head dims
+# 32/64/128 exactly (D == D_v), forward with every tile pair, backward with one per NA dim.
+# libnattn picks the most specialised family that takes a problem at run time (src/api.cu)
+# and falls back to the next one otherwise.
 FAMILIES = (
     Family("simt", 50, DTYPES, HEAD_DIM_BUCKETS, NA_DIMS),
     Family("tc", 80, ("float16", "bfloat16"), (16, 32, 64, 128), NA_DIMS),
     Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128), NA_DIMS, only_archs=("9.0",),
-           backward=False, prepare=True, tiles=SM90_TILES),
+           prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES),
 )
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 
@@ -126,6 +137,13 @@ class Instance:
     na_dim: int
     head_dim: int
     tile: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None  # (query box, key box)
+
+    @property
+    def has_backward(self) -> bool:
+        fam = FAMILY_BY_NAME[self.family]
+        if not fam.backward:
+            return False
+        return not fam.backward_tiles or (self.na_dim, self.tile) in fam.backward_tiles
 
     @property
     def tile_name(self) -> str:
@@ -210,10 +228,12 @@ def instance_source(inst: Instance) -> str:
     lines = [f"{_HEADER}#include \"nattn/{inst.family}/kernels.cuh\"", "",
              f"namespace nattn {{ namespace {inst.family} {{",
              f"template void launch_forward<{args}>(const Params&, cudaStream_t);"]
-    if fam.backward:
+    if inst.has_backward:
         lines.append(f"template void launch_backward<{args}>(const Params&, cudaStream_t);")
     if fam.prepare:
         lines.append(f"template const char* prepare_forward<{args}>(const Params&, void*);")
+    if fam.prepare and inst.has_backward:
+        lines.append(f"template const char* prepare_backward<{args}>(const Params&, void*);")
     lines += ["} }", ""]
     return "\n".join(lines)
 
@@ -227,14 +247,15 @@ def table_source(insts: Sequence[Instance]) -> str:
         fam = FAMILY_BY_NAME[i.family]
         code = DTYPES.index(i.dtype)
         ns, args = f"{i.family}::", i.template_args
-        backward = f"&{ns}launch_backward<{args}>" if fam.backward else "nullptr"
+        backward = f"&{ns}launch_backward<{args}>" if i.has_backward else "nullptr"
         prepare = f"&{ns}prepare_forward<{args}>" if fam.prepare else "nullptr"
+        prepare_bwd = f"&{ns}prepare_backward<{args}>" if fam.prepare and i.has_backward else "nullptr"
         q, k = (("{" + ", ".join(map(str, _pad3(b))) + "}") for b in (i.tile or ((0, 0, 0), (0, 0, 0))))
         lines.append(
             f'  {{"{i.family}", {code}, {i.na_dim}, {i.head_dim}, '
-            f"&{ns}launch_forward<{args}>, {backward}, {prepare}, {q}, {k}}},")
+            f"&{ns}launch_forward<{args}>, {backward}, {prepare}, {prepare_bwd}, {q}, {k}}},")
     if not insts:
-        lines.append("  {nullptr, 0, 0, 0, nullptr, nullptr, nullptr, {0, 0, 0}, {0, 0, 0}},")
+        lines.append("  {nullptr, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, {0, 0, 0}, {0, 0, 0}},")
     lines += ["};", f"const int kNumKernels = {len(insts)};", "}  // namespace nattn", ""]
     return "\n".join(lines)
 

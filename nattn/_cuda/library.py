@@ -56,6 +56,14 @@ class Library:
             lib.nattn_sm90_min_window.restype = ctypes.c_int64
             lib.nattn_sm90_min_window.argtypes = [ctypes.c_int64]
             self.sm90_min_window = {n: lib.nattn_sm90_min_window(n) for n in (1, 2, 3)}
+        # (dtype, na_dim, head_dim) with a Hopper backward (none: older builds)
+        self.sm90_backward = set()
+        if hasattr(lib, "nattn_sm90_has_backward"):
+            fn = lib.nattn_sm90_has_backward
+            fn.restype = ctypes.c_int64
+            fn.argtypes = [ctypes.c_int64] * 3
+            self.sm90_backward = {(dt, n, hd) for code, dt in enumerate(kernel_table.DTYPES) for n in (1, 2, 3)
+                                  for hd in (32, 64, 128) if fn(code, n, hd)}
         # (family, dtype, na_dim) -> sorted head-dim buckets
         self.kernels = {}
         for item in lib.nattn_kernels().decode().split(";"):

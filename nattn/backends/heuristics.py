@@ -29,7 +29,7 @@ TC_DTYPES = (torch.float16, torch.bfloat16)
 TC_MAX_HEAD_DIM = 128
 
 
-# Head dims of the Hopper (sm90) forward: D == D_v, one of these (compute capability 9.0).
+# Head dims of the Hopper (sm90) family: D == D_v, one of these (compute capability 9.0).
 SM90_HEAD_DIMS = (32, 64, 128)
 
 
@@ -46,7 +46,7 @@ def _capability_major(index) -> int:
 
 
 def _sm90_min_window(dtype_name: str, na_dim: int):
-    """libnattn's window from which its Hopper forward runs (None: not in this build)."""
+    """libnattn's window from which its Hopper family runs (None: not in this build)."""
     from .._cuda import library
     lib = library.load()
     if lib is None or ("sm90", dtype_name, na_dim) not in lib.kernels:
@@ -54,18 +54,28 @@ def _sm90_min_window(dtype_name: str, na_dim: int):
     return lib.sm90_min_window.get(na_dim)
 
 
-def runs_hopper_forward(q, params: NAParams, v=None) -> bool:
-    """Would libnattn run this problem's forward on its Hopper family (a 9.0 GPU, fp16/bf16,
-    D == D_v in SM90_HEAD_DIMS, a window at least its measured minimum)? Inference only:
-    the family has no backward yet, so a call that needs gradients is judged as tc's."""
+def _sm90_has_backward(dtype_name: str, na_dim: int, head_dim: int) -> bool:
+    from .._cuda import library
+    lib = library.load()
+    return lib is not None and (dtype_name, na_dim, head_dim) in lib.sm90_backward
+
+
+def runs_hopper(q, params: NAParams, v=None) -> bool:
+    """Would libnattn run this call on its Hopper family (a 9.0 GPU, fp16/bf16, D == D_v in
+    SM90_HEAD_DIMS, a window at least its measured minimum), the backward too when the call
+    needs gradients? Measured on the H200 (docs/dev/PERF.md, fifth session): from those
+    windows on its forward and forward + backward beat flex (FLUX 80x80: 69.9 vs 217 ms
+    forward + backward; HunyuanVideo 18x24x24: 341 vs 844; 1-D w2048: 2.71 vs 2.76)."""
     dim_v = v.shape[-1] if v is not None else q.shape[-1]
     if getattr(q, "dtype", None) not in TC_DTYPES or q.shape[-1] != dim_v or dim_v not in SM90_HEAD_DIMS:
         return False
     if _capability(q.device.index or 0) != (9, 0):
         return False
+    dtype_name = str(q.dtype).replace("torch.", "")
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, v) if t is not None):
-        return False
-    minimum = _sm90_min_window(str(q.dtype).replace("torch.", ""), len(params.kernel_size))
+        if not _sm90_has_backward(dtype_name, len(params.kernel_size), dim_v):
+            return False
+    minimum = _sm90_min_window(dtype_name, len(params.kernel_size))
     return minimum is not None and params.window_size >= minimum
 
 
@@ -81,8 +91,8 @@ def na_auto_order(order: Sequence[str], q, params: NAParams, v=None) -> List[str
     """The registered automatic order, adjusted for this problem (fastest first)."""
     order = list(order)
     if q.device.type == "cuda" and "cuda" in order and "flex" in order:
-        if runs_hopper_forward(q, params, v):
-            return order  # cuda first: its Hopper forward beats flex on every window it takes
+        if runs_hopper(q, params, v):
+            return order  # cuda first: its Hopper family beats flex on every window it takes
         limit = TC_MAX_WINDOW if runs_tensor_cores(q, v) else SIMT_MAX_WINDOW
         if params.window_size > limit:
             order.remove("flex")

@@ -22,6 +22,9 @@ if [[ $what == all || $what == *tests* ]]; then  # TEST_LIBS: libraries to test 
     echo "== GPU sm90 sweep with $lib, NATTN_FAMILY=sm90"
     NATTN_FAMILY=sm90 NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu \
       tests/gpu/test_sm90_forward.py -q -n 0 --maxfail=25 -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -3
+    echo "== GPU sm90 backward sweep with $lib, NATTN_FAMILY=sm90"
+    NATTN_FAMILY=sm90 NATTN_LIBRARY=$PWD/$lib timeout ${SM90_BWD_TIMEOUT:-300} python3 -m pytest -m gpu \
+      tests/gpu/test_sm90_backward.py -q -n 0 --maxfail=25 -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -8
     # 16-bit problems run the tensor-core family by default: the sweep again on SIMT alone
     echo "== GPU sweep with $lib, NATTN_FAMILY=simt"
     NATTN_FAMILY=simt NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu \
@@ -32,7 +35,7 @@ if [[ $what == all || $what == *sanitize* ]]; then
   timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
     python3 tests/gpu/sanitize_sweep.py > "$OUT/sanitizer.log" 2>&1
   echo "compute-sanitizer rc=$?"; tail -5 "$OUT/sanitizer.log"
-  for tool in memcheck racecheck synccheck; do  # the Hopper forward (TMA, mbarriers, wgmma)
+  for tool in memcheck racecheck synccheck; do  # the Hopper family (TMA, mbarriers, wgmma)
     NATTN_FAMILY=sm90 timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool $tool --error-exitcode 9 \
       python3 tests/gpu/sanitize_sm90.py > "$OUT/sanitizer_sm90_$tool.log" 2>&1
     echo "compute-sanitizer $tool (sm90) rc=$?"; tail -3 "$OUT/sanitizer_sm90_$tool.log"

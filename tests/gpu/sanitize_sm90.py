@@ -1,4 +1,4 @@
-"""A small sweep of Hopper-family forwards for compute-sanitizer (memcheck, racecheck,
+"""A small sweep of Hopper-family forwards and backwards for compute-sanitizer (memcheck, racecheck,
 synccheck): ``NATTN_FAMILY=sm90 compute-sanitizer --tool racecheck python
 tests/gpu/sanitize_sm90.py``. NATTN_FAMILY=sm90 makes any case the family declines an error."""
 
@@ -19,15 +19,16 @@ FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     assert os.environ.get("NATTN_FAMILY") == "sm90", "run with NATTN_FAMILY=sm90"
     for case in sm90_sweep(count, seed=77):
-        t, _ = make_inputs(case)
-        with torch.no_grad():
-            out, lse = FUNCS[len(case.spatial)](
-                t["query"], t["key"], t["value"], case.kernel, stride=case.stride,
-                dilation=case.dilation, is_causal=case.causal, scale=case.scale,
-                additional_keys=t.get("additional_keys"), additional_values=t.get("additional_values"),
-                rpb=t.get("rpb"), backend="cuda", return_lse=True)
+        t, leaves = make_inputs(case)
+        out, lse = FUNCS[len(case.spatial)](
+            t["query"], t["key"], t["value"], case.kernel, stride=case.stride,
+            dilation=case.dilation, is_causal=case.causal, scale=case.scale,
+            additional_keys=t.get("additional_keys"), additional_values=t.get("additional_values"),
+            rpb=t.get("rpb"), backend="cuda", return_lse=True)
+        grads = torch.autograd.grad([out, lse], leaves, [torch.randn_like(out), torch.randn_like(lse)])
         torch.cuda.synchronize()
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
+        assert all(torch.isfinite(g).all() for g in grads), str(case)
     print(f"sm90 sanitize sweep: {count} cases ran")
 
 

@@ -30,7 +30,7 @@ struct Params {
 };
 
 // Bytes of the host workspace a family's prepare step may fill (64-byte aligned).
-constexpr int kPrepareBytes = 512;
+constexpr int kPrepareBytes = 1024;
 
 using LaunchFn = void (*)(const Params&, cudaStream_t);
 // Whether a family takes a problem: nullptr when it does (workspace filled), else why not.
@@ -44,6 +44,7 @@ struct KernelEntry {
   LaunchFn forward;
   LaunchFn backward;   // nullptr: the family has no backward (another family's runs)
   PrepareFn prepare;   // nullptr: takes every problem its table row matches
+  PrepareFn prepare_backward;  // the same for the backward (nullptr: no prepare step)
   int qbox[3], kbox[3];  // tiled families (sm90): query and key box extents; else zeros
 };
 

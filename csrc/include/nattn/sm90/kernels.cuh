@@ -5,7 +5,11 @@
 
 #include <type_traits>
 
+#include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
+#include "nattn/sm90/backward_delta.cuh"
+#include "nattn/sm90/backward_dkv.cuh"
+#include "nattn/sm90/backward_dq.cuh"
 #include "nattn/sm90/forward.cuh"
 #include "nattn/sm90/launch.h"
 #include "nattn/sm90/tensor_map.h"
@@ -51,6 +55,76 @@ void launch_forward(const Params& p, cudaStream_t stream) {
   (void)configured;
   const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
   forward_kernel<T, NA, HD, Tl><<<grid, kThreads, smem, stream>>>(p, l->q, l->k, l->v);
+}
+
+// What prepare_backward leaves for launch_backward: the dQ pass's maps (Q, dO with the
+// 128-token box; K, V with the 64-token box) and the dK/dV pass's (the boxes swapped).
+struct BackwardLaunch {
+  CUtensorMap dq_q, dq_do, dq_k, dq_v;
+  CUtensorMap kv_k, kv_v, kv_q, kv_do;
+};
+static_assert(sizeof(BackwardLaunch) <= kPrepareBytes, "workspace too small");
+
+template <typename T, int NA, int HD, class Tl>
+const char* prepare_backward(const Params& p, void* workspace) {
+  if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64 or 128)";
+  static_assert(Tl::K::kSize == 64, "the backward walks 64-token boxes");
+  if (NA == 3)  // the dK/dV pass keeps 3-D window bounds as 16-bit pairs (backward_dkv.cuh)
+    for (int a = 0; a < 3; ++a)
+      if (p.spatial[a] > 32767) return "3-D axes above 32767 tokens";
+  int big[3], small[3];
+  for (int a = 0; a < 3; ++a) {
+    big[a] = Tl::Q::extent(a);
+    small[a] = Tl::K::extent(a);
+  }
+  struct Map { const char* name; CUtensorMap* dst; const int64_t* s; const void* ptr; int heads; const int* box; };
+  BackwardLaunch* l = static_cast<BackwardLaunch*>(workspace);
+  const Map maps[] = {
+      {"q", &l->dq_q, p.q_s, p.q, p.heads, big},          {"grad_out", &l->dq_do, p.grad_out_s, p.grad_out, p.heads, big},
+      {"k", &l->dq_k, p.k_s, p.k, p.heads_kv, small},     {"v", &l->dq_v, p.v_s, p.v, p.heads_kv, small},
+      {"k", &l->kv_k, p.k_s, p.k, p.heads_kv, big},       {"v", &l->kv_v, p.v_s, p.v, p.heads_kv, big},
+      {"q", &l->kv_q, p.q_s, p.q, p.heads, small},        {"grad_out", &l->kv_do, p.grad_out_s, p.grad_out, p.heads, small},
+  };
+  if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
+  if (int64_t(p.batch) * p.tokens * p.heads * (HD / 8) / kDeltaThreads >= 0x7fffffff) return "too many rows for the grid";
+  constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
+  for (const Map& m : maps) {
+    MapSpec spec;
+    const char* why = map_spec(p, m.s, m.heads, HD, m.box, spec);
+    if (!why) why = encode(m.dst, spec, m.ptr, kBf16);
+    if (why) {
+      static thread_local char named[400];
+      snprintf(named, sizeof named, "%s: %s", m.name, why);
+      return named;
+    }
+  }
+  return nullptr;
+}
+
+// Three kernels on the caller's stream: delta, the dQ pass, the dK/dV pass.
+template <typename T, int NA, int HD, class Tl>
+void launch_backward(const Params& problem, cudaStream_t stream) {
+  const BackwardLaunch* l = static_cast<const BackwardLaunch*>(problem.prepared);
+  using Dq = DqSmem<HD, Tl::K::kSize>;
+  using Dkv = DkvSmem<HD, Tl::K::kSize>;
+  static const bool configured = [] {
+    cudaFuncSetAttribute(backward_dq_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kAlloc);
+    cudaFuncSetAttribute(backward_dkv_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         Dkv::kAllocFixed + int(kMaxDrpbSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  const int64_t rows = int64_t(problem.batch) * problem.tokens * problem.heads;
+  const int64_t delta_blocks = (rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads;
+  delta_kernel<T, HD><<<unsigned(delta_blocks), kDeltaThreads, 0, stream>>>(problem);
+  const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem));
+  backward_dq_kernel<T, NA, HD, Tl><<<dim3(ctas, problem.heads, problem.batch), kThreads, Dq::kAlloc, stream>>>(
+      problem, l->dq_q, l->dq_do, l->dq_k, l->dq_v);
+  Params p = problem;
+  const int64_t rpb_bytes = drpb_stage_bytes(p);
+  p.rpb_in_smem = rpb_bytes > 0;
+  backward_dkv_kernel<T, NA, HD, Tl><<<dim3(ctas, p.heads_kv, p.batch), kThreads, Dkv::kAllocFixed + size_t(rpb_bytes),
+                                       stream>>>(p, l->kv_k, l->kv_v, l->kv_q, l->kv_do);
 }
 
 }  }  // namespace nattn::sm90

@@ -11,6 +11,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "nattn/common/registry.h"
 
@@ -89,7 +90,21 @@ inline const char* encode(CUtensorMap* map, const MapSpec& m, const void* ptr, b
                         cuuint32_t(m.rank), const_cast<void*>(ptr), dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                         m.box[0] * 2 >= 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled refused the tensor";
+  if (r == CUDA_SUCCESS) return nullptr;
+  // The map itself, so a refusal can be understood from the error message alone.
+  static thread_local char why[320];
+  int n = snprintf(why, sizeof why, "cuTensorMapEncodeTiled refused the tensor (CUresult %d, address %p; dims",
+                   int(r), ptr);
+  for (int i = 0; i < m.rank && n < int(sizeof why); ++i) n += snprintf(why + n, sizeof why - n, " %llu", (unsigned long long)dim[i]);
+  n += snprintf(why + n, sizeof why - n, ", byte strides");
+  for (int i = 0; i + 1 < m.rank && n < int(sizeof why); ++i)
+    n += snprintf(why + n, sizeof why - n, " %llu", (unsigned long long)stride[i]);
+  n += snprintf(why + n, sizeof why - n, ", box");
+  for (int i = 0; i < m.rank && n < int(sizeof why); ++i) n += snprintf(why + n, sizeof why - n, " %u", box[i]);
+  n += snprintf(why + n, sizeof why - n, ", element strides");
+  for (int i = 0; i < m.rank && n < int(sizeof why); ++i) n += snprintf(why + n, sizeof why - n, " %u", es[i]);
+  if (n < int(sizeof why)) snprintf(why + n, sizeof why - n, ")");
+  return why;
 }
 
 }  }  // namespace nattn::sm90

@@ -82,7 +82,36 @@ NATTN_HD bool cta_tile(const Params& p, int64_t index, CtaTile& t) {
   return true;
 }
 
-// First key (group coordinates) of key box `k` along each axis.
+// The backward's dK/dV pass: a CTA owns a box of keys (RB, the 128-token box) and walks
+// the query boxes (CB) covering the union of its keys' inverse neighbourhoods (the queries
+// whose windows hold them). Inverse ranges start and end non-decreasing in the key, so the
+// extreme keys bound the union; a CTA whose keys no query sees walks nothing (tiles 0).
+// Decodes like cta_tile (q0 is the first key here); lo / nk then count query boxes.
+template <int NA, class RB, class CB>
+NATTN_HD bool cta_tile_inverse(const Params& p, int64_t index, CtaTile& t) {
+  t.tiles = 1;
+  for (int a = NA - 1; a >= 0; --a) {
+    const int d = p.dilation[a], per = qtiles_per_group(p.spatial[a], d, RB::extent(a));
+    const int i = int(index % (int64_t(d) * per));
+    index /= int64_t(d) * per;
+    t.g[a] = i / per;
+    t.q0[a] = (i % per) * RB::extent(a);
+    t.len[a] = group_len(p.spatial[a], t.g[a], d);
+    if (t.q0[a] >= t.len[a]) return false;
+    const bool c = p.causal[a] != 0;
+    const int last = nattn_min(t.q0[a] + RB::extent(a) - 1, t.len[a] - 1);
+    const AxisRange first_inv = key_inverse(t.q0[a], t.len[a], p.kernel[a], p.stride[a], c);
+    const AxisRange last_inv = key_inverse(last, t.len[a], p.kernel[a], p.stride[a], c);
+    t.lo[a] = first_inv.start;
+    const int hi = last_inv.start + last_inv.count - 1;
+    t.nk[a] = hi >= t.lo[a] ? (hi - t.lo[a] + CB::extent(a)) / CB::extent(a) : 0;
+    t.tiles *= t.nk[a];
+  }
+  return true;
+}
+
+// First key (group coordinates) of key box `k` along each axis (in the dK/dV pass: the
+// first query of query box `k`).
 template <int NA, class KB>
 NATTN_HD void key_origin(const CtaTile& t, int k, int* origin) {
   for (int a = NA - 1; a >= 0; --a) {

@@ -1,0 +1,377 @@
+// Hopper (sm_90a) NA backward, dK/dV pass (and dRPB): the dQ pass's structure with the
+// roles of keys and queries swapped.
+//
+// A CTA owns a 128-token box of keys of one (batch, KV head, dilation group). Warpgroup
+// 0: its first warp's first thread loads the CTA's K and V rows once and then, per query
+// box of the keys' inverse neighbourhood (tiles.cuh, cta_tile_inverse) and per query head
+// of the KV head (GQA), that box's Q and dO rows into a ring of stages; its second warp
+// stages the same boxes' LSE (log2 units) and delta rows, plain loads into shared memory,
+// completing a stage barrier of 32 arrivals (and reusing a stage once all 256 consumer
+// threads have arrived on its ld_empty barrier: each thread releases its own reads). Warpgroups 1 and 2 own 64 keys each; per
+// query box
+//   S^T = K Q^T, dP^T = V dO^T         (wgmma, both operands in shared memory)
+//   P^T = exp2(S^T scale log2e + bias - LSE log2e), masked: the query inside the window
+//   dS^T = P^T (dP^T - delta)
+//   dV += P^T dO, dK += dS^T Q         (wgmma, P^T and dS^T from registers)
+// with dRPB added per score (in shared memory when the table fits, drpb.cuh). dK * scale
+// and dV leave through the K and V rows' shared memory in 16-byte stores. No atomics on
+// dK / dV: a KV head's every query head runs in the one CTA.
+#pragma once
+#include <cuda.h>
+#include <math.h>
+
+#include "nattn/common/drpb.cuh"
+#include "nattn/sm90/backward_delta.cuh"
+#include "nattn/sm90/box_mask.cuh"
+#include "nattn/sm90/forward.cuh"
+#include "nattn/sm90/smem_tile.cuh"
+
+namespace nattn { namespace sm90 {
+
+// Shared memory of the dK/dV pass: the CTA's K and V rows, STAGES (Q, dO) boxes, STAGES
+// (LSE, delta) rows, barriers, then the staged dRPB table (size known at launch).
+template <int HD, int NQ>
+struct DkvSmem {
+  using Rows = TileSmem<HD, kQueryRows>;
+  using Cols = TileSmem<HD, NQ>;
+  static constexpr int kStages = 3;
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + Rows::kBytes;
+  static constexpr int kQ = kV + Rows::kBytes;
+  static constexpr int kDo = kQ + kStages * Cols::kBytes;
+  static constexpr int kLd = kDo + kStages * Cols::kBytes;  // [stage][lse2 NQ | delta NQ] floats
+  // kv_full, qd_full[S], ld_full[S], empty[S], ld_empty[S]
+  static constexpr int kBars = kLd + kStages * 2 * NQ * 4;
+  static constexpr int kDrpb = kBars + 8 * (1 + 4 * kStages);
+  static constexpr int kAllocFixed = kDrpb + 1024;  // the base is rounded up to 1024 bytes
+  static_assert(kAllocFixed + kMaxDrpbSmemBytes <= 227 * 1024, "more shared memory than a Hopper block may have");
+};
+
+template <typename T, int NA, int HD, class Tl>
+__global__ void __launch_bounds__(kThreads, 1)
+    backward_dkv_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_k,
+                        const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_q,
+                        const __grid_constant__ CUtensorMap map_do) {
+#if NATTN_SM90_ENABLED
+  using RB = typename Tl::Q;  // the CTA's keys
+  using CB = typename Tl::K;  // a query box
+  constexpr int kNq = CB::kSize;
+  using S = DkvSmem<HD, kNq>;
+  using R = typename S::Rows;
+  using C = typename S::Cols;
+  constexpr int kRank = NA + 2;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  uint64_t* kv_full = bars;
+  uint64_t* qd_full = bars + 1;
+  uint64_t* ld_full = bars + 1 + S::kStages;
+  uint64_t* empty = bars + 1 + 2 * S::kStages;
+  uint64_t* ld_empty = bars + 1 + 3 * S::kStages;
+  float* drpb_smem = reinterpret_cast<float*>(smem + S::kDrpb);
+
+  CtaTile tile;
+  if (!cta_tile_inverse<NA, RB, CB>(p, blockIdx.x, tile)) return;  // uniform over the CTA
+  const int h_kv = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wg = threadIdx.x / 128;
+  const int steps = tile.tiles * p.groups;  // (query head, query box) pairs
+  const bool stage_rpb = p.rpb != nullptr && p.rpb_in_smem;
+  const int64_t rpb_len = int64_t(p.groups) * p.rpb_head_size;
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&map_k);
+    prefetch_tensor_map(&map_v);
+    prefetch_tensor_map(&map_q);
+    prefetch_tensor_map(&map_do);
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < S::kStages; ++s) {
+      mbar_init(qd_full + s, 1);
+      mbar_init(ld_full + s, 32);  // every lane of the LSE / delta warp
+      mbar_init(empty + s, 8);     // one arrival per consumer warp
+      mbar_init(ld_empty + s, 256);  // every consumer thread, after its last read of the stage's rows
+    }
+    fence_barrier_init();
+  }
+  if (stage_rpb)
+    for (int64_t i = threadIdx.x; i < rpb_len; i += kThreads) drpb_smem[i] = 0.f;
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------ producers
+    regs_dealloc<40>();
+    if (warp == 0 && lane == 0) {  // K, V once; Q, dO per step
+      int c[5];
+      mbar_expect_tx(kv_full, 2 * R::kBytes);
+      for (int cb = 0; cb < R::kBlocks; ++cb) {
+        box_coords<NA>(p, tile, tile.q0, h_kv * HD + cb * R::kChannels, b, c);
+        tma_load<kRank>(smem + S::kK + cb * R::kBlockBytes, &map_k, kv_full, c);
+        tma_load<kRank>(smem + S::kV + cb * R::kBlockBytes, &map_v, kv_full, c);
+      }
+      for (int it = 0; it < steps; ++it) {
+        const int s = it % S::kStages;
+        if (it >= S::kStages) mbar_wait(empty + s, ((it / S::kStages) - 1) & 1);
+        const int h = h_kv * p.groups + it / tile.tiles;
+        int origin[3];
+        key_origin<NA, CB>(tile, it % tile.tiles, origin);
+        mbar_expect_tx(qd_full + s, 2 * C::kBytes);
+        for (int cb = 0; cb < C::kBlocks; ++cb) {
+          box_coords<NA>(p, tile, origin, h * HD + cb * C::kChannels, b, c);
+          tma_load<kRank>(smem + S::kQ + s * C::kBytes + cb * C::kBlockBytes, &map_q, qd_full + s, c);
+          tma_load<kRank>(smem + S::kDo + s * C::kBytes + cb * C::kBlockBytes, &map_do, qd_full + s, c);
+        }
+      }
+    } else if (warp == 1) {  // LSE (log2 units; +inf for padding: no probability) and delta
+      for (int it = 0; it < steps; ++it) {
+        const int s = it % S::kStages;
+        if (it >= S::kStages) mbar_wait(ld_empty + s, ((it / S::kStages) - 1) & 1);
+        const int h = h_kv * p.groups + it / tile.tiles;
+        int origin[3];
+        key_origin<NA, CB>(tile, it % tile.tiles, origin);
+        float* ld = reinterpret_cast<float*>(smem + S::kLd) + s * 2 * kNq;
+        for (int col = lane; col < kNq; col += 32) {
+          bool ok = true;
+          int64_t token = 0;
+#pragma unroll
+          for (int a = 0; a < NA; ++a) {
+            const int i = origin[a] + CB::offset(col, a);
+            ok = ok && i < tile.len[a];
+            token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * i;
+          }
+          const int64_t idx = (int64_t(b) * p.tokens + token) * p.heads + h;
+          ld[col] = ok ? lse_log2(p.lse[idx]) : INFINITY;
+          ld[kNq + col] = ok ? p.delta[idx] : 0.f;
+        }
+        mbar_arrive(ld_full + s);
+      }
+    }
+  } else {  // ------------------------------------------------------- consumers
+    regs_alloc<232>();
+    const int cw = wg - 1;  // consumer warpgroup 0 or 1: key rows 64 cw ..
+    const int wr = (warp % 4) * 16;
+    const int g4 = lane / 4, t4 = lane % 4;
+
+    // The lane's two key rows: validity, the queries that see them (per axis), the key's
+    // part of the RPB index (k - 1 - query + key per axis; the query part comes per score).
+    // At 3-D each bound pair is packed into one register as two 16-bit halves (axes of at
+    // most 32767 tokens, prepare_backward checks): with dK, dV, S^T and dP^T live, the twelve
+    // plain bounds spilled.
+    constexpr bool kPacked = NA == 3;
+    int range[2][3][kPacked ? 1 : 2];
+    auto set_range = [&](int r, int a, int lo, int hi) {
+      if constexpr (kPacked) range[r][a][0] = (lo & 0xffff) | (hi << 16);
+      else range[r][a][0] = lo, range[r][a][kPacked ? 0 : 1] = hi;
+    };
+    auto lo_of = [&](int r, int a) { return kPacked ? range[r][a][0] & 0xffff : range[r][a][0]; };
+    auto hi_of = [&](int r, int a) { return kPacked ? range[r][a][0] >> 16 : range[r][a][kPacked ? 0 : 1]; };
+    struct { int rpb; } row[2];
+    bool row_ok[2];
+    int rpb_mult[3] = {1, 1, 1};
+    for (int a = NA - 2; a >= 0; --a) rpb_mult[a] = rpb_mult[a + 1] * p.rpb_size[a + 1];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int kr = cw * kWgRows + wr + g4 + 8 * r;
+      row_ok[r] = true;
+      row[r].rpb = 0;
+#pragma unroll
+      for (int a = 0; a < NA; ++a) {
+        const int j = tile.q0[a] + RB::offset(kr, a);
+        row_ok[r] = row_ok[r] && j < tile.len[a];
+        const int jc = nattn_min(j, tile.len[a] - 1);
+        const AxisRange inv = key_inverse(jc, tile.len[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
+        set_range(r, a, inv.start, inv.start + inv.count - 1);
+        row[r].rpb += (p.kernel[a] - 1 + jc) * rpb_mult[a];
+      }
+    }
+    // Query boxes whose every query sees every key of this warpgroup need no mask: the
+    // inverse ranges only grow with the key, so the extreme keys decide.
+    int full_lo[3], full_hi[3];
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      int first = tile.q0[a], last = tile.q0[a] + RB::extent(a) - 1;
+      if (a == 0) {
+        first = tile.q0[0] + cw * (RB::extent(0) / 2);
+        last = first + RB::extent(0) / 2 - 1;
+      }
+      first = nattn_min(first, tile.len[a] - 1);
+      last = nattn_min(last, tile.len[a] - 1);
+      const bool c = p.causal[a] != 0;
+      const AxisRange inf = key_inverse(first, tile.len[a], p.kernel[a], p.stride[a], c);
+      const AxisRange inl = key_inverse(last, tile.len[a], p.kernel[a], p.stride[a], c);
+      full_lo[a] = inl.start;
+      full_hi[a] = inf.start + inf.count - 1;
+    }
+
+    float dk[HD / 2], dv[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) dk[i] = dv[i] = 0.f;
+    const bool has_rpb = p.rpb != nullptr;
+    const bool late_dp = has_rpb || HD == 128;
+    const unsigned char* k_tile = smem + S::kK;
+    const unsigned char* v_tile = smem + S::kV;
+    mbar_wait(kv_full, 0);
+
+    for (int it = 0; it < steps; ++it) {
+      const int s = it % S::kStages, phase = (it / S::kStages) & 1;
+      const int hg = it / tile.tiles, h = h_kv * p.groups + hg;
+      const unsigned char* q_tile = smem + S::kQ + s * C::kBytes;
+      const unsigned char* do_tile = smem + S::kDo + s * C::kBytes;
+      const float* ld = reinterpret_cast<const float*>(smem + S::kLd) + s * 2 * kNq;
+      float st[kNq / 2], dpt[kNq / 2];
+      // dP^T = V dO^T, issued.
+      auto issue_dp = [&](float (&acc)[kNq / 2], const unsigned char* dot) {
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk)
+          wgmma_ss<T, kNq>(acc, R::k_major(v_tile, cw * kWgRows, kk), C::k_major(dot, 0, kk), kk > 0);
+      };
+      mbar_wait(qd_full + s, phase);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk)
+        wgmma_ss<T, kNq>(st, R::k_major(k_tile, cw * kWgRows, kk), C::k_major(q_tile, 0, kk), kk > 0);
+      // dP^T with S^T, or (late_dp) only once P^T is packed: with the general RPB mask, or
+      // at head dim 128, S^T, dP^T, dK and dV left too few registers (spills).
+      if (!late_dp) issue_dp(dpt, do_tile);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(st);
+      fence_regs(dpt);
+      mbar_wait(ld_full + s, phase);
+
+      int origin[3] = {0, 0, 0};
+      key_origin<NA, CB>(tile, it % tile.tiles, origin);
+      bool full = true;
+#pragma unroll
+      for (int a = 0; a < NA; ++a)
+        full = full && origin[a] >= full_lo[a] && origin[a] + CB::extent(a) - 1 <= full_hi[a];
+      // P^T first, so that dV += P^T dO runs while dS^T is computed.
+      if (full && !has_rpb) {
+#pragma unroll
+        for (int i = 0; i < kNq / 2; ++i) {
+          const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
+          st[i] = fast_exp2(fmaf(st[i], p.scale_log2, -ld[col]));
+        }
+      } else if (!has_rpb) {  // padding key rows need no mask here: they are never stored
+        int lo0[3], hi0[3], lo1[3], hi1[3];
+#pragma unroll
+        for (int a = 0; a < NA; ++a) lo0[a] = lo_of(0, a), hi0[a] = hi_of(0, a), lo1[a] = lo_of(1, a), hi1[a] = hi_of(1, a);
+        const BoxMask<NA, CB> m0(lo0, hi0, origin, t4), m1(lo1, hi1, origin, t4);
+#pragma unroll
+        for (int i = 0; i < kNq / 2; ++i) {
+          const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
+          const bool in = (i / 2) % 2 ? m1.in(i) : m0.in(i);
+          st[i] = in ? fast_exp2(fmaf(st[i], p.scale_log2, -ld[col])) : 0.f;
+        }
+      } else {  // RPB: the general test (padding key rows excluded: they would reach dRPB)
+        const float* rpb = p.rpb + int64_t(h) * p.rpb_head_size;
+#pragma unroll
+        for (int i = 0; i < kNq / 2; ++i) {
+          const int r = (i / 2) % 2;
+          const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
+          bool in = row_ok[r];
+          int ridx = row[r].rpb;
+#pragma unroll
+          for (int a = 0; a < NA; ++a) {
+            const int q = origin[a] + CB::offset(col, a);
+            in = in && q >= lo_of(r, a) && q <= hi_of(r, a);
+            ridx -= q * rpb_mult[a];
+          }
+          const float x = st[i] * p.scale_log2 + (in ? __ldg(rpb + ridx) * kLog2e : 0.f);
+          st[i] = in ? fast_exp2(x - ld[col]) : 0.f;
+        }
+      }
+      uint32_t pa[kNq / 16][4], da[kNq / 16][4];
+#pragma unroll
+      for (int i = 0; i < kNq / 2; i += 2) pa[i / 8][(i % 8) / 2] = pack2<T>(st[i], st[i + 1]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dv, pa[kk], C::mn_major(do_tile, kk), 1);
+      if (late_dp) issue_dp(dpt, do_tile);
+      wgmma_commit();
+      if (late_dp) {
+        wgmma_wait<0>();
+        fence_regs(dpt);
+      }
+      // dS^T = P^T (dP^T - delta); at head dim 128 with P^T back from its 16-bit copy (an
+      // fp32 one would not fit in registers next to dK and dV).
+#pragma unroll
+      for (int i = 0; i < kNq / 2; i += 2) {
+        const float2 pr = HD >= 128 ? unpack2<T>(pa[i / 8][(i % 8) / 2]) : make_float2(st[i], st[i + 1]);
+        const int col = 8 * (i / 4) + 2 * t4;
+        dpt[i] = pr.x * (dpt[i] - ld[kNq + col]);
+        dpt[i + 1] = pr.y * (dpt[i + 1] - ld[kNq + col + 1]);
+      }
+      mbar_arrive(ld_empty + s);  // this thread's reads of the LSE / delta rows are done
+#pragma unroll
+      for (int i = 0; i < kNq / 2; i += 2) da[i / 8][(i % 8) / 2] = pack2<T>(dpt[i], dpt[i + 1]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dk, da[kk], C::mn_major(q_tile, kk), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(dv);
+      fence_regs(dk);
+      fence_regs(pa);
+      fence_regs(da);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + s);
+      if (has_rpb) {  // dRPB from the 16-bit dS^T (masked scores have P = 0, so dS = 0 exactly)
+#pragma unroll
+        for (int i = 0; i < kNq / 2; i += 2) {
+          const float2 ds = unpack2<T>(da[i / 8][(i % 8) / 2]);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float v = e ? ds.y : ds.x;
+            if (v == 0.f) continue;
+            const int col = 8 * (i / 4) + 2 * t4 + e;
+            int ridx = row[(i / 2) % 2].rpb;
+#pragma unroll
+            for (int a = 0; a < NA; ++a) ridx -= (origin[a] + CB::offset(col, a)) * rpb_mult[a];
+            if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, v);  // one address
+            else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, v);      // space each
+          }
+        }
+      }
+    }
+
+    // dK * scale and dV through the warpgroup's own K and V rows, then whole-row stores.
+    unsigned char* stage_k = smem + S::kK;
+    unsigned char* stage_v = smem + S::kV;
+#pragma unroll
+    for (int i = 0; i < HD / 2; i += 2) {
+      const int kr = cw * kWgRows + wr + g4 + 8 * ((i / 2) % 2);
+      const int col = 8 * (i / 4) + 2 * t4;
+      *reinterpret_cast<uint32_t*>(stage_k + R::offset(kr, col)) = pack2<T>(dk[i] * p.scale, dk[i + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(stage_v + R::offset(kr, col)) = pack2<T>(dv[i], dv[i + 1]);
+    }
+    named_sync(1 + cw, 128);
+    T* out_k = head_base<T>(p.dk, p.dk_s, b, h_kv);
+    T* out_v = head_base<T>(p.dv, p.dv_s, b, h_kv);
+    constexpr int kChunks = HD / 8;
+    for (int idx = threadIdx.x - 128 * wg; idx < kWgRows * kChunks; idx += 128) {
+      const int kr = cw * kWgRows + idx / kChunks, ch = idx % kChunks;
+      int64_t off_k = 0, off_v = 0;
+      bool ok = true;
+#pragma unroll
+      for (int a = 0; a < NA; ++a) {
+        const int j = tile.q0[a] + RB::offset(kr, a);
+        ok = ok && j < tile.len[a];
+        const int64_t pos = tile.g[a] + int64_t(p.dilation[a]) * j;
+        off_k += pos * p.dk_s[1 + a];
+        off_v += pos * p.dv_s[1 + a];
+      }
+      if (ok) {
+        *reinterpret_cast<uint4*>(out_k + off_k + ch * 8) = *reinterpret_cast<const uint4*>(stage_k + R::offset(kr, ch * 8));
+        *reinterpret_cast<uint4*>(out_v + off_v + ch * 8) = *reinterpret_cast<const uint4*>(stage_v + R::offset(kr, ch * 8));
+      }
+    }
+    if (stage_rpb) {  // the consumers' staged dRPB into the gradient (producers have left)
+      named_sync(5, 256);
+      float* dst = p.drpb + int64_t(h_kv) * p.groups * p.rpb_head_size;
+      for (int64_t i = threadIdx.x - 128; i < rpb_len; i += 256)
+        if (drpb_smem[i] != 0.f) atomicAdd(dst + i, drpb_smem[i]);
+    }
+  }
+#endif
+}
+
+}  }  // namespace nattn::sm90

@@ -1,0 +1,268 @@
+// Hopper (sm_90a) NA backward, dQ pass (deterministic: each dQ row is written once).
+//
+// The forward's CTA shape: warpgroup 0's first thread is the producer; it loads the query
+// box's Q and dO rows once and then, per 64-key box of the union of the queries' windows,
+// K and V into a ring of stages. Warpgroups 1 and 2 own 64 queries each; per key box
+//   S = Q K^T, dP = dO V^T           (wgmma, both operands in shared memory)
+//   P = exp2(S scale log2e + bias - LSE log2e), masked as the forward masks
+//   dS = P (dP - delta)              (delta = rowsum(dO O) - dLSE, backward_delta.cuh)
+//   dQ += dS K                       (wgmma, dS from registers, K MN-major)
+// and at the end dQ * scale goes out through shared memory in 16-byte stores.
+#pragma once
+#include <cuda.h>
+#include <math.h>
+
+#include "nattn/sm90/box_mask.cuh"
+#include "nattn/sm90/forward.cuh"
+#include "nattn/sm90/smem_tile.cuh"
+
+namespace nattn { namespace sm90 {
+
+// Shared memory of the dQ pass: the CTA's Q and dO rows, then STAGES (K, V) boxes.
+template <int HD, int NK>
+struct DqSmem {
+  using Rows = TileSmem<HD, kQueryRows>;
+  using Cols = TileSmem<HD, NK>;
+  static constexpr int kStages = 3;
+  static constexpr int kQ = 0;
+  static constexpr int kDo = kQ + Rows::kBytes;
+  static constexpr int kK = kDo + Rows::kBytes;
+  static constexpr int kV = kK + kStages * Cols::kBytes;
+  static constexpr int kBars = kV + kStages * Cols::kBytes;  // rows_full, k_full[S], v_full[S], empty[S]
+  static constexpr int kBytes = kBars + 8 * (1 + 3 * kStages);
+  static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
+  static_assert(kAlloc <= 227 * 1024, "more shared memory than a Hopper block may have");
+};
+
+template <typename T, int NA, int HD, class Tl>
+__global__ void __launch_bounds__(kThreads, 1)
+    backward_dq_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
+                       const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
+                       const __grid_constant__ CUtensorMap map_v) {
+#if NATTN_SM90_ENABLED
+  using QB = typename Tl::Q;
+  using KB = typename Tl::K;
+  constexpr int kNk = KB::kSize;
+  using S = DqSmem<HD, kNk>;
+  using R = typename S::Rows;
+  using C = typename S::Cols;
+  constexpr int kRank = NA + 2;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  uint64_t* rows_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* v_full = bars + 1 + S::kStages;
+  uint64_t* empty = bars + 1 + 2 * S::kStages;
+
+  CtaTile tile;
+  if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform over the CTA
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int h_kv = h / p.groups;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&map_q);
+    prefetch_tensor_map(&map_do);
+    prefetch_tensor_map(&map_k);
+    prefetch_tensor_map(&map_v);
+    mbar_init(rows_full, 1);
+    for (int s = 0; s < S::kStages; ++s) {
+      mbar_init(k_full + s, 1);
+      mbar_init(v_full + s, 1);
+      mbar_init(empty + s, 8);  // one arrival per consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------ producer
+    regs_dealloc<40>();
+    if (warp != 0 || lane != 0) return;
+    int c[5];
+    mbar_expect_tx(rows_full, 2 * R::kBytes);
+    for (int cb = 0; cb < R::kBlocks; ++cb) {
+      box_coords<NA>(p, tile, tile.q0, h * HD + cb * R::kChannels, b, c);
+      tma_load<kRank>(smem + S::kQ + cb * R::kBlockBytes, &map_q, rows_full, c);
+      tma_load<kRank>(smem + S::kDo + cb * R::kBlockBytes, &map_do, rows_full, c);
+    }
+    for (int k = 0; k < tile.tiles; ++k) {
+      const int s = k % S::kStages;
+      if (k >= S::kStages) mbar_wait(empty + s, ((k / S::kStages) - 1) & 1);
+      int origin[3];
+      key_origin<NA, KB>(tile, k, origin);
+      mbar_expect_tx(k_full + s, C::kBytes);
+      for (int cb = 0; cb < C::kBlocks; ++cb) {
+        box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
+        tma_load<kRank>(smem + S::kK + s * C::kBytes + cb * C::kBlockBytes, &map_k, k_full + s, c);
+      }
+      mbar_expect_tx(v_full + s, C::kBytes);
+      for (int cb = 0; cb < C::kBlocks; ++cb) {
+        box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
+        tma_load<kRank>(smem + S::kV + s * C::kBytes + cb * C::kBlockBytes, &map_v, v_full + s, c);
+      }
+    }
+    return;
+  }
+
+  // ---------------------------------------------------------------- consumers
+  regs_alloc<232>();
+  const int cw = wg - 1;  // consumer warpgroup 0 or 1: query rows 64 cw ..
+  const int wr = (warp % 4) * 16;
+  const int g4 = lane / 4, t4 = lane % 4;
+
+  // The lane's two rows: validity, windows, RPB row part, LSE (log2 units) and delta.
+  RowWindow row[2];
+  bool row_ok[2];
+  float lse2[2], dlt[2];
+  int rpb_mult[3] = {1, 1, 1};
+  for (int a = NA - 2; a >= 0; --a) rpb_mult[a] = rpb_mult[a + 1] * p.rpb_size[a + 1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qr = cw * kWgRows + wr + g4 + 8 * r;
+    row_ok[r] = true;
+    row[r].rpb = h * int(p.rpb_head_size);
+    int64_t token = 0;
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int i = tile.q0[a] + QB::offset(qr, a);
+      row_ok[r] = row_ok[r] && i < tile.len[a];
+      const int ic = nattn_min(i, tile.len[a] - 1);
+      const AxisRange w = query_window(ic, tile.len[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
+      row[r].lo[a] = w.start;
+      row[r].hi[a] = w.start + w.count - 1;
+      row[r].rpb += (p.kernel[a] - 1 - ic) * rpb_mult[a];
+      token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * ic;
+    }
+    const int64_t idx = (int64_t(b) * p.tokens + token) * p.heads + h;
+    lse2[r] = row_ok[r] ? lse_log2(p.lse[idx]) : INFINITY;  // no probability for padding rows
+    dlt[r] = row_ok[r] ? p.delta[idx] : 0.f;
+  }
+  // Key boxes inside every window of this warpgroup's queries need no mask (forward.cuh).
+  int full_lo[3], full_hi[3];
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    int first = tile.q0[a], last = tile.q0[a] + QB::extent(a) - 1;
+    if (a == 0) {
+      first = tile.q0[0] + cw * (QB::extent(0) / 2);
+      last = first + QB::extent(0) / 2 - 1;
+    }
+    first = nattn_min(first, tile.len[a] - 1);
+    last = nattn_min(last, tile.len[a] - 1);
+    const bool c = p.causal[a] != 0;
+    const AxisRange wf = query_window(first, tile.len[a], p.kernel[a], p.stride[a], c);
+    const AxisRange wl = query_window(last, tile.len[a], p.kernel[a], p.stride[a], c);
+    full_lo[a] = wl.start;
+    full_hi[a] = wf.start + wf.count - 1;
+  }
+
+  float dq[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) dq[i] = 0.f;
+  const bool has_rpb = p.rpb != nullptr;
+  const unsigned char* q_tile = smem + S::kQ;
+  const unsigned char* do_tile = smem + S::kDo;
+  mbar_wait(rows_full, 0);
+
+  for (int k = 0; k < tile.tiles; ++k) {
+    const int s = k % S::kStages, phase = (k / S::kStages) & 1;
+    const unsigned char* k_tile = smem + S::kK + s * C::kBytes;
+    const unsigned char* v_tile = smem + S::kV + s * C::kBytes;
+    float sc[kNk / 2], dp[kNk / 2];
+    mbar_wait(k_full + s, phase);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+      wgmma_ss<T, kNk>(sc, R::k_major(q_tile, cw * kWgRows, kk), C::k_major(k_tile, 0, kk), kk > 0);
+    mbar_wait(v_full + s, phase);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+      wgmma_ss<T, kNk>(dp, R::k_major(do_tile, cw * kWgRows, kk), C::k_major(v_tile, 0, kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(sc);
+    fence_regs(dp);
+
+    // P (masked unless the box is inside every window), then dS = P (dP - delta) in sc.
+    int origin[3] = {0, 0, 0};
+    key_origin<NA, KB>(tile, k, origin);
+    bool full = true;
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+      full = full && origin[a] >= full_lo[a] && origin[a] + KB::extent(a) - 1 <= full_hi[a];
+    if (full && !has_rpb) {
+#pragma unroll
+      for (int i = 0; i < kNk / 2; ++i) {
+        const int r = (i / 2) % 2;
+        sc[i] = fast_exp2(fmaf(sc[i], p.scale_log2, -lse2[r])) * (dp[i] - dlt[r]);
+      }
+    } else if (!has_rpb) {
+      const BoxMask<NA, KB> m0(row[0].lo, row[0].hi, origin, t4), m1(row[1].lo, row[1].hi, origin, t4);
+#pragma unroll
+      for (int i = 0; i < kNk / 2; ++i) {
+        const int r = (i / 2) % 2;
+        const bool in = r ? m1.in(i) : m0.in(i);
+        sc[i] = in ? fast_exp2(fmaf(sc[i], p.scale_log2, -lse2[r])) * (dp[i] - dlt[r]) : 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kNk / 2; ++i) {
+        const int r = (i / 2) % 2;
+        const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
+        bool in = true;
+        int rpb_col = 0;
+#pragma unroll
+        for (int a = 0; a < NA; ++a) {
+          const int key = origin[a] + KB::offset(col, a);
+          in = in && key >= row[r].lo[a] && key <= row[r].hi[a];
+          rpb_col += key * rpb_mult[a];
+        }
+        float x = sc[i] * p.scale_log2;
+        if (in && has_rpb) x += __ldg(p.rpb + row[r].rpb + rpb_col) * kLog2e;
+        sc[i] = in ? fast_exp2(x - lse2[r]) * (dp[i] - dlt[r]) : 0.f;
+      }
+    }
+    uint32_t ds[kNk / 16][4];
+#pragma unroll
+    for (int i = 0; i < kNk / 2; i += 2) ds[i / 8][(i % 8) / 2] = pack2<T>(sc[i], sc[i + 1]);
+
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kNk / 16; ++kk) wgmma_rs<T, HD>(dq, ds[kk], C::mn_major(k_tile, kk), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dq);
+    fence_regs(ds);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + s);
+  }
+
+  // dQ * scale through the warpgroup's own Q rows (no longer read), then whole-row stores.
+  unsigned char* stage = smem + S::kQ;
+#pragma unroll
+  for (int i = 0; i < HD / 2; i += 2) {
+    const int r = (i / 2) % 2;
+    const int qr = cw * kWgRows + wr + g4 + 8 * r;
+    const int col = 8 * (i / 4) + 2 * t4;
+    *reinterpret_cast<uint32_t*>(stage + R::offset(qr, col)) = pack2<T>(dq[i] * p.scale, dq[i + 1] * p.scale);
+  }
+  named_sync(1 + cw, 128);
+  T* out = head_base<T>(p.dq, p.dq_s, b, h);
+  constexpr int kChunks = HD / 8;
+  for (int idx = threadIdx.x - 128 * wg; idx < kWgRows * kChunks; idx += 128) {
+    const int qr = cw * kWgRows + idx / kChunks, ch = idx % kChunks;
+    int64_t off = 0;
+    bool ok = true;
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int i = tile.q0[a] + QB::offset(qr, a);
+      ok = ok && i < tile.len[a];
+      off += int64_t(tile.g[a] + p.dilation[a] * i) * p.dq_s[1 + a];
+    }
+    if (ok) *reinterpret_cast<uint4*>(out + off + ch * 8) = *reinterpret_cast<const uint4*>(stage + R::offset(qr, ch * 8));
+  }
+#endif
+}
+
+}  }  // namespace nattn::sm90

@@ -1,0 +1,121 @@
+"""GPU tier, Hopper family: the sm90 backward (dQ, dK, dV, dRPB, the gradients of the extra
+keys/values and of the LSE) against the reference on fresh random problems it must take.
+Run with NATTN_FAMILY=sm90 (tests/gpu/run_device.sh does): libnattn then fails any forward
+or backward the Hopper family declines instead of running another family, so a pass means
+the sm90 kernels computed every gradient."""
+
+import dataclasses
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+import nattn  # noqa: E402
+from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
+from sm90_cases import sm90_sweep  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("needs a compute capability 9.0 GPU", allow_module_level=True)
+if os.environ.get("NATTN_FAMILY") != "sm90":
+    pytest.skip("run with NATTN_FAMILY=sm90 (tests/gpu/run_device.sh does)", allow_module_level=True)
+
+CASES = sm90_sweep(int(os.environ.get("NATTN_SM90_BWD_CASES", "1000")), seed=6161)
+WIDE = sm90_sweep(int(os.environ.get("NATTN_SM90_BWD_WIDE_CASES", "60")), seed=7272, wide=True)
+FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+
+
+def run(case, t, backend):
+    return FUNCS[len(case.spatial)](
+        t["query"], t["key"], t["value"], case.kernel, stride=case.stride,
+        dilation=case.dilation, is_causal=case.causal, scale=case.scale,
+        additional_keys=t.get("additional_keys"), additional_values=t.get("additional_values"),
+        rpb=t.get("rpb"), backend=backend, return_lse=True)
+
+
+def gradients(case, backend, leaves_of=None):
+    """Output, LSE and the gradient of every leaf for random output and LSE gradients."""
+    t, leaves = make_inputs(case)
+    if leaves_of is not None:
+        t, leaves = leaves_of(t, leaves)
+    out, lse = run(case, t, backend)
+    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
+    g_out = torch.randn(out.shape, generator=g, device="cuda").to(out.dtype)
+    g_lse = torch.randn(lse.shape, generator=g, device="cuda").to(lse.dtype)
+    grads = torch.autograd.grad([out, lse], leaves, [g_out, g_lse])
+    return out.detach(), lse.detach(), grads
+
+
+def check(name, got, want, tol):
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{name}: non-finite values from the sm90 backward"
+    err = rel_err(got, want)
+    assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
+
+
+def compare(case):
+    o_c, l_c, g_c = gradients(case, "cuda")
+    o_r, l_r, g_r = gradients(case, "reference")
+    tol = TOL[case.dtype]
+    check("out", o_c, o_r, tol)
+    check("lse", l_c, l_r, 1e-4)
+    for i, (gc, gr) in enumerate(zip(g_c, g_r)):
+        check(f"grad_leaf{i}", gc, gr, 2 * tol)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{i}-{c}" for i, c in enumerate(CASES)])
+def test_sm90_backward_matches_reference(case):
+    compare(case)
+
+
+@pytest.mark.parametrize("case", WIDE, ids=[f"wide{i}-{c}" for i, c in enumerate(WIDE)])
+def test_sm90_backward_wide_windows(case):
+    compare(case)
+
+
+SMALL = [dataclasses.replace(c, layout="plain") for c in sm90_sweep(80, seed=8383)
+         if c.batch * c.heads * math.prod(c.spatial) <= 6000][:12]
+
+
+@pytest.mark.parametrize("case", SMALL, ids=[f"f64-{i}-{c}" for i, c in enumerate(SMALL)])
+def test_sm90_backward_against_float64(case):
+    """The same gradients against the reference run in float64 on float64 copies of the
+    inputs: the error budget is the 16-bit rounding of the inputs' products alone."""
+    o_c, l_c, g_c = gradients(case, "cuda")
+
+    def as_double(t, leaves):
+        double = {name: x.detach().double().requires_grad_(True) for name, x in t.items()}
+        by_id = {id(x): double[name] for name, x in t.items()}
+        return double, [by_id[id(x)] for x in leaves]
+
+    o_r, l_r, g_r = gradients(case, "reference", as_double)
+    tol = TOL[case.dtype]
+    check("out", o_c, o_r.to(o_c.dtype), tol)
+    check("lse", l_c, l_r.float(), 1e-4)
+    for i, (gc, gr) in enumerate(zip(g_c, g_r)):
+        check(f"grad_leaf{i}", gc, gr, 2 * tol)
+
+
+def test_sm90_backward_is_deterministic():
+    """Two backward runs of one problem give bitwise equal gradients (no atomics on dQ,
+    dK, dV; dRPB's float atomics are the one exception and are not checked here)."""
+    case = GpuCase(spatial=(40, 56), kernel=(33, 33), stride=(1, 1), dilation=(1, 1), causal=(False, False),
+                   batch=2, heads=4, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=False, dtype=torch.bfloat16,
+                   layout="plain", scale=None, seed=31)
+    first = gradients(case, "cuda")[2]
+    second = gradients(case, "cuda")[2]
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_sm90_backward_declines_what_it_cannot_take():
+    """D != D_v has no sm90 backward: under NATTN_FAMILY=sm90 that is an error naming it."""
+    q = torch.randn(1, 16, 16, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 16, 16, 2, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(Exception, match="head dims"):
+        nattn.na2d(q, q, v, 5, backend="cuda").sum().backward()
