@@ -6,7 +6,10 @@ useful TFLOP/s (2.5x the forward's FLOPs) and its share of dense SDPA's backward
 sm90 backward's per-kernel split (delta, dQ pass, dK/dV pass) comes from the profiler.
 Each sm90 gradient is checked against the tc family's on the full problem.
 
-    python benchmarks/sm90_backward.py [--only a,b] [--no-flex] [--no-tc] [--crossover]
+    python benchmarks/sm90_backward.py [--only a,b] [--no-flex] [--no-tc] [--crossover] [--atomic]
+
+--atomic adds the KV-parallel dQ (NATTN_SM90_DQ=atomic: fp32 accumulation from the dK/dV pass)
+as a column beside the default deterministic dQ pass.
 """
 
 import argparse
@@ -21,7 +24,7 @@ from nattn.bench import ANCHORS
 from sm90_forward import CROSSOVER
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
-KERNELS = ("delta_kernel", "backward_dq_kernel", "backward_dkv_kernel")
+KERNELS = ("delta_kernel", "backward_dq_kernel", "backward_dkv_kernel", "dq_convert_kernel")
 
 
 def timed(fn, large):
@@ -75,6 +78,7 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-tc", action="store_true")
     ap.add_argument("--crossover", action="store_true", help="the window-size sweep instead of the anchors")
+    ap.add_argument("--atomic", action="store_true", help="also time the KV-parallel dQ (NATTN_SM90_DQ=atomic)")
     a = ap.parse_args()
     only = set(filter(None, a.only.split(",")))
     dense = dense_backward_rate()
@@ -112,6 +116,18 @@ def main():
             row["sm90 bwd"] = row["sm90 f+b"] - with_family("sm90", lambda: timed(fwd("cuda"), large))
             split = with_family("sm90", lambda: kernel_split(both("cuda")))
             row.update({k.replace("_kernel", "").replace("backward_", ""): v for k, v in split.items()})
+            if a.atomic:
+                os.environ["NATTN_SM90_DQ"] = "atomic"
+                try:
+                    row["atomic f+b"] = with_family("sm90", lambda: timed(both("cuda"), large))
+                    split = with_family("sm90", lambda: kernel_split(both("cuda")))
+                    row["atomic dkv"] = split["backward_dkv_kernel"]
+                    got = grads("sm90")
+                finally:
+                    os.environ.pop("NATTN_SM90_DQ", None)
+                ref = grads("sm90")
+                row["atomic err"] = max(((x.float() - y.float()).norm() / y.float().norm()).item()
+                                        for x, y in zip(got, ref))
             if not a.no_tc:
                 got, ref = grads("sm90"), grads("tc")
                 row["err vs tc"] = max(((x.float() - y.float()).norm() / y.float().norm()).item()
@@ -129,7 +145,7 @@ def main():
         del q, k, v, g
         torch.cuda.empty_cache()
     cols = ["name", "sm90 f+b", "sm90 bwd", "delta", "dq", "dkv", "tc f+b", "flex f+b", "bwd TFLOP/s", "of dense",
-            "err vs tc"]
+            "err vs tc"] + (["atomic f+b", "atomic dkv", "atomic err"] if a.atomic else [])
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols) + " |")

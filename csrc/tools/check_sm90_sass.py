@@ -1,6 +1,6 @@
 """Checks the Hopper family's machine code in a built libnattn: every sm90 attention kernel
 (forward, dQ and dK/dV passes) must use the warpgroup MMA (HGMMA) and the bulk tensor copy
-engine (UTMALDG), and no sm90 kernel (the backward's delta preprocessing included) may touch
+engine (UTMALDG), and no sm90 kernel (the backward's delta and dQ-conversion helpers included) may touch
 local memory (LDL/STL: spilled registers or a register array indexed at run time).
 
     python csrc/tools/check_sm90_sass.py build/libnattn.so
@@ -68,7 +68,8 @@ def check(sass: str):
             continue
         n += 1
         ops = set(re.findall(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text))
-        for op in REQUIRED if "delta_kernel" not in name else ():  # delta: plain loads, no products
+        helper = "delta_kernel" in name or "dq_convert_kernel" in name  # plain loads, no products
+        for op in REQUIRED if not helper else ():
             if op not in ops:
                 problems.append(f"{name}: no {op}")
         for op in FORBIDDEN:

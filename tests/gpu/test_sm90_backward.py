@@ -101,6 +101,16 @@ def test_sm90_backward_against_float64(case):
         check(f"grad_leaf{i}", gc, gr, 2 * tol)
 
 
+ATOMIC = sm90_sweep(int(os.environ.get("NATTN_SM90_BWD_ATOMIC_CASES", "300")), seed=9494)
+
+
+@pytest.mark.parametrize("case", ATOMIC, ids=[f"atomic{i}-{c}" for i, c in enumerate(ATOMIC)])
+def test_sm90_backward_kv_parallel_dq(case, monkeypatch):
+    """NATTN_SM90_DQ=atomic: dQ accumulated in fp32 from the dK/dV pass (KV-parallel)."""
+    monkeypatch.setenv("NATTN_SM90_DQ", "atomic")  # read by libnattn on every call
+    compare(case)
+
+
 def test_sm90_backward_is_deterministic():
     """Two backward runs of one problem give bitwise equal gradients (no atomics on dQ,
     dK, dV; dRPB's float atomics are the one exception and are not checked here)."""

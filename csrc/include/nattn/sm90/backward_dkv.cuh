@@ -39,7 +39,10 @@ struct DkvSmem {
   static constexpr int kV = kK + Rows::kBytes;
   static constexpr int kQ = kV + Rows::kBytes;
   static constexpr int kDo = kQ + kStages * Cols::kBytes;
-  static constexpr int kLd = kDo + kStages * Cols::kBytes;  // [stage][lse2 NQ | delta NQ] floats
+  // KV-parallel dQ: each consumer warpgroup's dS^T, 64 keys x NQ queries, 16-bit.
+  using DsTile = TileSmem<NQ, kWgRows>;
+  static constexpr int kDs = kDo + kStages * Cols::kBytes;
+  static constexpr int kLd = kDs + 2 * DsTile::kBytes;  // [stage][lse2 NQ | delta NQ] floats
   // kv_full, qd_full[S], ld_full[S], empty[S], ld_empty[S]
   static constexpr int kBars = kLd + kStages * 2 * NQ * 4;
   static constexpr int kDrpb = kBars + 8 * (1 + 4 * kStages);
@@ -47,7 +50,10 @@ struct DkvSmem {
   static_assert(kAllocFixed + kMaxDrpbSmemBytes <= 227 * 1024, "more shared memory than a Hopper block may have");
 };
 
-template <typename T, int NA, int HD, class Tl>
+// DQ_ATOMIC: also dQ, KV-parallel. Each warpgroup writes its dS^T to shared memory and
+// computes dQ_box += dS K over its own 64 keys (wgmma, both operands MN-major), in parts of
+// at most 64 channels, and adds the part into Params::dq_accum (fp32 reductions in L2).
+template <typename T, int NA, int HD, class Tl, bool DQ_ATOMIC>
 __global__ void __launch_bounds__(kThreads, 1)
     backward_dkv_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_k,
                         const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_q,
@@ -312,6 +318,57 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(dk);
       fence_regs(pa);
       fence_regs(da);
+      if constexpr (DQ_ATOMIC) {
+        using Ds = typename S::DsTile;
+        unsigned char* ds_tile = smem + S::kDs + cw * Ds::kBytes;
+        named_sync(1 + cw, 128);  // the previous step's dQ products have read the tile
+#pragma unroll
+        for (int i = 0; i < kNq / 2; i += 2) {
+          const int r = (i / 2) % 2, kr = wr + g4 + 8 * r, col = 8 * (i / 4) + 2 * t4;
+          // padding key rows are 0 here: their unmasked P could overflow (their K rows are 0)
+          *reinterpret_cast<uint32_t*>(ds_tile + Ds::offset(kr, col)) = row_ok[r] ? da[i / 8][(i % 8) / 2] : 0u;
+        }
+        fence_proxy_async_smem();
+        named_sync(1 + cw, 128);
+        // The lane's two query rows of the box: dQ accumulator offsets (-1: padding).
+        int64_t qoff[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int qr = wr + g4 + 8 * r;
+          bool ok = true;
+          int64_t token = 0;
+#pragma unroll
+          for (int a = 0; a < NA; ++a) {
+            const int i = origin[a] + CB::offset(qr, a);
+            ok = ok && i < tile.len[a];
+            token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * i;
+          }
+          qoff[r] = ok ? ((int64_t(b) * p.tokens + token) * p.heads + h) * HD : -1;
+        }
+        constexpr int kPart = HD >= 64 ? 64 : HD;
+#pragma unroll
+        for (int part = 0; part < HD / kPart; ++part) {
+          float dq[kPart / 2];
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kWgRows / 16; ++kk) {
+            const uint64_t a_desc = Ds::mn_major(ds_tile, kk);
+            const uint64_t b_desc = smem_desc<R::kRowBytes>(
+                k_tile + part * R::kBlockBytes + (cw * kWgRows + 16 * kk) * R::kRowBytes, R::kBlockBytes,
+                8 * R::kRowBytes);
+            wgmma_ss_tt<T, kPart>(dq, a_desc, b_desc, kk > 0);
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(dq);
+#pragma unroll
+          for (int i = 0; i < kPart / 2; i += 2) {
+            const int r = (i / 2) % 2;
+            if (qoff[r] >= 0)
+              red_add2(p.dq_accum + qoff[r] + part * kPart + 8 * (i / 4) + 2 * t4, dq[i], dq[i + 1]);
+          }
+        }
+      }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + s);
       if (has_rpb) {  // dRPB from the 16-bit dS^T (masked scores have P = 0, so dS = 0 exactly)

@@ -1,6 +1,7 @@
 // Host launchers of the Hopper (sm90) family: problem checks, tensor maps, launch.
 #pragma once
 #include <cuda.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <type_traits>
@@ -8,6 +9,7 @@
 #include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
 #include "nattn/sm90/backward_delta.cuh"
+#include "nattn/sm90/backward_dq_accum.cuh"
 #include "nattn/sm90/backward_dkv.cuh"
 #include "nattn/sm90/backward_dq.cuh"
 #include "nattn/sm90/forward.cuh"
@@ -101,7 +103,17 @@ const char* prepare_backward(const Params& p, void* workspace) {
   return nullptr;
 }
 
-// Three kernels on the caller's stream: delta, the dQ pass, the dK/dV pass.
+// Whether the backward accumulates dQ from the dK/dV pass (NATTN_SM90_DQ=atomic: fp32
+// reductions, KV-parallel, not bitwise reproducible) instead of its own deterministic pass
+// (the default, NATTN_SM90_DQ=pass). Read on every call.
+inline bool dq_atomic_requested() {
+  const char* mode = getenv("NATTN_SM90_DQ");
+  return mode && !strcmp(mode, "atomic");
+}
+
+// The kernels on the caller's stream: delta, then either the dQ pass and the dK/dV pass, or
+// (KV-parallel) a zeroed fp32 dQ buffer (stream-ordered allocation), the dK/dV pass adding
+// into it, and the conversion to dQ.
 template <typename T, int NA, int HD, class Tl>
 void launch_backward(const Params& problem, cudaStream_t stream) {
   const BackwardLaunch* l = static_cast<const BackwardLaunch*>(problem.prepared);
@@ -109,22 +121,34 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
   using Dkv = DkvSmem<HD, Tl::K::kSize>;
   static const bool configured = [] {
     cudaFuncSetAttribute(backward_dq_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kAlloc);
-    cudaFuncSetAttribute(backward_dkv_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         Dkv::kAllocFixed + int(kMaxDrpbSmemBytes));
+    for (auto kernel : {backward_dkv_kernel<T, NA, HD, Tl, false>, backward_dkv_kernel<T, NA, HD, Tl, true>})
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           Dkv::kAllocFixed + int(kMaxDrpbSmemBytes));
     return true;
   }();
   (void)configured;
   const int64_t rows = int64_t(problem.batch) * problem.tokens * problem.heads;
-  const int64_t delta_blocks = (rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads;
-  delta_kernel<T, HD><<<unsigned(delta_blocks), kDeltaThreads, 0, stream>>>(problem);
+  const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);
+  delta_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(problem);
   const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem));
-  backward_dq_kernel<T, NA, HD, Tl><<<dim3(ctas, problem.heads, problem.batch), kThreads, Dq::kAlloc, stream>>>(
-      problem, l->dq_q, l->dq_do, l->dq_k, l->dq_v);
   Params p = problem;
   const int64_t rpb_bytes = drpb_stage_bytes(p);
   p.rpb_in_smem = rpb_bytes > 0;
-  backward_dkv_kernel<T, NA, HD, Tl><<<dim3(ctas, p.heads_kv, p.batch), kThreads, Dkv::kAllocFixed + size_t(rpb_bytes),
-                                       stream>>>(p, l->kv_k, l->kv_v, l->kv_q, l->kv_do);
+  const size_t dkv_smem = Dkv::kAllocFixed + size_t(rpb_bytes);
+  const dim3 dkv_grid(ctas, p.heads_kv, p.batch);
+  p.dq_accum = nullptr;
+  const size_t accum_bytes = size_t(rows) * HD * sizeof(float);
+  if (dq_atomic_requested() && cudaMallocAsync(reinterpret_cast<void**>(&p.dq_accum), accum_bytes, stream) == cudaSuccess) {
+    cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream);
+    backward_dkv_kernel<T, NA, HD, Tl, true><<<dkv_grid, kThreads, dkv_smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q, l->kv_do);
+    dq_convert_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(p);
+    cudaFreeAsync(p.dq_accum, stream);
+    return;
+  }
+  (void)cudaGetLastError();  // a failed allocation: the deterministic pass instead
+  backward_dq_kernel<T, NA, HD, Tl><<<dim3(ctas, problem.heads, problem.batch), kThreads, Dq::kAlloc, stream>>>(
+      problem, l->dq_q, l->dq_do, l->dq_k, l->dq_v);
+  backward_dkv_kernel<T, NA, HD, Tl, false><<<dkv_grid, kThreads, dkv_smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q, l->kv_do);
 }
 
 }  }  // namespace nattn::sm90

@@ -170,6 +170,20 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 #endif
 }
 
+// Makes this thread's shared-memory stores visible to the async proxy (wgmma operands).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if NATTN_SM90_ENABLED
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// *p += a, p[1] += b in global memory (one reduction, no return value).
+__device__ __forceinline__ void red_add2(float* p, float a, float b) {
+#if NATTN_SM90_ENABLED
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#endif
+}
+
 // 2^x in one MUFU op (flush-to-zero; exp2f adds a denormal-range fix-up around it).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
