@@ -111,6 +111,23 @@ def test_explicit_path_matches_fused(kw):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
+def test_unfused_path_scales_first_and_accumulates_in_fp32():
+    """fp16 inputs whose unscaled q.k passes fp16's 65504 while the scaled logits stay small:
+    the unfused path (attention dropout) stays finite and matches the fused op computed in
+    fp32 from the same fp16 inputs; it used to overflow to inf and NaN."""
+    torch.manual_seed(3)
+    q = (torch.randn(1, 6, 7, 2, 64) * 90).half()
+    k = (torch.randn(1, 6, 7, 2, 64) * 90).half()
+    v = torch.randn(1, 6, 7, 2, 64).half()
+    params = NAParams((3, 5), (1, 1), (1, 1), (False, False), 1e-3)
+    assert (q.float() @ k.float().transpose(-1, -2)).abs().max() > 65504  # overflows in fp16
+    got = na_explicit(q, k, v, params)
+    want = nattn.na2d(q.float(), k.float(), v.float(), (3, 5), scale=1e-3)
+    assert torch.isfinite(got).all()
+    err = ((got.float() - want).norm() / want.norm()).item()
+    assert err < 2e-3, err
+
+
 def test_attention_dropout_trains_and_eval_is_deterministic():
     torch.manual_seed(5)
     m = NeighborhoodAttention2D(16, 2, 3, attn_drop=0.5, rel_pos_bias=True)

@@ -3,8 +3,8 @@
 The fused op never materializes the softmax, so dropout on the attention weights
 needs the weights: this path gathers each query's window (the same
 :class:`~nattn.windows.WindowTable` the reference backend uses) and lets autograd do
-the backward. Memory is ``B * N * H * W``; the modules use it only while training
-with ``attn_drop > 0``.
+the backward. Memory is ``B * N * H * W`` weights plus the gathered windows (the keys in
+fp32 for the logits); the modules use it only while training with ``attn_drop > 0``.
 """
 
 from __future__ import annotations
@@ -40,16 +40,19 @@ def na_explicit(
     if any(params.is_causal):  # invalid (clamped) slots: selected away, never 0 * NaN
         slot = valid[None, :, :, None, None]
         k_w, v_w = torch.where(slot, k_w, 0), torch.where(slot, v_w, 0)
-    logits = torch.einsum("bnhgd,bnwhd->bnhgw", qf, k_w) * params.scale
+    # Scaled before the product (unscaled q.k of 16-bit inputs overflows at 65504 long before
+    # the softmax's logits do) and accumulated in fp32 (the fused kernels' precision).
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qs = qf.to(acc) * params.scale
+    logits = torch.einsum("bnhgd,bnwhd->bnhgw", qs, k_w.to(acc))
     if rpb is not None:
-        bias = rpb.flatten(1)[:, rpb_idx]  # [H, N, W]
+        bias = rpb.flatten(1)[:, rpb_idx].to(acc)  # [H, N, W]
         logits = logits + bias.reshape(heads_kv, groups, *bias.shape[1:]).permute(2, 0, 1, 3)[None]
     logits = logits.masked_fill(~valid[None, :, None, None, :], float("-inf"))
     if additional_keys is not None:
-        extra = torch.einsum("bnhgd,bmhd->bnhgm", qf, additional_keys) * params.scale
+        extra = torch.einsum("bnhgd,bmhd->bnhgm", qs, additional_keys.to(acc))
         logits = torch.cat([logits, extra], dim=-1)
-    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32  # softmax never in half
-    weights = softmax_or_zero(logits.to(acc), dim=-1).to(q.dtype)  # no finite logit: zeros
+    weights = softmax_or_zero(logits, dim=-1).to(q.dtype)  # fp32 softmax; no finite logit: zeros
     if weights_hook is not None:
         weights = weights_hook(weights)
     out = torch.einsum("bnhgw,bnwhe->bnhge", weights[..., :window], v_w)
