@@ -45,7 +45,7 @@ if [[ $what == all || $what == *bench* ]]; then
   timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/cuda_anchors.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"
 fi
 if [[ $what == all || $what == *flex* ]]; then
-  timeout ${FLEX_TIMEOUT:-200} python3 -m pytest -q -n 0 -m gpu tests/gpu/test_flex_gpu.py tests/test_reference_gpu.py \
+  timeout ${FLEX_TIMEOUT:-400} python3 -m pytest -q -n 0 -m gpu tests/gpu/test_flex_gpu.py tests/test_reference_gpu.py \
     -p no:cacheprovider -W ignore 2>&1 | tee "$OUT/flex_tests.log" | tail -8
 fi
 if [[ $what == all || $what == *anchors* ]]; then
