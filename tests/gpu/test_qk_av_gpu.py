@@ -1,0 +1,82 @@
+"""GPU tier: the unfused ops (na{1,2,3}d_qk / na{1,2,3}d_av) on CUDA tensors, against the
+same ops in float64 on the CPU (values and gradients), and composed (softmax of the scaled
+logits, then av) against the fused cuda op, on fresh random problems."""
+
+import os
+import random
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+import nattn  # noqa: E402
+from cases import random_window  # noqa: E402
+from gpu_cases import rel_err  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+QK = {1: nattn.na1d_qk, 2: nattn.na2d_qk, 3: nattn.na3d_qk}
+AV = {1: nattn.na1d_av, 2: nattn.na2d_av, 3: nattn.na3d_av}
+FUSED = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def cases(count, seed):
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        na = 1 + i % 3
+        spatial, kernel, stride, dilation, causal, rpb = random_window(
+            rng, na, {1: 600, 2: 500, 3: 600}[na], {1: 17, 2: 7, 3: 5}[na], [1, 1, 2, 3],
+            lambda r, kd: kd + r.choice([0, 1, 5]), causal_p=0.25, rpb_p=0.3)
+        heads_kv = rng.choice([1, 2])
+        out.append(dict(spatial=spatial, kernel=kernel, stride=stride, dilation=dilation, causal=causal,
+                        rpb=rpb, batch=rng.choice([1, 2]), heads=heads_kv * rng.choice([1, 2]), heads_kv=heads_kv,
+                        dim=rng.choice([16, 32, 64]), dtype=rng.choice([torch.float32, torch.float16, torch.bfloat16]),
+                        seed=rng.randint(0, 2**31)))
+    return out
+
+
+CASES = cases(int(os.environ.get("NATTN_QK_AV_GPU_CASES", "60")), seed=2024)
+
+
+def run(c, q, k, v, rpb):
+    n = len(c["spatial"])
+    args = (c["kernel"], c["stride"], c["dilation"], c["causal"])
+    logits = QK[n](q, k, *args, rpb=rpb)
+    weights = logits.float().softmax(-1).to(q.dtype)
+    return logits, AV[n](weights, v, *args)
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: f"{c['spatial']}-k{c['kernel']}-{str(c['dtype'])[6:]}")
+def test_qk_av_on_cuda_match_float64_and_fused(c):
+    g = torch.Generator().manual_seed(c["seed"])
+    b, sp, h, hk, d = c["batch"], c["spatial"], c["heads"], c["heads_kv"], c["dim"]
+    scale = d ** -0.5
+    cpu = [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((b, *sp, h, d), (b, *sp, hk, d), (b, *sp, hk, d))]
+    rpb64 = torch.randn(h, *(2 * x - 1 for x in c["kernel"]), generator=g, dtype=torch.float64) if c["rpb"] else None
+    gpu = [x.to("cuda", c["dtype"]).requires_grad_(True) for x in cpu]
+    rpb = rpb64.to("cuda").float().requires_grad_(True) if rpb64 is not None else None
+    # the 16-bit inputs, as float64 on the CPU: the reference sees exactly what the GPU sees
+    ref_in = [x.detach().cpu().double().requires_grad_(True) for x in gpu]
+    ref_rpb = rpb.detach().cpu().double().requires_grad_(True) if rpb is not None else None
+    logits, out = run(c, gpu[0] * scale, gpu[1], gpu[2], rpb)
+    ref_logits, ref_out = run(c, ref_in[0] * scale, ref_in[1], ref_in[2], ref_rpb)
+    finite = torch.isfinite(ref_logits)
+    assert torch.equal(torch.isfinite(logits.cpu()), finite)  # the same -inf slots (causal)
+    tol = TOL[c["dtype"]]
+    assert rel_err(logits.cpu()[finite], ref_logits[finite]) <= tol
+    assert torch.isfinite(out).all() and rel_err(out.cpu(), ref_out) <= tol
+    go = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    leaves, ref_leaves = gpu + ([rpb] if rpb is not None else []), ref_in + ([ref_rpb] if ref_rpb is not None else [])
+    grads = torch.autograd.grad(out, leaves, go.to("cuda", out.dtype))
+    ref_grads = torch.autograd.grad(ref_out, ref_leaves, go)
+    for got, want in zip(grads, ref_grads):
+        assert torch.isfinite(got).all() and rel_err(got.cpu(), want) <= 3 * tol
+    # composed = fused (the cuda backend, or whatever the dispatch picks on this GPU)
+    fused = FUSED[len(sp)](gpu[0], gpu[1], gpu[2], c["kernel"], c["stride"], c["dilation"], c["causal"], scale, rpb=rpb)
+    assert rel_err(out.detach().cpu(), fused.detach().cpu().double()) <= 2 * tol
