@@ -2,6 +2,8 @@
 against the fused ops."""
 
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -127,3 +129,88 @@ def test_old_module_errors_name_the_argument():
     with pytest.raises(TypeError, match="bias .* must be a bool"):
         compat.NeighborhoodAttention1D(8, 2, 3, 1, "yes")
     compat.NeighborhoodAttention2D(8, 2, 4, bias=False)  # even kernels are fine without RPB
+
+
+# ------------------------------------------------------------------ NATTEN 0.17's names
+QK17 = {1: compat.functional.na1d_qk, 2: compat.functional.na2d_qk, 3: compat.functional.na3d_qk}
+AV17 = {1: compat.functional.na1d_av, 2: compat.functional.na2d_av, 3: compat.functional.na3d_av}
+FUSED17 = {1: compat.functional.na1d, 2: compat.functional.na2d, 3: compat.functional.na3d}
+CASES17 = [  # (spatial, kernel, dilation, causal, extra, rpb)
+    ((13,), (5,), (2,), (False,), 3, True),
+    ((11,), (4,), (1,), (True,), 0, False),
+    ((9, 11), (3, 5), (2, 1), (False, False), 2, True),
+    ((8, 9), (4, 3), (1, 2), (True, False), 4, False),
+    ((5, 6, 7), (3, 3, 5), (1, 2, 1), (False, False, False), 1, True),
+    ((4, 5, 6), (2, 3, 4), (1, 1, 1), (True, True, False), 0, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES17, ids=str)
+def test_natten017_unfused_ops_compose_to_the_fused_op(case):
+    """na{1,2,3}d_qk -> softmax -> na{1,2,3}d_av, heads-first with extra keys/values, equals
+    nattn's fused op (values and gradients), and 0.17's fused op takes dilation fifth."""
+    spatial, kernel, dilation, causal, extra, with_rpb = case
+    n = len(spatial)
+    torch.manual_seed(len(spatial) * 10 + extra)
+
+    def r(*shape):
+        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    q, k, v = r(2, 3, *spatial, 4), r(2, 3, *spatial, 4), r(2, 3, *spatial, 5)
+    ek, ev = (r(2, 3, extra, 4), r(2, 3, extra, 5)) if extra else (None, None)
+    rpb = r(3, *(2 * x - 1 for x in kernel)) if with_rpb else None
+    scale = 0.37
+    logits = QK17[n](q * scale, k, kernel, dilation, additional_keys=ek, is_causal=causal, rpb=rpb)
+    assert logits.shape == (2, 3, *spatial, math.prod(kernel) + extra)
+    out = AV17[n](logits.softmax(-1), v, kernel, dilation, additional_values=ev, is_causal=causal)
+    last = lambda t: None if t is None else t.movedim(1, -2)  # noqa: E731
+    ref = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}[n](last(q), last(k), last(v), kernel, dilation=dilation, is_causal=causal,
+                                                       scale=scale, rpb=rpb,
+                                                       additional_keys=None if ek is None else ek.movedim(1, 2),
+                                                       additional_values=None if ev is None else ev.movedim(1, 2)
+                                                       ).movedim(-2, 1)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    leaves = [t for t in (q, k, v, ek, ev, rpb) if t is not None]
+    go = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, leaves, go), torch.autograd.grad(ref, leaves, go)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    with_bias = {1: compat.functional.na1d_qk_with_bias, 2: compat.functional.na2d_qk_with_bias,
+                 3: compat.functional.na3d_qk_with_bias}[n]
+    if not any(causal):  # 0.15/0.16's name: the same logits
+        torch.testing.assert_close(with_bias(q * scale, k, rpb, kernel, dilation, ek), logits, rtol=0, atol=0)
+    fused17 = FUSED17[n](last(q), last(k), last(v), kernel, dilation, causal, rpb, scale,
+                         None if ek is None else ek.movedim(1, 2), None if ev is None else ev.movedim(1, 2))
+    torch.testing.assert_close(fused17.movedim(-2, 1), ref, rtol=0, atol=0)
+
+
+def test_natten017_functional_errors_and_alias():
+    q = torch.randn(1, 2, 8, 8, 4)
+    with pytest.raises(ValueError, match="heads-first"):
+        compat.functional.na2d_qk(q[0], q[0], 3)
+    with pytest.raises(ValueError, match=r"additional_keys must be \[B, H, E, D\]"):
+        compat.functional.na2d_qk(q, q, 3, additional_keys=torch.randn(1, 3, 2, 4))
+    with pytest.raises(ValueError, match="xformers_kwargs"):
+        compat.functional.na2d(q.movedim(1, -2), q.movedim(1, -2), q.movedim(1, -2), 3, xformers_kwargs={"a": 1})
+    compat.install_natten_alias()
+    try:
+        import natten.functional as nf
+        assert nf.na2d_qk is compat.functional.na2d_qk and nf.natten2dqkrpb is compat.functional.natten2dqkrpb
+    finally:
+        compat.uninstall_natten_alias()
+
+
+def test_natten017_module_keywords():
+    """rel_pos_bias= and is_causal= (NATTEN 0.16/0.17) beside 0.14's bias=; 3-D tuples."""
+    m = compat.NeighborhoodAttention2D(16, 2, 3, rel_pos_bias=False, is_causal=(True, False))
+    assert m.rpb is None and m.is_causal == (True, False)
+    assert compat.NeighborhoodAttention2D(16, 2, 3, rel_pos_bias=True).rpb.shape == (2, 5, 5)
+    assert compat.NeighborhoodAttention2D(16, 2, 3).rpb is not None  # 0.14's default: on
+    m3 = compat.NeighborhoodAttention3D(16, 2, (3, 5, 5), dilation=(1, 2, 1), rel_pos_bias=True)
+    assert m3.kernel_size == (3, 5, 5) and m3.dilation == (1, 2, 1) and m3.rpb.shape == (2, 5, 9, 9)
+    with pytest.raises(TypeError, match="either bias"):
+        compat.NeighborhoodAttention2D(16, 2, 3, bias=True, rel_pos_bias=True)
+    with pytest.raises(TypeError, match="rel_pos_bias must be a bool"):
+        compat.NeighborhoodAttention2D(16, 2, 3, rel_pos_bias=1)
+    with pytest.raises(TypeError, match="kernel_size_d"):
+        compat.NeighborhoodAttention3D(16, 2, (3, 3, 3), kernel_size_d=5)
+    x = torch.randn(2, 6, 7, 16)
+    torch.testing.assert_close(m(x), m(x))

@@ -1,4 +1,5 @@
-"""NATTEN 0.14-0.17's unfused ops under their old names, heads-first ``[B, H, *spatial, D]``.
+"""NATTEN 0.14-0.17's unfused ops under their old names, heads-first ``[B, H, *spatial, D]``
+(and NATTEN 0.17's ``na{1,2,3}d``, ``na{1,2,3}d_qk``, ``na{1,2,3}d_av``: functional_017.py).
 
 ``natten2dqkrpb(query, key, rpb, kernel_size, dilation)`` returns the logits
 ``[B, H, X, Y, k*k]`` (the caller has scaled ``query``), ``natten2dav(attn, value,
@@ -16,11 +17,17 @@ from typing import Optional
 import torch
 
 from ..qk_av import na_av, na_qk
+from .functional_017 import (  # NATTEN 0.15-0.17's names (natten.functional.na2d, na2d_qk, ...)
+    na1d, na1d_av, na1d_qk, na1d_qk_with_bias, na2d, na2d_av, na2d_qk, na2d_qk_with_bias, na3d, na3d_av,
+    na3d_qk, na3d_qk_with_bias,
+)
 
 __all__ = [
     "natten1dqkrpb", "natten2dqkrpb", "natten3dqkrpb",
     "natten1dqk", "natten2dqk", "natten3dqk",
     "natten1dav", "natten2dav", "natten3dav",
+    "na1d", "na2d", "na3d", "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
+    "na1d_qk_with_bias", "na2d_qk_with_bias", "na3d_qk_with_bias",
 ]
 
 _AXES = ("X", "Y", "Z")
