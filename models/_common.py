@@ -4,7 +4,10 @@ feature/classifier contract, weight init, checkpoint helpers and model creation.
 from __future__ import annotations
 
 import functools
+import os
+import pickle
 import re
+import tempfile
 import warnings
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
@@ -454,14 +457,19 @@ def create(model_cls, variant: str, pretrained: bool, filter_fn: Callable, defau
     # pretrained_strict=False: a mismatch warns and what fits loads (timm then loads non-strictly)
     filter_fn = functools.partial(filter_fn, features_only=bool(kwargs.get("features_only")),
                                   strict=kwargs.get("pretrained_strict", True))
+    converted = None
     try:
+        if pretrained and str(cfg.get("file") or "").endswith(".pkl"):
+            # detectron2 format: numpy arrays in a pickle; handed to timm as a .pth of tensors
+            converted = _pkl_as_pth(cfg["file"])
+            kwargs["pretrained_cfg_overlay"] = {**overlay, "file": converted}
         return build_model_with_cfg(
             model_cls, variant, pretrained, pretrained_filter_fn=filter_fn,
             feature_cfg=feature_cfg, **kwargs,
         )
     except CheckpointMismatchError as e:
         raise CheckpointMismatchError(f"{variant}: weights from {source!r}: {e}") from e
-    except (OSError, ConnectionError, ValueError, RuntimeError) as e:  # urllib/HTTP/IO errors
+    except (OSError, ConnectionError, ValueError, RuntimeError, pickle.UnpicklingError) as e:  # IO, HTTP, bad files
         if not pretrained or isinstance(e, PretrainedWeightsError):
             raise
         if cfg.get("file"):  # the user's own file: suggesting a file would not help
@@ -474,3 +482,16 @@ def create(model_cls, variant: str, pretrained: bool, filter_fn: Callable, defau
             f"({type(e).__name__}: {e}). If you have the original SHI-Labs checkpoint, pass "
             f"pretrained_cfg_overlay=dict(file='/path/to/checkpoint.pth')"
         ) from e
+    finally:
+        if converted:
+            os.unlink(converted)
+
+
+def _pkl_as_pth(path: str) -> str:
+    """A temporary .pth with the tensors of detectron2 checkpoint ``path`` (the caller deletes it)."""
+    from ._pickle_checkpoint import load_pickle_checkpoint
+    state_dict = load_pickle_checkpoint(path)
+    fd, tmp = tempfile.mkstemp(suffix=".pth")
+    os.close(fd)
+    torch.save(state_dict, tmp)
+    return tmp

@@ -376,6 +376,45 @@ def test_detection_backbone_checkpoint_with_feature_norms(name, tmp_path):
         torch.testing.assert_close(one(x)[0], want[2], rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("name", ["dinat_mini", "nat_mini"])
+def test_detectron2_pkl_backbone_checkpoint(name, tmp_path):
+    """Mask2Former/OneFormer (detectron2) checkpoints: numpy arrays pickled under "model",
+    backbone.* keys with norm0..norm3, other heads beside them."""
+    import pickle
+    gen = torch.Generator().manual_seed(21)
+    ref = RefModel(name).double().eval()
+    _float32_exact(_randomize(ref, gen))
+    pth, norms = _detection_checkpoint(ref, gen, tmp_path)
+    sd = torch.load(pth, weights_only=True)["state_dict"]
+    path = tmp_path / "model_final.pkl"
+    with open(path, "wb") as f:
+        pickle.dump({"model": {k: v.float().numpy() for k, v in sd.items()}, "__author__": "Mask2Former",
+                     "matching_heuristics": True}, f)
+    x = torch.randn(1, 3, 40, 48, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        levels = _level_outputs(ref, x)
+    model = timm.create_model(name, features_only=True, feature_norms=True, pretrained=True,
+                              pretrained_cfg_overlay=dict(file=str(path))).double().eval()
+    with torch.no_grad():
+        got = model(x)
+    for i, (g, y) in enumerate(zip(got, levels)):
+        torch.testing.assert_close(g, F.layer_norm(y, y.shape[-1:], *norms[i]).permute(0, 3, 1, 2),
+                                   rtol=1e-9, atol=1e-9)
+
+
+def test_pkl_checkpoint_never_unpickles_code(tmp_path):
+    import pickle
+
+    class Exploit:
+        def __reduce__(self):
+            return (print, ("this must not run",))
+    path = tmp_path / "evil.pkl"
+    with open(path, "wb") as f:
+        pickle.dump({"model": {"x": Exploit()}}, f)
+    with pytest.raises(PretrainedWeightsError, match="builtins.print"):
+        timm.create_model("nat_mini", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+
+
 def test_detection_checkpoint_into_a_classifier_warns_and_loads_the_backbone(tmp_path):
     gen = torch.Generator().manual_seed(12)
     ref = RefModel("nat_mini").double()
