@@ -60,6 +60,12 @@ class NeighborhoodAttentionND(nn.Module):
             (NAT/DiNAT; truncated-normal init, std 0.02); needs odd kernels, stride 1 and
             no causal axis.
         backend: NA backend name; None for automatic choice.
+        context_parallel: a ``nattn.distributed.ContextParallel(group, axis)`` when the
+            input is this rank's contiguous shard along spatial ``axis`` of a problem
+            sharded over ``group``: attention then runs head-parallel across the group
+            (``nattn.distributed.na_ulysses``; ``num_heads`` must divide by the group size)
+            and the output is this rank's shard. Replicated parameters (``rpb``) get this
+            rank's share of their gradient: sum it over the group. None: one process.
 
     Raises:
         TypeError: a ``qk_scale`` or ``rel_pos_bias`` of the wrong type, or a window
@@ -89,6 +95,7 @@ class NeighborhoodAttentionND(nn.Module):
         proj_drop: float = 0.0,
         rel_pos_bias: bool = False,
         backend: Optional[str] = None,
+        context_parallel=None,
     ):
         super().__init__()
         n = self.na_dim
@@ -110,6 +117,15 @@ class NeighborhoodAttentionND(nn.Module):
             if reasons:
                 raise ValueError("rel_pos_bias=True requires " + ", ".join(reasons))
         self.backend = backend
+        if context_parallel is not None:
+            from ..distributed import ContextParallel
+            if not isinstance(context_parallel, ContextParallel):
+                raise TypeError("context_parallel must be a nattn.distributed.ContextParallel (or None), "
+                                f"got {type(context_parallel).__name__}")
+            if not 0 <= context_parallel.axis < n:
+                raise ValueError(f"context_parallel.axis must be a spatial axis in [0, {n}), "
+                                 f"got {context_parallel.axis}")
+        self.context_parallel = context_parallel
 
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=qkv_bias)
         if rel_pos_bias:
@@ -165,7 +181,8 @@ class NeighborhoodAttentionND(nn.Module):
                 f"got shape {tuple(x.shape)}"
             )
         spatial = tuple(x.shape[1:-1])
-        pad = self._padding(spatial)
+        cp = self.context_parallel
+        pad = self._padding(spatial) if cp is None else (0,) * n  # a shard is not the whole grid
         if any(pad):
             flat = [0, 0]  # channels
             for p in reversed(pad):
@@ -177,7 +194,13 @@ class NeighborhoodAttentionND(nn.Module):
         extra_k = extra_v = None
         if additional_tokens is not None:
             extra_k, extra_v = self._project_extra(additional_tokens)
-        if self.training and self.attn_drop_p > 0:
+        if cp is not None:
+            if self.training and self.attn_drop_p > 0:
+                raise NotImplementedError("attention dropout with context_parallel (no unfused distributed path)")
+            from ..distributed import na_ulysses
+            out = na_ulysses(q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
+                             extra_k, extra_v, self.rpb, self.backend, na_dim=n, axis=cp.axis, group=cp.group)
+        elif self.training and self.attn_drop_p > 0:
             params = NAParams(self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale)
             out = na_explicit(q, k, v, params, self.rpb, extra_k, extra_v, weights_hook=self.attn_drop)
         else:

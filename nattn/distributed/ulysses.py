@@ -1,0 +1,145 @@
+"""Head-parallel (Ulysses) neighborhood attention: all-to-all to full grid / head shards,
+local NA, all-to-all back. Uneven spatial shards are padded for the collective (gloo's
+all-to-all moves equal-sized pieces) and the padding is dropped on arrival."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from ..functional import neighborhood_attention
+from ..params import BoolOrTuple, IntOrTuple
+
+
+def _world(group) -> Tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("nattn.distributed needs an initialised torch.distributed process group "
+                           "(torch.distributed.init_process_group)")
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def shard_sizes(length: int, parts: int) -> List[int]:
+    """The default split of ``length`` tokens into ``parts`` contiguous shards (the first
+    ``length % parts`` one longer), as :func:`shard` cuts and :func:`na_ulysses` expects
+    unless told otherwise."""
+    base, extra = divmod(length, parts)
+    return [base + (1 if r < extra else 0) for r in range(parts)]
+
+
+def shard(x: torch.Tensor, axis: int, group=None, sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """This rank's slice of ``x`` ``[B, *spatial, ...]`` along spatial ``axis`` (0-based)."""
+    world, rank = _world(group)
+    sizes = list(sizes) if sizes is not None else shard_sizes(x.shape[1 + axis], world)
+    start = sum(sizes[:rank])
+    return x.narrow(1 + axis, start, sizes[rank])
+
+
+def unshard(x: torch.Tensor, axis: int, group=None) -> torch.Tensor:
+    """The whole tensor from every rank's shard along spatial ``axis`` (all-gather; no autograd)."""
+    world, _ = _world(group)
+    sizes = _all_sizes(x.shape[1 + axis], group, x.device)
+    padded = _pad_to(x, 1 + axis, max(sizes))
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded.contiguous(), group=group)
+    return torch.cat([p.narrow(1 + axis, 0, n) for p, n in zip(parts, sizes)], dim=1 + axis)
+
+
+def _all_sizes(local: int, group, device) -> List[int]:
+    world, _ = _world(group)
+    mine = torch.tensor([local], dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    return [int(t.item()) for t in every]
+
+
+def _pad_to(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    if x.shape[dim] == size:
+        return x
+    pad_shape = list(x.shape)
+    pad_shape[dim] = size - x.shape[dim]
+    return torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Equal-sized pieces: piece j of ``chunks`` goes to rank j; returns the pieces received,
+    in rank order. The backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx, group, *chunks):
+        ctx.group = group
+        received = [torch.empty_like(c) for c in chunks]
+        dist.all_to_all(received, [c.contiguous() for c in chunks], group=group)
+        return tuple(received)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = [g.contiguous() for g in grads]  # materialised: never None (the default)
+        sent = [torch.empty_like(g) for g in grads]
+        dist.all_to_all(sent, grads, group=ctx.group)
+        return (None, *sent)
+
+
+def _to_heads(x: torch.Tensor, axis_dim: int, sizes: List[int], group) -> torch.Tensor:
+    """``[B, ..., X_r, ..., H, D]`` (this rank's spatial shard, all heads) -> ``[B, ..., X, ...,
+    H / P, D]`` (the whole axis, this rank's slice of the heads)."""
+    world = len(sizes)
+    heads = x.shape[-2]
+    padded = _pad_to(x, axis_dim, max(sizes))
+    chunks = padded.chunk(world, dim=-2)  # heads group j goes to rank j
+    received = _AllToAll.apply(group, *chunks)
+    return torch.cat([r.narrow(axis_dim, 0, n) for r, n in zip(received, sizes)], dim=axis_dim)
+
+
+def _to_shards(y: torch.Tensor, axis_dim: int, sizes: List[int], rank: int, group, head_dim: int) -> torch.Tensor:
+    """Inverse of :func:`_to_heads`: ``[B, ..., X, ..., H / P, ...]`` -> ``[B, ..., X_r, ..., H, ...]``
+    (``head_dim``: -2 for an output ``[..., H, D]``, -1 for an LSE ``[..., H]``)."""
+    pieces = [_pad_to(p, axis_dim, max(sizes)) for p in y.split(sizes, dim=axis_dim)]
+    received = _AllToAll.apply(group, *pieces)  # rank j's heads group for this rank's shard
+    return torch.cat([r.narrow(axis_dim, 0, sizes[rank]) for r in received], dim=head_dim)
+
+
+def na_ulysses(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kernel_size: IntOrTuple,
+    stride: IntOrTuple = 1, dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False,
+    scale: Optional[float] = None, additional_keys: Optional[torch.Tensor] = None,
+    additional_values: Optional[torch.Tensor] = None, rpb: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None, return_lse: bool = False, *, na_dim: int, axis: int = 0, group=None,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Neighborhood attention of inputs sharded along spatial ``axis`` over ``group``.
+
+    Every rank passes its contiguous shard ``[B, *spatial_r, H, D]`` of the global problem
+    (rank order = position along ``axis``; uneven shards allowed, e.g. :func:`shard`'s), and
+    the same arguments as :func:`nattn.neighborhood_attention` otherwise. The result is this
+    rank's shard of the global output (and LSE): equal to running NA on the whole tensors and
+    slicing. Head-parallel: an all-to-all gives each rank the whole grid for ``H / P`` heads
+    (``P`` the group size; ``H`` and the KV heads must divide by it), NA runs locally on any
+    backend, an all-to-all brings the output back. ``additional_keys`` / ``additional_values``
+    ``[B, N_extra, H_kv, D]`` and ``rpb`` ``[H, ...]`` are the same on every rank; each rank
+    uses its heads' slice, so their gradients on a rank hold that slice only: sum them over
+    the group, as for any parameter replicated across context-parallel ranks.
+    """
+    world, rank = _world(group)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != na_dim + 3:
+            raise ValueError(f"{name} must be a tensor [B, *spatial, H, D] with {na_dim} spatial axes")
+    if not 0 <= axis < na_dim:
+        raise ValueError(f"axis must be a spatial axis in [0, {na_dim}), got {axis}")
+    heads, heads_kv = query.shape[-2], key.shape[-2]
+    if heads % world or heads_kv % world:
+        raise ValueError(f"heads ({heads}) and KV heads ({heads_kv}) must divide by the group size ({world}) "
+                         "for head-parallel NA")
+    axis_dim = 1 + axis
+    sizes = _all_sizes(query.shape[axis_dim], group, query.device)
+    q, k, v = (_to_heads(t, axis_dim, sizes, group) for t in (query, key, value))
+    h0, hk0 = rank * heads // world, rank * heads_kv // world
+    ek = additional_keys[..., hk0:hk0 + heads_kv // world, :] if additional_keys is not None else None
+    ev = additional_values[..., hk0:hk0 + heads_kv // world, :] if additional_values is not None else None
+    bias = rpb[h0:h0 + heads // world] if rpb is not None else None
+    out, lse = neighborhood_attention(q, k, v, kernel_size, stride, dilation, is_causal, scale, ek, ev, bias,
+                                      backend, True, na_dim=na_dim)
+    out = _to_shards(out, axis_dim, sizes, rank, group, -2)
+    if not return_lse:
+        return out
+    return out, _to_shards(lse, axis_dim, sizes, rank, group, -1)

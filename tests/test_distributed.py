@@ -1,0 +1,130 @@
+"""nattn.distributed on the CPU: gloo process groups of 2 and 3 processes, each rank holding
+a contiguous (uneven) shard along one spatial axis; head-parallel NA must equal NA on the
+whole tensors, forward, LSE and gradients, for every feature."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import nattn
+from nattn.distributed import ContextParallel, na_ulysses, shard, shard_sizes, unshard
+from nattn.nn import NeighborhoodAttention2D, NeighborhoodAttention3D
+
+FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+# (spatial, kernel, stride, dilation, causal, heads, heads_kv, extra, rpb, axis)
+CASES = [
+    ((23,), (5,), (1,), (2,), (False,), 6, 3, 0, True, 0),
+    ((19,), (4,), (2,), (1,), (True,), 6, 6, 3, False, 0),
+    ((11, 9), (3, 5), (1, 1), (2, 1), (False, False), 6, 3, 0, True, 0),
+    ((10, 13), (4, 3), (2, 3), (1, 2), (True, False), 12, 6, 2, False, 1),
+    ((5, 7, 8), (3, 3, 5), (1, 1, 2), (1, 2, 1), (False, False, True), 6, 6, 0, False, 2),
+    ((7, 5, 6), (3, 3, 3), (1, 1, 1), (2, 1, 1), (False, False, False), 6, 3, 1, True, 0),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_case(case, rank, world):
+    spatial, kernel, stride, dilation, causal, heads, heads_kv, extra, with_rpb, axis = case
+    n = len(spatial)
+    g = torch.Generator().manual_seed(hash(case) % 2**31)  # the same inputs on every rank
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+    q, k, v = r(2, *spatial, heads, 4), r(2, *spatial, heads_kv, 4), r(2, *spatial, heads_kv, 5)
+    ek, ev = (r(2, extra, heads_kv, 4), r(2, extra, heads_kv, 5)) if extra else (None, None)
+    rpb = r(heads, *(2 * x - 1 for x in kernel)) if with_rpb else None
+    kw = dict(stride=stride, dilation=dilation, is_causal=causal, scale=0.4, additional_keys=ek,
+              additional_values=ev, rpb=rpb, backend="reference")
+    ref, ref_lse = FUNCS[n](q, k, v, kernel, return_lse=True, **kw)
+    go, gl = torch.randn(ref.shape, generator=g, dtype=torch.float64), torch.randn(ref_lse.shape, generator=g,
+                                                                                  dtype=torch.float64)
+    shared = [t for t in (ek, ev, rpb) if t is not None]
+    want = torch.autograd.grad([ref, ref_lse], [q, k, v, *shared], [go, gl])
+
+    sizes = shard_sizes(spatial[axis], world)
+    sizes = sizes[1:] + sizes[:1]  # uneven, and not the default order
+    local = [shard(t, axis, sizes=sizes).detach().requires_grad_(True) for t in (q, k, v)]
+    mine = [t.detach().clone().requires_grad_(True) for t in shared]
+    it = iter(mine)
+    kw.update(additional_keys=next(it) if ek is not None else None,
+              additional_values=next(it) if ev is not None else None, rpb=next(it) if rpb is not None else None)
+    out, lse = na_ulysses(*local, kernel, return_lse=True, na_dim=n, axis=axis, **kw)
+    torch.testing.assert_close(out, shard(ref, axis, sizes=sizes), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lse, shard(ref_lse, axis, sizes=sizes), rtol=1e-10, atol=1e-10)
+    got = torch.autograd.grad([out, lse], local + mine,
+                              [shard(go, axis, sizes=sizes), shard(gl, axis, sizes=sizes)])
+    for a, b in zip(got[:3], want[:3]):
+        torch.testing.assert_close(a, shard(b, axis, sizes=sizes), rtol=1e-9, atol=1e-9)
+    for a, b in zip(got[3:], want[3:]):  # replicated tensors: each rank holds its heads' share
+        total = a.clone()
+        dist.all_reduce(total)
+        torch.testing.assert_close(total, b, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(unshard(out.detach(), axis), ref.detach(), rtol=1e-10, atol=1e-10)
+
+
+def _check_module(rank, world):
+    """NeighborhoodAttention3D(context_parallel=...) on shards = the module on the whole input."""
+    torch.manual_seed(7)  # the same weights and input on every rank
+    m = NeighborhoodAttention3D(24, 6, (3, 3, 5), dilation=(1, 2, 1), rel_pos_bias=True).double()
+    cp = NeighborhoodAttention3D(24, 6, (3, 3, 5), dilation=(1, 2, 1), rel_pos_bias=True,
+                                 context_parallel=ContextParallel(axis=1)).double()
+    cp.load_state_dict(m.state_dict())
+    x = torch.randn(2, 5, 9, 7, 24, dtype=torch.float64, requires_grad=True)
+    ref = m(x)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    xl = shard(x, 1).detach().requires_grad_(True)
+    out = cp(xl)
+    torch.testing.assert_close(out, shard(ref, 1), rtol=1e-10, atol=1e-10)
+    out.backward(shard(g, 1))
+    torch.testing.assert_close(xl.grad, shard(x.grad, 1), rtol=1e-9, atol=1e-9)
+    for name, p in cp.named_parameters():  # every parameter: sum of the ranks' shares
+        total = p.grad.clone()
+        dist.all_reduce(total)
+        torch.testing.assert_close(total, dict(m.named_parameters())[name].grad, rtol=1e-9, atol=1e-9)
+
+
+def _worker(rank, world, port, cases):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for case in cases:
+            _check_case(case, rank, world)
+        _check_module(rank, world)
+        with pytest.raises(ValueError, match="divide by the group size"):
+            q = torch.randn(1, 8, 5, 4)
+            na_ulysses(q, q, q, 3, na_dim=1) if world == 3 else na_ulysses(q[..., :3, :], q, q, 3, na_dim=1)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_head_parallel_equals_single_process(world):
+    cases = [c for c in CASES if c[5] % world == 0 and c[6] % world == 0]
+    assert len(cases) >= 3
+    mp.spawn(_worker, args=(world, _free_port(), cases), nprocs=world, join=True)
+
+
+def test_module_argument_errors():
+    with pytest.raises(TypeError, match="ContextParallel"):
+        NeighborhoodAttention2D(16, 2, 3, context_parallel=object())
+    with pytest.raises(ValueError, match="spatial axis"):
+        NeighborhoodAttention2D(16, 2, 3, context_parallel=ContextParallel(axis=2))
+
+
+def test_needs_a_process_group():
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a process group is already initialised here")
+    q = torch.randn(1, 8, 2, 4)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        na_ulysses(q, q, q, 3, na_dim=1)
