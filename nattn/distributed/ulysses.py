@@ -1,6 +1,7 @@
 """Head-parallel (Ulysses) neighborhood attention: all-to-all to full grid / head shards,
-local NA, all-to-all back. Uneven spatial shards are padded for the collective (gloo's
-all-to-all moves equal-sized pieces) and the padding is dropped on arrival."""
+local NA, all-to-all back. q, k and v travel in one all-to-all (packed per token); uneven
+spatial shards are padded for the collective (equal-sized blocks) and the padding is dropped
+on arrival; with even shards, batch 1 and the first axis the arrivals are views, no copy."""
 
 from __future__ import annotations
 
@@ -63,41 +64,56 @@ def _pad_to(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
 
 
 class _AllToAll(torch.autograd.Function):
-    """Equal-sized pieces: piece j of ``chunks`` goes to rank j; returns the pieces received,
-    in rank order. The backward sends the gradients back the same way."""
+    """``x [P, ...]``: block j goes to rank j; returns the blocks received, in rank order
+    (one ``all_to_all_single``). The backward sends the gradients back the same way."""
 
     @staticmethod
-    def forward(ctx, group, *chunks):
+    def forward(ctx, x, group):
         ctx.group = group
-        received = [torch.empty_like(c) for c in chunks]
-        dist.all_to_all(received, [c.contiguous() for c in chunks], group=group)
-        return tuple(received)
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous(), group=group)
+        return out
 
     @staticmethod
-    def backward(ctx, *grads):
-        grads = [g.contiguous() for g in grads]  # materialised: never None (the default)
-        sent = [torch.empty_like(g) for g in grads]
-        dist.all_to_all(sent, grads, group=ctx.group)
-        return (None, *sent)
+    def backward(ctx, grad):
+        back = torch.empty_like(grad)
+        dist.all_to_all_single(back, grad.contiguous(), group=ctx.group)
+        return back, None
 
 
-def _to_heads(x: torch.Tensor, axis_dim: int, sizes: List[int], group) -> torch.Tensor:
-    """``[B, ..., X_r, ..., H, D]`` (this rank's spatial shard, all heads) -> ``[B, ..., X, ...,
-    H / P, D]`` (the whole axis, this rank's slice of the heads)."""
-    world = len(sizes)
-    heads = x.shape[-2]
-    padded = _pad_to(x, axis_dim, max(sizes))
-    chunks = padded.chunk(world, dim=-2)  # heads group j goes to rank j
-    received = _AllToAll.apply(group, *chunks)
-    return torch.cat([r.narrow(axis_dim, 0, n) for r, n in zip(received, sizes)], dim=axis_dim)
+def _to_heads(tensors, axis_dim: int, sizes: List[int], group) -> List[torch.Tensor]:
+    """``[B, ..., X_r, ..., H_t, D_t]`` (this rank's spatial shard, all heads) for each tensor
+    -> ``[B, ..., X, ..., H_t / P, D_t]`` (the whole axis, this rank's slice of the heads),
+    all tensors in one all-to-all: packed side by side per token, heads group j to rank j."""
+    world, longest = len(sizes), max(sizes)
+    widths = [t.shape[-2] // world * t.shape[-1] for t in tensors]
+    # [P, B, ..., X_max, ..., sum of widths]: block j holds heads group j of every tensor
+    send = torch.cat([_pad_to(t, axis_dim, longest).unflatten(-2, (world, -1)).flatten(-2).movedim(-2, 0)
+                      for t in tensors], dim=-1)
+    recv = _AllToAll.apply(send, group)  # block i: rank i's shard for this rank's heads
+    out, offset = [], 0
+    for t, w in zip(tensors, widths):
+        part = recv[..., offset:offset + w].unflatten(-1, (t.shape[-2] // world, t.shape[-1]))
+        offset += w
+        if all(n == longest for n in sizes):  # even shards: blocks are consecutive along the axis
+            whole = part.movedim(0, axis_dim).flatten(axis_dim, axis_dim + 1)
+        else:
+            whole = torch.cat([part[i].narrow(axis_dim, 0, n) for i, n in enumerate(sizes)], dim=axis_dim)
+        out.append(whole)
+    return out
 
 
 def _to_shards(y: torch.Tensor, axis_dim: int, sizes: List[int], rank: int, group, head_dim: int) -> torch.Tensor:
-    """Inverse of :func:`_to_heads`: ``[B, ..., X, ..., H / P, ...]`` -> ``[B, ..., X_r, ..., H, ...]``
-    (``head_dim``: -2 for an output ``[..., H, D]``, -1 for an LSE ``[..., H]``)."""
-    pieces = [_pad_to(p, axis_dim, max(sizes)) for p in y.split(sizes, dim=axis_dim)]
-    received = _AllToAll.apply(group, *pieces)  # rank j's heads group for this rank's shard
-    return torch.cat([r.narrow(axis_dim, 0, sizes[rank]) for r in received], dim=head_dim)
+    """Inverse of :func:`_to_heads` for one tensor: ``[B, ..., X, ..., H / P, ...]`` ->
+    ``[B, ..., X_r, ..., H, ...]`` (``head_dim``: -2 for an output ``[..., H, D]``, -1 for an
+    LSE ``[..., H]``)."""
+    longest = max(sizes)
+    send = torch.stack([_pad_to(p, axis_dim, longest) for p in y.split(sizes, dim=axis_dim)])
+    recv = _AllToAll.apply(send, group)  # block j: rank j's heads group for this rank's shard
+    mine = recv.narrow(1 + axis_dim, 0, sizes[rank])  # [P, B, ..., X_r, ..., H / P (, D)]
+    if head_dim == -2:
+        return mine.movedim(0, -3).flatten(-3, -2)
+    return mine.movedim(0, -2).flatten(-2, -1)
 
 
 def na_ulysses(
@@ -132,7 +148,7 @@ def na_ulysses(
                          "for head-parallel NA")
     axis_dim = 1 + axis
     sizes = _all_sizes(query.shape[axis_dim], group, query.device)
-    q, k, v = (_to_heads(t, axis_dim, sizes, group) for t in (query, key, value))
+    q, k, v = _to_heads((query, key, value), axis_dim, sizes, group)
     h0, hk0 = rank * heads // world, rank * heads_kv // world
     ek = additional_keys[..., hk0:hk0 + heads_kv // world, :] if additional_keys is not None else None
     ev = additional_values[..., hk0:hk0 + heads_kv // world, :] if additional_values is not None else None
