@@ -469,9 +469,12 @@ def create(model_cls, variant: str, pretrained: bool, filter_fn: Callable, defau
         )
     except CheckpointMismatchError as e:
         raise CheckpointMismatchError(f"{variant}: weights from {source!r}: {e}") from e
-    except (OSError, ConnectionError, ValueError, RuntimeError, pickle.UnpicklingError) as e:  # IO, HTTP, bad files
+    except Exception as e:  # noqa: BLE001  (a corrupt file can fail torch.load in any way)
         if not pretrained or isinstance(e, PretrainedWeightsError):
             raise
+        if not cfg.get("file") and not isinstance(
+                e, (OSError, ConnectionError, ValueError, RuntimeError, pickle.UnpicklingError)):
+            raise  # not a download or read failure
         if cfg.get("file"):  # the user's own file: suggesting a file would not help
             raise PretrainedWeightsError(
                 f"{variant}: pretrained=True but the file {cfg['file']!r} (pretrained_cfg_overlay's "

@@ -481,9 +481,16 @@ def test_rpb_with_other_heads_is_reported_not_resized():
     assert "missing" not in msg and "unexpected" not in msg
 
 
-def test_unreadable_file_error_does_not_suggest_a_file(tmp_path):
+@pytest.mark.parametrize("content", [
+    b"", b"not a checkpoint", bytes(range(256)), b"PK\x03\x04" + bytes(60), b"\x80\x02}q\x00.",
+    *[bytes(torch.randint(0, 256, (64,), dtype=torch.uint8, generator=torch.Generator().manual_seed(s)).tolist())
+      for s in range(8)],
+], ids=lambda c: f"{len(c)}B")
+def test_unreadable_file_error_does_not_suggest_a_file(tmp_path, content):
+    """Whatever a broken file makes torch.load raise (OSError, UnpicklingError, IndexError,
+    EOFError, ...), the error names the file and does not suggest passing a file."""
     path = tmp_path / "broken.pth"
-    path.write_bytes(bytes(torch.randint(0, 256, (64,), dtype=torch.uint8).tolist()))
+    path.write_bytes(content)
     with pytest.raises(PretrainedWeightsError) as info:
         timm.create_model("nat_mini", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
     msg = str(info.value)
