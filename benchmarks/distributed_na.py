@@ -1,9 +1,11 @@
-"""Head-parallel NA (nattn.distributed.na_ulysses) on several GPUs of one host against one
-GPU, per layer: HunyuanVideo-sized 3-D (30x48x80, 24 heads, D128, window 18x24x24, bf16)
-sharded along the first axis. ms per call (CUDA events, medians of 5 after 2 warm-ups),
-forward and forward + backward, with the speedup over one GPU and the peak memory per GPU.
+"""Context-parallel NA (nattn.distributed: na_ulysses, head-parallel, and na_halo, key/value
+halos) on several GPUs of one host against one GPU, per layer: HunyuanVideo-sized 3-D
+(30x48x80, 24 heads, D128, window 18x24x24, bf16) sharded along one axis. ms per call (CUDA
+events, medians of 5 after 2 warm-ups), forward and forward + backward, with the speedup over
+one GPU and the peak memory per GPU.
 
     python benchmarks/distributed_na.py [--gpus 2] [--spatial 30,48,80] [--kernel 18,24,24]
+        [--schemes ulysses,halo] [--axis 0]
 """
 
 import argparse
@@ -16,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import nattn
-from nattn.distributed import na_ulysses, shard
+from nattn.distributed import na_halo, na_ulysses, shard
 
 
 def timed(fn, reps=5, warmup=2):
@@ -55,8 +57,9 @@ def worker(rank, world, port, args, results):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
-    q, k, v = (shard(t, 0).contiguous().requires_grad_(True) for t in problem(args))
-    na = lambda: na_ulysses(q, k, v, args.kernel, na_dim=3, axis=0)  # noqa: E731
+    q, k, v = (shard(t, args.axis).contiguous().requires_grad_(True) for t in problem(args))
+    scheme = {"ulysses": na_ulysses, "halo": na_halo}[args.scheme]
+    na = lambda: scheme(q, k, v, args.kernel, na_dim=3, axis=args.axis)  # noqa: E731
     torch.cuda.reset_peak_memory_stats()
     fwd = timed(lambda: na().detach())
     g = torch.randn_like(q)
@@ -72,21 +75,25 @@ def main():
     ap.add_argument("--kernel", default="18,24,24")
     ap.add_argument("--heads", type=int, default=24)
     ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--schemes", default="ulysses,halo")
+    ap.add_argument("--axis", type=int, default=0)
     a = ap.parse_args()
     a.spatial = tuple(int(x) for x in a.spatial.split(","))
     a.kernel = tuple(int(x) for x in a.kernel.split(","))
     f1, b1, m1 = one_gpu(a)
     print(f"1 GPU: forward {f1:.2f} ms, forward+backward {b1:.2f} ms, peak {m1:.2f} GiB", flush=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.spawn(worker, args=(a.gpus, port, a, results), nprocs=a.gpus, join=True)
-    fn = max(r[0] for r in results.values())
-    bn = max(r[1] for r in results.values())
-    mn = max(r[2] for r in results.values())
-    print(f"{a.gpus} GPUs (Ulysses): forward {fn:.2f} ms ({f1 / fn:.2f}x), forward+backward {bn:.2f} ms "
-          f"({b1 / bn:.2f}x), peak {mn:.2f} GiB per GPU ({mn / m1:.2f} of one GPU's)")
+    for scheme in a.schemes.split(","):
+        a.scheme = scheme
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        results = mp.Manager().dict()
+        mp.spawn(worker, args=(a.gpus, port, a, results), nprocs=a.gpus, join=True)
+        fn = max(r[0] for r in results.values())
+        bn = max(r[1] for r in results.values())
+        mn = max(r[2] for r in results.values())
+        print(f"{a.gpus} GPUs ({scheme}, axis {a.axis}): forward {fn:.2f} ms ({f1 / fn:.2f}x), forward+backward "
+              f"{bn:.2f} ms ({b1 / bn:.2f}x), peak {mn:.2f} GiB per GPU ({mn / m1:.2f} of one GPU's)", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """nattn.distributed on the CPU: gloo process groups of 2 and 3 processes, each rank holding
-a contiguous (uneven) shard along one spatial axis; head-parallel NA must equal NA on the
-whole tensors, forward, LSE and gradients, for every feature."""
+a contiguous (uneven) shard along one spatial axis; head-parallel and halo NA must equal NA
+on the whole tensors, forward, LSE and gradients, for every feature."""
 
 import os
 import socket
@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import nattn
-from nattn.distributed import ContextParallel, na_ulysses, shard, shard_sizes, unshard
+from nattn.distributed import ContextParallel, na_halo, na_ulysses, shard, shard_sizes, unshard
 from nattn.nn import NeighborhoodAttention2D, NeighborhoodAttention3D
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
@@ -26,13 +26,23 @@ CASES = [
 ]
 
 
+# Halo-specific: windows that reach past a neighbour's shard (halo wider than a shard),
+# strides and dilations across shard borders, causal axes, heads that do not divide by P.
+HALO_CASES = [
+    ((17,), (9,), (3,), (1,), (False,), 5, 5, 0, False, 0),
+    ((29,), (5,), (2,), (3,), (True,), 2, 1, 2, False, 0),
+    ((12, 7), (7, 3), (1, 1), (1, 2), (False, False), 1, 1, 0, True, 0),
+    ((9, 10, 4), (3, 5, 3), (2, 4, 1), (2, 1, 1), (True, False, False), 3, 1, 0, False, 1),
+]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _check_case(case, rank, world):
+def _check_case(case, rank, world, scheme=na_ulysses):
     spatial, kernel, stride, dilation, causal, heads, heads_kv, extra, with_rpb, axis = case
     n = len(spatial)
     g = torch.Generator().manual_seed(hash(case) % 2**31)  # the same inputs on every rank
@@ -57,7 +67,7 @@ def _check_case(case, rank, world):
     it = iter(mine)
     kw.update(additional_keys=next(it) if ek is not None else None,
               additional_values=next(it) if ev is not None else None, rpb=next(it) if rpb is not None else None)
-    out, lse = na_ulysses(*local, kernel, return_lse=True, na_dim=n, axis=axis, **kw)
+    out, lse = scheme(*local, kernel, return_lse=True, na_dim=n, axis=axis, **kw)
     torch.testing.assert_close(out, shard(ref, axis, sizes=sizes), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(lse, shard(ref_lse, axis, sizes=sizes), rtol=1e-10, atol=1e-10)
     got = torch.autograd.grad([out, lse], local + mine,
@@ -71,12 +81,12 @@ def _check_case(case, rank, world):
     torch.testing.assert_close(unshard(out.detach(), axis), ref.detach(), rtol=1e-10, atol=1e-10)
 
 
-def _check_module(rank, world):
+def _check_module(rank, world, scheme="ulysses"):
     """NeighborhoodAttention3D(context_parallel=...) on shards = the module on the whole input."""
     torch.manual_seed(7)  # the same weights and input on every rank
     m = NeighborhoodAttention3D(24, 6, (3, 3, 5), dilation=(1, 2, 1), rel_pos_bias=True).double()
     cp = NeighborhoodAttention3D(24, 6, (3, 3, 5), dilation=(1, 2, 1), rel_pos_bias=True,
-                                 context_parallel=ContextParallel(axis=1)).double()
+                                 context_parallel=ContextParallel(axis=1, scheme=scheme)).double()
     cp.load_state_dict(m.state_dict())
     x = torch.randn(2, 5, 9, 7, 24, dtype=torch.float64, requires_grad=True)
     ref = m(x)
@@ -100,7 +110,10 @@ def _worker(rank, world, port, cases):
     try:
         for case in cases:
             _check_case(case, rank, world)
+        for case in HALO_CASES + cases:
+            _check_case(case, rank, world, na_halo)
         _check_module(rank, world)
+        _check_module(rank, world, "halo")
         with pytest.raises(ValueError, match="divide by the group size"):
             q = torch.randn(1, 8, 5, 4)
             na_ulysses(q, q, q, 3, na_dim=1) if world == 3 else na_ulysses(q[..., :3, :], q, q, 3, na_dim=1)
@@ -120,6 +133,8 @@ def test_module_argument_errors():
         NeighborhoodAttention2D(16, 2, 3, context_parallel=object())
     with pytest.raises(ValueError, match="spatial axis"):
         NeighborhoodAttention2D(16, 2, 3, context_parallel=ContextParallel(axis=2))
+    with pytest.raises(ValueError, match="scheme"):
+        ContextParallel(scheme="ring")
 
 
 def test_needs_a_process_group():

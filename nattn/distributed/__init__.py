@@ -4,23 +4,31 @@
 axis; an all-to-all regroups them to the full grid with a slice of the heads on each rank,
 every rank runs ordinary NA on its heads, and a second all-to-all returns the output to the
 spatial shards. Every NA feature works, forward and backward; the heads (and KV heads) must
-divide by the group size. NCCL on GPUs, gloo on CPUs (docs/distributed.md).
+divide by the group size. :func:`na_halo` (spatial halo): each rank keeps its heads and
+receives only the keys and values its queries' windows reach from its neighbours. NCCL on
+GPUs, gloo on CPUs (docs/distributed.md).
 """
 
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .halo import na_halo
 from .ulysses import na_ulysses, shard, shard_sizes, unshard
 
-__all__ = ["ContextParallel", "na_ulysses", "shard", "shard_sizes", "unshard"]
+__all__ = ["ContextParallel", "na_halo", "na_ulysses", "shard", "shard_sizes", "unshard"]
 
 
 @dataclass(frozen=True)
 class ContextParallel:
     """How a module's input is sharded: contiguous shards along spatial ``axis``, one per
-    rank of ``group`` (None: the default group), in rank order. Pass it as
-    ``NeighborhoodAttention3D(..., context_parallel=ContextParallel(group, axis=0))``; the
-    module then runs :func:`na_ulysses` on its shard."""
+    rank of ``group`` (None: the default group), in rank order, and the scheme: ``"ulysses"``
+    (:func:`na_ulysses`, heads divisible by the group size) or ``"halo"`` (:func:`na_halo`).
+    Pass it as ``NeighborhoodAttention3D(..., context_parallel=ContextParallel(group, axis=0))``."""
 
     group: Optional[Any] = None
     axis: int = 0
+    scheme: str = "ulysses"
+
+    def __post_init__(self):
+        if self.scheme not in ("ulysses", "halo"):
+            raise ValueError(f"scheme must be 'ulysses' or 'halo', got {self.scheme!r}")

@@ -62,9 +62,10 @@ class NeighborhoodAttentionND(nn.Module):
         backend: NA backend name; None for automatic choice.
         context_parallel: a ``nattn.distributed.ContextParallel(group, axis)`` when the
             input is this rank's contiguous shard along spatial ``axis`` of a problem
-            sharded over ``group``: attention then runs head-parallel across the group
+            sharded over ``group``: attention then runs across the group, head-parallel
             (``nattn.distributed.na_ulysses``; ``num_heads`` must divide by the group size)
-            and the output is this rank's shard. Replicated parameters (``rpb``) get this
+            or with key/value halos (``scheme="halo"``, ``na_halo``), and the output is this
+            rank's shard. Replicated parameters (``rpb``) get this
             rank's share of their gradient: sum it over the group. None: one process.
 
     Raises:
@@ -197,9 +198,10 @@ class NeighborhoodAttentionND(nn.Module):
         if cp is not None:
             if self.training and self.attn_drop_p > 0:
                 raise NotImplementedError("attention dropout with context_parallel (no unfused distributed path)")
-            from ..distributed import na_ulysses
-            out = na_ulysses(q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
-                             extra_k, extra_v, self.rpb, self.backend, na_dim=n, axis=cp.axis, group=cp.group)
+            from ..distributed import na_halo, na_ulysses
+            scheme = na_halo if cp.scheme == "halo" else na_ulysses
+            out = scheme(q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
+                         extra_k, extra_v, self.rpb, self.backend, na_dim=n, axis=cp.axis, group=cp.group)
         elif self.training and self.attn_drop_p > 0:
             params = NAParams(self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale)
             out = na_explicit(q, k, v, params, self.rpb, extra_k, extra_v, weights_hook=self.attn_drop)

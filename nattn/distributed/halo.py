@@ -1,0 +1,148 @@
+"""Spatial halo neighborhood attention: every rank keeps its heads and its shard of the
+queries, and receives only the keys and values its queries' windows reach (the halo) from
+the ranks that own them; the backward returns the halo's dK and dV to their owners.
+
+The local attention runs on the region of the axis that holds the rank's queries and their
+windows, widened to whole stride x dilation blocks so that every window, dilation group and
+stride leader is the one of the unsharded problem; the region's other queries are zeros and
+their outputs are dropped (compute the kernels spend on them is the price of running an
+unmodified NA op; the traffic is the halo alone)."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from ..functional import neighborhood_attention
+from ..params import BoolOrTuple, IntOrTuple, normalize_window_args
+from .ulysses import _AllToAll, _all_sizes, _pad_to, _world
+
+
+def _query_window(ig: int, len_g: int, k: int, s: int, causal: bool) -> Tuple[int, int]:
+    """[start, end] of the keys (group coordinates) query ig sees: docs/semantics.md."""
+    block = (ig // s) * s
+    if causal:
+        leader = min(block + s - 1, len_g - 1)
+        return max(0, leader - k + 1), ig
+    leader = min(block + s // 2, len_g - 1)
+    left, right = k // 2, k // 2 + k % 2 - 1
+    centre = max(min(leader, len_g - 1 - right), left)
+    return centre - left, centre + right
+
+
+def region(start: int, stop: int, length: int, k: int, s: int, d: int, causal: bool) -> Tuple[int, int]:
+    """The [lo, hi) of the axis (real coordinates) on which NA of queries [start, stop)
+    gives exactly their windows in the whole axis of ``length``."""
+    lo, hi = start, stop
+    for g in range(d):  # windows are monotone within a dilation group: its first and last query decide
+        first = start + (g - start) % d
+        last = stop - 1 - (stop - 1 - g) % d
+        if first >= stop or last < start:
+            continue
+        len_g = (length - g + d - 1) // d
+        a, _ = _query_window(first // d, len_g, k, s, causal)
+        _, b = _query_window(last // d, len_g, k, s, causal)
+        lo, hi = min(lo, g + d * a), max(hi, g + d * b + 1)
+    block = s * d  # whole stride blocks of every group, on a group-aligned origin
+    lo = lo // block * block
+    hi = min(length, -(-hi // block) * block)
+    while hi - lo < k * d and (hi < length or lo > 0):  # NA needs kernel * dilation tokens
+        hi, lo = (min(length, hi + block), lo) if hi < length else (hi, max(0, lo - block))
+    return lo, hi
+
+
+class _HaloGather(torch.autograd.Function):
+    """This rank's shard -> the region [lo, hi) of the axis it needs (pieces from the ranks
+    that own them, one all-to-all); backward: the region's gradient back to its owners, summed."""
+
+    @staticmethod
+    def forward(ctx, x, axis_dim, send, recv, longest, group):
+        ctx.axis_dim, ctx.send, ctx.recv, ctx.longest, ctx.group = axis_dim, send, recv, longest, group
+        ctx.local_len = x.shape[axis_dim]
+        blocks = [_pad_to(x.narrow(axis_dim, a, n), axis_dim, longest) for a, n in send]
+        got = _AllToAll.apply(torch.stack(blocks), group)
+        return torch.cat([got[j].narrow(axis_dim, 0, n) for j, n in enumerate(recv) if n], dim=axis_dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        axis_dim, longest = ctx.axis_dim, ctx.longest
+        pieces, offset = [], 0
+        for n in ctx.recv:
+            pieces.append(_pad_to(grad.narrow(axis_dim, offset, n), axis_dim, longest))
+            offset += n
+        back = torch.empty_like(torch.stack(pieces))
+        dist.all_to_all_single(back, torch.stack(pieces).contiguous(), group=ctx.group)
+        shape = list(grad.shape)
+        shape[axis_dim] = ctx.local_len
+        out = grad.new_zeros(shape)
+        for r, (a, n) in enumerate(ctx.send):
+            if n:
+                out.narrow(axis_dim, a, n).add_(back[r].narrow(axis_dim, 0, n))
+        return out, None, None, None, None, None
+
+
+def na_halo(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kernel_size: IntOrTuple,
+    stride: IntOrTuple = 1, dilation: IntOrTuple = 1, is_causal: BoolOrTuple = False,
+    scale: Optional[float] = None, additional_keys: Optional[torch.Tensor] = None,
+    additional_values: Optional[torch.Tensor] = None, rpb: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None, return_lse: bool = False, *, na_dim: int, axis: int = 0, group=None,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Neighborhood attention of inputs sharded along spatial ``axis`` over ``group``, moving
+    only the key/value halo.
+
+    Same arguments, inputs and results as :func:`na_ulysses` (contiguous shards in rank
+    order, uneven allowed; this rank's shard of the output and LSE); no condition on the
+    heads. Each rank computes the region of the axis its queries' windows need
+    (:func:`region`), receives the keys and values of that region it does not own, and runs
+    NA there; the backward sends the region's key/value gradients back to their owners.
+    ``rpb`` and the extra keys/values are used whole on every rank: their gradients on a
+    rank are that rank's queries' share; sum them over the group.
+    """
+    world, rank = _world(group)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != na_dim + 3:
+            raise ValueError(f"{name} must be a tensor [B, *spatial, H, D] with {na_dim} spatial axes")
+    if not 0 <= axis < na_dim:
+        raise ValueError(f"axis must be a spatial axis in [0, {na_dim}), got {axis}")
+    kernel, strides, dilations, causal = normalize_window_args(na_dim, kernel_size, stride, dilation, is_causal)
+    axis_dim = 1 + axis
+    sizes = _all_sizes(query.shape[axis_dim], group, query.device)
+    if min(sizes) < 1:
+        raise ValueError(f"every rank needs a non-empty shard along axis {axis}, got shard sizes {sizes}")
+    starts = [sum(sizes[:r]) for r in range(world)]
+    length = sum(sizes)
+    lo, hi = region(starts[rank], starts[rank] + sizes[rank], length, kernel[axis], strides[axis],
+                    dilations[axis], causal[axis])
+    # every rank's region, so that each knows what to send to whom
+    mine = torch.tensor([lo, hi], dtype=torch.int64, device=query.device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    regions = [tuple(int(x) for x in t.tolist()) for t in every]
+
+    def overlap(a0, a1, b0, b1):
+        return max(a0, b0), max(0, min(a1, b1) - max(a0, b0))
+    own0, own1 = starts[rank], starts[rank] + sizes[rank]
+    send = []  # (local offset, length) of my shard in rank r's region
+    for r0, r1 in regions:
+        a, n = overlap(own0, own1, r0, r1)
+        send.append((a - own0 if n else 0, n))
+    recv = [overlap(starts[j], starts[j] + sizes[j], lo, hi)[1] for j in range(world)]
+    longest = max([1] + [overlap(starts[j], starts[j] + sizes[j], r0, r1)[1]
+                         for j in range(world) for r0, r1 in regions])
+    k_region = _HaloGather.apply(key, axis_dim, send, recv, longest, group)
+    v_region = _HaloGather.apply(value, axis_dim, send, recv, longest, group)
+    def zeros(n):
+        shape = list(query.shape)
+        shape[axis_dim] = n
+        return query.new_zeros(shape)
+    q_region = torch.cat([zeros(own0 - lo), query, zeros(hi - own1)], dim=axis_dim)  # others' queries: 0
+    out, lse = neighborhood_attention(q_region, k_region, v_region, kernel_size, stride, dilation, is_causal,
+                                      scale, additional_keys, additional_values, rpb, backend, True,
+                                      na_dim=na_dim)
+    out = out.narrow(axis_dim, own0 - lo, sizes[rank])
+    if not return_lse:
+        return out
+    return out, lse.narrow(axis_dim, own0 - lo, sizes[rank])
