@@ -83,3 +83,34 @@ def test_valid_problem_without_gpu_reports_cuda_error():
 def test_backward_needs_its_buffers():
     rc, msg = call(problem(), fn="backward")
     assert rc == 1 and ("null" in msg)
+
+
+def test_sm90_configs_list_the_tile_pairs():
+    """libnattn lists the Hopper tile pairs of a problem (no GPU needed): one default, the
+    backward pair marked, and a pair whose box times the dilation passes 256 declined."""
+    sm90 = [(dt, nd, hd) for (fam, dt, nd), hds in LIB.kernels.items() if fam == "sm90" for hd in hds]
+    if not sm90:
+        pytest.skip("this build has no sm90 kernels")
+    dt, nd, hd = sm90[0]
+    spatial = {1: (4096,), 2: (64, 64), 3: (16, 32, 32)}[nd]
+    kernel = {1: (255,), 2: (33, 33), 3: (9, 17, 17)}[nd]
+    q = torch.empty(1, *spatial, 2, hd, dtype=getattr(torch, dt), device="meta")
+    configs = CUDA.sm90_configs(q, q, q, normalize(q, q, q, nd, kernel))
+    names = {i.tile_name for i in kernel_table.instances() if i.family == "sm90" and i.na_dim == nd}
+    assert {c["name"] for c in configs} <= names and configs
+    assert sum(c["default"] for c in configs) == 1 and all(c["keys"] > 0 and not c["declined"] for c in configs)
+    backward = {kernel_table.Instance("sm90", dt, nd, hd, t).tile_name for n, t in kernel_table.SM90_BACKWARD_TILES
+                if n == nd}
+    assert {c["name"] for c in configs if c["backward"]} <= backward
+    dil = (8,) * nd  # box extent x dilation > 256 along axis 0 for every pair's 128-token box in 1-D
+    big = torch.empty(1, *(s * 8 for s in spatial), 2, hd, dtype=q.dtype, device="meta")
+    declined = CUDA.sm90_configs(big, big, big, normalize(big, big, big, nd, (3,) * nd, dilation=dil))
+    if nd == 1:
+        assert all("256" in c["declined"] for c in declined)
+
+
+def test_bench_dry_run_prints_the_configurations(capsys):
+    from nattn.bench.__main__ import main
+    assert main(["-i", "64", "64", "-w", "33", "-d", "64", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "simt: 1 configuration" in out and "custom" in out

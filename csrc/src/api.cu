@@ -9,6 +9,7 @@
 
 #include "nattn/common/registry.h"
 #include "nattn/simt/launch.h"
+#include "nattn/sm90/tensor_map_spec.h"
 #include "nattn/problem.h"  // generated from nattn/_cuda/kernel_table.py
 
 #define NATTN_API extern "C" __attribute__((visibility("default")))
@@ -351,6 +352,17 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
   return kOk;
 }
 
+// Why the Hopper family would decline a forward with this tile pair before any driver
+// call (head dims, the tensor maps' shapes), or nullptr.
+const char* sm90_pair_declines(const nattn::Params& p, const nattn::KernelEntry& e) {
+  if (p.dim != e.head_dim || p.dim_v != e.head_dim) return "head dims must both equal the instance's";
+  nattn::sm90::MapSpec m;
+  const char* why = nattn::sm90::map_spec(p, p.q_s, p.heads, e.head_dim, e.qbox, m);
+  if (!why) why = nattn::sm90::map_spec(p, p.k_s, p.heads_kv, e.head_dim, e.kbox, m);
+  if (!why) why = nattn::sm90::map_spec(p, p.v_s, p.heads_kv, e.head_dim, e.kbox, m);
+  return why;
+}
+
 }  // namespace
 
 NATTN_API int64_t nattn_abi_version() { return NATTN_ABI_VERSION; }
@@ -373,6 +385,51 @@ NATTN_API int64_t nattn_sm90_has_backward(int64_t dtype, int64_t na_dim, int64_t
       return 1;
   }
   return 0;
+}
+
+// The Hopper family's configurations (tile pairs) for a forward problem, for profilers and
+// tuners: one line per compiled pair of the problem's dtype, NA dim and head dim,
+// "name keys flags" ('\n'-separated), keys = the keys its boxes walk per query (the cost
+// the default choice uses), flags among "default" (what a call runs unless NATTN_SM90_TILE
+// says otherwise), "backward" (the pair has the backward), "declined:<reason>". Returns 0,
+// or the error code and message of a forward with the same fields.
+NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* out, int64_t out_len, char* err,
+                                 int64_t err_len) {
+  nattn::Params p;
+  const nattn::KernelEntry* entry = nullptr;
+  const int code = build_params(fields, n_fields, 1.0, false, p, entry, err, err_len);
+  if (code != kOk) return code;
+  if (!out || out_len <= 0) return kInvalid;
+  const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
+  const nattn::KernelEntry* first = nullptr;
+  const nattn::KernelEntry* best = nullptr;
+  double best_cost = 0;
+  for (int i = 0; i < nattn::kNumKernels; ++i) {  // the default: find_sm90 without NATTN_SM90_TILE
+    const nattn::KernelEntry& e = nattn::kKernels[i];
+    if (!e.family || strcmp(e.family, "sm90") || e.dtype != p.dtype || e.na_dim != p.na_dim || e.head_dim != dim_max)
+      continue;
+    const double cost = sm90_tile_cost(p, e);
+    if (!first) first = &e;
+    if (!best || cost < best_cost) best = &e, best_cost = cost;
+  }
+  if (best && best != first && best_cost > kSm90TileGain * sm90_tile_cost(p, *first)) best = first;
+  int64_t used = 0;
+  out[0] = '\0';
+  for (int i = 0; i < nattn::kNumKernels; ++i) {
+    const nattn::KernelEntry& e = nattn::kKernels[i];
+    if (!e.family || strcmp(e.family, "sm90") || e.dtype != p.dtype || e.na_dim != p.na_dim || e.head_dim != dim_max)
+      continue;
+    char name[64];
+    sm90_tile_name(e, p.na_dim, name, sizeof name);
+    const char* why = sm90_pair_declines(p, e);
+    const int n = snprintf(out + used, size_t(out_len - used), "%s%s %.0f%s%s%s%s", used ? "\n" : "", name,
+                           sm90_tile_cost(p, e), &e == best ? " default" : "", e.backward ? " backward" : "",
+                           why ? " declined:" : "", why ? why : "");
+    if (n < 0 || used + n >= out_len) return fail(err, err_len, kInvalid, NattnProblem{}, "nattn_sm90_configs",
+                                                  "output buffer of %lld bytes too small", (long long)out_len);
+    used += n;
+  }
+  return kOk;
 }
 
 // "family:dtype:na_dim:head_dim" for every compiled instance, ';'-separated.

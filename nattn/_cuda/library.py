@@ -64,6 +64,11 @@ class Library:
             fn.argtypes = [ctypes.c_int64] * 3
             self.sm90_backward = {(dt, n, hd) for code, dt in enumerate(kernel_table.DTYPES) for n in (1, 2, 3)
                                   for hd in (32, 64, 128) if fn(code, n, hd)}
+        self._sm90_configs = getattr(lib, "nattn_sm90_configs", None)
+        if self._sm90_configs is not None:
+            self._sm90_configs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,
+                                           ctypes.c_char_p, ctypes.c_int64]
+            self._sm90_configs.restype = ctypes.c_int
         # (family, dtype, na_dim) -> sorted head-dim buckets
         self.kernels = {}
         for item in lib.nattn_kernels().decode().split(";"):
@@ -72,6 +77,26 @@ class Library:
                 self.kernels.setdefault((family, dtype, int(na_dim)), []).append(int(head_dim))
         for buckets in self.kernels.values():
             buckets.sort()
+
+
+    def sm90_configs(self, fields) -> list:
+        """The Hopper family's tile pairs for a forward problem (packed fields), as dicts
+        ``name, keys, default, backward, declined`` (the reason, or None); [] when this build
+        has no sm90 kernel for it. Raises ValueError with libnattn's message for a bad problem."""
+        if self._sm90_configs is None:
+            return []
+        out, err = ctypes.create_string_buffer(1 << 14), ctypes.create_string_buffer(1024)
+        rc = self._sm90_configs(ctypes.cast(fields, ctypes.c_void_p), len(fields), out, len(out), err, len(err))
+        if rc:
+            raise ValueError(err.value.decode(errors="replace"))
+        configs = []
+        for line in filter(None, out.value.decode().split("\n")):
+            parts = line.split(" ", 2)
+            flags, _, declined = (parts[2] if len(parts) > 2 else "").partition("declined:")
+            words = flags.split()
+            configs.append(dict(name=parts[0], keys=int(parts[1]), default="default" in words,
+                                backward="backward" in words, declined=declined or None))
+        return configs
 
 
 def load() -> Optional[Library]:

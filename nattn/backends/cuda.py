@@ -173,6 +173,18 @@ class CudaBackend(Backend):
         assert len(vals) == kernel_table.NUM_PROBLEM_FIELDS
         return _Problem(*vals), device
 
+    def sm90_configs(self, q, k, v, params) -> list:
+        """The Hopper family's tile pairs for this forward problem (``Library.sm90_configs``).
+        Only shapes, dtypes and strides matter: ``q``, ``k``, ``v`` may be meta tensors."""
+        lib = self._lib()
+        shape_only = [t if t is not None else None for t in (q, k, v)]
+        out = torch.empty(v.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device="meta")
+        fields, _ = self._template(params, (*shape_only, out, None, None, None, None))
+        fields = _Problem.from_buffer_copy(fields)
+        for slot in _PTR_SLOTS[:5]:  # q, k, v, out, lse: never dereferenced by the query
+            fields[slot] = 1 << 20
+        return lib.sm90_configs(fields)
+
     def _call(self, fn, fields, device, scale):
         rc = fn(fields, len(fields), scale, _raw_stream(device), self._err, _ERR_LEN)
         if rc:

@@ -13,6 +13,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .run import run
 
     args, problems = parse(argv)
+    if args.dry_run:
+        from .configs import dry_run
+        print(dry_run(problems, args.dtype))
+        return 0
     outcome = run(args, problems)
     if args.markdown:
         print()

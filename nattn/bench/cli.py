@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also time nattn with this backend (repeatable); nattn's automatic choice always runs")
     run.add_argument("--no-peers", action="store_true", help="skip the dense SDPA and flex rows")
     run.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="list the kernel configurations of each family for the problems (tile pairs of "
+                          "the Hopper family, the default, the ones it declines) and exit; no GPU needed")
     run.add_argument("--time-budget", type=float, default=0.0, metavar="S",
                      help="stop starting new problems after S seconds (0: no limit)")
     out = p.add_argument_group("output")
