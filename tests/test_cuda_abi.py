@@ -110,7 +110,21 @@ def test_sm90_configs_list_the_tile_pairs():
 
 
 def test_bench_dry_run_prints_the_configurations(capsys):
+    """On the library's own (dtype, NA dim, head dim), and on one it has no kernel for."""
     from nattn.bench.__main__ import main
-    assert main(["-i", "64", "64", "-w", "33", "-d", "64", "--dry-run"]) == 0
+    dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[DTYPE_NAME]
+    size = {1: ["512"], 2: ["64", "64"], 3: ["16", "32", "32"]}[NA_DIM]
+    window = {1: ["33"], 2: ["9"], 3: ["5"]}[NA_DIM]
+    assert main(["-i", *size, "-w", *window, "-d", str(DIM), "--dtype", dtype, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "simt: 1 configuration" in out and "custom" in out
+    assert "simt: 1 configuration" in out and "custom" in out and "libnattn:" not in out
+    assert main(["-i", *size, "-w", *window, "-d", "264", "--dtype", dtype, "--dry-run"]) == 0
+    assert "libnattn:" in capsys.readouterr().out  # no kernel for head dim 264: said, not raised
+
+
+def test_bench_optimize_needs_a_hopper_gpu():
+    from nattn.bench.__main__ import main
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("a 9.0 GPU is here: the GPU tier times --optimize")
+    with pytest.raises(SystemExit, match="compute capability 9.0"):
+        main(["-i", "64", "64", "-w", "33", "--optimize"])

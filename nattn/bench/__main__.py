@@ -17,6 +17,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .configs import dry_run
         print(dry_run(problems, args.dtype))
         return 0
+    if args.optimize:
+        from .configs import optimize
+        print(optimize(problems, args))
+        return 0
+    if args.config:  # read by libnattn on every call
+        import os
+        os.environ["NATTN_SM90_TILE"] = args.config
     outcome = run(args, problems)
     if args.markdown:
         print()

@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="list the kernel configurations of each family for the problems (tile pairs of "
                           "the Hopper family, the default, the ones it declines) and exit; no GPU needed")
+    run.add_argument("--optimize", action="store_true",
+                     help="time every Hopper tile pair that takes the problems (a compute capability 9.0 "
+                          "GPU) and print the best beside the default")
+    run.add_argument("--config", metavar="NAME",
+                     help="run the Hopper family's tile pair NAME (as listed by --dry-run) wherever it applies")
     run.add_argument("--time-budget", type=float, default=0.0, metavar="S",
                      help="stop starting new problems after S seconds (0: no limit)")
     out = p.add_argument_group("output")
