@@ -21,7 +21,7 @@ from triton.testing import do_bench
 
 import nattn
 from nattn.bench import ANCHORS
-from sm90_forward import CROSSOVER
+from sm90_forward import CROSSOVER, with_family
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 KERNELS = ("delta_kernel", "backward_dq_kernel", "backward_dkv_kernel", "dq_convert_kernel")
@@ -33,18 +33,6 @@ def timed(fn, large):
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return float("nan")
-
-
-def with_family(family, fn):
-    old = os.environ.pop("NATTN_FAMILY", None)
-    if family:
-        os.environ["NATTN_FAMILY"] = family
-    try:
-        return fn()
-    finally:
-        os.environ.pop("NATTN_FAMILY", None)
-        if old is not None:
-            os.environ["NATTN_FAMILY"] = old
 
 
 def dense_backward_rate():

@@ -17,10 +17,11 @@ import torch
 
 
 def axis_window(
-    length: int, kernel: int, stride: int, dilation: int, causal: bool, device=None
+    length: int, kernel: int, stride: int, dilation: int, causal: bool, device=None, queries=None
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-axis window: ``(key_coord, valid, rpb_offset)``, each ``[length, kernel]``."""
-    i = torch.arange(length, device=device)
+    """Per-axis window: ``(key_coord, valid, rpb_offset)``, each ``[length, kernel]``, or
+    ``[len(queries), kernel]`` for just the query coordinates ``queries`` of the axis."""
+    i = torch.arange(length, device=device) if queries is None else torch.as_tensor(queries, device=device)
     group = i % dilation  # dilation group of the query
     ig = i // dilation  # coordinate inside the group
     group_len = (length - group + dilation - 1) // dilation  # ceil((L - g) / d)
@@ -36,7 +37,7 @@ def axis_window(
         right = kernel // 2 + kernel % 2 - 1
         centre = torch.maximum(torch.minimum(leader, group_len - 1 - right), torch.full_like(leader, left))
         jg = (centre - left)[:, None] + t[None, :]
-        valid = torch.ones(length, kernel, dtype=torch.bool, device=device)
+        valid = torch.ones(i.shape[0], kernel, dtype=torch.bool, device=device)
     key_coord = jg.clamp(min=0) * dilation + group[:, None]
     rpb_offset = jg - ig[:, None] + kernel - 1
     return key_coord, valid, rpb_offset

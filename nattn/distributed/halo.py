@@ -17,34 +17,18 @@ import torch.distributed as dist
 
 from ..functional import neighborhood_attention
 from ..params import BoolOrTuple, IntOrTuple, normalize_window_args
-from .ulysses import _AllToAll, _all_sizes, _pad_to, _world
-
-
-def _query_window(ig: int, len_g: int, k: int, s: int, causal: bool) -> Tuple[int, int]:
-    """[start, end] of the keys (group coordinates) query ig sees: docs/semantics.md."""
-    block = (ig // s) * s
-    if causal:
-        leader = min(block + s - 1, len_g - 1)
-        return max(0, leader - k + 1), ig
-    leader = min(block + s // 2, len_g - 1)
-    left, right = k // 2, k // 2 + k % 2 - 1
-    centre = max(min(leader, len_g - 1 - right), left)
-    return centre - left, centre + right
+from ..windows import axis_window
+from .ulysses import _AllToAll, _all_sizes, _check_shards, _pad_to, _world
 
 
 def region(start: int, stop: int, length: int, k: int, s: int, d: int, causal: bool) -> Tuple[int, int]:
     """The [lo, hi) of the axis (real coordinates) on which NA of queries [start, stop)
     gives exactly their windows in the whole axis of ``length``."""
-    lo, hi = start, stop
-    for g in range(d):  # windows are monotone within a dilation group: its first and last query decide
-        first = start + (g - start) % d
-        last = stop - 1 - (stop - 1 - g) % d
-        if first >= stop or last < start:
-            continue
-        len_g = (length - g + d - 1) // d
-        a, _ = _query_window(first // d, len_g, k, s, causal)
-        _, b = _query_window(last // d, len_g, k, s, causal)
-        lo, hi = min(lo, g + d * a), max(hi, g + d * b + 1)
+    # windows are monotone within a dilation group: its first and last query decide
+    ends = {q for g in range(d) for q in (start + (g - start) % d, stop - 1 - (stop - 1 - g) % d)
+            if start <= q < stop}
+    keys, valid, _ = axis_window(length, k, s, d, causal, queries=sorted(ends))
+    lo, hi = min(start, int(keys[valid].min())), max(stop, int(keys[valid].max()) + 1)
     block = s * d  # whole stride blocks of every group, on a group-aligned origin
     lo = lo // block * block
     hi = min(length, -(-hi // block) * block)
@@ -102,11 +86,7 @@ def na_halo(
     rank are that rank's queries' share; sum them over the group.
     """
     world, rank = _world(group)
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.dim() != na_dim + 3:
-            raise ValueError(f"{name} must be a tensor [B, *spatial, H, D] with {na_dim} spatial axes")
-    if not 0 <= axis < na_dim:
-        raise ValueError(f"axis must be a spatial axis in [0, {na_dim}), got {axis}")
+    _check_shards(query, key, value, na_dim, axis)
     kernel, strides, dilations, causal = normalize_window_args(na_dim, kernel_size, stride, dilation, is_causal)
     axis_dim = 1 + axis
     sizes = _all_sizes(query.shape[axis_dim], group, query.device)

@@ -55,6 +55,15 @@ def _all_sizes(local: int, group, device) -> List[int]:
     return [int(t.item()) for t in every]
 
 
+def _check_shards(query, key, value, na_dim: int, axis: int) -> None:
+    """The checks both schemes make on their sharded inputs."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != na_dim + 3:
+            raise ValueError(f"{name} must be a tensor [B, *spatial, H, D] with {na_dim} spatial axes")
+    if not 0 <= axis < na_dim:
+        raise ValueError(f"axis must be a spatial axis in [0, {na_dim}), got {axis}")
+
+
 def _pad_to(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     if x.shape[dim] == size:
         return x
@@ -137,11 +146,7 @@ def na_ulysses(
     the group, as for any parameter replicated across context-parallel ranks.
     """
     world, rank = _world(group)
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.dim() != na_dim + 3:
-            raise ValueError(f"{name} must be a tensor [B, *spatial, H, D] with {na_dim} spatial axes")
-    if not 0 <= axis < na_dim:
-        raise ValueError(f"axis must be a spatial axis in [0, {na_dim}), got {axis}")
+    _check_shards(query, key, value, na_dim, axis)
     heads, heads_kv = query.shape[-2], key.shape[-2]
     if heads % world or heads_kv % world:
         raise ValueError(f"heads ({heads}) and KV heads ({heads_kv}) must divide by the group size ({world}) "
