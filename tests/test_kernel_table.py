@@ -24,9 +24,18 @@ def test_sm90_is_16_bit_with_exact_head_dims():
             continue
         q, k = i.tile
         assert len(q) == len(k) == i.na_dim
-        assert math.prod(q) == 128 and q[0] % 2 == 0 and math.prod(k) in (64, 128)
+        # 128 queries (even along axis 0) or 64; key boxes whole 16s up to 160, the last
+        # axis whole 8-column groups (tiles.cuh, box_mask.cuh)
+        assert (math.prod(q) == 128 and q[0] % 2 == 0) or math.prod(q) == 64
+        assert math.prod(k) % 16 == 0 and 64 <= math.prod(k) <= 160 and k[-1] % 8 == 0
+        if math.prod(q) == 64:  # one consumer warpgroup: registers for head dims up to 64
+            assert i.head_dim <= 64
+    # every 64-query pair says at which head dims it is built
+    for na, t in kt.SM90_TILES:
+        assert (math.prod(t[0]) == 64) == any(x == t for x, _ in kt.SM90_TILE_HEAD_DIMS)
     per_na = {n: {i.tile_name for i in insts if i.family == "sm90" and i.na_dim == n} for n in kt.NA_DIMS}
-    assert per_na[1] == {"q128_k128", "q128_k64"} and "q8x16_k8x16" in per_na[2] and "q2x8x8_k2x8x8" in per_na[3]
+    assert per_na[1] == {"q128_k128", "q128_k64", "q64_k128"}
+    assert {"q8x16_k8x16", "q8x8_k7x16"} <= per_na[2] and {"q2x8x8_k2x8x8", "q2x4x8_k1x5x16"} <= per_na[3]
     assert len({i.stem for i in insts}) == len(insts)  # every instance its own file
     # the library's default pair per NA dim is the first it meets in the table (src/api.cu)
     for n in kt.NA_DIMS:
@@ -71,7 +80,7 @@ def test_generated_table_names_every_family(tmp_path):
     sources = kt.generate(str(tmp_path), insts)
     assert sorted(p.rsplit("/", 1)[-1] for p in sources) == [
         "kernel_table.cu", "simt_bfloat16_na1d_hd32.cu", "sm90_bfloat16_na1d_hd32_q128_k128.cu",
-        "sm90_bfloat16_na1d_hd32_q128_k64.cu", "tc_bfloat16_na1d_hd32.cu"]
+        "sm90_bfloat16_na1d_hd32_q128_k64.cu", "sm90_bfloat16_na1d_hd32_q64_k128.cu", "tc_bfloat16_na1d_hd32.cu"]
     table = (tmp_path / "kernel_table.cu").read_text()
     for fam in ("simt", "tc", "sm90"):
         assert f'#include "nattn/{fam}/launch.h"' in table

@@ -10,6 +10,7 @@
 #include "nattn/common/registry.h"
 #include "nattn/simt/launch.h"
 #include "nattn/sm90/tensor_map_spec.h"
+#include "nattn/sm90/tiles.cuh"
 #include "nattn/problem.h"  // generated from nattn/_cuda/kernel_table.py
 
 #define NATTN_API extern "C" __attribute__((visibility("default")))
@@ -102,10 +103,12 @@ constexpr int64_t kSm90MinWindow[3] = {128, 1000, 4000};
 // Keys the Hopper family walks per query with a (query box, key box) pair: per axis, the
 // union of a query box's windows (the window plus the leaders' spread: blocks of `stride`
 // queries share a window) rounded up to whole key boxes. 64-key boxes count 15% more (a
-// narrower wgmma keeps the tensor cores less busy).
+// narrower wgmma keeps the tensor cores less busy); 64-query boxes (one consumer
+// warpgroup, no ping-pong, boxes run one after the other) count kSm90SmallQueryCost more.
+constexpr double kSm90SmallQueryCost = 1.3;
 double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
   double keys = 1;
-  int kbox_size = 1;
+  int kbox_size = 1, qbox_size = 1;
   for (int a = 0; a < p.na_dim; ++a) {
     const int d = p.dilation[a], s = p.stride[a], k = p.kernel[a];
     const int len = (p.spatial[a] + d - 1) / d;
@@ -114,8 +117,10 @@ double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
     const int uni = span < len ? span : len;
     keys *= double((uni + e.kbox[a] - 1) / e.kbox[a]) * e.kbox[a];
     kbox_size *= e.kbox[a];
+    qbox_size *= e.qbox[a];
   }
-  return kbox_size < 128 ? keys * 1.15 : keys;
+  if (kbox_size <= 64) keys *= 1.15;
+  return qbox_size < 128 ? keys * kSm90SmallQueryCost : keys;
 }
 
 // The first pair of an NA dim in the table (SM90_TILES) is its default; another runs only
@@ -134,31 +139,50 @@ void sm90_tile_name(const nattn::KernelEntry& e, int na_dim, char* buf, size_t n
   for (int a = 0; a < na_dim; ++a) used += snprintf(buf + used, n - used, a ? "x%d" : "%d", e.kbox[a]);
 }
 
-// The Hopper entry for a problem: NATTN_SM90_TILE's pair, else the default pair unless
-// another walks clearly fewer keys (kSm90TileGain).
-const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char** why) {
-  const char* forced = getenv("NATTN_SM90_TILE");
-  if (forced && !*forced) forced = nullptr;
+// Whether a pair can take the problem's RPB (64-query pairs stage the head's table in
+// shared memory, up to kSmallRpbStageFloats); the default choice skips those that cannot.
+bool sm90_pair_fits(const nattn::Params& p, const nattn::KernelEntry& e) {
+  const int queries = e.qbox[0] * (p.na_dim > 1 ? e.qbox[1] : 1) * (p.na_dim > 2 ? e.qbox[2] : 1);
+  return !p.rpb || queries >= nattn::sm90::kQueryRows || p.rpb_head_size <= nattn::sm90::kSmallRpbStageFloats;
+}
+
+bool is_sm90_entry(const nattn::KernelEntry& e, const nattn::Params& p, int dim) {
+  return e.family && !strcmp(e.family, "sm90") && e.dtype == p.dtype && e.na_dim == p.na_dim && e.head_dim == dim;
+}
+
+// The pair a problem runs by default: the one walking the fewest keys (sm90_tile_cost)
+// among those that fit it, unless the table's first pair of the NA dim is within
+// kSm90TileGain of it.
+const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
   const nattn::KernelEntry* best = nullptr;
   const nattn::KernelEntry* first = nullptr;
   double best_cost = 0;
   for (int i = 0; i < nattn::kNumKernels; ++i) {
     const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!e.family || strcmp(e.family, "sm90") || e.dtype != p.dtype || e.na_dim != p.na_dim || e.head_dim != dim)
-      continue;
-    if (forced) {
-      char name[64];
-      sm90_tile_name(e, p.na_dim, name, sizeof name);
-      if (!strcmp(name, forced)) return &e;
-      continue;
-    }
+    if (!is_sm90_entry(e, p, dim) || !sm90_pair_fits(p, e)) continue;
     const double cost = sm90_tile_cost(p, e);
     if (!first) first = &e;
     if (!best || cost < best_cost) best = &e, best_cost = cost;
   }
   if (best && best != first && best_cost > kSm90TileGain * sm90_tile_cost(p, *first)) best = first;
-  if (!best) *why = forced ? "NATTN_SM90_TILE names no compiled tile pair for this NA dim"
-                           : "no compiled sm90 kernel for this dtype, NA dim and head dim";
+  return best;
+}
+
+// The Hopper entry for a problem: NATTN_SM90_TILE's pair, else the default one.
+const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char** why) {
+  const char* forced = getenv("NATTN_SM90_TILE");
+  if (forced && *forced) {
+    for (int i = 0; i < nattn::kNumKernels; ++i) {
+      const nattn::KernelEntry& e = nattn::kKernels[i];
+      char name[64];
+      sm90_tile_name(e, p.na_dim, name, sizeof name);
+      if (is_sm90_entry(e, p, dim) && !strcmp(name, forced)) return &e;
+    }
+    *why = "NATTN_SM90_TILE names no compiled tile pair for this NA dim and head dim";
+    return nullptr;
+  }
+  const nattn::KernelEntry* best = default_sm90(p, dim);
+  if (!best) *why = "no compiled sm90 kernel for this dtype, NA dim and head dim";
   return best;
 }
 
@@ -356,6 +380,7 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
 // call (head dims, the tensor maps' shapes), or nullptr.
 const char* sm90_pair_declines(const nattn::Params& p, const nattn::KernelEntry& e) {
   if (p.dim != e.head_dim || p.dim_v != e.head_dim) return "head dims must both equal the instance's";
+  if (!sm90_pair_fits(p, e)) return "an RPB table above 4096 entries per head needs a 128-query tile pair";
   nattn::sm90::MapSpec m;
   const char* why = nattn::sm90::map_spec(p, p.q_s, p.heads, e.head_dim, e.qbox, m);
   if (!why) why = nattn::sm90::map_spec(p, p.k_s, p.heads_kv, e.head_dim, e.kbox, m);
@@ -401,24 +426,12 @@ NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* 
   if (code != kOk) return code;
   if (!out || out_len <= 0) return kInvalid;
   const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
-  const nattn::KernelEntry* first = nullptr;
-  const nattn::KernelEntry* best = nullptr;
-  double best_cost = 0;
-  for (int i = 0; i < nattn::kNumKernels; ++i) {  // the default: find_sm90 without NATTN_SM90_TILE
-    const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!e.family || strcmp(e.family, "sm90") || e.dtype != p.dtype || e.na_dim != p.na_dim || e.head_dim != dim_max)
-      continue;
-    const double cost = sm90_tile_cost(p, e);
-    if (!first) first = &e;
-    if (!best || cost < best_cost) best = &e, best_cost = cost;
-  }
-  if (best && best != first && best_cost > kSm90TileGain * sm90_tile_cost(p, *first)) best = first;
+  const nattn::KernelEntry* best = default_sm90(p, dim_max);
   int64_t used = 0;
   out[0] = '\0';
   for (int i = 0; i < nattn::kNumKernels; ++i) {
     const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!e.family || strcmp(e.family, "sm90") || e.dtype != p.dtype || e.na_dim != p.na_dim || e.head_dim != dim_max)
-      continue;
+    if (!is_sm90_entry(e, p, dim_max)) continue;
     char name[64];
     sm90_tile_name(e, p.na_dim, name, sizeof name);
     const char* why = sm90_pair_declines(p, e);

@@ -47,20 +47,37 @@ class Family:
     tiles: Tuple[Tuple[int, Tuple[Tuple[int, ...], Tuple[int, ...]]], ...] = ()
     # Tiled families: the tile pairs that also get a backward instance (empty: all of them).
     backward_tiles: Tuple[Tuple[int, Tuple[Tuple[int, ...], Tuple[int, ...]]], ...] = ()
+    # Tiled families: (tile pair, head dims) for pairs built at fewer head dims than the family's.
+    tile_head_dims: Tuple[Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], Tuple[int, ...]], ...] = ()
+
+    def tile_has_head_dim(self, tile, head_dim: int) -> bool:
+        return tile is None or all(head_dim in dims for t, dims in self.tile_head_dims if t == tuple(tile))
 
     def tiles_for(self, na_dim: int):
         return [t for n, t in self.tiles if n == na_dim] or [None]
 
 
-# The Hopper family's (query box, key box) pairs: 128 queries (even along axis 0, one half
-# per consumer warpgroup), 64 or 128 keys. The library picks one per problem by the keys its
-# boxes walk per query (src/api.cu, sm90_tile_cost); measured in docs/dev/PERF.md.
+# The Hopper family's (query box, key box) pairs. 128 queries (even along axis 0, one half
+# per consumer warpgroup) with 64 or 128 keys for large windows; 64 queries (one consumer
+# warpgroup, several CTAs per SM) with key boxes shaped to small windows' unions (an 8 x 8
+# query box with a 7 x 7 window needs 14 x 14 keys: two 7 x 16 boxes). The library picks
+# one per problem by the keys its boxes walk per query (src/api.cu, sm90_tile_cost); the
+# first pair of an NA dim is its default; measured in docs/dev/PERF.md.
 SM90_TILES = (
     (1, ((128,), (128,))),
     (2, ((8, 16), (8, 16))), (2, ((8, 16), (4, 16))), (2, ((8, 16), (8, 8))),
     (3, ((2, 8, 8), (2, 8, 8))), (3, ((4, 4, 8), (2, 4, 16))), (3, ((4, 8, 4), (4, 2, 16))),
     (3, ((4, 4, 8), (4, 2, 16))),
     (1, ((128,), (64,))), (3, ((2, 8, 8), (1, 8, 8))),
+    (1, ((64,), (128,))),
+    (2, ((8, 8), (7, 16))), (2, ((8, 8), (4, 24))),
+    (3, ((2, 4, 8), (1, 5, 16))),
+)
+# The 64-query pairs (one consumer warpgroup, two CTAs per SM: <= 168 registers a thread)
+# hold their accumulators without spilling only at these head dims.
+SM90_TILE_HEAD_DIMS = (
+    (((64,), (128,)), (32, 64)), (((8, 8), (7, 16)), (32,)), (((8, 8), (4, 24)), (32, 64)),
+    (((2, 4, 8), (1, 5, 16)), (32, 64)),
 )
 # The pairs with a backward (csrc/include/nattn/sm90/backward_*.cuh): a 128-token box and a
 # 64-token box. The dQ pass walks 64-key boxes from 128-query boxes; the dK/dV pass swaps
@@ -79,7 +96,8 @@ FAMILIES = (
     Family("simt", 50, DTYPES, HEAD_DIM_BUCKETS, NA_DIMS),
     Family("tc", 80, ("float16", "bfloat16"), (16, 32, 64, 128), NA_DIMS),
     Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128), NA_DIMS, only_archs=("9.0",),
-           prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES),
+           prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES,
+           tile_head_dims=SM90_TILE_HEAD_DIMS),
 )
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 
@@ -196,7 +214,8 @@ def instances(dtypes: str = "", head_dims: str = "", na_dims: str = "", archs: s
             for nd in _subset(na_dims, fam.na_dims, int):
                 for hd in _subset(head_dims, HEAD_DIM_BUCKETS, int):
                     if dt in fam.dtypes and hd in fam.head_dims:
-                        out.extend(Instance(fam.name, dt, nd, hd, t) for t in fam.tiles_for(nd))
+                        out.extend(Instance(fam.name, dt, nd, hd, t) for t in fam.tiles_for(nd)
+                                   if fam.tile_has_head_dim(t, hd))
     return out
 
 

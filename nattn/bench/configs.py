@@ -43,7 +43,8 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
     runs = "runs by default" if minimum is not None and params.window_size >= minimum else \
         f"runs by default from {minimum} keys per query (this window: {params.window_size})"
     lines.append(f"  sm90 (compute capability 9.0; {runs}; force one with NATTN_SM90_TILE=<name>; cost: keys "
-                 "walked per query, 64-key boxes counted 1.15x; backward: the pair the backward uses):")
+                 "walked per query, 64-key boxes counted 1.15x, 64-query boxes 1.3x; backward: the pair the "
+                 "backward uses):")
     width = max(len(c["name"]) for c in configs)
     for c in configs:
         flags = [f for f, on in (("default", c["default"]), ("backward", c["backward"])) if on]

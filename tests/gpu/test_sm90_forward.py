@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
-from gpu_cases import make_inputs, rel_err  # noqa: E402
+from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
 from sm90_cases import sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -24,13 +24,46 @@ if os.environ.get("NATTN_FAMILY") != "sm90":
 CASES = sm90_sweep(int(os.environ.get("NATTN_SM90_CASES", "1100")), seed=4242)
 # Every (query box, key box) pair of the kernel table, each forced (NATTN_SM90_TILE) on its
 # own fresh cases: the default choice only reaches the pairs its cost model prefers.
-from nattn._cuda.kernel_table import SM90_TILES, Instance  # noqa: E402
-TILES = [(na, Instance("sm90", "bfloat16", na, 64, t).tile_name) for na, t in SM90_TILES]
+from nattn._cuda.kernel_table import FAMILY_BY_NAME, SM90_TILES, Instance  # noqa: E402
+TILES = [(na, t, Instance("sm90", "bfloat16", na, 64, t).tile_name) for na, t in SM90_TILES]
 PER_TILE = int(os.environ.get("NATTN_SM90_TILE_CASES", "150"))
-TILE_CASES = [(name, c) for j, (na, name) in enumerate(TILES)
-              for c in sm90_sweep(3 * PER_TILE, seed=900 + j) if len(c.spatial) == na]
+# 64-query pairs stage the RPB table in shared memory (up to this many entries per head).
+SMALL_RPB_STAGE = 4096
+
+
+def pair_takes(tile, case):
+    """Whether a forced pair is built for the case's head dim and can take its RPB table."""
+    if not FAMILY_BY_NAME["sm90"].tile_has_head_dim(tile, case.dim):
+        return False
+    queries = 1
+    for x in tile[0]:
+        queries *= x
+    table = 1
+    for k in case.kernel:
+        table *= 2 * k - 1
+    return not (case.rpb and queries < 128 and table > SMALL_RPB_STAGE)
+
+
+TILE_CASES = [(name, c) for j, (na, t, name) in enumerate(TILES)
+              for c in sm90_sweep(3 * PER_TILE, seed=900 + j) if len(c.spatial) == na and pair_takes(t, c)]
 WIDE = sm90_sweep(int(os.environ.get("NATTN_SM90_WIDE_CASES", "120")), seed=5151, wide=True)
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+# 64-query pairs run persistent CTAs (two per SM walk every query box): problems with
+# thousands of boxes, so that each CTA serves many of them, heads and RPB tables changing.
+MANY_BOXES = [
+    GpuCase(spatial=(56, 56), kernel=(7, 7), stride=(1, 1), dilation=(1, 1), causal=(False, False), batch=6,
+            heads=4, heads_kv=4, dim=32, dim_v=32, extra=0, rpb=True, dtype=torch.bfloat16, layout="fused",
+            scale=None, seed=11),
+    GpuCase(spatial=(64, 48), kernel=(13, 9), stride=(2, 1), dilation=(1, 2), causal=(False, True), batch=3,
+            heads=6, heads_kv=2, dim=64, dim_v=64, extra=5, rpb=False, dtype=torch.float16, layout="plain",
+            scale=0.2, seed=12),
+    GpuCase(spatial=(8, 32, 40), kernel=(3, 5, 7), stride=(1, 1, 1), dilation=(1, 1, 1), causal=(True, False, False),
+            batch=2, heads=4, heads_kv=4, dim=64, dim_v=64, extra=0, rpb=True, dtype=torch.bfloat16, layout="plain",
+            scale=None, seed=13),
+    GpuCase(spatial=(9000,), kernel=(33,), stride=(1,), dilation=(2,), causal=(False,), batch=2, heads=3, heads_kv=3,
+            dim=32, dim_v=32, extra=0, rpb=True, dtype=torch.bfloat16, layout="plain", scale=None, seed=14),
+]
+SMALL_PAIRS = {1: "q64_k128", 2: "q8x8_k4x24", 3: "q2x4x8_k1x5x16"}
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 
 
@@ -67,6 +100,12 @@ def test_sm90_forward_wide_windows(case):
 @pytest.mark.parametrize("tile,case", TILE_CASES, ids=[f"{t}-{i}-{c}" for i, (t, c) in enumerate(TILE_CASES)])
 def test_sm90_forward_every_tile_pair(tile, case, monkeypatch):
     monkeypatch.setenv("NATTN_SM90_TILE", tile)  # read by libnattn on every call
+    compare(case)
+
+
+@pytest.mark.parametrize("case", MANY_BOXES, ids=[str(c) for c in MANY_BOXES])
+def test_sm90_persistent_ctas_walk_many_boxes(case, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", SMALL_PAIRS[len(case.spatial)])
     compare(case)
 
 

@@ -13,7 +13,7 @@ NATTN_HD int nattn_max(int a, int b) { return a > b ? a : b; }
 struct AxisRange { int start, count; };
 
 NATTN_HD AxisRange query_window(int ig, int len_g, int k, int s, bool causal) {
-  const int block = (ig / s) * s;
+  const int block = s == 1 ? ig : (ig / s) * s;  // no integer division in the common case
   if (causal) {
     const int leader = nattn_min(block + s - 1, len_g - 1);
     const int start = nattn_max(0, leader - k + 1);
@@ -46,6 +46,6 @@ NATTN_HD AxisRange key_inverse(int jg, int len_g, int k, int s, bool causal) {
 }
 
 // Number of tokens of dilation group g along an axis of length len: ceil((len - g) / d).
-NATTN_HD int group_len(int len, int g, int d) { return (len - g + d - 1) / d; }
+NATTN_HD int group_len(int len, int g, int d) { return d == 1 ? len - g : (len - g + d - 1) / d; }
 
 }  // namespace nattn

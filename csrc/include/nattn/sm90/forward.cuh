@@ -1,15 +1,19 @@
 // Hopper (sm_90a) fused NA forward: TMA loads, wgmma products, warp specialization.
 //
-// A CTA of 3 warpgroups serves one query box (tiles.cuh) of one (batch, head):
-//   warpgroup 0, one thread: the producer. It loads the query box once and then the key
-//     and value boxes covering the union of the queries' windows, each with one bulk
-//     tensor copy per 64 channels into a ring of STAGES shared-memory slots; the copies
-//     complete on the slot's "full" mbarriers, and the producer waits on the slot's
-//     "empty" mbarrier before reusing it.
-//   warpgroups 1 and 2: consumers, 64 queries each. Per key box: S = Q K^T (wgmma, both
+// A CTA serves one query box (tiles.cuh) of one (batch, head):
+//   the producer, one thread: it loads the query box once and then the key and value
+//     boxes covering the union of the queries' windows, each with one bulk tensor copy
+//     per 64 channels into a ring of shared-memory slots; the copies complete on the
+//     slot's "full" mbarriers, and the producer waits on the slot's "empty" mbarrier
+//     before reusing it.
+//   one or two consumer warpgroups, 64 queries each. Per key box: S = Q K^T (wgmma, both
 //     operands in shared memory), the window mask (only on boxes that are not inside every
 //     query's window) and RPB, online softmax in the accumulator registers, then
 //     O += P V (wgmma, P from registers). Finally O / l and the LSE are written.
+// Large windows use 128-query boxes: a producer warpgroup (registers handed to the
+// consumers with setmaxnreg) and two consumer warpgroups that take turns issuing, one CTA
+// per SM. Small windows use 64-query boxes: one consumer warpgroup and a producer warp,
+// a two-slot ring, and several CTAs per SM hide each other's latencies.
 // Dilation is the tensor maps' element stride (docs/kernels.md), so the copy engine
 // gathers a dilation group directly; boxes reaching past the tensor are zero-filled.
 #pragma once
@@ -19,43 +23,55 @@
 #include "nattn/common/registry.h"
 #include "nattn/common/softmax.cuh"
 #include "nattn/common/window.cuh"
+#include "nattn/sm90/forward_masks.cuh"
 #include "nattn/sm90/ptx.cuh"
+#include "nattn/sm90/smem_tile.cuh"
 #include "nattn/sm90/tiles.cuh"
 #include "nattn/sm90/wgmma_ops.cuh"
 
 namespace nattn { namespace sm90 {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+constexpr int kThreads = 384;  // 128-query CTAs: producer warpgroup + two consumer warpgroups
 
-// Shared-memory geometry for head dim HD and NK keys per box: rows of min(HD, 64)
-// channels (one swizzle span), HD / 64 column blocks per tile, a ring of STAGES key/value
-// slots.
-template <int HD, int NK>
-struct Smem {
-  static constexpr int kRowBytes = HD >= 64 ? 128 : HD * 2;   // = the swizzle span
-  static constexpr int kBlocks = HD >= 64 ? HD / 64 : 1;      // column blocks
-  static constexpr int kBlockBytes = kQueryRows * kRowBytes;  // one column block of the Q tile
-  static constexpr int kTileBytes = kBlocks * kBlockBytes;    // 128 x HD, 16-bit
-  static constexpr int kKvBlockBytes = NK * kRowBytes;        // one column block of a K/V tile
-  static constexpr int kKvTileBytes = kBlocks * kKvBlockBytes;
-  static constexpr int kStages = 3;
+// The CTA of a tile pair at head dim HD: threads, the CTAs per SM its register budget is
+// sized for, and the ring depth. 64-query CTAs (160 threads: a consumer warpgroup, then the
+// producer warp) keep registers (<= 168) and shared memory low
+// enough for two per SM; a small window's CTA walks only a few key boxes, so two
+// slots suffice.
+template <class Tl, int HD>
+struct ForwardCta {
+  static constexpr int kConsumers = Tl::kConsumers;
+  static constexpr int kThreads = kConsumers == 2 ? 384 : 160;
+  static constexpr int kMinBlocks = kConsumers == 2 ? 1 : 2;
+  static constexpr int kStages = kConsumers == 2 ? 3 : 2;
+  // 64-query CTAs are persistent: a grid of kMinBlocks per SM walks every query box.
+  static constexpr bool kPersistent = kConsumers == 1;
+  // 64-query CTAs read the RPB of their head from shared memory (global loads of every
+  // score's bias cost a register each: the kernel spilled).
+  static constexpr int kRpbStageFloats = kConsumers == 2 ? 0 : kSmallRpbStageFloats;
+};
+
+// Shared memory of the forward: QBUFS buffers of the query box's rows (persistent CTAs
+// load the next box's while the current one runs), a ring of STAGES key / value boxes
+// (TileSmem layouts), then the mbarriers.
+template <int HD, int QROWS, int NK, int STAGES, int QBUFS>
+struct FwdSmem {
+  using Rows = TileSmem<HD, QROWS>;
+  using Cols = TileSmem<HD, NK>;
+  static constexpr int kStages = STAGES;
+  static constexpr int kQBufs = QBUFS;
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kTileBytes;
-  static constexpr int kV = kK + kStages * kKvTileBytes;
-  static constexpr int kBars = kV + kStages * kKvTileBytes;  // q_full, k_full[S], v_full[S], empty[S]
-  static constexpr int kBytes = kBars + 8 * (1 + 3 * kStages);
+  static constexpr int kK = kQ + kQBufs * Rows::kBytes;
+  static constexpr int kV = kK + kStages * Cols::kBytes;
+  // q_full[Q], q_empty[Q], k_full[S], v_full[S], empty[S]
+  static constexpr int kBars = kV + kStages * Cols::kBytes;
+  static constexpr int kBytes = kBars + 8 * (2 * kQBufs + 3 * kStages);
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
   static_assert(kAlloc <= 227 * 1024, "more shared memory than a Hopper block may have");
-
-  // Byte offset of (row, channel c) in a tile: the swizzle the copy engine writes
-  // (16-byte chunk index XOR row bits), which the wgmma descriptors then describe.
-  static __device__ __forceinline__ int offset(int row, int c) {
-    const int chunk = (c % 64) / 8;
-    const int swz = kRowBytes == 128 ? (row & 7) : ((row >> 1) & 3);
-    return (c / 64) * kBlockBytes + row * kRowBytes + ((chunk ^ swz) << 4) + (c % 8) * 2;
-  }
 };
+
+template <class Tl, int HD>
+using ForwardSmem = FwdSmem<HD, Tl::Q::kSize, Tl::K::kSize, ForwardCta<Tl, HD>::kStages, Tl::kConsumers == 2 ? 1 : 2>;
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -75,96 +91,148 @@ __device__ __forceinline__ void box_coords(const Params& p, const CtaTile& t, co
   c[NA + 1] = batch;
 }
 
-// The window bounds of one query row, as key offsets relative to a key box origin.
-struct RowWindow {
-  int lo[3], hi[3];  // inclusive, group coordinates
-  int rpb;           // the row's part of the RPB index (head included)
-};
-
 template <typename T, int NA, int HD, class Tl>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, HD>::kMinBlocks)
     forward_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
                    const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
 #if NATTN_SM90_ENABLED
   using QB = typename Tl::Q;
   using KB = typename Tl::K;
+  using Cta = ForwardCta<Tl, HD>;
   constexpr int kNk = KB::kSize;  // keys per box
-  using S = Smem<HD, kNk>;
+  constexpr bool kPair = Cta::kConsumers == 2;
+  // 64-query CTAs with 8 queries on the last axis mask whole key lines per warp.
+  constexpr bool kLines = !kPair && NA >= 2 && QB::extent(NA - 1) == 8;
+  using S = ForwardSmem<Tl, HD>;
+  using R = typename S::Rows;
+  using C = typename S::Cols;
   constexpr int kRank = NA + 2;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;
-  uint64_t* v_full = bars + 1 + S::kStages;
-  uint64_t* empty = bars + 1 + 2 * S::kStages;
+  uint64_t* q_empty = bars + S::kQBufs;
+  uint64_t* k_full = bars + 2 * S::kQBufs;
+  uint64_t* v_full = k_full + S::kStages;
+  uint64_t* empty = v_full + S::kStages;
 
-  CtaTile tile;
-  if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform over the CTA
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int h_kv = h / p.groups;
+  // The work: a 128-query CTA serves the query box of its grid position; a persistent
+  // (64-query) CTA walks boxes blockIdx.x, + gridDim.x, ... of the (query box, head, batch)
+  // sequence. Producer and consumers decode the same sequence; a box that holds no query
+  // (a short dilation group) is skipped by both.
+  const int64_t boxes = num_cta_tiles<QB>(p);
+  const int64_t work = Cta::kPersistent ? boxes * p.heads * p.batch : 1;
+  const int64_t first_item = Cta::kPersistent ? blockIdx.x : 0;
+  const int64_t step = Cta::kPersistent ? gridDim.x : 1;
+  auto decode = [&](int64_t item, CtaTile& t, int& h, int& b) {
+    int64_t x = blockIdx.x;
+    h = blockIdx.y;
+    b = blockIdx.z;
+    if (Cta::kPersistent) {
+      x = item % boxes;
+      const int64_t hb = item / boxes;
+      h = int(hb % p.heads);
+      b = int(hb / p.heads);
+    }
+    return cta_tile<NA, QB, KB>(p, x, t);
+  };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = threadIdx.x / 128;
+  // 128-query CTAs: warpgroup 0 produces, 1 and 2 consume; 64-query CTAs: warpgroup 0
+  // consumes, warp 4 produces.
+  const bool producer = kPair ? wg == 0 : warp == 4;
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&map_q);
     prefetch_tensor_map(&map_k);
     prefetch_tensor_map(&map_v);
-    mbar_init(q_full, 1);
+    for (int i = 0; i < S::kQBufs; ++i) {
+      mbar_init(q_full + i, 1);
+      mbar_init(q_empty + i, 4 * Cta::kConsumers);  // one arrival per consumer warp
+    }
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(k_full + s, 1);
       mbar_init(v_full + s, 1);
-      mbar_init(empty + s, 8);  // one arrival per consumer warp
+      mbar_init(empty + s, 4 * Cta::kConsumers);  // one arrival per consumer warp
     }
     fence_barrier_init();
   }
   __syncthreads();
 
-  if (wg == 0) {  // ------------------------------------------------ producer
-    regs_dealloc<40>();
-    if (warp != 0 || lane != 0) return;
-    constexpr int kChannels = HD >= 64 ? 64 : HD;
+  if (producer) {  // ---------------------------------------------- producer
+    if (kPair) regs_dealloc<40>();
+    if (lane != 0 || (kPair && warp != 0)) return;
     int c[5];
-    mbar_expect_tx(q_full, S::kTileBytes);
-    for (int cb = 0; cb < S::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, tile.q0, h * HD + cb * kChannels, b, c);
-      tma_load<kRank>(smem + S::kQ + cb * S::kBlockBytes, &map_q, q_full, c);
-    }
-    for (int k = 0; k < tile.tiles; ++k) {
-      const int s = k % S::kStages;
-      if (k >= S::kStages) mbar_wait(empty + s, ((k / S::kStages) - 1) & 1);
-      int origin[3];
-      key_origin<NA, KB>(tile, k, origin);
-      mbar_expect_tx(k_full + s, S::kKvTileBytes);
-      for (int cb = 0; cb < S::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, origin, h_kv * HD + cb * kChannels, b, c);
-        tma_load<kRank>(smem + S::kK + s * S::kKvTileBytes + cb * S::kKvBlockBytes, &map_k, k_full + s, c);
+    int kg = 0;  // key boxes issued so far: the ring position
+    int n = 0;   // query boxes served so far: the Q buffer
+    for (int64_t item = first_item; item < work; item += step) {
+      CtaTile tile;
+      int h, b;
+      if (!decode(item, tile, h, b)) continue;
+      const int h_kv = h / p.groups;
+      const int qb = n % S::kQBufs;
+      if (n >= S::kQBufs) mbar_wait(q_empty + qb, ((n / S::kQBufs) - 1) & 1);
+      mbar_expect_tx(q_full + qb, R::kBytes);
+      for (int cb = 0; cb < R::kBlocks; ++cb) {
+        box_coords<NA>(p, tile, tile.q0, h * HD + cb * R::kChannels, b, c);
+        tma_load<kRank>(smem + S::kQ + qb * R::kBytes + cb * R::kBlockBytes, &map_q, q_full + qb, c);
       }
-      mbar_expect_tx(v_full + s, S::kKvTileBytes);
-      for (int cb = 0; cb < S::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, origin, h_kv * HD + cb * kChannels, b, c);
-        tma_load<kRank>(smem + S::kV + s * S::kKvTileBytes + cb * S::kKvBlockBytes, &map_v, v_full + s, c);
+      for (int k = 0; k < tile.tiles; ++k, ++kg) {
+        const int s = kg % S::kStages;
+        if (kg >= S::kStages) mbar_wait(empty + s, ((kg / S::kStages) - 1) & 1);
+        int origin[3];
+        key_origin<NA, KB>(tile, k, origin);
+        mbar_expect_tx(k_full + s, C::kBytes);
+        for (int cb = 0; cb < C::kBlocks; ++cb) {
+          box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
+          tma_load<kRank>(smem + S::kK + s * C::kBytes + cb * C::kBlockBytes, &map_k, k_full + s, c);
+        }
+        mbar_expect_tx(v_full + s, C::kBytes);
+        for (int cb = 0; cb < C::kBlocks; ++cb) {
+          box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
+          tma_load<kRank>(smem + S::kV + s * C::kBytes + cb * C::kBlockBytes, &map_v, v_full + s, c);
+        }
       }
+      ++n;
     }
     return;
   }
 
   // ---------------------------------------------------------------- consumers
-  regs_alloc<232>();
-  const int cw = wg - 1;             // consumer warpgroup 0 or 1: query rows 64 cw ..
-  const int wr = (warp % 4) * 16;    // the warp's first row inside the warpgroup
+  if (kPair) regs_alloc<232>();
+  const int cw = kPair ? wg - 1 : 0;  // consumer warpgroup: query rows 64 cw ..
+  const int wr = (warp % 4) * 16;     // the warp's first row inside the warpgroup
   const int g4 = lane / 4, t4 = lane % 4;
+  int rpb_mult[3] = {1, 1, 1};
+  for (int a = NA - 2; a >= 0; --a) rpb_mult[a] = rpb_mult[a + 1] * p.rpb_size[a + 1];
+  const bool has_rpb = p.rpb != nullptr;
+  // 64-query CTAs: the RPB table of the current box's head in shared memory.
+  float* rpb_smem = reinterpret_cast<float*>(smem + S::kBytes);
+  const float* bias_table = !has_rpb ? nullptr : kPair ? p.rpb : rpb_smem;
+  int staged_head = -1;
+  int kg = 0;  // key boxes consumed so far: the ring position
+  int n = 0;   // query boxes served so far: the Q buffer
+  for (int64_t item = first_item; item < work; item += step) {
+  CtaTile tile;
+  int h, b;
+  if (!decode(item, tile, h, b)) continue;
+  const int qb = n % S::kQBufs;
+  if (!kPair && has_rpb && h != staged_head) {  // behind the mbarriers; the old table's readers are done
+    named_sync(1, 128);
+    const float* src = p.rpb + int64_t(h) * p.rpb_head_size;
+    for (int i = threadIdx.x; i < int(p.rpb_head_size); i += 128) rpb_smem[i] = __ldg(src + i);
+    named_sync(1, 128);
+    staged_head = h;
+  }
 
   // The lane's two rows (wr + g4 and + 8): validity, windows, RPB row part.
   RowWindow row[2];
   bool row_ok[2];
-  int rpb_mult[3] = {1, 1, 1};
-  for (int a = NA - 2; a >= 0; --a) rpb_mult[a] = rpb_mult[a + 1] * p.rpb_size[a + 1];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int qr = cw * kWgRows + wr + g4 + 8 * r;
     row_ok[r] = true;
-    row[r].rpb = h * int(p.rpb_head_size);
+    row[r].rpb = kPair ? h * int(p.rpb_head_size) : 0;  // 64-query CTAs: the head's table only
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
       const int i = tile.q0[a] + QB::offset(qr, a);
@@ -182,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int a = 0; a < NA; ++a) {
     int first = tile.q0[a], last = tile.q0[a] + QB::extent(a) - 1;
-    if (a == 0) {
+    if (kPair && a == 0) {
       first = tile.q0[0] + cw * (QB::extent(0) / 2);
       last = first + QB::extent(0) / 2 - 1;
     }
@@ -199,35 +267,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const bool has_rpb = p.rpb != nullptr;
-  const unsigned char* q_tile = smem + S::kQ + cw * kWgRows * S::kRowBytes;
+  unsigned char* q_tile = smem + S::kQ + qb * R::kBytes;
 
   // S = Q K^T of key box k, issued (completes at the next wgmma wait).
   auto issue_s = [&](int k, float (&sc)[kNk / 2]) {
-    const int s = k % S::kStages;
-    const unsigned char* k_tile = smem + S::kK + s * S::kKvTileBytes;
-    mbar_wait(k_full + s, (k / S::kStages) & 1);
+    const int s = (kg + k) % S::kStages;
+    const unsigned char* k_tile = smem + S::kK + s * C::kBytes;
+    mbar_wait(k_full + s, ((kg + k) / S::kStages) & 1);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      const int cb = (kk * 16) / 64, within = ((kk * 16) % 64) * 2;
-      const uint64_t da = smem_desc<S::kRowBytes>(q_tile + cb * S::kBlockBytes + within, 16, 8 * S::kRowBytes);
-      const uint64_t db = smem_desc<S::kRowBytes>(k_tile + cb * S::kKvBlockBytes + within, 16, 8 * S::kRowBytes);
-      wgmma_ss<T, kNk>(sc, da, db, kk > 0);
-    }
+    for (int kk = 0; kk < HD / 16; ++kk)
+      wgmma_ss<T, kNk>(sc, R::k_major(q_tile, cw * kWgRows, kk), C::k_major(k_tile, 0, kk), kk > 0);
     wgmma_commit();
   };
   // O += P V of key box k, issued.
   auto issue_pv = [&](int k, const uint32_t (&pa)[kNk / 16][4]) {
-    const int s = k % S::kStages;
-    const unsigned char* v_tile = smem + S::kV + s * S::kKvTileBytes;
-    mbar_wait(v_full + s, (k / S::kStages) & 1);
+    const int s = (kg + k) % S::kStages;
+    const unsigned char* v_tile = smem + S::kV + s * C::kBytes;
+    mbar_wait(v_full + s, ((kg + k) / S::kStages) & 1);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kNk / 16; ++kk) {
-      const uint64_t dv = smem_desc<S::kRowBytes>(v_tile + kk * 16 * S::kRowBytes, S::kKvBlockBytes, 8 * S::kRowBytes);
-      wgmma_rs<T, HD>(o, pa[kk], dv, 1);
-    }
+    for (int kk = 0; kk < kNk / 16; ++kk) wgmma_rs<T, HD>(o, pa[kk], C::mn_major(v_tile, kk), 1);
     wgmma_commit();
   };
   // Scale, mask (boxes not inside every window), bias; online softmax: sc becomes P in
@@ -240,49 +300,56 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int a = 0; a < NA; ++a)
       full = full && origin[a] >= full_lo[a] && origin[a] + KB::extent(a) - 1 <= full_hi[a];
     float mx[2] = {-INFINITY, -INFINITY};
-    // Unmasked boxes (the common case of large windows) keep the raw scores: the row max
-    // is taken on them and the scale folds into the exponent's FFMA below. (A negative
-    // scale would turn the max into a min: those take the general path.)
-    float mul = 1.f;
-    if (full && !has_rpb && p.scale_log2 > 0.f) {
+    // Without RPB (and with a positive scale) the scores stay raw: the row max is taken on
+    // them and the scale folds into the exponent's FFMA below. (A negative scale would turn
+    // the max into a min: those scale first.)
+    const bool fold = !has_rpb && p.scale_log2 > 0.f;
+    const float mul = fold ? p.scale_log2 : 1.f, pre = fold ? 1.f : p.scale_log2;
+    uint32_t live = ~0u;  // key lines with scores to exponentiate (kLines: 64-query CTAs)
+    const Bias bias{bias_table, {rpb_mult[0], rpb_mult[1], rpb_mult[2]}};
+    if (full) {
+      if (!fold) {
+#pragma unroll
+        for (int i = 0; i < kNk / 2; ++i) sc[i] *= pre;
+      }
+      if (has_rpb) {  // every score in the window: only the bias to add
+        const int origin_part = bias_base<NA>(RowWindow{{0, 0, 0}, {0, 0, 0}, 0}, origin, t4, bias);
+#pragma unroll
+        for (int i = 0; i < kNk / 2; ++i)
+          sc[i] += bias_table[row[(i / 2) % 2].rpb + origin_part + bias_offset<NA, KB>(i, bias)] * kLog2e;
+      }
 #pragma unroll
       for (int i = 0; i < kNk / 2; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
-      mx[0] *= p.scale_log2;
-      mx[1] *= p.scale_log2;
-      mul = p.scale_log2;
+    } else if constexpr (kLines) {
+      live = fold ? mask_lines<NA, KB, false>(sc, row, origin, t4, pre, bias, mx)
+                  : mask_lines<NA, KB, true>(sc, row, origin, t4, pre, bias, mx);
+    } else if constexpr (NA == 3) {
+      mask_per_score<NA, KB>(sc, row, origin, t4, pre, bias, mx);
     } else {
-#pragma unroll
-      for (int i = 0; i < kNk / 2; ++i) {
-        const int r = (i / 2) % 2;
-        const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
-        float x = sc[i] * p.scale_log2;
-        bool in = true;
-        int rpb_col = 0;
-#pragma unroll
-        for (int a = 0; a < NA; ++a) {
-          const int key = origin[a] + KB::offset(col, a);
-          in = in && key >= row[r].lo[a] && key <= row[r].hi[a];
-          rpb_col += key * rpb_mult[a];
-        }
-        if (!in) x = -INFINITY;
-        else if (has_rpb) x += __ldg(p.rpb + row[r].rpb + rpb_col) * kLog2e;
-        sc[i] = x;
-        mx[r] = fmaxf(mx[r], x);
-      }
+      mask_box<NA, KB>(sc, row, origin, t4, pre, bias, mx);
     }
     float m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], quad_max(mx[r]));
+      const float m_new = fmaxf(m[r], quad_max(mx[r] * mul));
       m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing seen yet stays at zero
       alpha[r] = fast_exp2(m[r] - m_use[r]);
       m[r] = m_new;
       l[r] *= alpha[r];
     }
+    constexpr int kPer = kLines ? line_scores<KB, NA>() : kNk / 2;
 #pragma unroll
-    for (int i = 0; i < kNk / 2; ++i) {
-      sc[i] = fast_exp2(fmaf(sc[i], mul, -m_use[(i / 2) % 2]));
-      l[(i / 2) % 2] += sc[i];
+    for (int ln = 0; ln < kNk / 2 / kPer; ++ln) {
+      if ((live >> ln) & 1u) {
+#pragma unroll
+        for (int i = ln * kPer; i < (ln + 1) * kPer; ++i) {
+          sc[i] = fast_exp2(fmaf(sc[i], mul, -m_use[(i / 2) % 2]));
+          l[(i / 2) % 2] += sc[i];
+        }
+      } else {
+#pragma unroll
+        for (int i = ln * kPer; i < (ln + 1) * kPer; ++i) sc[i] = 0.f;  // a line no row sees
+      }
     }
   };
   auto pack_p = [&](const float (&sc)[kNk / 2], uint32_t (&pa)[kNk / 16][4]) {
@@ -291,28 +358,48 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto release = [&](int k) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty + k % S::kStages);
+    if (lane == 0) mbar_arrive(empty + (kg + k) % S::kStages);
   };
 
   // Pipelined as FlashAttention-3 does: while the tensor cores run P_{k-1} V_{k-1}, the
-  // warpgroup computes the softmax of box k (issued just before). The two consumer
-  // warpgroups also take turns issuing (barriers 3 and 4), so one's softmax overlaps the
-  // other's products.
+  // warpgroup computes the softmax of box k (issued just before). Two consumer warpgroups
+  // also take turns issuing (barriers 3 and 4), so one's softmax overlaps the other's
+  // products; a lone warpgroup overlaps with the SM's other CTAs instead.
   const int my_turn = 3 + cw, their_turn = 4 - cw;
   float sc[kNk / 2], alpha[2];
   uint32_t pa[kNk / 16][4];
-  mbar_wait(q_full, 0);
+  mbar_wait(q_full + qb, (n / S::kQBufs) & 1);
+  if (!kPair) {
+    // A lone warpgroup runs its boxes one after the other (S and P never live at once:
+    // registers for two CTAs per SM); the SM's other CTA fills the waits.
+    for (int k = 0; k < tile.tiles; ++k) {
+      issue_s(k, sc);
+      wgmma_wait<0>();
+      fence_regs(sc);
+      softmax(k, sc, alpha);
+      if (k > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int i = 0; i < HD / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+      }
+      pack_p(sc, pa);
+      issue_pv(k, pa);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+      release(k);
+    }
+  } else {
   issue_s(0, sc);
   wgmma_wait<0>();
   fence_regs(sc);
   softmax(0, sc, alpha);
   pack_p(sc, pa);
-  if (cw == 1 && tile.tiles > 1) named_arrive(their_turn, 256);  // warpgroup 0 goes first
+  if (kPair && cw == 1 && tile.tiles > 1) named_arrive(their_turn, 256);  // warpgroup 0 goes first
   for (int k = 1; k < tile.tiles; ++k) {
-    named_sync(my_turn, 256);
+    if (kPair) named_sync(my_turn, 256);
     issue_s(k, sc);
     issue_pv(k - 1, pa);
-    if (cw == 0 || k + 1 < tile.tiles) named_arrive(their_turn, 256);
+    if (kPair && (cw == 0 || k + 1 < tile.tiles)) named_arrive(their_turn, 256);
     wgmma_wait<1>();  // S of box k is in; P_{k-1} V_{k-1} may still run
     fence_regs(sc);
     softmax(k, sc, alpha);
@@ -332,6 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   fence_regs(o);
   fence_regs(pa);
   release(tile.tiles - 1);
+  }
 
   // O / l through shared memory (the warpgroup's own query rows, no longer read), then
   // 16-byte stores of whole rows; the LSE from the lanes holding column 0.
@@ -341,13 +429,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     l[r] = quad_sum(l[r]);
     inv[r] = inv_row_sum(l[r]);
   }
-  unsigned char* stage = smem + S::kQ;
+  unsigned char* stage = q_tile;
 #pragma unroll
   for (int i = 0; i < HD / 2; i += 2) {
     const int r = (i / 2) % 2;
     const int qr = cw * kWgRows + wr + g4 + 8 * r;
     const int col = 8 * (i / 4) + 2 * t4;
-    *reinterpret_cast<uint32_t*>(stage + S::offset(qr, col)) = pack2<T>(o[i] * inv[r], o[i + 1] * inv[r]);
+    *reinterpret_cast<uint32_t*>(stage + R::offset(qr, col)) = pack2<T>(o[i] * inv[r], o[i + 1] * inv[r]);
   }
   if (t4 == 0) {
 #pragma unroll
@@ -364,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   named_sync(1 + cw, 128);
   T* out = head_base<T>(p.out, p.out_s, b, h);
   constexpr int kChunks = HD / 8;
-  for (int idx = threadIdx.x - 128 * wg; idx < kWgRows * kChunks; idx += 128) {
+  for (int idx = threadIdx.x % 128; idx < kWgRows * kChunks; idx += 128) {
     const int qr = cw * kWgRows + idx / kChunks, ch = idx % kChunks;
     int64_t off = 0;
     bool ok = true;
@@ -375,8 +463,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       off += int64_t(tile.g[a] + p.dilation[a] * i) * p.out_s[1 + a];
     }
     if (ok)
-      *reinterpret_cast<uint4*>(out + off + ch * 8) = *reinterpret_cast<const uint4*>(stage + S::offset(qr, ch * 8));
+      *reinterpret_cast<uint4*>(out + off + ch * 8) = *reinterpret_cast<const uint4*>(stage + R::offset(qr, ch * 8));
   }
+  // The Q buffer (read as the O stage) goes back to the producer; its next bulk copy is an
+  // async-proxy write after these generic-proxy accesses.
+  fence_proxy_async_smem();
+  __syncwarp();
+  if (lane == 0) mbar_arrive(q_empty + qb);
+  kg += tile.tiles;
+  ++n;
+  }  // query boxes
 #endif
 }
 

@@ -18,6 +18,16 @@
 
 namespace nattn { namespace sm90 {
 
+// Multiprocessors of the current device (libnattn selects the call's device first).
+inline int sm_count() {
+  static int counts[64] = {0};  // per device; a race only repeats the query
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (!counts[dev] && cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 132;
+  return counts[dev] > 0 ? counts[dev] : 132;
+}
+
 // What prepare_forward leaves for launch_forward (in Params::prepared).
 struct ForwardLaunch {
   CUtensorMap q, k, v;
@@ -38,6 +48,8 @@ const char* prepare_forward(const Params& p, void* workspace) {
   if (!why) why = map_spec(p, p.v_s, p.heads_kv, HD, kbox, mv);
   if (why) return why;
   if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
+  if (Tl::kConsumers == 1 && p.rpb && p.rpb_head_size > ForwardCta<Tl, HD>::kRpbStageFloats)
+    return "an RPB table above 4096 entries per head needs a 128-query tile pair (64-query pairs stage it in shared memory)";
   ForwardLaunch* l = static_cast<ForwardLaunch*>(workspace);
   constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
   if ((why = encode(&l->q, mq, p.q, kBf16))) return why;
@@ -49,14 +61,22 @@ const char* prepare_forward(const Params& p, void* workspace) {
 template <typename T, int NA, int HD, class Tl>
 void launch_forward(const Params& p, cudaStream_t stream) {
   const ForwardLaunch* l = static_cast<const ForwardLaunch*>(p.prepared);
-  constexpr int smem = Smem<HD, Tl::K::kSize>::kAlloc;
+  using Cta = ForwardCta<Tl, HD>;
+  constexpr int base = ForwardSmem<Tl, HD>::kAlloc;
+  constexpr int most = base + Cta::kRpbStageFloats * int(sizeof(float));
   static const bool configured = [] {
-    cudaFuncSetAttribute(forward_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaFuncSetAttribute(forward_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
     return true;
   }();
   (void)configured;
-  const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
-  forward_kernel<T, NA, HD, Tl><<<grid, kThreads, smem, stream>>>(p, l->q, l->k, l->v);
+  const int smem = base + (Cta::kRpbStageFloats && p.rpb ? int(p.rpb_head_size * sizeof(float)) : 0);
+  dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
+  if (Cta::kPersistent) {  // kMinBlocks CTAs per SM walk every (query box, head, batch)
+    const int64_t work = int64_t(grid.x) * grid.y * grid.z;
+    const int64_t ctas = int64_t(Cta::kMinBlocks) * sm_count();
+    grid = dim3(unsigned(work < ctas ? work : ctas), 1, 1);
+  }
+  forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(p, l->q, l->k, l->v);
 }
 
 // What prepare_backward leaves for launch_backward: the dQ pass's maps (Q, dO with the
@@ -70,7 +90,7 @@ static_assert(sizeof(BackwardLaunch) <= kPrepareBytes, "workspace too small");
 template <typename T, int NA, int HD, class Tl>
 const char* prepare_backward(const Params& p, void* workspace) {
   if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64 or 128)";
-  static_assert(Tl::K::kSize == 64, "the backward walks 64-token boxes");
+  static_assert(Tl::K::kSize == 64 && Tl::Q::kSize == kQueryRows, "the backward pairs a 128-token box with a 64-token box");
   if (NA == 3)  // the dK/dV pass keeps 3-D window bounds as 16-bit pairs (backward_dkv.cuh)
     for (int a = 0; a < 3; ++a)
       if (p.spatial[a] > 32767) return "3-D axes above 32767 tokens";

@@ -17,7 +17,7 @@ struct TileSmem {
   static constexpr int kChannels = HD >= 64 ? 64 : HD;       // channels per block (one copy)
   static constexpr int kBlockBytes = ROWS * kRowBytes;
   static constexpr int kBytes = kBlocks * kBlockBytes;
-  static_assert(ROWS % 64 == 0, "tiles hold whole 64-row wgmma operands");
+  static_assert(ROWS % 16 == 0, "tiles hold whole 16-row steps (and 8-row swizzle atoms)");
 
   // Byte offset of (row, channel c): the swizzle (16-byte chunk index XOR row bits).
   static __device__ __forceinline__ int offset(int row, int c) {

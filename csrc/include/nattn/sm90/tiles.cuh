@@ -1,20 +1,25 @@
 // Tile geometry of the Hopper (sm90) family: the query box a CTA owns, the key box each
 // pipeline stage holds, and where both sit in a [B, *spatial, H, D] tensor.
 //
-// A CTA serves 128 queries of one (batch, head, dilation group): a spatial box (row-major,
-// last axis fastest), split in two halves along axis 0, one per consumer warpgroup (64
-// rows: the wgmma M). It walks the union of its queries' windows in key boxes of 64 or 128
-// tokens, a shape of their own (a kernel-table row is one (query box, key box) pair; the
-// library picks the pair per problem, src/api.cu). All coordinates here are in
-// dilation-group coordinates (docs/semantics.md): token i of group g sits at g + d * i.
+// A CTA serves 128 or 64 queries of one (batch, head, dilation group): a spatial box
+// (row-major, last axis fastest). 128-query boxes (large windows) are split in two halves
+// along axis 0, one per consumer warpgroup (64 rows: the wgmma M); 64-query boxes (small
+// windows) have one consumer warpgroup and several CTAs share an SM. A CTA walks the union
+// of its queries' windows in key boxes of 64 to 160 tokens, a shape of their own (a
+// kernel-table row is one (query box, key box) pair; the library picks the pair per
+// problem, src/api.cu). All coordinates here are in dilation-group coordinates
+// (docs/semantics.md): token i of group g sits at g + d * i.
 #pragma once
 #include "nattn/common/registry.h"
 #include "nattn/common/window.cuh"
 
 namespace nattn { namespace sm90 {
 
-constexpr int kQueryRows = 128;  // queries per CTA
+constexpr int kQueryRows = 128;  // queries per CTA (64-query boxes: kWgRows)
 constexpr int kWgRows = 64;      // queries per consumer warpgroup
+// 64-query CTAs read their head's RPB table from shared memory: tables up to this many
+// floats (a 2-D window of 32 x 32, a 3-D one of 7 x 9 x 9); larger ones take 128-query pairs.
+constexpr int kSmallRpbStageFloats = 4096;
 
 // A box of X x Y x Z tokens (unused axes 1), rows numbered row-major, last axis fastest.
 template <int X, int Y, int Z>
@@ -27,13 +32,17 @@ struct Box {
 };
 
 // One kernel-table row's tiles: the query box (128 tokens, even along axis 0 so that the
-// two consumer warpgroups take one half each) and the key box (64 or 128 tokens).
+// two consumer warpgroups take one half each; or 64 tokens, one consumer warpgroup) and
+// the key box (a multiple of 16 tokens up to 160: the wgmma N of S = Q K^T and 16-key
+// steps of O += P V; its last used axis holds whole 8-column groups, box_mask.cuh).
 template <int QX, int QY, int QZ, int KX, int KY, int KZ>
 struct Tile {
   using Q = Box<QX, QY, QZ>;
   using K = Box<KX, KY, KZ>;
-  static_assert(Q::kSize == kQueryRows && QX % 2 == 0, "query boxes are 128 tokens, even along axis 0");
-  static_assert(K::kSize == 64 || K::kSize == 128, "key boxes are 64 or 128 tokens (the wgmma N)");
+  static constexpr int kConsumers = Q::kSize / kWgRows;  // consumer warpgroups
+  static_assert((Q::kSize == kQueryRows && QX % 2 == 0) || Q::kSize == kWgRows,
+                "query boxes are 128 tokens (even along axis 0) or 64");
+  static_assert(K::kSize % 16 == 0 && K::kSize >= 64 && K::kSize <= 160, "key boxes are 64 to 160 tokens, whole 16s");
 };
 
 // The CTA's place: its dilation group, first query and group length per axis, and the
@@ -46,7 +55,7 @@ struct CtaTile {
 
 // Query boxes along axis a: per dilation group, enough to cover the longest group.
 NATTN_HD int qtiles_per_group(int len, int d, int box) {
-  const int longest = (len + d - 1) / d;
+  const int longest = d == 1 ? len : (len + d - 1) / d;
   return (longest + box - 1) / box;
 }
 

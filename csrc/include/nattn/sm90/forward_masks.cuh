@@ -1,0 +1,145 @@
+// The forward's window mask and RPB on one key box's scores, three ways (forward.cuh picks):
+//   mask_per_score: each score's key coordinates against the row's window (128-query CTAs
+//     in 3-D: measured faster there than the box form, PERF.md sixth session);
+//   mask_box: the row's bounds made relative to the box and lane once (box_mask.cuh), one
+//     comparison per bound per score (128-query CTAs in 1-D and 2-D);
+//   mask_lines: 64-query CTAs whose query box spans 8 tokens on the last axis. A lane's two
+//     rows then differ from the other lanes' only on the last axis, so whether a key line
+//     (the box's tokens sharing all but the last coordinate) meets a row's window is the
+//     same for the whole warp: dead lines skip the per-score work and the exponentials.
+// Scores come in as S = Q K^T (accumulator layout, wgmma_ops.cuh) and leave as log2-domain
+// logits times `pre` (plus bias), -inf outside the window; mx gets the rows' maxima.
+#pragma once
+#include <math.h>
+
+#include "nattn/common/window.cuh"
+#include "nattn/sm90/box_mask.cuh"
+
+namespace nattn { namespace sm90 {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The window bounds of one query row, as key offsets relative to a key box origin.
+struct RowWindow {
+  int lo[3], hi[3];  // inclusive, group coordinates
+  int rpb;           // the row's part of the RPB index (head included for global tables)
+};
+
+// The RPB a mask adds (table null: none): index = row part + sum of key coordinate x mult.
+// The table is global memory (128-query CTAs) or the head's copy in shared memory.
+struct Bias {
+  const float* table;
+  int mult[3];
+};
+
+template <int NA, class KB, int N>
+__device__ __forceinline__ void mask_per_score(float (&sc)[N], const RowWindow (&row)[2], const int* origin, int t4,
+                                               float pre, const Bias& bias, float (&mx)[2]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int r = (i / 2) % 2;
+    const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
+    float x = sc[i] * pre;
+    bool in = true;
+    int rpb_col = 0;
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int key = origin[a] + KB::offset(col, a);
+      in = in && key >= row[r].lo[a] && key <= row[r].hi[a];
+      rpb_col += key * bias.mult[a];
+    }
+    if (!in) x = -INFINITY;
+    else if (bias.table) x += bias.table[row[r].rpb + rpb_col] * kLog2e;
+    sc[i] = x;
+    mx[r] = fmaxf(mx[r], x);
+  }
+}
+
+// The RPB index of the lane's column 2 t4 of the box for row r; columns add constants.
+template <int NA>
+__device__ __forceinline__ int bias_base(const RowWindow& row, const int* origin, int t4, const Bias& bias) {
+  int base = row.rpb + 2 * t4;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) base += origin[a] * bias.mult[a];
+  return base;
+}
+
+template <int NA, class KB>
+__device__ __forceinline__ int bias_offset(int i, const Bias& bias) {
+  int off = i % 2;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) off += KB::offset(8 * (i / 4), a) * bias.mult[a];
+  return off;
+}
+
+template <int NA, class KB, int N>
+__device__ __forceinline__ void mask_box(float (&sc)[N], const RowWindow (&row)[2], const int* origin, int t4,
+                                         float pre, const Bias& bias, float (&mx)[2]) {
+  const BoxMask<NA, KB> mask[2] = {BoxMask<NA, KB>(row[0].lo, row[0].hi, origin, t4),
+                                   BoxMask<NA, KB>(row[1].lo, row[1].hi, origin, t4)};
+  const int base[2] = {bias.table ? bias_base<NA>(row[0], origin, t4, bias) : 0,
+                       bias.table ? bias_base<NA>(row[1], origin, t4, bias) : 0};
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int r = (i / 2) % 2;
+    float x = sc[i] * pre;
+    if (!mask[r].in(i)) x = -INFINITY;
+    else if (bias.table) x += bias.table[base[r] + bias_offset<NA, KB>(i, bias)] * kLog2e;
+    sc[i] = x;
+    mx[r] = fmaxf(mx[r], x);
+  }
+}
+
+// Scores of key line `ln` held by a lane: E / 2 of them from index ln * E / 2 on (E: the
+// box's last extent, whole 8-column groups).
+template <class KB, int NA>
+constexpr int line_scores() { return KB::extent(NA - 1) / 2; }
+
+// Returns the live lines (bit ln: line ln meets either row's window). SCALE: multiply the
+// scores by `pre` (else they stay raw, the scale folded into the exponent).
+template <int NA, class KB, bool SCALE, int N>
+__device__ __forceinline__ uint32_t mask_lines(float (&sc)[N], const RowWindow (&row)[2], const int* origin, int t4,
+                                               float pre, const Bias& bias, float (&mx)[2]) {
+  static_assert(NA >= 2, "lines need a leading axis");
+  constexpr int E = KB::extent(NA - 1), kLines = 2 * N / E, kPer = line_scores<KB, NA>();
+  static_assert(kLines <= 32, "one bit per line");
+  uint32_t live[2] = {0u, 0u};
+#pragma unroll
+  for (int ln = 0; ln < kLines; ++ln) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      bool ok = true;
+#pragma unroll
+      for (int a = 0; a < NA - 1; ++a) {
+        const int key = origin[a] + KB::offset(ln * E, a);
+        ok = ok && key >= row[r].lo[a] && key <= row[r].hi[a];
+      }
+      live[r] |= uint32_t(ok) << ln;
+    }
+  }
+  // Last-axis bounds relative to the box origin and the lane's column 2 t4.
+  const int last = NA - 1;
+  const int lo[2] = {row[0].lo[last] - origin[last] - 2 * t4, row[1].lo[last] - origin[last] - 2 * t4};
+  const int hi[2] = {row[0].hi[last] - origin[last] - 2 * t4, row[1].hi[last] - origin[last] - 2 * t4};
+  const int base[2] = {bias.table ? bias_base<NA>(row[0], origin, t4, bias) : 0,
+                       bias.table ? bias_base<NA>(row[1], origin, t4, bias) : 0};
+#pragma unroll
+  for (int ln = 0; ln < kLines; ++ln) {
+    if (((live[0] | live[1]) >> ln) & 1u) {  // warp-uniform
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int i = ln * kPer + j;
+        const int r = (i / 2) % 2;
+        const int c = (8 * (i / 4)) % E + i % 2;
+        const bool in = ((live[r] >> ln) & 1u) && c >= lo[r] && c <= hi[r];
+        float x = in ? (SCALE ? sc[i] * pre : sc[i]) : -INFINITY;
+        if (bias.table && in) x += bias.table[base[r] + bias_offset<NA, KB>(i, bias)] * kLog2e;
+        sc[i] = x;
+        mx[r] = fmaxf(mx[r], x);
+      }
+    }
+  }
+  return live[0] | live[1];
+}
+
+}  }  // namespace nattn::sm90
