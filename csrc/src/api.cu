@@ -97,15 +97,25 @@ bool sm90_allowed(int device) { return family_cap() >= kCapAny && device_cc(devi
 // next to a large window but 4-10x the work of a 7x7 or 13x13 one, where the tensor-core
 // family's 16-query warps are 2x faster. 1-D: it wins from 128 keys (0.22 vs 0.26 ms at
 // 32k tokens); 2-D: 33x33 wins, 25x25 loses; 3-D: 9x11x11 still loses 2.3 vs 1.3 ms, the
-// 18x24x24 video window wins 92 vs 222 ms.
-constexpr int64_t kSm90MinWindow[3] = {128, 1000, 4000};
+// 18x24x24 video window wins 92 vs 222 ms. Sixth session: 64-query pairs (one consumer
+// warpgroup, key boxes shaped to the union) beat tc from 13x13 in 2-D (0.41 vs 0.47 ms on
+// 128^2 at head dim 64; 0.23 vs 0.27 at 56^2, head dim 32; 17x17-25x25 0.47-0.77 vs
+// 0.69-1.26) and tie at 7x7 (but lose 2x with dilation 4 on 28^2: 7-token groups); in
+// 3-D they lose (5x7x7 0.55 vs 0.43), while the 128-query pairs now win from 9x11x11 (1.15
+// vs 1.34 ms; 7x9x9 0.86 vs 0.79).
+constexpr int64_t kSm90MinWindow[3] = {128, 150, 1000};
+// The backward's (its pairs are 128-token / 64-token boxes): forward + backward crossover
+// against tc measured at the old forward thresholds (PERF.md fifth session).
+constexpr int64_t kSm90MinWindowBackward[3] = {128, 1000, 4000};
 
 // Keys the Hopper family walks per query with a (query box, key box) pair: per axis, the
 // union of a query box's windows (the window plus the leaders' spread: blocks of `stride`
 // queries share a window) rounded up to whole key boxes. 64-key boxes count 15% more (a
 // narrower wgmma keeps the tensor cores less busy); 64-query boxes (one consumer
-// warpgroup, no ping-pong, boxes run one after the other) count kSm90SmallQueryCost more.
-constexpr double kSm90SmallQueryCost = 1.3;
+// warpgroup, no ping-pong, boxes run one after the other) count kSm90SmallQueryCost more,
+// per NA dim: in 2-D the key count alone ranked the measured pairs of 9x9-33x33 windows
+// right (PERF.md sixth session); in 3-D they lost to 128-query pairs on every window.
+constexpr double kSm90SmallQueryCost[3] = {1.3, 1.0, 1.5};
 double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
   double keys = 1;
   int kbox_size = 1, qbox_size = 1;
@@ -120,7 +130,7 @@ double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
     qbox_size *= e.qbox[a];
   }
   if (kbox_size <= 64) keys *= 1.15;
-  return qbox_size < 128 ? keys * kSm90SmallQueryCost : keys;
+  return qbox_size < 128 ? keys * kSm90SmallQueryCost[p.na_dim - 1] : keys;
 }
 
 // The first pair of an NA dim in the table (SM90_TILES) is its default; another runs only
@@ -208,10 +218,10 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   return first;
 }
 
-bool sm90_preferred(const nattn::Params& p) {
+bool sm90_preferred(const nattn::Params& p, bool backward) {
   int64_t window = 1;
   for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
-  return window >= kSm90MinWindow[p.na_dim - 1];
+  return window >= (backward ? kSm90MinWindowBackward : kSm90MinWindow)[p.na_dim - 1];
 }
 
 // Validates the problem and fills the kernel parameters. `backward` adds the
@@ -353,7 +363,7 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
   if (p.dtype != 0) {
     const bool required = family_cap() == kCapSm90Only;
     const char* why = nullptr;
-    if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p))) {
+    if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p, backward))) {
       const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
       const nattn::KernelEntry* h = backward ? find_sm90_backward(p, dim_max, &why) : find_sm90(p, dim_max, &why);
       if (h) why = (backward ? h->prepare_backward : h->prepare)(p, workspace);
@@ -398,6 +408,11 @@ NATTN_API int64_t nattn_num_problem_fields() { return NATTN_NUM_PROBLEM_FIELDS; 
 // family when it can (Python's dispatch orders backends with it).
 NATTN_API int64_t nattn_sm90_min_window(int64_t na_dim) {
   return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindow[na_dim - 1] : -1;
+}
+
+// The same for the backward.
+NATTN_API int64_t nattn_sm90_min_window_backward(int64_t na_dim) {
+  return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindowBackward[na_dim - 1] : -1;
 }
 
 // Whether this build has the Hopper family's backward for a dtype code, NA dim and head dim

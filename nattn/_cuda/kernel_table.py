@@ -76,7 +76,7 @@ SM90_TILES = (
 # The 64-query pairs (one consumer warpgroup, two CTAs per SM: <= 168 registers a thread)
 # hold their accumulators without spilling only at these head dims.
 SM90_TILE_HEAD_DIMS = (
-    (((64,), (128,)), (32, 64)), (((8, 8), (7, 16)), (32,)), (((8, 8), (4, 24)), (32, 64)),
+    (((64,), (128,)), (32, 64)), (((8, 8), (7, 16)), (32, 64)), (((8, 8), (4, 24)), (32, 64)),
     (((2, 4, 8), (1, 5, 16)), (32, 64)),
 )
 # The pairs with a backward (csrc/include/nattn/sm90/backward_*.cuh): a 128-token box and a

@@ -56,6 +56,13 @@ class Library:
             lib.nattn_sm90_min_window.restype = ctypes.c_int64
             lib.nattn_sm90_min_window.argtypes = [ctypes.c_int64]
             self.sm90_min_window = {n: lib.nattn_sm90_min_window(n) for n in (1, 2, 3)}
+        # ... and a backward (older builds: the forward's)
+        self.sm90_min_window_backward = dict(self.sm90_min_window)
+        if hasattr(lib, "nattn_sm90_min_window_backward"):
+            fn = lib.nattn_sm90_min_window_backward
+            fn.restype = ctypes.c_int64
+            fn.argtypes = [ctypes.c_int64]
+            self.sm90_min_window_backward = {n: fn(n) for n in (1, 2, 3)}
         # (dtype, na_dim, head_dim) with a Hopper backward (none: older builds)
         self.sm90_backward = set()
         if hasattr(lib, "nattn_sm90_has_backward"):

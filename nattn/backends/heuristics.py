@@ -45,13 +45,14 @@ def _capability_major(index) -> int:
     return _capability(index)[0]
 
 
-def _sm90_min_window(dtype_name: str, na_dim: int):
-    """libnattn's window from which its Hopper family runs (None: not in this build)."""
+def _sm90_min_window(dtype_name: str, na_dim: int, backward: bool = False):
+    """libnattn's window from which its Hopper family runs a forward (or a backward; None:
+    not in this build)."""
     from .._cuda import library
     lib = library.load()
     if lib is None or ("sm90", dtype_name, na_dim) not in lib.kernels:
         return None
-    return lib.sm90_min_window.get(na_dim)
+    return (lib.sm90_min_window_backward if backward else lib.sm90_min_window).get(na_dim)
 
 
 def _sm90_has_backward(dtype_name: str, na_dim: int, head_dim: int) -> bool:
@@ -72,10 +73,10 @@ def runs_hopper(q, params: NAParams, v=None) -> bool:
     if _capability(q.device.index or 0) != (9, 0):
         return False
     dtype_name = str(q.dtype).replace("torch.", "")
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, v) if t is not None):
-        if not _sm90_has_backward(dtype_name, len(params.kernel_size), dim_v):
-            return False
-    minimum = _sm90_min_window(dtype_name, len(params.kernel_size))
+    training = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, v) if t is not None)
+    if training and not _sm90_has_backward(dtype_name, len(params.kernel_size), dim_v):
+        return False
+    minimum = _sm90_min_window(dtype_name, len(params.kernel_size), backward=training)
     return minimum is not None and params.window_size >= minimum
 
 

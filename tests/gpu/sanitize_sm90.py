@@ -29,8 +29,8 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
         torch.cuda.synchronize()
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
         assert all(torch.isfinite(g).all() for g in grads), str(case)
-    # Persistent 64-query CTAs serving several query boxes each (Q buffers and the ring
-    # reused across boxes, the RPB table restaged per head).
+    # A 64-query pair (several CTAs per SM, the RPB table staged in shared memory) on
+    # hundreds of query boxes.
     q, k, v = (torch.randn(8, 40, 40, 2, 32, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     rpb = torch.randn(2, 13, 13, device="cuda")
     os.environ["NATTN_SM90_TILE"] = "q8x8_k7x16"
@@ -40,7 +40,7 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     finally:
         del os.environ["NATTN_SM90_TILE"]
     assert torch.isfinite(out).all()
-    print(f"sm90 sanitize sweep: {count} cases ran, and one with many query boxes per CTA")
+    print(f"sm90 sanitize sweep: {count} cases ran, and one on a 64-query pair")
 
 
 if __name__ == "__main__":

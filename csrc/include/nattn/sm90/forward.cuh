@@ -35,43 +35,40 @@ constexpr int kThreads = 384;  // 128-query CTAs: producer warpgroup + two consu
 
 // The CTA of a tile pair at head dim HD: threads, the CTAs per SM its register budget is
 // sized for, and the ring depth. 64-query CTAs (160 threads: a consumer warpgroup, then the
-// producer warp) keep registers (<= 168) and shared memory low
-// enough for two per SM; a small window's CTA walks only a few key boxes, so two
-// slots suffice.
+// producer warp) keep registers (<= 128 at head dim 32, <= 168 at 64) and shared memory
+// low enough for three or two per SM: small windows are bound by the latency of each
+// CTA's short chain of products and softmax, which other CTAs hide (PERF.md sixth session:
+// persistent CTAs, which need more registers, ran no faster). A small window's CTA walks
+// only a few key boxes, so two slots suffice.
 template <class Tl, int HD>
 struct ForwardCta {
   static constexpr int kConsumers = Tl::kConsumers;
   static constexpr int kThreads = kConsumers == 2 ? 384 : 160;
-  static constexpr int kMinBlocks = kConsumers == 2 ? 1 : 2;
+  static constexpr int kMinBlocks = kConsumers == 2 ? 1 : HD <= 32 ? 3 : 2;
   static constexpr int kStages = kConsumers == 2 ? 3 : 2;
-  // 64-query CTAs are persistent: a grid of kMinBlocks per SM walks every query box.
-  static constexpr bool kPersistent = kConsumers == 1;
   // 64-query CTAs read the RPB of their head from shared memory (global loads of every
   // score's bias cost a register each: the kernel spilled).
   static constexpr int kRpbStageFloats = kConsumers == 2 ? 0 : kSmallRpbStageFloats;
 };
 
-// Shared memory of the forward: QBUFS buffers of the query box's rows (persistent CTAs
-// load the next box's while the current one runs), a ring of STAGES key / value boxes
-// (TileSmem layouts), then the mbarriers.
-template <int HD, int QROWS, int NK, int STAGES, int QBUFS>
+// Shared memory of the forward: the query box's rows, then a ring of STAGES key / value
+// boxes (TileSmem layouts), then the mbarriers.
+template <int HD, int QROWS, int NK, int STAGES>
 struct FwdSmem {
   using Rows = TileSmem<HD, QROWS>;
   using Cols = TileSmem<HD, NK>;
   static constexpr int kStages = STAGES;
-  static constexpr int kQBufs = QBUFS;
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kQBufs * Rows::kBytes;
+  static constexpr int kK = kQ + Rows::kBytes;
   static constexpr int kV = kK + kStages * Cols::kBytes;
-  // q_full[Q], q_empty[Q], k_full[S], v_full[S], empty[S]
-  static constexpr int kBars = kV + kStages * Cols::kBytes;
-  static constexpr int kBytes = kBars + 8 * (2 * kQBufs + 3 * kStages);
+  static constexpr int kBars = kV + kStages * Cols::kBytes;  // q_full, k_full[S], v_full[S], empty[S]
+  static constexpr int kBytes = kBars + 8 * (1 + 3 * kStages);
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
   static_assert(kAlloc <= 227 * 1024, "more shared memory than a Hopper block may have");
 };
 
 template <class Tl, int HD>
-using ForwardSmem = FwdSmem<HD, Tl::Q::kSize, Tl::K::kSize, ForwardCta<Tl, HD>::kStages, Tl::kConsumers == 2 ? 1 : 2>;
+using ForwardSmem = FwdSmem<HD, Tl::Q::kSize, Tl::K::kSize, ForwardCta<Tl, HD>::kStages>;
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -101,8 +98,6 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   using Cta = ForwardCta<Tl, HD>;
   constexpr int kNk = KB::kSize;  // keys per box
   constexpr bool kPair = Cta::kConsumers == 2;
-  // 64-query CTAs with 8 queries on the last axis mask whole key lines per warp.
-  constexpr bool kLines = !kPair && NA >= 2 && QB::extent(NA - 1) == 8;
   using S = ForwardSmem<Tl, HD>;
   using R = typename S::Rows;
   using C = typename S::Cols;
@@ -111,31 +106,14 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* q_full = bars;
-  uint64_t* q_empty = bars + S::kQBufs;
-  uint64_t* k_full = bars + 2 * S::kQBufs;
+  uint64_t* k_full = bars + 1;
   uint64_t* v_full = k_full + S::kStages;
   uint64_t* empty = v_full + S::kStages;
 
-  // The work: a 128-query CTA serves the query box of its grid position; a persistent
-  // (64-query) CTA walks boxes blockIdx.x, + gridDim.x, ... of the (query box, head, batch)
-  // sequence. Producer and consumers decode the same sequence; a box that holds no query
-  // (a short dilation group) is skipped by both.
-  const int64_t boxes = num_cta_tiles<QB>(p);
-  const int64_t work = Cta::kPersistent ? boxes * p.heads * p.batch : 1;
-  const int64_t first_item = Cta::kPersistent ? blockIdx.x : 0;
-  const int64_t step = Cta::kPersistent ? gridDim.x : 1;
-  auto decode = [&](int64_t item, CtaTile& t, int& h, int& b) {
-    int64_t x = blockIdx.x;
-    h = blockIdx.y;
-    b = blockIdx.z;
-    if (Cta::kPersistent) {
-      x = item % boxes;
-      const int64_t hb = item / boxes;
-      h = int(hb % p.heads);
-      b = int(hb / p.heads);
-    }
-    return cta_tile<NA, QB, KB>(p, x, t);
-  };
+  CtaTile tile;
+  if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform over the CTA
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int h_kv = h / p.groups;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = threadIdx.x / 128;
   // 128-query CTAs: warpgroup 0 produces, 1 and 2 consume; 64-query CTAs: warpgroup 0
@@ -146,10 +124,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     prefetch_tensor_map(&map_q);
     prefetch_tensor_map(&map_k);
     prefetch_tensor_map(&map_v);
-    for (int i = 0; i < S::kQBufs; ++i) {
-      mbar_init(q_full + i, 1);
-      mbar_init(q_empty + i, 4 * Cta::kConsumers);  // one arrival per consumer warp
-    }
+    mbar_init(q_full, 1);
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(k_full + s, 1);
       mbar_init(v_full + s, 1);
@@ -163,37 +138,26 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     if (kPair) regs_dealloc<40>();
     if (lane != 0 || (kPair && warp != 0)) return;
     int c[5];
-    int kg = 0;  // key boxes issued so far: the ring position
-    int n = 0;   // query boxes served so far: the Q buffer
-    for (int64_t item = first_item; item < work; item += step) {
-      CtaTile tile;
-      int h, b;
-      if (!decode(item, tile, h, b)) continue;
-      const int h_kv = h / p.groups;
-      const int qb = n % S::kQBufs;
-      if (n >= S::kQBufs) mbar_wait(q_empty + qb, ((n / S::kQBufs) - 1) & 1);
-      mbar_expect_tx(q_full + qb, R::kBytes);
-      for (int cb = 0; cb < R::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, tile.q0, h * HD + cb * R::kChannels, b, c);
-        tma_load<kRank>(smem + S::kQ + qb * R::kBytes + cb * R::kBlockBytes, &map_q, q_full + qb, c);
+    mbar_expect_tx(q_full, R::kBytes);
+    for (int cb = 0; cb < R::kBlocks; ++cb) {
+      box_coords<NA>(p, tile, tile.q0, h * HD + cb * R::kChannels, b, c);
+      tma_load<kRank>(smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
+    }
+    for (int k = 0; k < tile.tiles; ++k) {
+      const int s = k % S::kStages;
+      if (k >= S::kStages) mbar_wait(empty + s, ((k / S::kStages) - 1) & 1);
+      int origin[3];
+      key_origin<NA, KB>(tile, k, origin);
+      mbar_expect_tx(k_full + s, C::kBytes);
+      for (int cb = 0; cb < C::kBlocks; ++cb) {
+        box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
+        tma_load<kRank>(smem + S::kK + s * C::kBytes + cb * C::kBlockBytes, &map_k, k_full + s, c);
       }
-      for (int k = 0; k < tile.tiles; ++k, ++kg) {
-        const int s = kg % S::kStages;
-        if (kg >= S::kStages) mbar_wait(empty + s, ((kg / S::kStages) - 1) & 1);
-        int origin[3];
-        key_origin<NA, KB>(tile, k, origin);
-        mbar_expect_tx(k_full + s, C::kBytes);
-        for (int cb = 0; cb < C::kBlocks; ++cb) {
-          box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
-          tma_load<kRank>(smem + S::kK + s * C::kBytes + cb * C::kBlockBytes, &map_k, k_full + s, c);
-        }
-        mbar_expect_tx(v_full + s, C::kBytes);
-        for (int cb = 0; cb < C::kBlocks; ++cb) {
-          box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
-          tma_load<kRank>(smem + S::kV + s * C::kBytes + cb * C::kBlockBytes, &map_v, v_full + s, c);
-        }
+      mbar_expect_tx(v_full + s, C::kBytes);
+      for (int cb = 0; cb < C::kBlocks; ++cb) {
+        box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
+        tma_load<kRank>(smem + S::kV + s * C::kBytes + cb * C::kBlockBytes, &map_v, v_full + s, c);
       }
-      ++n;
     }
     return;
   }
@@ -209,20 +173,10 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   // 64-query CTAs: the RPB table of the current box's head in shared memory.
   float* rpb_smem = reinterpret_cast<float*>(smem + S::kBytes);
   const float* bias_table = !has_rpb ? nullptr : kPair ? p.rpb : rpb_smem;
-  int staged_head = -1;
-  int kg = 0;  // key boxes consumed so far: the ring position
-  int n = 0;   // query boxes served so far: the Q buffer
-  for (int64_t item = first_item; item < work; item += step) {
-  CtaTile tile;
-  int h, b;
-  if (!decode(item, tile, h, b)) continue;
-  const int qb = n % S::kQBufs;
-  if (!kPair && has_rpb && h != staged_head) {  // behind the mbarriers; the old table's readers are done
-    named_sync(1, 128);
+  if (!kPair && has_rpb) {  // behind the mbarriers
     const float* src = p.rpb + int64_t(h) * p.rpb_head_size;
     for (int i = threadIdx.x; i < int(p.rpb_head_size); i += 128) rpb_smem[i] = __ldg(src + i);
     named_sync(1, 128);
-    staged_head = h;
   }
 
   // The lane's two rows (wr + g4 and + 8): validity, windows, RPB row part.
@@ -267,13 +221,13 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
 #pragma unroll
   for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  unsigned char* q_tile = smem + S::kQ + qb * R::kBytes;
+  unsigned char* q_tile = smem + S::kQ;
 
   // S = Q K^T of key box k, issued (completes at the next wgmma wait).
   auto issue_s = [&](int k, float (&sc)[kNk / 2]) {
-    const int s = (kg + k) % S::kStages;
+    const int s = k % S::kStages;
     const unsigned char* k_tile = smem + S::kK + s * C::kBytes;
-    mbar_wait(k_full + s, ((kg + k) / S::kStages) & 1);
+    mbar_wait(k_full + s, (k / S::kStages) & 1);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk)
@@ -282,9 +236,9 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   };
   // O += P V of key box k, issued.
   auto issue_pv = [&](int k, const uint32_t (&pa)[kNk / 16][4]) {
-    const int s = (kg + k) % S::kStages;
+    const int s = k % S::kStages;
     const unsigned char* v_tile = smem + S::kV + s * C::kBytes;
-    mbar_wait(v_full + s, ((kg + k) / S::kStages) & 1);
+    mbar_wait(v_full + s, (k / S::kStages) & 1);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kNk / 16; ++kk) wgmma_rs<T, HD>(o, pa[kk], C::mn_major(v_tile, kk), 1);
@@ -305,7 +259,6 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     // the max into a min: those scale first.)
     const bool fold = !has_rpb && p.scale_log2 > 0.f;
     const float mul = fold ? p.scale_log2 : 1.f, pre = fold ? 1.f : p.scale_log2;
-    uint32_t live = ~0u;  // key lines with scores to exponentiate (kLines: 64-query CTAs)
     const Bias bias{bias_table, {rpb_mult[0], rpb_mult[1], rpb_mult[2]}};
     if (full) {
       if (!fold) {
@@ -320,10 +273,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       }
 #pragma unroll
       for (int i = 0; i < kNk / 2; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
-    } else if constexpr (kLines) {
-      live = fold ? mask_lines<NA, KB, false>(sc, row, origin, t4, pre, bias, mx)
-                  : mask_lines<NA, KB, true>(sc, row, origin, t4, pre, bias, mx);
-    } else if constexpr (NA == 3) {
+    } else if constexpr (NA == 3 && kPair) {
       mask_per_score<NA, KB>(sc, row, origin, t4, pre, bias, mx);
     } else {
       mask_box<NA, KB>(sc, row, origin, t4, pre, bias, mx);
@@ -337,19 +287,10 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       m[r] = m_new;
       l[r] *= alpha[r];
     }
-    constexpr int kPer = kLines ? line_scores<KB, NA>() : kNk / 2;
 #pragma unroll
-    for (int ln = 0; ln < kNk / 2 / kPer; ++ln) {
-      if ((live >> ln) & 1u) {
-#pragma unroll
-        for (int i = ln * kPer; i < (ln + 1) * kPer; ++i) {
-          sc[i] = fast_exp2(fmaf(sc[i], mul, -m_use[(i / 2) % 2]));
-          l[(i / 2) % 2] += sc[i];
-        }
-      } else {
-#pragma unroll
-        for (int i = ln * kPer; i < (ln + 1) * kPer; ++i) sc[i] = 0.f;  // a line no row sees
-      }
+    for (int i = 0; i < kNk / 2; ++i) {
+      sc[i] = fast_exp2(fmaf(sc[i], mul, -m_use[(i / 2) % 2]));
+      l[(i / 2) % 2] += sc[i];
     }
   };
   auto pack_p = [&](const float (&sc)[kNk / 2], uint32_t (&pa)[kNk / 16][4]) {
@@ -358,7 +299,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   };
   auto release = [&](int k) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty + (kg + k) % S::kStages);
+    if (lane == 0) mbar_arrive(empty + k % S::kStages);
   };
 
   // Pipelined as FlashAttention-3 does: while the tensor cores run P_{k-1} V_{k-1}, the
@@ -368,7 +309,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   const int my_turn = 3 + cw, their_turn = 4 - cw;
   float sc[kNk / 2], alpha[2];
   uint32_t pa[kNk / 16][4];
-  mbar_wait(q_full + qb, (n / S::kQBufs) & 1);
+  mbar_wait(q_full, 0);
   if (!kPair) {
     // A lone warpgroup runs its boxes one after the other (S and P never live at once:
     // registers for two CTAs per SM); the SM's other CTA fills the waits.
@@ -465,14 +406,6 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     if (ok)
       *reinterpret_cast<uint4*>(out + off + ch * 8) = *reinterpret_cast<const uint4*>(stage + R::offset(qr, ch * 8));
   }
-  // The Q buffer (read as the O stage) goes back to the producer; its next bulk copy is an
-  // async-proxy write after these generic-proxy accesses.
-  fence_proxy_async_smem();
-  __syncwarp();
-  if (lane == 0) mbar_arrive(q_empty + qb);
-  kg += tile.tiles;
-  ++n;
-  }  // query boxes
 #endif
 }
 

@@ -1,14 +1,12 @@
-// The forward's window mask and RPB on one key box's scores, three ways (forward.cuh picks):
+// The forward's window mask and RPB on one key box's scores, two ways (forward.cuh picks):
 //   mask_per_score: each score's key coordinates against the row's window (128-query CTAs
-//     in 3-D: measured faster there than the box form, PERF.md sixth session);
+//     in 3-D: measured faster there than the box form, docs/dev/PERF.md sixth session);
 //   mask_box: the row's bounds made relative to the box and lane once (box_mask.cuh), one
-//     comparison per bound per score (128-query CTAs in 1-D and 2-D);
-//   mask_lines: 64-query CTAs whose query box spans 8 tokens on the last axis. A lane's two
-//     rows then differ from the other lanes' only on the last axis, so whether a key line
-//     (the box's tokens sharing all but the last coordinate) meets a row's window is the
-//     same for the whole warp: dead lines skip the per-score work and the exponentials.
+//     comparison per bound per score (everything else).
 // Scores come in as S = Q K^T (accumulator layout, wgmma_ops.cuh) and leave as log2-domain
 // logits times `pre` (plus bias), -inf outside the window; mx gets the rows' maxima.
+// (A per-warp test of whole key lines for 64-query CTAs, skipping dead lines' exponentials,
+// measured slower than mask_box: 0.51 vs 0.41 ms on a 13 x 13 window; not kept.)
 #pragma once
 #include <math.h>
 
@@ -88,58 +86,6 @@ __device__ __forceinline__ void mask_box(float (&sc)[N], const RowWindow (&row)[
     sc[i] = x;
     mx[r] = fmaxf(mx[r], x);
   }
-}
-
-// Scores of key line `ln` held by a lane: E / 2 of them from index ln * E / 2 on (E: the
-// box's last extent, whole 8-column groups).
-template <class KB, int NA>
-constexpr int line_scores() { return KB::extent(NA - 1) / 2; }
-
-// Returns the live lines (bit ln: line ln meets either row's window). SCALE: multiply the
-// scores by `pre` (else they stay raw, the scale folded into the exponent).
-template <int NA, class KB, bool SCALE, int N>
-__device__ __forceinline__ uint32_t mask_lines(float (&sc)[N], const RowWindow (&row)[2], const int* origin, int t4,
-                                               float pre, const Bias& bias, float (&mx)[2]) {
-  static_assert(NA >= 2, "lines need a leading axis");
-  constexpr int E = KB::extent(NA - 1), kLines = 2 * N / E, kPer = line_scores<KB, NA>();
-  static_assert(kLines <= 32, "one bit per line");
-  uint32_t live[2] = {0u, 0u};
-#pragma unroll
-  for (int ln = 0; ln < kLines; ++ln) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      bool ok = true;
-#pragma unroll
-      for (int a = 0; a < NA - 1; ++a) {
-        const int key = origin[a] + KB::offset(ln * E, a);
-        ok = ok && key >= row[r].lo[a] && key <= row[r].hi[a];
-      }
-      live[r] |= uint32_t(ok) << ln;
-    }
-  }
-  // Last-axis bounds relative to the box origin and the lane's column 2 t4.
-  const int last = NA - 1;
-  const int lo[2] = {row[0].lo[last] - origin[last] - 2 * t4, row[1].lo[last] - origin[last] - 2 * t4};
-  const int hi[2] = {row[0].hi[last] - origin[last] - 2 * t4, row[1].hi[last] - origin[last] - 2 * t4};
-  const int base[2] = {bias.table ? bias_base<NA>(row[0], origin, t4, bias) : 0,
-                       bias.table ? bias_base<NA>(row[1], origin, t4, bias) : 0};
-#pragma unroll
-  for (int ln = 0; ln < kLines; ++ln) {
-    if (((live[0] | live[1]) >> ln) & 1u) {  // warp-uniform
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int i = ln * kPer + j;
-        const int r = (i / 2) % 2;
-        const int c = (8 * (i / 4)) % E + i % 2;
-        const bool in = ((live[r] >> ln) & 1u) && c >= lo[r] && c <= hi[r];
-        float x = in ? (SCALE ? sc[i] * pre : sc[i]) : -INFINITY;
-        if (bias.table && in) x += bias.table[base[r] + bias_offset<NA, KB>(i, bias)] * kLog2e;
-        sc[i] = x;
-        mx[r] = fmaxf(mx[r], x);
-      }
-    }
-  }
-  return live[0] | live[1];
 }
 
 }  }  // namespace nattn::sm90

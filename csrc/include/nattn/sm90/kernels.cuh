@@ -18,16 +18,6 @@
 
 namespace nattn { namespace sm90 {
 
-// Multiprocessors of the current device (libnattn selects the call's device first).
-inline int sm_count() {
-  static int counts[64] = {0};  // per device; a race only repeats the query
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-  if (!counts[dev] && cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 132;
-  return counts[dev] > 0 ? counts[dev] : 132;
-}
-
 // What prepare_forward leaves for launch_forward (in Params::prepared).
 struct ForwardLaunch {
   CUtensorMap q, k, v;
@@ -70,12 +60,7 @@ void launch_forward(const Params& p, cudaStream_t stream) {
   }();
   (void)configured;
   const int smem = base + (Cta::kRpbStageFloats && p.rpb ? int(p.rpb_head_size * sizeof(float)) : 0);
-  dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
-  if (Cta::kPersistent) {  // kMinBlocks CTAs per SM walk every (query box, head, batch)
-    const int64_t work = int64_t(grid.x) * grid.y * grid.z;
-    const int64_t ctas = int64_t(Cta::kMinBlocks) * sm_count();
-    grid = dim3(unsigned(work < ctas ? work : ctas), 1, 1);
-  }
+  const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
   forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(p, l->q, l->k, l->v);
 }
 
