@@ -49,7 +49,8 @@ class NoBackendError(ValueError):
 
 def _resolve(requested: Optional[str], auto_order=None) -> List[str]:
     if requested is None or requested == "auto":
-        return auto_order() if auto_order else list(AUTO_ORDER)
+        # `is not None`: torch.compile cannot branch on a function's truth value (graph break)
+        return auto_order() if auto_order is not None else list(AUTO_ORDER)
     if not isinstance(requested, str) or requested not in BACKENDS:
         raise ValueError(
             f"backend must be None, 'auto' or one of {sorted(BACKENDS)}, got {requested!r}"

@@ -22,6 +22,7 @@ import torch
 from .._cuda import kernel_table, library
 from . import register_backend
 from .base import Backend
+from .heuristics import cuda_library
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _DTYPE_CODES = {dt: kernel_table.DTYPES.index(name) for dt, name in _DTYPE_NAMES.items()}
@@ -103,7 +104,7 @@ class CudaBackend(Backend):
     def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
         if q.device.type != "cuda":
             return [f"needs CUDA tensors, got device {q.device}"]
-        lib = library.load()
+        lib = cuda_library()
         if lib is None:
             reason = library.load_error()
             if not explicit and not self._warned_missing:

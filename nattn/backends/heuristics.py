@@ -45,19 +45,25 @@ def _capability_major(index) -> int:
     return _capability(index)[0]
 
 
+def cuda_library():
+    """libnattn (or None). Once loaded, this only reads module state, which torch.compile
+    traces without a graph break; the first load (file system checks, dlopen) cannot be
+    traced, so nattn's modules do it when constructed, outside any compiled region."""
+    from .._cuda import library
+    return library.load()
+
+
 def _sm90_min_window(dtype_name: str, na_dim: int, backward: bool = False):
     """libnattn's window from which its Hopper family runs a forward (or a backward; None:
     not in this build)."""
-    from .._cuda import library
-    lib = library.load()
+    lib = cuda_library()
     if lib is None or ("sm90", dtype_name, na_dim) not in lib.kernels:
         return None
     return (lib.sm90_min_window_backward if backward else lib.sm90_min_window).get(na_dim)
 
 
 def _sm90_has_backward(dtype_name: str, na_dim: int, head_dim: int) -> bool:
-    from .._cuda import library
-    lib = library.load()
+    lib = cuda_library()
     return lib is not None and (dtype_name, na_dim, head_dim) in lib.sm90_backward
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._cuda import library
 from ..functional import neighborhood_attention
 from ..params import NAParams, check_scale, normalize_window_args, rpb_config_reasons
 from .unfused import na_explicit
@@ -138,6 +139,10 @@ class NeighborhoodAttentionND(nn.Module):
         self.attn_drop = nn.Dropout(self.attn_drop_p)
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.proj_drop = nn.Dropout(_probability(proj_drop, "proj_drop"))
+        # libnattn's first load (file system checks, dlopen; once per process, no CUDA call)
+        # happens here, outside any graph torch.compile traces: loading inside one would
+        # break it in two (nattn.backends.heuristics.cuda_library).
+        library.load()
 
     def extra_repr(self) -> str:
         return (

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|variants|optimize] ...
+#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|optimize] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); split, host,
 # models: benchmarks/{kernel_split,host_overhead,model_throughput}.py; variants: the tuning
@@ -60,6 +60,11 @@ if [[ $what == *split* ]]; then  # per-kernel times of one forward+backward
 fi
 if [[ $what == *host* ]]; then  # host time per call (kernels negligible)
   timeout 60 python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/host.txt" | tail -2
+fi
+# An uninstalled source tree has no nattn.models (setup.py maps models/ there): link it.
+python3 -c "import nattn.models" 2>/dev/null || ln -sfn ../models nattn/models
+if [[ $what == *compile* ]]; then  # eager vs torch.compile step of a NAT model, graph breaks
+  timeout ${COMPILE_TIMEOUT:-400} python3 benchmarks/compile_profile.py ${COMPILE_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/compile.txt" | tail -50
 fi
 if [[ $what == *models* ]]; then  # timm models end to end, per NA backend
   timeout ${MODELS_TIMEOUT:-300} python3 benchmarks/model_throughput.py ${MODELS_ARGS:-} 2>&1 | tee "$OUT/models.md" | tail -12

@@ -1,0 +1,43 @@
+"""GPU tier: torch.compile over nattn on CUDA tensors. The dispatch that picks a backend runs
+inside the traced region on CUDA (on the CPU it takes another path), so graph breaks there
+only show on a GPU: one per NA call split every NAT/DiNAT model into ~35 graphs (sixth
+session). Each module here must trace to one graph and compile with fullgraph=True, forward
+and backward equal to eager."""
+
+import pytest
+import torch
+
+import nattn
+from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+MODULES = [
+    (lambda: NeighborhoodAttention1D(64, 4, 9), (2, 40, 64)),
+    (lambda: NeighborhoodAttention2D(64, 4, 7, dilation=2, rel_pos_bias=True), (2, 20, 18, 64)),
+    (lambda: NeighborhoodAttention3D(64, 2, (3, 5, 5), is_causal=(True, False, False)), (1, 6, 10, 12, 64)),
+]
+
+
+@pytest.mark.parametrize("make,shape", MODULES, ids=["1d", "2d-dil-rpb", "3d-causal"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_na_modules_trace_to_one_graph_and_match_eager(make, shape, dtype):
+    torch.manual_seed(0)
+    m = make().cuda().to(dtype)
+    x = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(m)(x)
+    reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
+    assert explained.graph_break_count == 0, reasons
+    compiled = torch.compile(m, fullgraph=True)
+    out = compiled(x)
+    grad = torch.randn_like(out)
+    (gx,) = torch.autograd.grad(out, x, grad)
+    ref = m(x)
+    (ref_gx,) = torch.autograd.grad(ref, x, grad)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert torch.isfinite(out).all() and torch.isfinite(gx).all()
+    assert (out.float() - ref.float()).norm() <= tol * ref.float().norm()
+    assert (gx.float() - ref_gx.float()).norm() <= tol * ref_gx.float().norm()
