@@ -125,11 +125,6 @@ def load() -> Optional[Library]:
     return _state["lib"]
 
 
-def tried() -> bool:
-    """Whether load() has run (the library is then loaded, or known to be missing)."""
-    return _state["tried"]
-
-
 def load_error() -> Optional[str]:
     load()
     return _state["error"]
