@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from .backends import BACKENDS
+from .backends import get as get_backend
 from .params import NAParams
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -79,7 +80,7 @@ class NAFunction(torch.autograd.Function):
     @staticmethod
     def forward(q, k, v, rpb, params: NAParams, backend: str):
         with _no_autocast(q):
-            return BACKENDS[backend].na_forward(q, k, v, rpb, params)
+            return get_backend(backend).na_forward(q, k, v, rpb, params)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -95,7 +96,7 @@ class NAFunction(torch.autograd.Function):
         with torch.no_grad(), _no_autocast(q):
             if grad_out is None:  # only the LSE was used
                 grad_out = torch.zeros_like(out)
-            dq, dk, dv, drpb = BACKENDS[ctx.backend].na_backward(
+            dq, dk, dv, drpb = get_backend(ctx.backend).na_backward(
                 q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params)
         dq, dk, dv, drpb = _first_order_only((dq, dk, dv, drpb if rpb is not None else None))
         return dq, dk, dv, drpb, None, None

@@ -11,7 +11,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import ops
-from .backends import BACKENDS, choose_dense_backend, choose_na_backend
+from .backends import choose_dense_backend, choose_na_backend
+from .backends import get as get_backend
 from ._eager import DenseFunction, NAFunction, eager_ok
 from .merge import merge_attentions
 from .params import BoolOrTuple, IntOrTuple, check_qkv, check_scale, normalize
@@ -35,6 +36,7 @@ def neighborhood_attention(
     return_lse: bool = False,
     *,
     na_dim: int,
+    tune: Optional[bool] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Neighborhood attention over ``na_dim`` (1, 2 or 3) spatial axes.
 
@@ -45,13 +47,14 @@ def neighborhood_attention(
 
     Args:
         na_dim: the number of spatial axes (keyword-only).
+        tune: as in na1d/na2d/na3d (keyword-only).
     """
     params = normalize(
         query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
         rpb, additional_keys, additional_values,
     )
-    name = choose_na_backend(query, key, value, rpb, params, backend)
-    impl = BACKENDS[name]
+    name = choose_na_backend(query, key, value, rpb, params, backend, tune)
+    impl = get_backend(name)
     if impl.composite and not torch.compiler.is_compiling():  # differentiable as it is
         out, lse = impl.na_composite(query, key, value, rpb, params)
     elif eager_ok(query, key, value, rpb):  # no custom-op dispatch cost (nattn/_eager.py)
@@ -86,6 +89,8 @@ def na1d(
     rpb: Optional[torch.Tensor] = None,
     backend: Optional[str] = None,
     return_lse: bool = False,
+    *,
+    tune: Optional[bool] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """1-D neighborhood attention: each query attends to a window of keys around it.
 
@@ -117,6 +122,10 @@ def na1d(
         backend: None or ``"auto"`` picks the fastest backend that can run the call
             (docs/backends.md); ``"cuda"``, ``"flex"`` or ``"reference"`` forces one.
         return_lse: also return the logsumexp of the logits.
+        tune: keyword-only. True times every backend and kernel configuration that can run
+            the call the first time its problem signature is seen and runs the fastest from
+            then on (measured dispatch, docs/backends.md); False never tunes it; None (the
+            default) follows ``with nattn.autotune():`` or ``NATTN_AUTOTUNE``.
 
     Returns:
         ``out`` ``[B, X, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -141,7 +150,7 @@ def na1d(
     """
     return neighborhood_attention(
         query, key, value, kernel_size, stride, dilation, is_causal, scale,
-        additional_keys, additional_values, rpb, backend, return_lse, na_dim=1,
+        additional_keys, additional_values, rpb, backend, return_lse, na_dim=1, tune=tune,
     )
 
 
@@ -159,6 +168,8 @@ def na2d(
     rpb: Optional[torch.Tensor] = None,
     backend: Optional[str] = None,
     return_lse: bool = False,
+    *,
+    tune: Optional[bool] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """2-D neighborhood attention: each query attends to a window of keys around it.
 
@@ -191,6 +202,10 @@ def na2d(
         backend: None or ``"auto"`` picks the fastest backend that can run the call
             (docs/backends.md); ``"cuda"``, ``"flex"`` or ``"reference"`` forces one.
         return_lse: also return the logsumexp of the logits.
+        tune: keyword-only. True times every backend and kernel configuration that can run
+            the call the first time its problem signature is seen and runs the fastest from
+            then on (measured dispatch, docs/backends.md); False never tunes it; None (the
+            default) follows ``with nattn.autotune():`` or ``NATTN_AUTOTUNE``.
 
     Returns:
         ``out`` ``[B, X, Y, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -215,7 +230,7 @@ def na2d(
     """
     return neighborhood_attention(
         query, key, value, kernel_size, stride, dilation, is_causal, scale,
-        additional_keys, additional_values, rpb, backend, return_lse, na_dim=2,
+        additional_keys, additional_values, rpb, backend, return_lse, na_dim=2, tune=tune,
     )
 
 
@@ -233,6 +248,8 @@ def na3d(
     rpb: Optional[torch.Tensor] = None,
     backend: Optional[str] = None,
     return_lse: bool = False,
+    *,
+    tune: Optional[bool] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """3-D neighborhood attention: each query attends to a window of keys around it.
 
@@ -265,6 +282,10 @@ def na3d(
         backend: None or ``"auto"`` picks the fastest backend that can run the call
             (docs/backends.md); ``"cuda"``, ``"flex"`` or ``"reference"`` forces one.
         return_lse: also return the logsumexp of the logits.
+        tune: keyword-only. True times every backend and kernel configuration that can run
+            the call the first time its problem signature is seen and runs the fastest from
+            then on (measured dispatch, docs/backends.md); False never tunes it; None (the
+            default) follows ``with nattn.autotune():`` or ``NATTN_AUTOTUNE``.
 
     Returns:
         ``out`` ``[B, X, Y, Z, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -289,7 +310,7 @@ def na3d(
     """
     return neighborhood_attention(
         query, key, value, kernel_size, stride, dilation, is_causal, scale,
-        additional_keys, additional_values, rpb, backend, return_lse, na_dim=3,
+        additional_keys, additional_values, rpb, backend, return_lse, na_dim=3, tune=tune,
     )
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .backends import BACKENDS
+from .backends import get as get_backend
 from .params import NAParams
 
 
@@ -33,7 +34,7 @@ def na_forward(
     scale: float, backend: str,
 ) -> Tuple[Tensor, Tensor]:
     params = _params(kernel_size, stride, dilation, is_causal, scale)
-    return BACKENDS[backend].na_forward(q, k, v, rpb, params)
+    return get_backend(backend).na_forward(q, k, v, rpb, params)
 
 
 @na_forward.register_fake
@@ -51,7 +52,7 @@ def na_backward(
     scale: float, backend: str,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     params = _params(kernel_size, stride, dilation, is_causal, scale)
-    dq, dk, dv, drpb = BACKENDS[backend].na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params)
+    dq, dk, dv, drpb = get_backend(backend).na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params)
     if drpb is None:
         drpb = q.new_empty(0)  # custom ops cannot return None
     return dq, dk, dv, drpb

@@ -142,3 +142,111 @@ def test_results_match_the_reference_through_the_public_api(two_backends):
     q, k, v, _ = problem()
     out = nattn.na2d(q, k, v, 5)
     torch.testing.assert_close(out, nattn.na2d(q, k, v, 5, backend="reference"))
+
+
+# ------------------------------------------------------------ kernel configurations
+class Configurable(Timed):
+    """A backend with kernel configurations: ``name:<cfg>`` runs a Timed view whose delay (and
+    whether its output is right) the test sets per configuration; the backward's configurations
+    ("dq=pass", "dq=atomic") get their own delays."""
+
+    def __init__(self, name, clock, delay, configs, backward=None):
+        super().__init__(name, clock, delay)
+        self.configs = configs  # text -> (delay, wrong output?)
+        self.backward = backward or {}  # "dq=..." -> delay
+        self.views = {}
+
+    def configurations(self, q, k, v, rpb, params):
+        return [t for t in self.configs if "dq=" not in t]
+
+    def backward_configurations(self, q, k, v, rpb, params):
+        return list(self.backward)
+
+    def configured(self, text):
+        if text not in self.views:
+            from nattn.backends import kernel_config
+            cfg = kernel_config.parse(text)
+            tile = kernel_config.KernelConfig(cfg.tile).text
+            delay, wrong = self.configs.get(tile, (self.delay, False))
+            view = Timed(f"{self.name}:{text}", self.clock, delay)
+            if wrong:
+                view.na_forward = lambda q, k, v, rpb, params: tuple(
+                    t + 1 for t in ReferenceBackend.na_forward(view, q, k, v, rpb, params))
+            bwd = self.backward.get(next((p for p in text.split("+") if p.startswith("dq=")), ""), 0.0)
+            clock = self.clock
+
+            def backward(*args, bwd=bwd):
+                clock.now += bwd
+                return ReferenceBackend.na_backward(view, *args)
+            view.na_backward = backward
+            self.views[text] = view
+        return self.views[text]
+
+
+@pytest.fixture
+def configurable(monkeypatch, tmp_path):
+    clock = FakeClock()
+    monkeypatch.setattr(autotune, "_clock", clock)
+    b = Configurable("tiles", clock, 0.010, {"q8x8_k7x16": (0.004, False), "q8x16_k8x16": (0.001, True),
+                                             "q8x16_k4x16": (0.006, False)})
+    monkeypatch.setitem(BACKENDS, "tiles", b)
+    monkeypatch.setattr("nattn.backends.AUTO_ORDER", ["tiles"] + list(AUTO_ORDER))
+    monkeypatch.setitem(autotune._state, "errors", {})
+    autotune.enable(False, cache_path=str(tmp_path / "tune.json"))
+    yield b
+    autotune._state["path"] = None
+    autotune._state["results"] = None
+
+
+def test_configurations_are_timed_and_a_wrong_one_is_never_chosen(configurable):
+    q, k, v, p = problem()
+    # the fastest configuration (q8x16_k8x16) computes the wrong thing: the next one wins
+    assert choose_na_backend(q, k, v, None, p, tune=True) == "tiles:q8x8_k7x16"
+    (entry,) = autotune.results().values()
+    assert entry["ms"]["tiles"] == pytest.approx(10.0) and entry["ms"]["tiles:q8x8_k7x16"] == pytest.approx(4.0)
+    assert entry["ms"]["tiles:q8x16_k8x16"] is None
+    assert any("disagrees with tiles's" in why for why in autotune.errors().values())
+    # a hit runs the configured name straight away, through the public API too
+    calls = configurable.views["q8x8_k7x16"].calls
+    out = nattn.na2d(q, k, v, 5, tune=True)
+    torch.testing.assert_close(out, nattn.na2d(q, k, v, 5, backend="reference"))
+    assert configurable.views["q8x8_k7x16"].calls == calls + 1
+
+
+def test_tuning_is_per_call_per_block_or_global(configurable):
+    q, k, v, p = problem()
+    assert choose_na_backend(q, k, v, None, p) == "tiles"  # off: the default configuration
+    with nattn.autotune():
+        assert choose_na_backend(q, k, v, None, p) == "tiles:q8x8_k7x16"
+        assert choose_na_backend(q, k, v, None, p, tune=False) == "tiles"  # the call's own word wins
+    assert choose_na_backend(q, k, v, None, p) == "tiles"
+    autotune.enable(True)
+    try:
+        assert choose_na_backend(q, k, v, None, p) == "tiles:q8x8_k7x16"
+        with nattn.autotune(False):
+            assert choose_na_backend(q, k, v, None, p) == "tiles"
+    finally:
+        autotune.enable(False)
+
+
+def test_the_backward_configuration_is_timed_when_the_call_needs_gradients(configurable):
+    configurable.backward = {"dq=pass": 0.009, "dq=atomic": 0.003}
+    q, k, v, p = problem()
+    q.requires_grad_(True)
+    assert choose_na_backend(q, k, v, None, p, tune=True) == "tiles:q8x8_k7x16+dq=atomic"
+    (entry,) = autotune.results().values()
+    assert entry["backward_ms"] == pytest.approx({"tiles:q8x8_k7x16+dq=pass": 9.0, "tiles:q8x8_k7x16+dq=atomic": 3.0})
+    out = nattn.na2d(q, k, v, 5, tune=True)  # forward and backward through the configured name
+    out.sum().backward()
+    ref_q = q.detach().clone().requires_grad_(True)
+    nattn.na2d(ref_q, k, v, 5, backend="reference").sum().backward()
+    torch.testing.assert_close(q.grad, ref_q.grad)
+
+
+def test_a_tuned_name_is_one_that_can_be_named_explicitly(configurable):
+    q, k, v, p = problem()
+    assert choose_na_backend(q, k, v, None, p, "tiles:q8x16_k4x16") == "tiles:q8x16_k4x16"
+    with pytest.raises(ValueError, match="accepted, joined by"):
+        choose_na_backend(q, k, v, None, p, "tiles:q8x16")
+    with pytest.raises(ValueError, match="takes no kernel configuration"):
+        choose_na_backend(q, k, v, None, p, "reference:q8x16_k8x16")

@@ -128,3 +128,22 @@ def test_bench_optimize_needs_a_hopper_gpu():
         pytest.skip("a 9.0 GPU is here: the GPU tier times --optimize")
     with pytest.raises(SystemExit, match="compute capability 9.0"):
         main(["-i", "64", "64", "-w", "33", "--optimize"])
+
+
+def test_per_call_configuration_fields_are_checked():
+    """The tile pair and dQ mode a call names (kernel_table.PROBLEM_FIELDS' last seven) are
+    validated before any device work; a valid one reaches the device step."""
+    fields = problem()
+    tile, dq = kernel_table.FIELD_OFFSETS["tile"], kernel_table.FIELD_OFFSETS["dq_mode"]
+    fields[tile] = 300
+    rc, msg = call(fields)
+    assert rc == 1 and "tile extents must be in [0, 256]" in msg
+    fields = problem()
+    fields[dq] = 5
+    rc, msg = call(fields)
+    assert rc == 1 and "dq_mode must be 0 (default), 1 (deterministic pass) or 2 (KV-parallel), got 5" in msg
+    fields = problem()
+    fields[tile:tile + 6] = (8, 8, 1, 7, 16, 1)
+    fields[dq] = 2
+    rc, msg = call(fields)
+    assert rc == 3 and "device" in msg  # no GPU here: past every check

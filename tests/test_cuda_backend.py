@@ -184,3 +184,33 @@ def test_pack_cache_refreshes_pointers_and_layouts():
     d, _ = CUDA._pack(params, q1, q1, q1, q1, lse, None, grad_out=g, dq=g, dk=g, dv=g)
     assert d[f["grad_out_ptr"]] == g.data_ptr() and d[f["dq_stride"] + 1] == 32
     assert a[f["grad_out_ptr"]] == 0
+
+
+def test_hopper_configurations_for_the_tuner(fake_lib, monkeypatch):
+    """On a 9.0 GPU whose library has the Hopper family, the tuner gets its tile pairs (not
+    the default, not the declined) and, with a Hopper backward, both dQ modes unless
+    torch.use_deterministic_algorithms(True) is on."""
+    from nattn.backends import heuristics
+
+    lib = library._state["lib"]
+    lib.kernels[("sm90", "bfloat16", 2)] = [32, 64, 128]
+    lib.sm90_backward = {("bfloat16", 2, 64)}
+    monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 0))
+    listed = [dict(name="q8x16_k8x16", keys=768, default=True, backward=False, declined=None),
+              dict(name="q8x8_k4x24", keys=480, default=False, backward=False, declined=None),
+              dict(name="q8x8_k7x16", keys=672, default=False, backward=False, declined="an RPB table ...")]
+    monkeypatch.setattr(CUDA, "sm90_configs", lambda q, k, v, params: listed)
+    with FakeTensorMode():
+        q = fake(2, 32, 32, 4, 64)
+        params = normalize(q, q, q, 2, 13)
+        assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24"]
+        assert CUDA.backward_configurations(q, q, q, None, params) == ["dq=pass", "dq=atomic"]
+        torch.use_deterministic_algorithms(True)
+        try:
+            assert CUDA.backward_configurations(q, q, q, None, params) == []
+        finally:
+            torch.use_deterministic_algorithms(False)
+        q32 = fake(2, 32, 32, 4, 32)  # a head dim without a Hopper backward in this "build"
+        assert CUDA.backward_configurations(q32, q32, q32, None, normalize(q32, q32, q32, 2, 13)) == []
+        monkeypatch.setattr(heuristics, "_capability", lambda index: (8, 0))
+        assert CUDA.configurations(q, q, q, None, params) == []

@@ -178,8 +178,23 @@ const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
   return best;
 }
 
-// The Hopper entry for a problem: NATTN_SM90_TILE's pair, else the default one.
+// Whether the call names a tile pair (Params::tile_q / tile_k), and whether `e` is it.
+bool tile_requested(const nattn::Params& p) { return p.tile_q[0] > 0; }
+bool is_requested_tile(const nattn::Params& p, const nattn::KernelEntry& e) {
+  for (int a = 0; a < 3; ++a)
+    if (e.qbox[a] != p.tile_q[a] || e.kbox[a] != p.tile_k[a]) return false;
+  return true;
+}
+
+// The Hopper entry for a problem: the call's tile pair, else NATTN_SM90_TILE's, else the
+// default one.
 const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char** why) {
+  if (tile_requested(p)) {
+    for (int i = 0; i < nattn::kNumKernels; ++i)
+      if (is_sm90_entry(nattn::kKernels[i], p, dim) && is_requested_tile(p, nattn::kKernels[i])) return &nattn::kKernels[i];
+    *why = "the call's tile pair is not compiled for this dtype, NA dim and head dim";
+    return nullptr;
+  }
   const char* forced = getenv("NATTN_SM90_TILE");
   if (forced && *forced) {
     for (int i = 0; i < nattn::kNumKernels; ++i) {
@@ -196,17 +211,19 @@ const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char*
   return best;
 }
 
-// The Hopper entry for a backward: the pair of SM90_BACKWARD_TILES for this NA dim (or
-// NATTN_SM90_TILE's pair when it has a backward; a forced forward-only pair leaves the
-// backward on the default, so forcing a pair never makes training fail).
+// The Hopper entry for a backward: the pair of SM90_BACKWARD_TILES for this NA dim (or the
+// call's / NATTN_SM90_TILE's pair when it has a backward; a forced forward-only pair leaves
+// the backward on the default, so forcing a pair never makes training fail).
 const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, const char** why) {
   const char* forced = getenv("NATTN_SM90_TILE");
+  if (tile_requested(p)) forced = nullptr;  // the call's pair decides (below)
   const nattn::KernelEntry* first = nullptr;
   for (int i = 0; i < nattn::kNumKernels; ++i) {
     const nattn::KernelEntry& e = nattn::kKernels[i];
     if (!e.family || strcmp(e.family, "sm90") || e.dtype != p.dtype || e.na_dim != p.na_dim || e.head_dim != dim ||
         !e.backward)
       continue;
+    if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced) {
       char name[64];
       sm90_tile_name(e, p.na_dim, name, sizeof name);
@@ -292,6 +309,17 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
   if ((p.tokens + qpb - 1) / qpb > 0x7fffffff)
     return fail(err, err_len, kInvalid, pr, what, "too many tokens (%lld) for the launch grid",
                 (long long)p.tokens);
+  for (int a = 0; a < 6; ++a)
+    if (pr.tile[a] < 0 || pr.tile[a] > 256)
+      return fail(err, err_len, kInvalid, pr, what, "tile extents must be in [0, 256] (0: the default pair)");
+  for (int a = 0; a < 3; ++a) {
+    p.tile_q[a] = int(pr.tile[a]);
+    p.tile_k[a] = int(pr.tile[3 + a]);
+  }
+  if (pr.dq_mode < 0 || pr.dq_mode > 2)
+    return fail(err, err_len, kInvalid, pr, what, "dq_mode must be 0 (default), 1 (deterministic pass) or 2 (KV-parallel), got %lld",
+                (long long)pr.dq_mode);
+  p.dq_mode = int(pr.dq_mode);
   p.scale = float(scale);
   p.scale_log2 = float(scale * 1.4426950408889634);
   const int eb = kDtypeBytes[pr.dtype];
@@ -361,7 +389,9 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
   // into `workspace`); else the tensor-core or SIMT entry build_params chose.
   alignas(64) unsigned char workspace[nattn::kPrepareBytes];
   if (p.dtype != 0) {
-    const bool required = family_cap() == kCapSm90Only;
+    // A forward naming its tile pair runs it (or fails saying why), whatever the window.
+    const bool named = !backward && tile_requested(p);
+    const bool required = family_cap() == kCapSm90Only || named;
     const char* why = nullptr;
     if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p, backward))) {
       const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
@@ -375,7 +405,8 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
       why = sm90_allowed(int(pr.device)) ? "window below the family's minimum" : "the device is not compute capability 9.0";
     }
     if (why && required)
-      return fail(err, err_len, kNotCompiled, pr, what, "NATTN_FAMILY=sm90, but the Hopper family declines: %s", why);
+      return fail(err, err_len, kNotCompiled, pr, what, "%s, but the Hopper family declines: %s",
+                  named ? "the call names a Hopper tile pair" : "NATTN_FAMILY=sm90", why);
   }
   (backward ? entry->backward : entry->forward)(p, static_cast<cudaStream_t>(stream));
   e = cudaGetLastError();

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # dtype code shared by C and Python (the index into this tuple).
 DTYPES = ("float32", "float16", "bfloat16")
@@ -133,7 +133,13 @@ PROBLEM_FIELDS: Tuple[Tuple[str, int], ...] = (
     ("dk_ptr", 1),
     ("dv_ptr", 1),
     ("drpb_ptr", 1),  # float32, zero-initialised by the caller
-) + tuple((f"{t}_stride", 5) for t in STRIDED_TENSORS)
+) + tuple((f"{t}_stride", 5) for t in STRIDED_TENSORS) + (
+    # Per-call configuration (zeros: the library's default). A tiled family's (query box,
+    # key box) extents, 1 for unused axes (sm90: a pair of SM90_TILES); the backward's dQ:
+    # 1 its own deterministic pass, 2 accumulated by the dK/dV pass (KV-parallel, atomics).
+    ("tile", 6),
+    ("dq_mode", 1),
+)
 
 NUM_PROBLEM_FIELDS = sum(n for _, n in PROBLEM_FIELDS)
 FIELD_OFFSETS: Dict[str, int] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Dict, List, Optional
 
-from . import autotune
+from . import autotune, kernel_config
 from .base import Backend
 from .heuristics import na_auto_order
 from .reference import ReferenceBackend
@@ -47,14 +47,24 @@ class NoBackendError(ValueError):
     """No backend can run the requested problem; the message lists every reason."""
 
 
+def get(name: str) -> Backend:
+    """The backend a name selects: a registered name, or one with a kernel configuration
+    (``"cuda:q8x16_k8x16"``, backends/kernel_config.py)."""
+    base, config = kernel_config.split(name)
+    backend = BACKENDS[base]
+    return backend.configured(config) if config else backend
+
+
 def _resolve(requested: Optional[str], auto_order=None) -> List[str]:
     if requested is None or requested == "auto":
         # `is not None`: torch.compile cannot branch on a function's truth value (graph break)
         return auto_order() if auto_order is not None else list(AUTO_ORDER)
-    if not isinstance(requested, str) or requested not in BACKENDS:
+    if not isinstance(requested, str) or kernel_config.split(requested)[0] not in BACKENDS:
         raise ValueError(
-            f"backend must be None, 'auto' or one of {sorted(BACKENDS)}, got {requested!r}"
+            f"backend must be None, 'auto' or one of {sorted(BACKENDS)} (cuda optionally with a "
+            f"kernel configuration, e.g. 'cuda:q8x16_k8x16'), got {requested!r}"
         )
+    get(requested)  # a malformed configuration raises here, naming the accepted forms
     return [requested]
 
 
@@ -63,7 +73,7 @@ def _choose(requested, reasons_of, auto_order=None) -> str:
     explicit = requested not in (None, "auto")
     why: Dict[str, List[str]] = {}
     for name in names:
-        reasons = reasons_of(BACKENDS[name], explicit)
+        reasons = reasons_of(get(name), explicit)
         if not reasons:
             return name
         why[name] = reasons
@@ -71,10 +81,14 @@ def _choose(requested, reasons_of, auto_order=None) -> str:
     raise NoBackendError("no backend can run this problem:\n" + "\n".join(lines))
 
 
-def choose_na_backend(q, k, v, rpb, params, requested: Optional[str] = None) -> str:
-    if requested in (None, "auto") and autotune.active(q):  # measured dispatch (opt-in)
+def choose_na_backend(q, k, v, rpb, params, requested: Optional[str] = None, tune: Optional[bool] = None) -> str:
+    """The backend name (possibly with a kernel configuration) to run this problem: the
+    requested one, else the measured fastest when tuning is on (``tune``, ``with
+    nattn.autotune()``, NATTN_AUTOTUNE), else the first of the heuristic order that accepts it."""
+    if requested in (None, "auto") and autotune.active(q, tune):  # measured dispatch (opt-in)
         best = autotune.measured(q, k, v, rpb, params)
-        if best in BACKENDS and not BACKENDS[best].na_not_supported_reasons(q, k, v, rpb, params, False):
+        if (best and kernel_config.split(best)[0] in BACKENDS
+                and not get(best).na_not_supported_reasons(q, k, v, rpb, params, False)):
             return best  # one check per call, as on the heuristic path
         ok = [n for n in na_auto_order(AUTO_ORDER, q, params, v)
               if not BACKENDS[n].na_not_supported_reasons(q, k, v, rpb, params, False)]

@@ -36,6 +36,20 @@ class Backend:
         """
         return [f"{self.name} does not implement neighborhood attention"]
 
+    def configured(self, text: str) -> "Backend":
+        """This backend running the kernel configuration ``text`` (``"cuda:<text>"`` names,
+        backends/kernel_config.py); only backends with configurations override it."""
+        raise ValueError(f"backend {self.name!r} takes no kernel configuration (got {self.name}:{text})")
+
+    def configurations(self, q, k, v, rpb, params: NAParams) -> List[str]:
+        """Kernel configurations (``configured`` texts) this backend could also run the
+        problem with, besides its default; the autotuner times them. None by default."""
+        return []
+
+    def backward_configurations(self, q, k, v, rpb, params: NAParams) -> List[str]:
+        """The backward's configurations the autotuner chooses among (default first)."""
+        return []
+
     def na_forward(self, q, k, v, rpb, params: NAParams) -> Tuple[Tensor, Tensor]:
         raise NotImplementedError
 

@@ -21,6 +21,7 @@ import torch
 
 from .._cuda import kernel_table, library
 from . import register_backend
+from . import kernel_config
 from .base import Backend
 from .heuristics import cuda_library
 
@@ -80,6 +81,14 @@ class CudaBackend(Backend):
         self._arch_ok: Dict[int, Optional[str]] = {}
         self._err = ctypes.create_string_buffer(_ERR_LEN)
         self._templates: Dict[tuple, tuple] = {}
+        self._configured: Dict[str, Backend] = {}
+
+    def configured(self, text: str) -> Backend:
+        """This backend with a kernel configuration (``"cuda:q8x16_k8x16+dq=atomic"``)."""
+        view = self._configured.get(text)
+        if view is None:
+            view = self._configured[text] = _Configured(self, kernel_config.parse(text))
+        return view
 
     # ------------------------------------------------------------------ capability
     def _arch_reason(self, index: int) -> Optional[str]:
@@ -136,14 +145,14 @@ class CudaBackend(Backend):
 
     # ------------------------------------------------------------------------ calls
     def _pack(self, params, q, k, v, out, lse, rpb, grad_out=None, grad_lse=None, delta=None,
-              dq=None, dk=None, dv=None, drpb=None):
+              dq=None, dk=None, dv=None, drpb=None, config=kernel_config.DEFAULT):
         """The NattnProblem array: a cached template per layout, with this call's pointers."""
         strided = (q, k, v, out, grad_out, dq, dk, dv)  # kernel_table.STRIDED_TENSORS order
-        key = (params, q.dtype, q.device, rpb is None) + tuple(
+        key = (params, q.dtype, q.device, rpb is None, config) + tuple(
             None if t is None else (t.shape, t.stride()) for t in strided)
         entry = self._templates.get(key)
         if entry is None:
-            entry = self._template(params, strided)
+            entry = self._template(params, strided, config)
             if len(self._templates) >= _MAX_TEMPLATES:
                 self._templates.clear()
             self._templates[key] = entry
@@ -156,8 +165,8 @@ class CudaBackend(Backend):
         return fields, device
 
     @staticmethod
-    def _template(params, strided):
-        """Everything but the pointers (0 there), for one layout."""
+    def _template(params, strided, config=kernel_config.DEFAULT):
+        """Everything but the pointers (0 there), for one layout and kernel configuration."""
         q, k, v = strided[:3]
         nd = params.na_dim
         device = q.device.index or 0
@@ -171,8 +180,42 @@ class CudaBackend(Backend):
         vals += [0] * len(_PTR_SLOTS)
         for t in strided:
             vals += _strides(t, nd) if t is not None else (0, 0, 0, 0, 0)
+        vals += config.fields()
         assert len(vals) == kernel_table.NUM_PROBLEM_FIELDS
         return _Problem(*vals), device
+
+    def _hopper(self, q, v, params) -> Optional[str]:
+        """The dtype name when this problem could run the Hopper family (a 9.0 GPU, 16-bit,
+        D == D_v of its head dims, the family in this build), else None."""
+        from . import heuristics
+        dtype = _DTYPE_NAMES.get(q.dtype)
+        if (q.device.type != "cuda" or q.dtype not in heuristics.TC_DTYPES or q.shape[-1] != v.shape[-1]
+                or q.shape[-1] not in heuristics.SM90_HEAD_DIMS
+                or heuristics._capability(q.device.index or 0) != (9, 0)):
+            return None
+        lib = cuda_library()
+        return dtype if lib is not None and ("sm90", dtype, params.na_dim) in lib.kernels else None
+
+    def configurations(self, q, k, v, rpb, params):
+        """The Hopper tile pairs that take this forward, besides the default one."""
+        if self._hopper(q, v, params) is None:
+            return []
+        try:
+            configs = self.sm90_configs(q, k, v, params)
+        except RuntimeError:  # an older library without the listing
+            return []
+        return [c["name"] for c in configs if not c["declined"] and not c["default"]]
+
+    def backward_configurations(self, q, k, v, rpb, params):
+        """The Hopper backward's dQ: its deterministic pass (default) and the KV-parallel
+        accumulation, unless torch.use_deterministic_algorithms(True)."""
+        dtype = self._hopper(q, v, params)
+        if dtype is None or torch.are_deterministic_algorithms_enabled():
+            return []
+        lib = cuda_library()
+        if (dtype, params.na_dim, q.shape[-1]) not in lib.sm90_backward:
+            return []
+        return ["dq=pass", "dq=atomic"]
 
     def sm90_configs(self, q, k, v, params) -> list:
         """The Hopper family's tile pairs for this forward problem (``Library.sm90_configs``).
@@ -197,16 +240,16 @@ class CudaBackend(Backend):
             raise RuntimeError(f"nattn cuda backend: {library.load_error()}")
         return lib
 
-    def na_forward(self, q, k, v, rpb, params):
+    def na_forward(self, q, k, v, rpb, params, config=kernel_config.DEFAULT):
         lib = self._lib()
         out = q.new_empty(*q.shape[:-1], v.shape[-1])
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         rpb32 = None if rpb is None else rpb.to(torch.float32).contiguous()
-        fields, device = self._pack(params, q, k, v, out, lse, rpb32)
+        fields, device = self._pack(params, q, k, v, out, lse, rpb32, config=config)
         self._call(lib.forward, fields, device, params.scale)
         return out, lse
 
-    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params):
+    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, config=kernel_config.DEFAULT):
         lib = self._lib()
         if _needs_copy(grad_out):  # e.g. expanded (stride 0) gradients of a .sum()
             grad_out = grad_out.contiguous()
@@ -223,11 +266,35 @@ class CudaBackend(Backend):
             rpb32 = rpb.to(torch.float32).contiguous()
             drpb = torch.zeros(rpb.shape, dtype=torch.float32, device=q.device)
         fields, device = self._pack(params, q, k, v, out, lse, rpb32, grad_out, grad_lse, delta,
-                                    dq, dk, dv, drpb)
+                                    dq, dk, dv, drpb, config=config)
         self._call(lib.backward, fields, device, params.scale)
         if drpb is not None:
             drpb = drpb.to(rpb.dtype)
         return dq, dk, dv, drpb
+
+
+class _Configured(Backend):
+    """The cuda backend with one kernel configuration (``CudaBackend.configured``): the same
+    checks, its configuration in every call's problem struct."""
+
+    def __init__(self, parent: CudaBackend, config: kernel_config.KernelConfig):
+        self.parent, self.config = parent, config
+        self.name = kernel_config.join(parent.name, config)
+
+    def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
+        return self.parent.na_not_supported_reasons(q, k, v, rpb, params, explicit)
+
+    def configurations(self, q, k, v, rpb, params):
+        return self.parent.configurations(q, k, v, rpb, params)
+
+    def backward_configurations(self, q, k, v, rpb, params):
+        return self.parent.backward_configurations(q, k, v, rpb, params)
+
+    def na_forward(self, q, k, v, rpb, params):
+        return self.parent.na_forward(q, k, v, rpb, params, self.config)
+
+    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params):
+        return self.parent.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, self.config)
 
 
 register_backend(CudaBackend())

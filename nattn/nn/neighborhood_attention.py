@@ -119,6 +119,9 @@ class NeighborhoodAttentionND(nn.Module):
             if reasons:
                 raise ValueError("rel_pos_bias=True requires " + ", ".join(reasons))
         self.backend = backend
+        # Measured dispatch for this module's calls (True / False; None: `with
+        # nattn.autotune()` or NATTN_AUTOTUNE decide), a plain attribute like `backend`.
+        self.tune: Optional[bool] = None
         if context_parallel is not None:
             from ..distributed import ContextParallel
             if not isinstance(context_parallel, ContextParallel):
@@ -213,7 +216,7 @@ class NeighborhoodAttentionND(nn.Module):
         else:
             out = neighborhood_attention(
                 q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
-                extra_k, extra_v, self.rpb, self.backend, na_dim=n,
+                extra_k, extra_v, self.rpb, self.backend, na_dim=n, tune=self.tune,
             )
         out = out.reshape(b, *x.shape[1:-1], self.embed_dim)
         if any(pad):

@@ -28,6 +28,8 @@ struct Params {
   int64_t q_s[5], k_s[5], v_s[5], out_s[5], grad_out_s[5], dq_s[5], dk_s[5], dv_s[5];
   const void* prepared;   // host: launch state a family's prepare step left (sm90 tensor maps)
   float* dq_accum;        // sm90 KV-parallel backward: fp32 dQ sums [B, N, H, D] (else null)
+  int tile_q[3], tile_k[3];  // host: the call's tile pair (query / key box; zeros: default)
+  int dq_mode;               // host: 0 default, 1 deterministic dQ pass, 2 KV-parallel dQ
 };
 
 // Bytes of the host workspace a family's prepare step may fill (64-byte aligned).

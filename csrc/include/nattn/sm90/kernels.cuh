@@ -108,10 +108,11 @@ const char* prepare_backward(const Params& p, void* workspace) {
   return nullptr;
 }
 
-// Whether the backward accumulates dQ from the dK/dV pass (NATTN_SM90_DQ=atomic: fp32
-// reductions, KV-parallel, not bitwise reproducible) instead of its own deterministic pass
-// (the default, NATTN_SM90_DQ=pass). Read on every call.
-inline bool dq_atomic_requested() {
+// Whether the backward accumulates dQ from the dK/dV pass (fp32 reductions, KV-parallel,
+// not bitwise reproducible) instead of its own deterministic pass (the default): the call's
+// dq_mode (2: KV-parallel, 1: the pass), else NATTN_SM90_DQ=atomic (read on every call).
+inline bool dq_atomic_requested(const Params& p) {
+  if (p.dq_mode) return p.dq_mode == 2;
   const char* mode = getenv("NATTN_SM90_DQ");
   return mode && !strcmp(mode, "atomic");
 }
@@ -143,7 +144,7 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
   const dim3 dkv_grid(ctas, p.heads_kv, p.batch);
   p.dq_accum = nullptr;
   const size_t accum_bytes = size_t(rows) * HD * sizeof(float);
-  if (dq_atomic_requested() && cudaMallocAsync(reinterpret_cast<void**>(&p.dq_accum), accum_bytes, stream) == cudaSuccess) {
+  if (dq_atomic_requested(problem) && cudaMallocAsync(reinterpret_cast<void**>(&p.dq_accum), accum_bytes, stream) == cudaSuccess) {
     cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream);
     backward_dkv_kernel<T, NA, HD, Tl, true><<<dkv_grid, kThreads, dkv_smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q, l->kv_do);
     dq_convert_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(p);
