@@ -21,8 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "on a smaller copy of the problem.",
     )
     src = p.add_argument_group("problems (a suite, or one custom problem from -i ...)")
-    src.add_argument("--suite", choices=sorted(SUITES), help="anchors: seven NA problems from DiNAT layers to "
-                     "Flux/Hunyuan-size windows (names: docs/performance.md); smoke: tiny CPU problems")
+    src.add_argument("--suite", choices=sorted(SUITES), help="anchors: nine NA problems from DiNAT layers to "
+                     "Flux/Hunyuan-size windows and their strided variants (names: docs/performance.md); "
+                     "tuning: the anchors plus ten more shapes (small batch, B=1 video, odd head counts, GQA); "
+                     "smoke: tiny CPU problems")
     src.add_argument("--only", metavar="NAMES", help="comma-separated problem names of the suite to run")
     src.add_argument("-i", "--input-size", type=int, nargs="+", metavar="N", help="spatial size, 1-3 ints")
     src.add_argument("-b", "--batch", type=int, default=1)

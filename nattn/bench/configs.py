@@ -42,9 +42,9 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
     minimum = lib.sm90_min_window.get(p.na_dim)
     runs = "runs by default" if minimum is not None and params.window_size >= minimum else \
         f"runs by default from {minimum} keys per query (this window: {params.window_size})"
-    lines.append(f"  sm90 (compute capability 9.0; {runs}; force one with NATTN_SM90_TILE=<name>; cost: keys "
-                 "walked per query, 64-key boxes counted 1.15x, 64-query boxes 1.3x; backward: the pair the "
-                 "backward uses):")
+    lines.append(f"  sm90 (compute capability 9.0; {runs}; name one per call with backend='cuda:<name>', or "
+                 "NATTN_SM90_TILE=<name> process-wide; cost: keys walked per query, 64-key boxes counted 1.15x, "
+                 "64-query boxes 1.3x in 1-D and 1.5x in 3-D; backward: the pair the backward uses):")
     width = max(len(c["name"]) for c in configs)
     for c in configs:
         flags = [f for f, on in (("default", c["default"]), ("backward", c["backward"])) if on]
@@ -64,11 +64,10 @@ def dry_run(problems, dtype_name: str) -> str:
 
 
 def optimize(problems, args) -> str:
-    """``--optimize``: time every tile pair of the Hopper family that takes each problem (the
-    forward, and forward + backward with ``--backprop``) on this GPU, and print them beside
-    the default with the best one's speedup. Needs a compute capability 9.0 GPU."""
-    import os
-
+    """``--optimize``: time the cuda backend's default choice beside every Hopper tile pair
+    that takes each problem, each named per call (``backend="cuda:<pair>"``; forward, or
+    forward + backward with ``--backprop``, where the KV-parallel dQ of the default pair is
+    timed too), and print the best with its speedup, then a table. Needs a 9.0 GPU."""
     from ..backends import BACKENDS
     from .rows import NattnRow
     from .run import time_row
@@ -76,36 +75,37 @@ def optimize(problems, args) -> str:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit("--optimize times the Hopper family's configurations: it needs a compute capability 9.0 GPU")
     device, dtype = torch.device("cuda"), DTYPES[args.dtype or "bf16"]
-    out = []
-    saved = {k: os.environ.get(k) for k in ("NATTN_FAMILY", "NATTN_SM90_TILE")}
-    try:
-        os.environ["NATTN_FAMILY"] = "sm90"  # below the default minimum window too
-        for p in problems:
-            q = torch.empty(p.batch, *p.spatial, p.heads, p.dim, dtype=dtype, device="meta")
-            k = torch.empty(p.batch, *p.spatial, p.heads_kv or p.heads, p.dim, dtype=dtype, device="meta")
-            v = torch.empty(p.batch, *p.spatial, p.heads_kv or p.heads, p.dim_v or p.dim, dtype=dtype, device="meta")
-            params = normalize(q, k, v, p.na_dim, p.kernel, p.stride, p.dilation, p.causal, None)
+    out, table = [], []
+    key = "fwd_bwd_ms" if args.backprop else "fwd_ms"
+    for p in problems:
+        q = torch.empty(p.batch, *p.spatial, p.heads, p.dim, dtype=dtype, device="meta")
+        k = torch.empty(p.batch, *p.spatial, p.heads_kv or p.heads, p.dim, dtype=dtype, device="meta")
+        v = torch.empty(p.batch, *p.spatial, p.heads_kv or p.heads, p.dim_v or p.dim, dtype=dtype, device="meta")
+        params = normalize(q, k, v, p.na_dim, p.kernel, p.stride, p.dilation, p.causal, None)
+        try:
             configs = [c for c in BACKENDS["cuda"].sm90_configs(q, k, v, params) if not c["declined"]]
-            out.append(f"{p.name}: {len(configs)} sm90 configuration(s)")
-            timed = []
-            for c in configs:
-                os.environ["NATTN_SM90_TILE"] = c["name"]
-                r = time_row(NattnRow("cuda"), p, device, dtype, args.backprop, 1)
-                ms = r.get("fwd_bwd_ms" if args.backprop else "fwd_ms")
-                timed.append((c, ms, r.get("note", "")))
-            default = next((ms for c, ms, _ in timed if c["default"]), None)
-            best = min((t for t in timed if t[1] is not None), key=lambda t: t[1], default=None)
-            for c, ms, note in timed:
-                mark = " default" if c["default"] else ""
-                mark += " best" if best is not None and c is best[0] else ""
-                value = f"{ms:.3f} ms" if ms is not None else f"failed: {note}"
-                out.append(f"  {c['name']:<16} {value}{mark}")
-            if best is not None and default:
-                out.append(f"  best {best[0]['name']}: {default / best[1]:.2f}x the default")
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        except RuntimeError as e:  # not a Hopper problem (head dims, dtype): nothing to search
+            out.append(f"{p.name}: no sm90 configurations ({e})")
+            continue
+        names = ["cuda"] + [f"cuda:{c['name']}" for c in configs]
+        if args.backprop:
+            names.append("cuda:dq=atomic")
+        out.append(f"{p.name}: the default and {len(names) - 1} configuration(s)")
+        timed = []
+        for name in names:
+            r = time_row(NattnRow(name), p, device, dtype, args.backprop, 1)
+            timed.append((name, r.get(key), r.get("note", "")))
+        default = timed[0][1]
+        best = min((t for t in timed if t[1] is not None), key=lambda t: t[1], default=None)
+        for name, ms, note in timed:
+            flags = [f for f, on in (("default", name == "cuda"), ("best", best and name == best[0])) if on]
+            value = f"{ms:.3f} ms" if ms is not None else f"failed: {note}"
+            out.append(f"  {name:<24} {value} {' '.join(flags)}".rstrip())
+        if best is not None and default:
+            out.append(f"  best {best[0]}: {default / best[1]:.2f}x the default")
+            table.append(f"| {p.name} | {default:.3f} | {best[0]} | {best[1]:.3f} | {default / best[1]:.2f} |")
+    if table:
+        what = "forward + backward" if args.backprop else "forward"
+        out += ["", f"| problem | default ms ({what}) | best configuration | best ms | speedup |",
+                "|---|---|---|---|---|"] + table
     return "\n".join(out)

@@ -114,7 +114,22 @@ SMOKE = (
     Problem("smoke-3d-causal", (6, 6, 5), 1, 2, 16, (3, 3, 2), causal=(True, False, False), stride=(1, 2, 1)),
 )
 
-SUITES = {"anchors": ANCHORS, "smoke": SMOKE}
+# The anchors plus ten shapes the defaults were not modelled on (small batch, B=1 video, odd
+# head counts, GQA, head dim 32 at large windows): the auto-tuner's table (--optimize).
+TUNING = ANCHORS + (
+    Problem("dinat-s1-b1", (56, 56), 1, 4, 32, (7, 7)),
+    Problem("nat-14-k7-h12", (14, 14), 64, 12, 32, (7, 7)),
+    Problem("2d-96-k21-gqa", (96, 96), 2, 12, 64, (21, 21), heads_kv=4),
+    Problem("2d-64-k33-d32", (64, 64), 8, 6, 32, (33, 33)),
+    Problem("video-b1-k7", (16, 48, 48), 1, 6, 64, (7, 9, 9)),
+    Problem("video-b1-gqa", (12, 40, 40), 1, 16, 128, (9, 15, 15), heads_kv=2),
+    Problem("1d-4k-w2048-b1", (4096,), 1, 2, 128, (2048,)),
+    Problem("1d-16k-w512-h5", (16384,), 2, 5, 64, (512,)),
+    Problem("flux-2d-w48-b2", (128, 128), 2, 24, 128, (48, 48)),
+    Problem("3d-causal-t", (24, 32, 32), 1, 8, 128, (8, 17, 17), causal=(True, False, False)),
+)
+
+SUITES = {"anchors": ANCHORS, "smoke": SMOKE, "tuning": TUNING}
 
 
 def shrink(p: Problem, max_tokens: int, name_suffix: str = "") -> Problem:
