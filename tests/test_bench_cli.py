@@ -142,3 +142,26 @@ def test_markdown_summary_marks_skipped_and_mismatch():
             "floors": {"fwd": {"flop_ms": 0.1, "memory_ms": 0.2, "floor_ms": 0.2}}}]
     text = markdown_summary(res, backprop=False)
     assert "skipped" in text and "1.000 (MISMATCH)" in text
+
+
+def test_models_suite_runs_timm_models_side_by_side(capsys):
+    """--suite models on the CPU: a tiny nattn model beside a timm peer, one row per mode."""
+    assert main(["--suite", "models", "--models", "nat_mini,resnet18", "--size", "64", "-b", "1",
+                 "--iters", "1", "--modes", "eager", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "| model | mode | train img/s | inference img/s |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| nat_mini") or line.startswith("| resnet18")]
+    assert len(rows) == 2 and all("| eager |" in r and "failed" not in r for r in rows)
+    for r in rows:
+        train, infer = (float(x) for x in r.strip("|").split("|")[2:4])
+        assert train > 0 and infer > 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--suite", "models", "--modes", "jit"], "--modes takes eager, compiled"),
+    (["--suite", "models", "--size", "8"], "--size must be >= 32"),
+])
+def test_models_suite_flags_are_checked(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse(argv)
+    assert message in capsys.readouterr().err

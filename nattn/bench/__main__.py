@@ -13,6 +13,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .run import run
 
     args, problems = parse(argv)
+    if args.suite == "models":
+        import torch
+
+        from .models import DEFAULT_MODELS, run_models
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        models = [m.strip() for m in args.models.split(",")] if args.models else list(DEFAULT_MODELS)
+        batch = args.batch or (128 if device.type == "cuda" else 2)
+        print(run_models(models, args.modes, batch, args.size, args.iters, device, args.plot))
+        return 0
     if args.dry_run:
         from .configs import dry_run
         print(dry_run(problems, args.dtype))

@@ -21,13 +21,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "on a smaller copy of the problem.",
     )
     src = p.add_argument_group("problems (a suite, or one custom problem from -i ...)")
-    src.add_argument("--suite", choices=sorted(SUITES), help="anchors: nine NA problems from DiNAT layers to "
-                     "Flux/Hunyuan-size windows and their strided variants (names: docs/performance.md); "
+    src.add_argument("--suite", choices=sorted(SUITES) + ["models"], help="anchors: nine NA problems from DiNAT "
+                     "layers to Flux/Hunyuan-size windows and their strided variants (names: docs/performance.md); "
                      "tuning: the anchors plus ten more shapes (small batch, B=1 video, odd head counts, GQA); "
-                     "smoke: tiny CPU problems")
+                     "smoke: tiny CPU problems; models: timm NA models beside Swin-T and ConvNeXt-T, train and "
+                     "inference images/s, eager and compiled (--models, --size, --modes, -b)")
     src.add_argument("--only", metavar="NAMES", help="comma-separated problem names of the suite to run")
     src.add_argument("-i", "--input-size", type=int, nargs="+", metavar="N", help="spatial size, 1-3 ints")
-    src.add_argument("-b", "--batch", type=int, default=1)
+    src.add_argument("-b", "--batch", type=int, default=None,
+                     help="batch (default 1; --suite models: 128 on CUDA, 2 on the CPU)")
     src.add_argument("-n", "--heads", type=int, default=4)
     src.add_argument("--heads-kv", type=int, default=0, help="key/value heads for GQA (default: --heads)")
     src.add_argument("-d", "--dim", type=int, default=64)
@@ -39,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="causal on every axis (no value) or per axis (0/1 each)")
     src.add_argument("--add-kv", type=int, default=0, metavar="N", help="extra keys/values for every query")
     src.add_argument("--rpb", action="store_true", help="with a relative positional bias")
+    mdl = p.add_argument_group("--suite models")
+    mdl.add_argument("--models", metavar="NAMES", help="comma-separated timm model names (default: nat_tiny, "
+                     "dinat_tiny, dinat_s_tiny, nat_isotropic_small, swin_tiny_patch4_window7_224, convnext_tiny)")
+    mdl.add_argument("--size", type=int, default=224, help="image side")
+    mdl.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (comma-separated)")
+    mdl.add_argument("--iters", type=int, default=10, help="timed steps per model and mode")
     run = p.add_argument_group("what to run")
     run.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on CUDA, fp32 on CPU")
     run.add_argument("--backprop", action="store_true", help="also time forward+backward")
@@ -88,7 +96,7 @@ def custom_problem(args, parser) -> Problem:
             parser.error(f"--causal takes 0/1 per axis, got {args.causal}")
         causal = tuple(bool(c) for c in _axis_values(args.causal, n, "--causal", parser))
     for name in ("batch", "heads", "dim"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.heads_kv and args.heads % args.heads_kv:
         parser.error(f"--heads ({args.heads}) must be divisible by --heads-kv ({args.heads_kv})")
@@ -103,7 +111,7 @@ def custom_problem(args, parser) -> Problem:
                          f"window * dilation <= size, got size {L}, window {k}, stride {s}, dilation {d}")
     if args.rpb and (any(k % 2 == 0 for k in kernel) or any(s != 1 for s in stride) or any(causal)):
         parser.error("--rpb needs odd windows, stride 1 and no causal axis")
-    return Problem("custom", tuple(args.input_size), args.batch, args.heads, args.dim, kernel,
+    return Problem("custom", tuple(args.input_size), args.batch or 1, args.heads, args.dim, kernel,
                    dilation=dilation, stride=stride, causal=causal, heads_kv=args.heads_kv,
                    dim_v=args.dim_v, extra=args.add_kv, rpb=args.rpb)
 
@@ -114,6 +122,15 @@ def parse(argv: Optional[List[str]] = None):
     args = parser.parse_args(argv)
     if args.suite and args.input_size:
         parser.error("give either --suite or -i/--input-size, not both")
+    if args.suite == "models":
+        from .models import MODES
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        if not modes or any(m not in MODES for m in modes):
+            parser.error(f"--modes takes {', '.join(MODES)} (comma-separated), got {args.modes!r}")
+        if args.size < 32 or args.iters < 1 or (args.batch is not None and args.batch < 1):
+            parser.error("--size must be >= 32, --iters and -b >= 1")
+        args.modes = modes
+        return args, []
     if args.only and not args.suite:
         parser.error("--only selects problems of a --suite")
     if args.suite:

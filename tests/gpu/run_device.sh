@@ -3,9 +3,10 @@
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
 #   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|optimize] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
-# the cuda and flex backends side by side (docs/dev/PERF.md records its tables); split, host,
-# models: benchmarks/{kernel_split,host_overhead,model_throughput}.py; variants: the tuning
-# builds in variants/*.so (benchmarks/build_variants.sh).
+# the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
+# python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
+# benchmarks/{kernel_split,host_overhead}.py; variants: the tuning builds in variants/*.so
+# (benchmarks/build_variants.sh).
 set -uo pipefail
 # pytest runs with -n 0: one process for the one GPU (pyproject's addopts ask pytest-xdist for
 # one worker per core; the device image has pytest-xdist, so -p no:xdist would fail on -n).
@@ -66,8 +67,9 @@ python3 -c "import nattn.models" 2>/dev/null || ln -sfn ../models nattn/models
 if [[ $what == *compile* ]]; then  # eager vs torch.compile step of a NAT model, graph breaks
   timeout ${COMPILE_TIMEOUT:-400} python3 benchmarks/compile_profile.py ${COMPILE_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/compile.txt" | tail -50
 fi
-if [[ $what == *models* ]]; then  # timm models end to end, per NA backend
-  timeout ${MODELS_TIMEOUT:-300} python3 benchmarks/model_throughput.py ${MODELS_ARGS:-} 2>&1 | tee "$OUT/models.md" | tail -12
+if [[ $what == *models* ]]; then  # timm models end to end beside Swin-T / ConvNeXt-T, eager and compiled
+  timeout ${MODELS_TIMEOUT:-560} python3 -m nattn.bench --suite models ${MODELS_ARGS:-} 2>&1 | grep -v Warning \
+    | tee "$OUT/models.md" | tail -16
 fi
 if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
   for lib in variants/*.so; do

@@ -1,0 +1,132 @@
+"""``python -m nattn.bench --suite models``: timm models end to end, nattn's NA models beside
+timm's Swin-T and ConvNeXt-T of the same FLOPs, training and inference images per second,
+eager and under ``torch.compile``, in one process.
+
+A training step is forward, cross-entropy, backward and an SGD step; inference is a forward
+under ``torch.no_grad``. On CUDA: bf16 autocast and channels-last inputs (what a user trains
+with); on the CPU: fp32. Times are CUDA-event (or wall-clock on the CPU) means over
+``--iters`` steps after three warm-up steps (which absorb compilation).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+# The NA families at Tiny size, then the peers (timm's own models).
+DEFAULT_MODELS = ("nat_tiny", "dinat_tiny", "dinat_s_tiny", "nat_isotropic_small", "swin_tiny_patch4_window7_224",
+                  "convnext_tiny")
+MODES = ("eager", "compiled")
+
+
+def _steps(model, x, y, device):
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def train():
+        with amp:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def infer():
+        with torch.no_grad(), amp:
+            model(x)
+
+    return train, infer
+
+
+def _ms(fn, device, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / iters
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t) / iters * 1e3
+
+
+def measure(name: str, mode: str, batch: int, size: int, iters: int, device: torch.device) -> Dict[str, float]:
+    """Images per second of one model in one mode: ``{"train": ..., "infer": ...}``."""
+    import timm
+
+    import nattn.models  # noqa: F401  (registers nattn's models with timm)
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=1000).to(device)
+    x = torch.randn(batch, 3, size, size, device=device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    run = torch.compile(model) if mode == "compiled" else model
+    train, infer = _steps(run, x, y, device)
+    out = {}
+    model.eval()
+    out["infer"] = batch / _ms(infer, device, iters) * 1e3
+    model.train()
+    out["train"] = batch / _ms(train, device, iters) * 1e3
+    return out
+
+
+def run_models(models: List[str], modes: List[str], batch: int, size: int, iters: int,
+               device: torch.device, plot_path: Optional[str] = None) -> str:
+    """Measures every (model, mode) and returns the markdown table (and writes the chart)."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    lines = [f"# {name}, torch {torch.__version__}, batch {batch}, {size}x{size}, "
+             f"{'bf16 autocast, channels-last' if device.type == 'cuda' else 'fp32'}; images/s",
+             "", "| model | mode | train img/s | inference img/s |", "|---|---|---|---|"]
+    results = []
+    for model in models:
+        for mode in modes:
+            try:
+                r = measure(model, mode, batch, size, iters, device)
+                lines.append(f"| {model} | {mode} | {r['train']:.0f} | {r['infer']:.0f} |")
+                results.append((model, mode, r))
+            except Exception as e:  # a model that fails is a row with the reason, not a crash
+                lines.append(f"| {model} | {mode} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} | |")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            torch._dynamo.reset()
+    if plot_path:
+        lines += ["", _plot(results, plot_path)]
+    return "\n".join(lines)
+
+
+def _plot(results, path: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "--plot needs matplotlib (pip install 'nattn[bench]'); no chart written"
+    if not results:
+        return "nothing measured; no chart written"
+    models = list(dict.fromkeys(m for m, _, _ in results))
+    bars = [(mode, what) for mode in MODES for what in ("train", "infer")]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(models)), 4.5))
+    width = 0.8 / len(bars)
+    for j, (mode, what) in enumerate(bars):
+        xs = [i + j * width for i, m in enumerate(models) for mm, md, _ in results if mm == m and md == mode]
+        ys = [r[what] for m in models for mm, md, r in results if mm == m and md == mode]
+        if xs:
+            ax.bar(xs, ys, width, label=f"{what}, {mode}")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(models))])
+    ax.set_xticklabels(models, rotation=20, ha="right")
+    ax.set_ylabel("images / s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    return f"chart written to {path}"
