@@ -3,6 +3,11 @@ that the GPU is idle most of the time, so the wall time per call is what Python,
 autograd and the launches cost. Also prints the top functions of a cProfile run.
 
     python benchmarks/host_overhead.py [--backend cuda] [--profile]
+    python benchmarks/host_overhead.py --null     # nattn's Python alone, on any machine
+
+``--null`` registers a backend whose kernels do nothing (it returns empty tensors) and runs on
+the CPU: what is left is nattn's own Python (argument checks, dispatch, packing) plus torch's
+autograd bookkeeping.
 """
 
 import argparse
@@ -15,23 +20,52 @@ import torch
 import nattn
 
 
+def _sync():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def per_call(fn, n=300):
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     t = time.perf_counter()
     for _ in range(n):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     return (time.perf_counter() - t) / n * 1e6
+
+
+def register_null_backend():
+    from nattn.backends import register_backend
+    from nattn.backends.reference import ReferenceBackend
+
+    class Null(ReferenceBackend):
+        name = "null"
+
+        def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
+            return []
+
+        def na_forward(self, q, k, v, rpb, params):
+            return q.new_empty(*q.shape[:-1], v.shape[-1]), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+        def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params):
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+
+    register_backend(Null())
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--null", action="store_true", help="a do-nothing backend on the CPU: nattn's Python alone")
     args = ap.parse_args()
-    q, k, v = (torch.randn(1, 8, 8, 2, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    device, dtype = "cuda", torch.bfloat16
+    if args.null:
+        register_null_backend()
+        args.backend, device, dtype = "null", "cpu", torch.float32
+    q, k, v = (torch.randn(1, 8, 8, 2, 32, device=device, dtype=dtype, requires_grad=True)
                for _ in range(3))
     g = torch.randn_like(q)
 
@@ -49,7 +83,7 @@ def main():
         prof.enable()
         for _ in range(200):
             fwd_bwd()
-        torch.cuda.synchronize()
+        _sync()
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(22)
 

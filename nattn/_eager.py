@@ -102,6 +102,28 @@ class NAFunction(torch.autograd.Function):
         return dq, dk, dv, drpb, None, None
 
 
+class NAFunctionFast(torch.autograd.Function):
+    """NAFunction without ``setup_context``: the same forward and backward, about 20 us less
+    host time per call (torch binds a setup_context Function's arguments with
+    ``inspect.signature`` on every apply). Used unless a functorch transform is active."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rpb, params: NAParams, backend: str):
+        with _no_autocast(q):
+            out, lse = get_backend(backend).na_forward(q, k, v, rpb, params)
+        ctx.save_for_backward(q, k, v, rpb, out, lse)
+        ctx.params, ctx.backend = params, backend
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    backward = NAFunction.backward
+
+
+def na_function():
+    """The autograd Function an eager NA call goes through."""
+    return NAFunction if _functorch_active() else NAFunctionFast
+
+
 class DenseFunction(torch.autograd.Function):
     """``(out, lse)`` of dense attention through a named backend (the extra keys of NA)."""
 

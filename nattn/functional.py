@@ -13,7 +13,7 @@ import torch
 from . import ops
 from .backends import choose_dense_backend, choose_na_backend
 from .backends import get as get_backend
-from ._eager import DenseFunction, NAFunction, eager_ok
+from ._eager import DenseFunction, eager_ok, na_function
 from .merge import merge_attentions
 from .params import BoolOrTuple, IntOrTuple, check_qkv, check_scale, normalize
 
@@ -58,7 +58,7 @@ def neighborhood_attention(
     if impl.composite and not torch.compiler.is_compiling():  # differentiable as it is
         out, lse = impl.na_composite(query, key, value, rpb, params)
     elif eager_ok(query, key, value, rpb):  # no custom-op dispatch cost (nattn/_eager.py)
-        out, lse = NAFunction.apply(query, key, value, rpb, params, name)
+        out, lse = na_function().apply(query, key, value, rpb, params, name)
     else:
         out, lse = ops.na_forward(
             query, key, value, rpb, list(params.kernel_size), list(params.stride),

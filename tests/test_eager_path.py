@@ -127,3 +127,24 @@ def test_autocast_does_not_reach_the_backends():
         (g,) = torch.autograd.grad(out.square().sum(), q)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     torch.testing.assert_close(g, g_ref, rtol=0, atol=0)
+
+
+def test_plain_calls_use_the_function_without_setup_context(monkeypatch):
+    """Eager calls go through NAFunctionFast (no per-call argument binding); functorch
+    transforms through NAFunction, whose separate setup_context they need. Both give the same
+    gradients (the backward is shared)."""
+    from nattn import _eager, functional
+
+    used = []
+
+    def spy():
+        cls = _eager.na_function()
+        used.append(cls.__name__)
+        return cls
+
+    monkeypatch.setattr(functional, "na_function", spy)
+    q, k, v, _ = _inputs(5, rpb=False)
+    want = torch.autograd.grad(nattn.na2d(q, k, v, 5).sum(), q)[0]
+    got = torch.func.grad(lambda q: nattn.na2d(q, k.detach(), v.detach(), 5).sum())(q.detach())
+    assert used == ["NAFunctionFast", "NAFunction"]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
