@@ -131,7 +131,7 @@ def test_bench_optimize_needs_a_hopper_gpu():
 
 
 def test_per_call_configuration_fields_are_checked():
-    """The tile pair and dQ mode a call names (kernel_table.PROBLEM_FIELDS' last seven) are
+    """The tile pair, dQ mode and split-KV factor a call names (PROBLEM_FIELDS' last eight) are
     validated before any device work; a valid one reaches the device step."""
     fields = problem()
     tile, dq = kernel_table.FIELD_OFFSETS["tile"], kernel_table.FIELD_OFFSETS["dq_mode"]
@@ -143,7 +143,12 @@ def test_per_call_configuration_fields_are_checked():
     rc, msg = call(fields)
     assert rc == 1 and "dq_mode must be 0 (default), 1 (deterministic pass) or 2 (KV-parallel), got 5" in msg
     fields = problem()
+    fields[kernel_table.FIELD_OFFSETS["kv_splits"]] = 65
+    rc, msg = call(fields)
+    assert rc == 1 and "kv_splits must be in [0, 64] (0 or 1: no split), got 65" in msg
+    fields = problem()
     fields[tile:tile + 6] = (8, 8, 1, 7, 16, 1)
     fields[dq] = 2
+    fields[kernel_table.FIELD_OFFSETS["kv_splits"]] = 4
     rc, msg = call(fields)
     assert rc == 3 and "device" in msg  # no GPU here: past every check

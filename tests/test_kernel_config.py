@@ -16,14 +16,16 @@ def test_parse_and_text_round_trip():
     assert cfg == kc.KernelConfig(((8, 16), (4, 16)), 2)
     assert cfg.text == "q8x16_k4x16+dq=atomic" and kc.parse(cfg.text) == cfg
     assert kc.parse("dq=pass") == kc.KernelConfig(None, 1)
-    assert kc.parse("q2x4x8_k1x5x16").fields() == (2, 4, 8, 1, 5, 16, 0)
-    assert kc.parse("q64_k128").fields() == (64, 1, 1, 128, 1, 1, 0)
-    assert kc.DEFAULT.fields() == (0,) * 7 and kc.DEFAULT.text == ""
+    assert kc.parse("q2x4x8_k1x5x16").fields() == (2, 4, 8, 1, 5, 16, 0, 0)
+    assert kc.parse("q64_k128+kv=4").fields() == (64, 1, 1, 128, 1, 1, 0, 4)
+    assert kc.parse("kv=8+dq=pass") == kc.KernelConfig(None, 1, 8) and kc.parse("kv=8+dq=pass").text == "dq=pass+kv=8"
+    assert kc.DEFAULT.fields() == (0,) * 8 and kc.DEFAULT.text == ""
     assert kc.split("cuda:q64_k128") == ("cuda", "q64_k128") and kc.split("flex") == ("flex", "")
     assert kc.join("cuda", kc.DEFAULT) == "cuda" and kc.join("cuda", cfg) == "cuda:q8x16_k4x16+dq=atomic"
 
 
-@pytest.mark.parametrize("bad", ["q8x16", "q8x16_k4", "q0_k64", "dq=fast", "q8_k8+q8_k8", "dq=pass+dq=atomic", "tile"])
+@pytest.mark.parametrize("bad", ["q8x16", "q8x16_k4", "q0_k64", "dq=fast", "q8_k8+q8_k8", "dq=pass+dq=atomic", "tile",
+                                 "kv=1", "kv=65", "kv=x", "kv=2+kv=4"])
 def test_malformed_configurations_name_the_accepted_forms(bad):
     with pytest.raises(ValueError, match="accepted|same number of axes"):
         kc.parse(bad)
@@ -36,16 +38,17 @@ def test_configured_cuda_names_share_the_backend_and_cache_views():
 
 
 def test_the_problem_struct_carries_the_configuration():
-    """The last seven fields (kernel_table.PROBLEM_FIELDS: tile, dq_mode) come from the name."""
+    """The last eight fields (kernel_table.PROBLEM_FIELDS: tile, dq_mode, kv_splits) come from the name."""
     with FakeTensorMode():
         q = torch.empty(2, 16, 16, 4, 32, device="cuda", dtype=torch.bfloat16)
         out = torch.empty_like(q)
         params = normalize(q, q, q, 2, 7)
-        cfg = kc.parse("q8x8_k7x16+dq=atomic")
+        cfg = kc.parse("q8x8_k7x16+dq=atomic+kv=3")
         fields, _ = BACKENDS["cuda"]._template(params, (q, q, q, out, None, None, None, None), cfg)
         default, _ = BACKENDS["cuda"]._template(params, (q, q, q, out, None, None, None, None))
     tile = kernel_table.FIELD_OFFSETS["tile"]
     dq = kernel_table.FIELD_OFFSETS["dq_mode"]
-    assert list(fields[tile:tile + 6]) == [8, 8, 1, 7, 16, 1] and fields[dq] == 2
-    assert list(default[tile:tile + 7]) == [0] * 7
-    assert kernel_table.ABI_VERSION == 2 and dq == kernel_table.NUM_PROBLEM_FIELDS - 1
+    kv = kernel_table.FIELD_OFFSETS["kv_splits"]
+    assert list(fields[tile:tile + 6]) == [8, 8, 1, 7, 16, 1] and fields[dq] == 2 and fields[kv] == 3
+    assert list(default[tile:tile + 8]) == [0] * 8
+    assert kernel_table.ABI_VERSION == 2 and kv == kernel_table.NUM_PROBLEM_FIELDS - 1

@@ -320,6 +320,11 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
     return fail(err, err_len, kInvalid, pr, what, "dq_mode must be 0 (default), 1 (deterministic pass) or 2 (KV-parallel), got %lld",
                 (long long)pr.dq_mode);
   p.dq_mode = int(pr.dq_mode);
+  if (pr.kv_splits < 0 || pr.kv_splits > 64)
+    return fail(err, err_len, kInvalid, pr, what, "kv_splits must be in [0, 64] (0 or 1: no split), got %lld",
+                (long long)pr.kv_splits);
+  p.kv_splits = pr.kv_splits > 1 ? int(pr.kv_splits) : 1;
+  p.o_part = p.lse_part = nullptr;
   p.scale = float(scale);
   p.scale_log2 = float(scale * 1.4426950408889634);
   const int eb = kDtypeBytes[pr.dtype];
@@ -389,8 +394,9 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
   // into `workspace`); else the tensor-core or SIMT entry build_params chose.
   alignas(64) unsigned char workspace[nattn::kPrepareBytes];
   if (p.dtype != 0) {
-    // A forward naming its tile pair runs it (or fails saying why), whatever the window.
-    const bool named = !backward && tile_requested(p);
+    // A forward naming its tile pair or a split-KV factor runs the Hopper family (or fails
+    // saying why), whatever the window.
+    const bool named = !backward && (tile_requested(p) || p.kv_splits > 1);
     const bool required = family_cap() == kCapSm90Only || named;
     const char* why = nullptr;
     if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p, backward))) {
@@ -406,7 +412,7 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
     }
     if (why && required)
       return fail(err, err_len, kNotCompiled, pr, what, "%s, but the Hopper family declines: %s",
-                  named ? "the call names a Hopper tile pair" : "NATTN_FAMILY=sm90", why);
+                  named ? "the call names a Hopper configuration (tile pair or split-KV)" : "NATTN_FAMILY=sm90", why);
   }
   (backward ? entry->backward : entry->forward)(p, static_cast<cudaStream_t>(stream));
   e = cudaGetLastError();

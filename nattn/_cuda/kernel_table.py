@@ -136,9 +136,12 @@ PROBLEM_FIELDS: Tuple[Tuple[str, int], ...] = (
 ) + tuple((f"{t}_stride", 5) for t in STRIDED_TENSORS) + (
     # Per-call configuration (zeros: the library's default). A tiled family's (query box,
     # key box) extents, 1 for unused axes (sm90: a pair of SM90_TILES); the backward's dQ:
-    # 1 its own deterministic pass, 2 accumulated by the dK/dV pass (KV-parallel, atomics).
+    # 1 its own deterministic pass, 2 accumulated by the dK/dV pass (KV-parallel, atomics);
+    # the forward's split-KV factor (sm90: CTAs over slices of each query box's key boxes,
+    # merged through their LSE; 0 or 1: none).
     ("tile", 6),
     ("dq_mode", 1),
+    ("kv_splits", 1),
 )
 
 NUM_PROBLEM_FIELDS = sum(n for _, n in PROBLEM_FIELDS)

@@ -271,8 +271,8 @@ def _choose_backward(best: str, get, q, k, v, rpb, params, key, cuda):
     if len(options) < 2:
         return best, {}
     forward = kernel_config.parse(text)
-    names = [kernel_config.join(base, kernel_config.KernelConfig(forward.tile, kernel_config.parse(o).dq_mode))
-             for o in options]
+    names = [kernel_config.join(base, kernel_config.KernelConfig(forward.tile, kernel_config.parse(o).dq_mode,
+                                                                 forward.kv_splits)) for o in options]
     with torch.no_grad():
         out, lse = get(best).na_forward(q, k, v, rpb, params)
         grad_out = torch.randn_like(out)

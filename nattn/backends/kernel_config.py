@@ -8,7 +8,9 @@ joined by ``+``:
 * a Hopper tile pair's name, ``q<query box>_k<key box>`` (extents joined by ``x``, one per
   NA axis), as ``python -m nattn.bench ... --dry-run`` lists them;
 * ``dq=pass`` (the backward's deterministic dQ pass) or ``dq=atomic`` (dQ accumulated by the
-  dK/dV pass in fp32: KV-parallel, not bitwise reproducible).
+  dK/dV pass in fp32: KV-parallel, not bitwise reproducible);
+* ``kv=<n>`` (the Hopper forward's split-KV: n CTAs per query box over slices of its key
+  boxes, merged through their LSE; 1-D problems, 2 <= n <= 64).
 """
 
 from __future__ import annotations
@@ -19,22 +21,23 @@ from typing import Optional, Tuple
 
 _TILE = re.compile(r"^q(\d+(?:x\d+){0,2})_k(\d+(?:x\d+){0,2})$")
 DQ_MODES = {"pass": 1, "atomic": 2}
-ACCEPTED = ("a tile pair such as 'q8x16_k8x16'", "'dq=pass'", "'dq=atomic'")
+ACCEPTED = ("a tile pair such as 'q8x16_k8x16'", "'dq=pass'", "'dq=atomic'", "'kv=<2..64>'")
 
 
 @dataclass(frozen=True)
 class KernelConfig:
     tile: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None  # (query box, key box)
     dq_mode: int = 0  # 0: the library's default, 1: deterministic pass, 2: KV-parallel
+    kv_splits: int = 0  # 0: no split-KV
 
     def fields(self) -> Tuple[int, ...]:
-        """The problem struct's ``tile`` (6) and ``dq_mode`` (1) fields."""
+        """The problem struct's ``tile`` (6), ``dq_mode`` and ``kv_splits`` fields."""
         if self.tile is None:
             tile = (0,) * 6
         else:
             q, k = (tuple(box) + (1,) * (3 - len(box)) for box in self.tile)
             tile = q + k
-        return tile + (self.dq_mode,)
+        return tile + (self.dq_mode, self.kv_splits)
 
     @property
     def text(self) -> str:
@@ -44,6 +47,8 @@ class KernelConfig:
             parts.append(f"q{'x'.join(map(str, q))}_k{'x'.join(map(str, k))}")
         if self.dq_mode:
             parts.append("dq=" + next(n for n, m in DQ_MODES.items() if m == self.dq_mode))
+        if self.kv_splits:
+            parts.append(f"kv={self.kv_splits}")
         return "+".join(parts)
 
 
@@ -58,7 +63,7 @@ def split(name: str) -> Tuple[str, str]:
 
 def parse(text: str) -> KernelConfig:
     """The configuration a suffix names; ValueError naming the accepted forms otherwise."""
-    tile, dq_mode = None, 0
+    tile, dq_mode, kv = None, 0, 0
     for part in filter(None, text.split("+")):
         m = _TILE.match(part)
         if m and tile is None:
@@ -69,10 +74,12 @@ def parse(text: str) -> KernelConfig:
             tile = (q, k)
         elif part.startswith("dq=") and part[3:] in DQ_MODES and not dq_mode:
             dq_mode = DQ_MODES[part[3:]]
+        elif part.startswith("kv=") and part[3:].isdigit() and 2 <= int(part[3:]) <= 64 and not kv:
+            kv = int(part[3:])
         else:
             raise ValueError(f"unknown kernel configuration {part!r} in {text!r}; accepted, joined by '+': "
                              + ", ".join(ACCEPTED))
-    return KernelConfig(tile, dq_mode)
+    return KernelConfig(tile, dq_mode, kv)
 
 
 def join(base: str, config: KernelConfig) -> str:

@@ -30,6 +30,9 @@ struct Params {
   float* dq_accum;        // sm90 KV-parallel backward: fp32 dQ sums [B, N, H, D] (else null)
   int tile_q[3], tile_k[3];  // host: the call's tile pair (query / key box; zeros: default)
   int dq_mode;               // host: 0 default, 1 deterministic dQ pass, 2 KV-parallel dQ
+  int kv_splits;             // sm90 forward: CTAs per query box over slices of its key boxes
+  float* o_part;             // ... their outputs, fp32 [splits, B, N, H, D_v] (null: no split)
+  float* lse_part;           // ... and LSEs, fp32 [splits, B, N, H]
 };
 
 // Bytes of the host workspace a family's prepare step may fill (64-byte aligned).

@@ -46,6 +46,10 @@ struct ForwardCta {
   static constexpr int kThreads = kConsumers == 2 ? 384 : 160;
   static constexpr int kMinBlocks = kConsumers == 2 ? 1 : HD <= 32 ? 3 : 2;
   static constexpr int kStages = kConsumers == 2 ? 3 : 2;
+  // Split-KV is built for 1-D pairs (its target: long windows over few query boxes); its
+  // fp32 epilogue spilled registers in the 2-D / 3-D 128-query CTAs at head dim 128 and the
+  // 3-D 64-query ones at head dim 32.
+  static constexpr bool kSplitKv = Tl::Q::extent(1) == 1;
   // 64-query CTAs read the RPB of their head from shared memory (global loads of every
   // score's bias cost a register each: the kernel spilled).
   static constexpr int kRpbStageFloats = kConsumers == 2 ? 0 : kSmallRpbStageFloats;
@@ -110,8 +114,21 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   uint64_t* v_full = k_full + S::kStages;
   uint64_t* empty = v_full + S::kStages;
 
+  // Split-KV (Params::kv_splits > 1): CTA blockIdx.x = box * splits + split walks a slice
+  // of its query box's key boxes along axis 0 (the union shrinks to it: no register of its
+  // own in the loops) and leaves a partial output for split_kv_merge.cuh. Built where its
+  // epilogue fits the registers (ForwardCta::kSplitKv; prepare_forward declines elsewhere).
+  const int splits = Cta::kSplitKv ? p.kv_splits : 1;
   CtaTile tile;
-  if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform over the CTA
+  if (!cta_tile<NA, QB, KB>(p, splits > 1 ? blockIdx.x / splits : blockIdx.x, tile)) return;  // uniform
+  if (splits > 1) {
+    const int per = (tile.nk[0] + splits - 1) / splits;
+    const int first = int(blockIdx.x % splits) * per;
+    const int count = nattn_max(0, nattn_min(tile.nk[0], first + per) - first);
+    tile.tiles = tile.tiles / tile.nk[0] * count;  // 0: a slice past the last row of key boxes
+    tile.lo[0] += first * KB::extent(0);
+    tile.nk[0] = count;
+  }
   const int h = blockIdx.y, b = blockIdx.z;
   const int h_kv = h / p.groups;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -309,8 +326,10 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   const int my_turn = 3 + cw, their_turn = 4 - cw;
   float sc[kNk / 2], alpha[2];
   uint32_t pa[kNk / 16][4];
-  mbar_wait(q_full, 0);
-  if (!kPair) {
+  mbar_wait(q_full, 0);  // also before the epilogue reuses the Q buffer (a split may walk nothing)
+  if (tile.tiles == 0) {
+    // a split-KV slice past the union's last row of key boxes: no keys, LSE -inf
+  } else if (!kPair) {
     // A lone warpgroup runs its boxes one after the other (S and P never live at once:
     // registers for two CTAs per SM); the SM's other CTA fills the waits.
     for (int k = 0; k < tile.tiles; ++k) {
@@ -369,6 +388,26 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   for (int r = 0; r < 2; ++r) {
     l[r] = quad_sum(l[r]);
     inv[r] = inv_row_sum(l[r]);
+  }
+  if (Cta::kSplitKv && p.o_part) {  // split-KV: this slice's rows, fp32, normalised by its own sum, and its LSE
+    const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
+    const int64_t slice = int64_t(blockIdx.x % p.kv_splits) * rows;  // from the parameter bank: no register kept
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // one row at a time: one 64-bit address live
+      if (!row_ok[r]) continue;
+      const int qr = cw * kWgRows + wr + g4 + 8 * r;
+      int64_t token = 0;
+#pragma unroll
+      for (int a = 0; a < NA; ++a)
+        token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * (tile.q0[a] + QB::offset(qr, a));
+      const int64_t row_id = slice + (int64_t(b) * p.tokens + token) * p.heads + h;
+      if (t4 == 0) p.lse_part[row_id] = row_lse(m[r], l[r]);
+      float* dst = p.o_part + row_id * HD + 2 * t4;
+#pragma unroll
+      for (int i = 0; i < HD / 2; i += 2)
+        if ((i / 2) % 2 == r) *reinterpret_cast<float2*>(dst + 8 * (i / 4)) = make_float2(o[i] * inv[r], o[i + 1] * inv[r]);
+    }
+    return;
   }
   unsigned char* stage = q_tile;
 #pragma unroll

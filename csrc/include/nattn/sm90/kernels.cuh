@@ -14,6 +14,7 @@
 #include "nattn/sm90/backward_dq.cuh"
 #include "nattn/sm90/forward.cuh"
 #include "nattn/sm90/launch.h"
+#include "nattn/sm90/split_kv_merge.cuh"
 #include "nattn/sm90/tensor_map.h"
 
 namespace nattn { namespace sm90 {
@@ -37,7 +38,10 @@ const char* prepare_forward(const Params& p, void* workspace) {
   if (!why) why = map_spec(p, p.k_s, p.heads_kv, HD, kbox, mk);
   if (!why) why = map_spec(p, p.v_s, p.heads_kv, HD, kbox, mv);
   if (why) return why;
-  if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
+  if (p.kv_splits > 1 && !ForwardCta<Tl, HD>::kSplitKv)
+    return "split-KV (kv_splits > 1) runs on 1-D tile pairs only";
+  if (num_cta_tiles<typename Tl::Q>(p) * (p.kv_splits > 1 ? p.kv_splits : 1) > 0x7fffffff)
+    return "too many query boxes (times kv_splits) for the grid";
   if (Tl::kConsumers == 1 && p.rpb && p.rpb_head_size > ForwardCta<Tl, HD>::kRpbStageFloats)
     return "an RPB table above 4096 entries per head needs a 128-query tile pair (64-query pairs stage it in shared memory)";
   ForwardLaunch* l = static_cast<ForwardLaunch*>(workspace);
@@ -60,7 +64,27 @@ void launch_forward(const Params& p, cudaStream_t stream) {
   }();
   (void)configured;
   const int smem = base + (Cta::kRpbStageFloats && p.rpb ? int(p.rpb_head_size * sizeof(float)) : 0);
-  const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
+  const unsigned boxes = unsigned(num_cta_tiles<typename Tl::Q>(p));
+  if (Cta::kSplitKv && p.kv_splits > 1) {  // split-KV: partial outputs in a stream-ordered fp32 workspace, then the merge
+    Params sp = p;
+    const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
+    const size_t o_bytes = size_t(p.kv_splits) * rows * HD * sizeof(float), l_bytes = size_t(p.kv_splits) * rows * sizeof(float);
+    if (cudaMallocAsync(reinterpret_cast<void**>(&sp.o_part), o_bytes + l_bytes, stream) == cudaSuccess) {
+      sp.lse_part = sp.o_part + size_t(p.kv_splits) * rows * HD;
+      const dim3 grid(boxes * unsigned(p.kv_splits), unsigned(p.heads), unsigned(p.batch));
+      forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(sp, l->q, l->k, l->v);
+      const unsigned blocks = unsigned((rows * (HD / 8) + kMergeThreads - 1) / kMergeThreads);
+      split_kv_merge_kernel<T, HD><<<blocks, kMergeThreads, 0, stream>>>(sp);
+      cudaFreeAsync(sp.o_part, stream);
+      return;
+    }
+    (void)cudaGetLastError();  // no workspace: the unsplit kernel instead
+    sp.kv_splits = 1;
+    forward_kernel<T, NA, HD, Tl><<<dim3(boxes, unsigned(p.heads), unsigned(p.batch)), Cta::kThreads, smem, stream>>>(
+        sp, l->q, l->k, l->v);
+    return;
+  }
+  const dim3 grid(boxes, unsigned(p.heads), unsigned(p.batch));
   forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(p, l->q, l->k, l->v);
 }
 
