@@ -145,11 +145,14 @@ def parse(argv: Optional[List[str]] = None):
         problems = [custom_problem(args, parser)]
     else:
         parser.error("nothing to run: give --suite anchors|smoke or a problem with -i/--input-size and -w")
-    from nattn.backends import BACKENDS
+    from nattn.backends import BACKENDS, get
 
     for name in args.backend:
-        if name not in BACKENDS:
-            parser.error(f"--backend {name!r} is not registered; registered: {sorted(BACKENDS)}")
+        try:
+            get(name)  # a registered name, or one with a kernel configuration ("cuda:kv=4")
+        except (KeyError, ValueError) as e:
+            parser.error(f"--backend {name!r}: {e if isinstance(e, ValueError) else 'not registered'}; "
+                         f"registered: {sorted(BACKENDS)}")
     if args.device not in (None, "cpu", "cuda"):
         parser.error(f"--device must be cpu or cuda, got {args.device!r}")
     return args, problems
