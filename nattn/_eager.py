@@ -150,3 +150,23 @@ class DenseFunction(torch.autograd.Function):
             dq, dk, dv = BACKENDS[backend].dense_backward(q, k, v, out, lse, grad_out, grad_lse, is_causal, scale)
         dq, dk, dv = _first_order_only((dq, dk, dv))
         return dq, dk, dv, None, None, None
+
+
+class DenseFunctionFast(torch.autograd.Function):
+    """DenseFunction without ``setup_context`` (see NAFunctionFast)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal: bool, scale: float, backend: str):
+        with _no_autocast(q):
+            out, lse = BACKENDS[backend].dense_forward(q, k, v, is_causal, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (is_causal, scale, backend)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    backward = DenseFunction.backward
+
+
+def dense_function():
+    """The autograd Function an eager dense call (NA's extra keys) goes through."""
+    return DenseFunction if _functorch_active() else DenseFunctionFast

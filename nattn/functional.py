@@ -13,7 +13,7 @@ import torch
 from . import ops
 from .backends import choose_dense_backend, choose_na_backend
 from .backends import get as get_backend
-from ._eager import DenseFunction, eager_ok, na_function
+from ._eager import dense_function, eager_ok, na_function
 from .merge import merge_attentions
 from .params import BoolOrTuple, IntOrTuple, check_qkv, check_scale, normalize
 
@@ -317,7 +317,7 @@ def na3d(
 def _dense(q, k, v, is_causal, scale, backend):
     name = choose_dense_backend(q, k, v, is_causal, backend)
     if eager_ok(q, k, v):
-        return DenseFunction.apply(q, k, v, is_causal, scale, name)
+        return dense_function().apply(q, k, v, is_causal, scale, name)
     return ops.attention_forward(q, k, v, is_causal, scale, name)
 
 
