@@ -37,6 +37,7 @@ def neighborhood_attention(
     *,
     na_dim: int,
     tune: Optional[bool] = None,
+    deterministic: Optional[bool] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Neighborhood attention over ``na_dim`` (1, 2 or 3) spatial axes.
 
@@ -48,12 +49,13 @@ def neighborhood_attention(
     Args:
         na_dim: the number of spatial axes (keyword-only).
         tune: as in na1d/na2d/na3d (keyword-only).
+        deterministic: as in na1d/na2d/na3d (keyword-only).
     """
     params = normalize(
         query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
         rpb, additional_keys, additional_values,
     )
-    name = choose_na_backend(query, key, value, rpb, params, backend, tune)
+    name = choose_na_backend(query, key, value, rpb, params, backend, tune, deterministic)
     impl = get_backend(name)
     if impl.composite and not torch.compiler.is_compiling():  # differentiable as it is
         out, lse = impl.na_composite(query, key, value, rpb, params)
@@ -91,6 +93,7 @@ def na1d(
     return_lse: bool = False,
     *,
     tune: Optional[bool] = None,
+    deterministic: Optional[bool] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """1-D neighborhood attention: each query attends to a window of keys around it.
 
@@ -126,6 +129,10 @@ def na1d(
             the call the first time its problem signature is seen and runs the fastest from
             then on (measured dispatch, docs/backends.md); False never tunes it; None (the
             default) follows ``with nattn.autotune():`` or ``NATTN_AUTOTUNE``.
+        deterministic: keyword-only. True pins a bitwise-reproducible backward (the Hopper
+            kernels' own dQ pass rather than dQ accumulated with atomics, whatever tuning or
+            NATTN_SM90_DQ say); None (the default) follows
+            ``torch.use_deterministic_algorithms``; False lets tuning choose.
 
     Returns:
         ``out`` ``[B, X, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -151,6 +158,7 @@ def na1d(
     return neighborhood_attention(
         query, key, value, kernel_size, stride, dilation, is_causal, scale,
         additional_keys, additional_values, rpb, backend, return_lse, na_dim=1, tune=tune,
+        deterministic=deterministic,
     )
 
 
@@ -170,6 +178,7 @@ def na2d(
     return_lse: bool = False,
     *,
     tune: Optional[bool] = None,
+    deterministic: Optional[bool] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """2-D neighborhood attention: each query attends to a window of keys around it.
 
@@ -206,6 +215,10 @@ def na2d(
             the call the first time its problem signature is seen and runs the fastest from
             then on (measured dispatch, docs/backends.md); False never tunes it; None (the
             default) follows ``with nattn.autotune():`` or ``NATTN_AUTOTUNE``.
+        deterministic: keyword-only. True pins a bitwise-reproducible backward (the Hopper
+            kernels' own dQ pass rather than dQ accumulated with atomics, whatever tuning or
+            NATTN_SM90_DQ say); None (the default) follows
+            ``torch.use_deterministic_algorithms``; False lets tuning choose.
 
     Returns:
         ``out`` ``[B, X, Y, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -231,6 +244,7 @@ def na2d(
     return neighborhood_attention(
         query, key, value, kernel_size, stride, dilation, is_causal, scale,
         additional_keys, additional_values, rpb, backend, return_lse, na_dim=2, tune=tune,
+        deterministic=deterministic,
     )
 
 
@@ -250,6 +264,7 @@ def na3d(
     return_lse: bool = False,
     *,
     tune: Optional[bool] = None,
+    deterministic: Optional[bool] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """3-D neighborhood attention: each query attends to a window of keys around it.
 
@@ -286,6 +301,10 @@ def na3d(
             the call the first time its problem signature is seen and runs the fastest from
             then on (measured dispatch, docs/backends.md); False never tunes it; None (the
             default) follows ``with nattn.autotune():`` or ``NATTN_AUTOTUNE``.
+        deterministic: keyword-only. True pins a bitwise-reproducible backward (the Hopper
+            kernels' own dQ pass rather than dQ accumulated with atomics, whatever tuning or
+            NATTN_SM90_DQ say); None (the default) follows
+            ``torch.use_deterministic_algorithms``; False lets tuning choose.
 
     Returns:
         ``out`` ``[B, X, Y, Z, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -311,6 +330,7 @@ def na3d(
     return neighborhood_attention(
         query, key, value, kernel_size, stride, dilation, is_causal, scale,
         additional_keys, additional_values, rpb, backend, return_lse, na_dim=3, tune=tune,
+        deterministic=deterministic,
     )
 
 

@@ -250,3 +250,21 @@ def test_a_tuned_name_is_one_that_can_be_named_explicitly(configurable):
         choose_na_backend(q, k, v, None, p, "tiles:q8x16")
     with pytest.raises(ValueError, match="takes no kernel configuration"):
         choose_na_backend(q, k, v, None, p, "reference:q8x16_k8x16")
+
+
+def test_a_deterministic_call_keeps_the_default_backward(configurable):
+    """deterministic=True (or torch.use_deterministic_algorithms) never times nor picks the
+    backward's other configurations; the call's own word wins over torch's switch."""
+    configurable.backward = {"dq=pass": 0.009, "dq=atomic": 0.003}
+    q, k, v, p = problem()
+    q.requires_grad_(True)
+    assert choose_na_backend(q, k, v, None, p, tune=True, deterministic=True) == "tiles:q8x8_k7x16"
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert choose_na_backend(q, k, v, None, p, tune=True) == "tiles:q8x8_k7x16"
+        assert choose_na_backend(q, k, v, None, p, tune=True, deterministic=False) == "tiles:q8x8_k7x16+dq=atomic"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    # two signatures (deterministic, not): only the second timed the backward
+    timed_backward = [e for e in autotune.results().values() if "backward_ms" in e]
+    assert len(autotune.results()) == 2 and len(timed_backward) == 1

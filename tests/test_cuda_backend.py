@@ -214,3 +214,23 @@ def test_hopper_configurations_for_the_tuner(fake_lib, monkeypatch):
         assert CUDA.backward_configurations(q32, q32, q32, None, normalize(q32, q32, q32, 2, 13)) == []
         monkeypatch.setattr(heuristics, "_capability", lambda index: (8, 0))
         assert CUDA.configurations(q, q, q, None, params) == []
+
+
+def test_deterministic_calls_pin_the_hopper_dq_pass(fake_lib):
+    """deterministic=True names the cuda backend's own dQ pass (which a NATTN_SM90_DQ=atomic
+    environment would otherwise replace); other backends have no such configuration."""
+    with FakeTensorMode():
+        q = fake(1, 16, 16, 2, 32)
+        params = normalize(q, q, q, 2, 5)
+        assert choose_na_backend(q, q, q, None, params) == "cuda"
+        assert choose_na_backend(q, q, q, None, params, deterministic=True) == "cuda:dq=pass"
+        assert choose_na_backend(q, q, q, None, params, "cuda:q8x8_k7x16+kv=2", deterministic=True) == \
+            "cuda:q8x8_k7x16+dq=pass+kv=2"
+        torch.use_deterministic_algorithms(True)
+        try:
+            assert choose_na_backend(q, q, q, None, params) == "cuda:dq=pass"
+            assert choose_na_backend(q, q, q, None, params, deterministic=False) == "cuda"
+        finally:
+            torch.use_deterministic_algorithms(False)
+    q = torch.randn(1, 8, 8, 2, 8)
+    assert choose_na_backend(q, q, q, None, normalize(q, q, q, 2, 3), "reference", deterministic=True) == "reference"

@@ -81,24 +81,45 @@ def _choose(requested, reasons_of, auto_order=None) -> str:
     raise NoBackendError("no backend can run this problem:\n" + "\n".join(lines))
 
 
-def choose_na_backend(q, k, v, rpb, params, requested: Optional[str] = None, tune: Optional[bool] = None) -> str:
+def choose_na_backend(q, k, v, rpb, params, requested: Optional[str] = None, tune: Optional[bool] = None,
+                      deterministic: Optional[bool] = None) -> str:
     """The backend name (possibly with a kernel configuration) to run this problem: the
     requested one, else the measured fastest when tuning is on (``tune``, ``with
-    nattn.autotune()``, NATTN_AUTOTUNE), else the first of the heuristic order that accepts it."""
+    nattn.autotune()``, NATTN_AUTOTUNE), else the first of the heuristic order that accepts it.
+    ``deterministic`` (None: ``torch.are_deterministic_algorithms_enabled()``) pins the chosen
+    backend's bitwise-reproducible backward (the cuda backend's dQ pass)."""
+    det = autotune.deterministic(deterministic)
+    return _pin_deterministic(_choose_na(q, k, v, rpb, params, requested, tune, det), det)
+
+
+def _choose_na(q, k, v, rpb, params, requested, tune, det) -> str:
     if requested in (None, "auto") and autotune.active(q, tune):  # measured dispatch (opt-in)
-        best = autotune.measured(q, k, v, rpb, params)
+        best = autotune.measured(q, k, v, rpb, params, det)
         if (best and kernel_config.split(best)[0] in BACKENDS
                 and not get(best).na_not_supported_reasons(q, k, v, rpb, params, False)):
             return best  # one check per call, as on the heuristic path
         ok = [n for n in na_auto_order(AUTO_ORDER, q, params, v)
               if not BACKENDS[n].na_not_supported_reasons(q, k, v, rpb, params, False)]
         if ok:
-            return autotune.choose(ok, BACKENDS, q, k, v, rpb, params)
+            return autotune.choose(ok, BACKENDS, q, k, v, rpb, params, det)
     return _choose(
         requested,
         lambda b, explicit: b.na_not_supported_reasons(q, k, v, rpb, params, explicit),
         lambda: na_auto_order(AUTO_ORDER, q, params, v),
     )
+
+
+def _pin_deterministic(name: str, det: bool) -> str:
+    """``name`` with its backend's deterministic backward configuration when ``det``."""
+    if not det:
+        return name
+    base, text = kernel_config.split(name)
+    pin = BACKENDS[base].deterministic_configuration()
+    if not pin:
+        return name
+    cfg = kernel_config.parse(text)
+    return kernel_config.join(base, kernel_config.KernelConfig(cfg.tile, kernel_config.parse(pin).dq_mode,
+                                                               cfg.kv_splits))
 
 
 def choose_dense_backend(q, k, v, is_causal, requested: Optional[str] = None) -> str:

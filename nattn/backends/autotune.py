@@ -142,7 +142,12 @@ def _library_id() -> Optional[list]:
         return [lib.path]
 
 
-def signature(q, k, v, rpb, params) -> str:
+def deterministic(flag: Optional[bool] = None) -> bool:
+    """A call's determinism: its own ``deterministic=`` word, else torch's global switch."""
+    return torch.are_deterministic_algorithms_enabled() if flag is None else bool(flag)
+
+
+def signature(q, k, v, rpb, params, det: Optional[bool] = None) -> str:
     """What the fastest backend can depend on: device, library build, dtype, shapes and
     strides, window arguments, grads, determinism."""
     return json.dumps([
@@ -150,7 +155,7 @@ def signature(q, k, v, rpb, params) -> str:
         list(q.shape), list(k.shape), list(v.shape), [list(t.stride()) for t in (q, k, v)],
         None if rpb is None else list(rpb.shape), list(params.kernel_size), list(params.stride),
         list(params.dilation), [bool(c) for c in params.is_causal], _needs_grads(q, k, v, rpb),
-        torch.are_deterministic_algorithms_enabled(),
+        deterministic(det),
     ])
 
 
@@ -179,9 +184,9 @@ def _forward_ms(run: Callable[[], object], cuda: bool) -> float:
     return best * 1e3
 
 
-def measured(q, k, v, rpb, params) -> Optional[str]:
+def measured(q, k, v, rpb, params, det: Optional[bool] = None) -> Optional[str]:
     """The backend measured fastest for this signature, or None when it has not been timed."""
-    hit = results().get(signature(q, k, v, rpb, params))
+    hit = results().get(signature(q, k, v, rpb, params, det))
     return hit.get("backend") if isinstance(hit, dict) else None
 
 
@@ -235,7 +240,7 @@ def _time_candidates(names, run_of, what, key, cuda) -> Dict[str, float]:
     return ms
 
 
-def choose(candidates: List[str], backends, q, k, v, rpb, params) -> str:
+def choose(candidates: List[str], backends, q, k, v, rpb, params, det: Optional[bool] = None) -> str:
     """Measure ``candidates`` (names whose checks passed, in the heuristic order) and their
     configurations on this problem; the fastest that agrees with the first wins."""
     from . import get  # the registry's name lookup (configured names included)
@@ -246,7 +251,7 @@ def choose(candidates: List[str], backends, q, k, v, rpb, params) -> str:
     grads = _needs_grads(q, k, v, rpb)
     if len(names) == 1 and not grads:
         return names[0]
-    key = signature(q, k, v, rpb, params)
+    key = signature(q, k, v, rpb, params, det)
     table = results()
     cuda = q.device.type == "cuda"
     if len(names) >= PROGRESS_FROM:
@@ -256,7 +261,7 @@ def choose(candidates: List[str], backends, q, k, v, rpb, params) -> str:
         return candidates[0]  # nothing measured: the usual order, whose errors the call will raise
     best = min(names, key=lambda n: ms[n])
     entry = {"backend": best, "ms": {n: (None if math.isinf(t) else round(t, 4)) for n, t in ms.items()}}
-    if grads:
+    if grads and not deterministic(det):  # a deterministic call keeps the default backward
         best, entry["backward_ms"] = _choose_backward(best, get, q, k, v, rpb, params, key, cuda)
         entry["backend"] = best
     table[key] = entry

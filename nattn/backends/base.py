@@ -50,6 +50,11 @@ class Backend:
         """The backward's configurations the autotuner chooses among (default first)."""
         return []
 
+    def deterministic_configuration(self) -> str:
+        """The configuration that pins a bitwise-reproducible backward ("" when the default
+        always is); calls with ``deterministic=True`` run it."""
+        return ""
+
     def na_forward(self, q, k, v, rpb, params: NAParams) -> Tuple[Tensor, Tensor]:
         raise NotImplementedError
 

@@ -217,6 +217,10 @@ class CudaBackend(Backend):
             return []
         return ["dq=pass", "dq=atomic"]
 
+    def deterministic_configuration(self):
+        """The Hopper backward's own dQ pass (not NATTN_SM90_DQ=atomic's KV-parallel dQ)."""
+        return "dq=pass"
+
     def sm90_configs(self, q, k, v, params) -> list:
         """The Hopper family's tile pairs for this forward problem (``Library.sm90_configs``).
         Only shapes, dtypes and strides matter: ``q``, ``k``, ``v`` may be meta tensors."""
@@ -289,6 +293,9 @@ class _Configured(Backend):
 
     def backward_configurations(self, q, k, v, rpb, params):
         return self.parent.backward_configurations(q, k, v, rpb, params)
+
+    def deterministic_configuration(self):
+        return self.parent.deterministic_configuration()
 
     def na_forward(self, q, k, v, rpb, params):
         return self.parent.na_forward(q, k, v, rpb, params, self.config)

@@ -122,6 +122,7 @@ class NeighborhoodAttentionND(nn.Module):
         # Measured dispatch for this module's calls (True / False; None: `with
         # nattn.autotune()` or NATTN_AUTOTUNE decide), a plain attribute like `backend`.
         self.tune: Optional[bool] = None
+        self.deterministic: Optional[bool] = None  # as na2d's deterministic=
         if context_parallel is not None:
             from ..distributed import ContextParallel
             if not isinstance(context_parallel, ContextParallel):
@@ -217,6 +218,7 @@ class NeighborhoodAttentionND(nn.Module):
             out = neighborhood_attention(
                 q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
                 extra_k, extra_v, self.rpb, self.backend, na_dim=n, tune=self.tune,
+                deterministic=self.deterministic,
             )
         out = out.reshape(b, *x.shape[1:-1], self.embed_dim)
         if any(pad):
