@@ -90,6 +90,26 @@ class _AllToAll(torch.autograd.Function):
         return back, None
 
 
+class _SplitLast(torch.autograd.Function):
+    """Views of ``x`` split along its last dim (widths ``widths``); the backward concatenates
+    the parts' gradients once. Plain slicing would have autograd build a zero-filled gradient
+    of the whole buffer per part and add them up: q, k and v arrive packed, so that was three
+    receive-buffer-sized tensors at the backward's peak."""
+
+    @staticmethod
+    def forward(ctx, x, widths):
+        ctx.widths = widths
+        ctx.meta = (x.shape, x.dtype, x.device)
+        return tuple(x.split(widths, dim=-1))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        shape, dtype, device = ctx.meta
+        parts = [g if g is not None else torch.zeros(*shape[:-1], w, dtype=dtype, device=device)
+                 for g, w in zip(grads, ctx.widths)]
+        return torch.cat(parts, dim=-1), None
+
+
 def _to_heads(tensors, axis_dim: int, sizes: List[int], group) -> List[torch.Tensor]:
     """``[B, ..., X_r, ..., H_t, D_t]`` (this rank's spatial shard, all heads) for each tensor
     -> ``[B, ..., X, ..., H_t / P, D_t]`` (the whole axis, this rank's slice of the heads),
@@ -100,10 +120,10 @@ def _to_heads(tensors, axis_dim: int, sizes: List[int], group) -> List[torch.Ten
     send = torch.cat([_pad_to(t, axis_dim, longest).unflatten(-2, (world, -1)).flatten(-2).movedim(-2, 0)
                       for t in tensors], dim=-1)
     recv = _AllToAll.apply(send, group)  # block i: rank i's shard for this rank's heads
-    out, offset = [], 0
-    for t, w in zip(tensors, widths):
-        part = recv[..., offset:offset + w].unflatten(-1, (t.shape[-2] // world, t.shape[-1]))
-        offset += w
+    del send  # the collective's input is dead: free it before the local NA
+    out = []
+    for t, w, packed in zip(tensors, widths, _SplitLast.apply(recv, widths)):
+        part = packed.unflatten(-1, (t.shape[-2] // world, t.shape[-1]))
         if all(n == longest for n in sizes):  # even shards: blocks are consecutive along the axis
             whole = part.movedim(0, axis_dim).flatten(axis_dim, axis_dim + 1)
         else:
