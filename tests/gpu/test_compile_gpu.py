@@ -7,7 +7,6 @@ and backward equal to eager."""
 import pytest
 import torch
 
-import nattn
 from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D
 
 pytestmark = pytest.mark.gpu
