@@ -7,12 +7,12 @@ part "ok" with eager and compiled milliseconds, or the exception.
 """
 
 import argparse
-import time
 
 import timm
 import torch
 
 import nattn  # noqa: F401  (registers the timm models)
+from nattn.bench.models import step_ms
 
 
 def parts(model):
@@ -29,14 +29,7 @@ def parts(model):
 
 
 def timed(fn, iters=10):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / iters * 1e3
+    return step_ms(fn, torch.device("cuda"), iters)
 
 
 def prefixes(model, x):

@@ -14,34 +14,16 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import nattn  # noqa: F401  (registers the timm models)
+from nattn.bench.models import step_ms, steps
 
 
 def make_step(model, x, y, mode):
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-    def train():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    def infer():
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-            model(x)
-
+    train, infer = steps(model, x, y, torch.device("cuda"))
     return train if mode == "train" else infer
 
 
 def timed(fn, iters):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / iters * 1e3
+    return step_ms(fn, torch.device("cuda"), iters)
 
 
 def top_kernels(fn, n):

@@ -7,12 +7,12 @@
 """
 
 import argparse
-import time
 
 import timm
 import torch
 
 import nattn
+from nattn.bench.models import step_ms as timed, steps
 from nattn.nn.neighborhood_attention import NeighborhoodAttentionND
 
 
@@ -22,44 +22,13 @@ def set_backend(model, backend):
             m.backend = backend
 
 
-def timed(fn, device, iters):
-    for _ in range(3):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / iters
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t) / iters * 1e3
-
-
 def run(name, backend, args, device):
     model = timm.create_model(name, num_classes=10).to(device)
     set_backend(model, None if backend == "auto" else backend)
     size = (3, args.frames, args.size, args.size) if "video" in name else (3, args.size, args.size)
     x = torch.randn(args.batch, *size, device=device)
     y = torch.randint(0, 10, (args.batch,), device=device)
-    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-    def infer():
-        with torch.no_grad(), amp:
-            model(x)
-
-    def train():
-        with amp:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    train, infer = steps(model, x, y, device)
     model.eval()
     t_inf = timed(infer, device, args.iters)
     model.train()

@@ -21,7 +21,9 @@ DEFAULT_MODELS = ("nat_tiny", "dinat_tiny", "dinat_s_tiny", "nat_isotropic_small
 MODES = ("eager", "compiled")
 
 
-def _steps(model, x, y, device):
+def steps(model, x, y, device):
+    """``(train, infer)``: one SGD training step and one inference forward of ``model`` on
+    ``x`` / labels ``y`` (bf16 autocast on CUDA)."""
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
@@ -39,7 +41,9 @@ def _steps(model, x, y, device):
     return train, infer
 
 
-def _ms(fn, device, iters: int) -> float:
+def step_ms(fn, device, iters: int) -> float:
+    """Mean milliseconds of ``fn`` over ``iters`` calls after three warm-up calls (CUDA
+    events on CUDA, wall clock on the CPU)."""
     for _ in range(3):
         fn()
     if device.type == "cuda":
@@ -71,12 +75,12 @@ def measure(name: str, mode: str, batch: int, size: int, iters: int, device: tor
         x = x.to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device=device)
     run = torch.compile(model) if mode == "compiled" else model
-    train, infer = _steps(run, x, y, device)
+    train, infer = steps(run, x, y, device)
     out = {}
     model.eval()
-    out["infer"] = batch / _ms(infer, device, iters) * 1e3
+    out["infer"] = batch / step_ms(infer, device, iters) * 1e3
     model.train()
-    out["train"] = batch / _ms(train, device, iters) * 1e3
+    out["train"] = batch / step_ms(train, device, iters) * 1e3
     return out
 
 

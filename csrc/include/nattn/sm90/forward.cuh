@@ -389,18 +389,22 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     l[r] = quad_sum(l[r]);
     inv[r] = inv_row_sum(l[r]);
   }
+  // The [B, N, H] row (LSE index) of the lane's row r.
+  auto row_index = [&](int r) {
+    const int qr = cw * kWgRows + wr + g4 + 8 * r;
+    int64_t token = 0;
+#pragma unroll
+    for (int a = 0; a < NA; ++a)
+      token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * (tile.q0[a] + QB::offset(qr, a));
+    return (int64_t(b) * p.tokens + token) * p.heads + h;
+  };
   if (Cta::kSplitKv && p.o_part) {  // split-KV: this slice's rows, fp32, normalised by its own sum, and its LSE
     const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
     const int64_t slice = int64_t(blockIdx.x % p.kv_splits) * rows;  // from the parameter bank: no register kept
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // one row at a time: one 64-bit address live
       if (!row_ok[r]) continue;
-      const int qr = cw * kWgRows + wr + g4 + 8 * r;
-      int64_t token = 0;
-#pragma unroll
-      for (int a = 0; a < NA; ++a)
-        token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * (tile.q0[a] + QB::offset(qr, a));
-      const int64_t row_id = slice + (int64_t(b) * p.tokens + token) * p.heads + h;
+      const int64_t row_id = slice + row_index(r);
       if (t4 == 0) p.lse_part[row_id] = row_lse(m[r], l[r]);
       float* dst = p.o_part + row_id * HD + 2 * t4;
 #pragma unroll
@@ -420,13 +424,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   if (t4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (!row_ok[r]) continue;
-      const int qr = cw * kWgRows + wr + g4 + 8 * r;
-      int64_t token = 0;
-#pragma unroll
-      for (int a = 0; a < NA; ++a)
-        token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * (tile.q0[a] + QB::offset(qr, a));
-      p.lse[(int64_t(b) * p.tokens + token) * p.heads + h] = row_lse(m[r], l[r]);
+      if (row_ok[r]) p.lse[row_index(r)] = row_lse(m[r], l[r]);
     }
   }
   named_sync(1 + cw, 128);
