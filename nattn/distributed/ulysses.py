@@ -139,9 +139,7 @@ def _to_shards(y: torch.Tensor, axis_dim: int, sizes: List[int], rank: int, grou
     longest = max(sizes)
     send = torch.stack([_pad_to(p, axis_dim, longest) for p in y.split(sizes, dim=axis_dim)])
     recv = _AllToAll.apply(send, group)  # block j: rank j's heads group for this rank's shard
-    # [P, B, ..., X_r, ..., H / P (, D)]; a full-length narrow is skipped: its backward would
-    # build a zero-filled copy of the buffer for nothing
-    mine = recv if sizes[rank] == longest else recv.narrow(1 + axis_dim, 0, sizes[rank])
+    mine = recv.narrow(1 + axis_dim, 0, sizes[rank])  # [P, B, ..., X_r, ..., H / P (, D)]
     if head_dim == -2:
         return mine.movedim(0, -3).flatten(-3, -2)
     return mine.movedim(0, -2).flatten(-2, -1)
