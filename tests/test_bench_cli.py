@@ -146,12 +146,12 @@ def test_markdown_summary_marks_skipped_and_mismatch():
 
 def test_models_suite_runs_timm_models_side_by_side(capsys):
     """--suite models on the CPU: a tiny nattn model beside a timm peer, one row per mode."""
-    assert main(["--suite", "models", "--models", "nat_mini,resnet18", "--size", "64", "-b", "1",
-                 "--iters", "1", "--modes", "eager", "--device", "cpu"]) == 0
+    assert main(["--suite", "models", "--models", "nat_mini,resnet18,nat_video_tiny", "--size", "64", "-b", "1",
+                 "--frames", "2", "--iters", "1", "--modes", "eager", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "| model | mode | train img/s | inference img/s |" in out
-    rows = [line for line in out.splitlines() if line.startswith("| nat_mini") or line.startswith("| resnet18")]
-    assert len(rows) == 2 and all("| eager |" in r and "failed" not in r for r in rows)
+    rows = [line for line in out.splitlines() if line.startswith(("| nat_mini", "| resnet18", "| nat_video_tiny"))]
+    assert len(rows) == 3 and all("| eager |" in r and "failed" not in r for r in rows)
     for r in rows:
         train, infer = (float(x) for x in r.strip("|").split("|")[2:4])
         assert train > 0 and infer > 0

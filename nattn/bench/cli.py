@@ -43,10 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--rpb", action="store_true", help="with a relative positional bias")
     mdl = p.add_argument_group("--suite models")
     mdl.add_argument("--models", metavar="NAMES", help="comma-separated timm model names (default: nat_tiny, "
-                     "dinat_tiny, dinat_s_tiny, nat_isotropic_small, swin_tiny_patch4_window7_224, convnext_tiny)")
+                     "dinat_tiny, dinat_s_tiny, nat_isotropic_small, dinat_video_tiny, swin_tiny_patch4_window7_224, "
+                     "convnext_tiny)")
     mdl.add_argument("--size", type=int, default=224, help="image side")
     mdl.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (comma-separated)")
     mdl.add_argument("--iters", type=int, default=10, help="timed steps per model and mode")
+    mdl.add_argument("--frames", type=int, default=16, help="clip length of the video models")
     run = p.add_argument_group("what to run")
     run.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on CUDA, fp32 on CPU")
     run.add_argument("--backprop", action="store_true", help="also time forward+backward")
@@ -127,8 +129,8 @@ def parse(argv: Optional[List[str]] = None):
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]
         if not modes or any(m not in MODES for m in modes):
             parser.error(f"--modes takes {', '.join(MODES)} (comma-separated), got {args.modes!r}")
-        if args.size < 32 or args.iters < 1 or (args.batch is not None and args.batch < 1):
-            parser.error("--size must be >= 32, --iters and -b >= 1")
+        if args.size < 32 or args.iters < 1 or args.frames < 1 or (args.batch is not None and args.batch < 1):
+            parser.error("--size must be >= 32, --iters, --frames and -b >= 1")
         args.modes = modes
         return args, []
     if args.only and not args.suite:

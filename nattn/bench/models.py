@@ -15,9 +15,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-# The NA families at Tiny size, then the peers (timm's own models).
-DEFAULT_MODELS = ("nat_tiny", "dinat_tiny", "dinat_s_tiny", "nat_isotropic_small", "swin_tiny_patch4_window7_224",
-                  "convnext_tiny")
+# The NA families at Tiny size (video: clips of `frames` frames), then the peers (timm's own).
+DEFAULT_MODELS = ("nat_tiny", "dinat_tiny", "dinat_s_tiny", "nat_isotropic_small", "dinat_video_tiny",
+                  "swin_tiny_patch4_window7_224", "convnext_tiny")
 MODES = ("eager", "compiled")
 
 
@@ -61,18 +61,22 @@ def step_ms(fn, device, iters: int) -> float:
     return (time.perf_counter() - t) / iters * 1e3
 
 
-def measure(name: str, mode: str, batch: int, size: int, iters: int, device: torch.device) -> Dict[str, float]:
-    """Images per second of one model in one mode: ``{"train": ..., "infer": ...}``."""
+def measure(name: str, mode: str, batch: int, size: int, iters: int, device: torch.device,
+            frames: int = 16) -> Dict[str, float]:
+    """Images (video models: clips of ``frames`` frames) per second of one model in one mode:
+    ``{"train": ..., "infer": ...}``."""
     import timm
 
     import nattn.models  # noqa: F401  (registers nattn's models with timm)
 
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=1000).to(device)
-    x = torch.randn(batch, 3, size, size, device=device)
+    video = "video" in name
+    x = torch.randn(batch, 3, *((frames,) if video else ()), size, size, device=device)
     if device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
-        x = x.to(memory_format=torch.channels_last)
+        fmt = torch.channels_last_3d if video else torch.channels_last
+        model = model.to(memory_format=fmt)
+        x = x.to(memory_format=fmt)
     y = torch.randint(0, 1000, (batch,), device=device)
     run = torch.compile(model) if mode == "compiled" else model
     train, infer = steps(run, x, y, device)
@@ -85,17 +89,18 @@ def measure(name: str, mode: str, batch: int, size: int, iters: int, device: tor
 
 
 def run_models(models: List[str], modes: List[str], batch: int, size: int, iters: int,
-               device: torch.device, plot_path: Optional[str] = None) -> str:
+               device: torch.device, plot_path: Optional[str] = None, frames: int = 16) -> str:
     """Measures every (model, mode) and returns the markdown table (and writes the chart)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     lines = [f"# {name}, torch {torch.__version__}, batch {batch}, {size}x{size}, "
-             f"{'bf16 autocast, channels-last' if device.type == 'cuda' else 'fp32'}; images/s",
+             f"{'bf16 autocast, channels-last' if device.type == 'cuda' else 'fp32'}; images/s "
+             f"(video models: clips of {frames} frames per second)",
              "", "| model | mode | train img/s | inference img/s |", "|---|---|---|---|"]
     results = []
     for model in models:
         for mode in modes:
             try:
-                r = measure(model, mode, batch, size, iters, device)
+                r = measure(model, mode, batch, size, iters, device, frames)
                 lines.append(f"| {model} | {mode} | {r['train']:.0f} | {r['infer']:.0f} |")
                 results.append((model, mode, r))
             except Exception as e:  # a model that fails is a row with the reason, not a crash
