@@ -186,6 +186,13 @@ bool is_requested_tile(const nattn::Params& p, const nattn::KernelEntry& e) {
   return true;
 }
 
+// Whether NATTN_SM90_TILE (`forced`, non-empty) names pair `e`.
+bool is_forced_tile(const nattn::KernelEntry& e, int na_dim, const char* forced) {
+  char name[64];
+  sm90_tile_name(e, na_dim, name, sizeof name);
+  return !strcmp(name, forced);
+}
+
 // The Hopper entry for a problem: the call's tile pair, else NATTN_SM90_TILE's, else the
 // default one.
 const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char** why) {
@@ -197,12 +204,9 @@ const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char*
   }
   const char* forced = getenv("NATTN_SM90_TILE");
   if (forced && *forced) {
-    for (int i = 0; i < nattn::kNumKernels; ++i) {
-      const nattn::KernelEntry& e = nattn::kKernels[i];
-      char name[64];
-      sm90_tile_name(e, p.na_dim, name, sizeof name);
-      if (is_sm90_entry(e, p, dim) && !strcmp(name, forced)) return &e;
-    }
+    for (int i = 0; i < nattn::kNumKernels; ++i)
+      if (is_sm90_entry(nattn::kKernels[i], p, dim) && is_forced_tile(nattn::kKernels[i], p.na_dim, forced))
+        return &nattn::kKernels[i];
     *why = "NATTN_SM90_TILE names no compiled tile pair for this NA dim and head dim";
     return nullptr;
   }
@@ -220,15 +224,9 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   const nattn::KernelEntry* first = nullptr;
   for (int i = 0; i < nattn::kNumKernels; ++i) {
     const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!e.family || strcmp(e.family, "sm90") || e.dtype != p.dtype || e.na_dim != p.na_dim || e.head_dim != dim ||
-        !e.backward)
-      continue;
+    if (!is_sm90_entry(e, p, dim) || !e.backward) continue;
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
-    if (forced && *forced) {
-      char name[64];
-      sm90_tile_name(e, p.na_dim, name, sizeof name);
-      if (!strcmp(name, forced)) return &e;
-    }
+    if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
     if (!first) first = &e;
   }
   if (!first) *why = "no compiled sm90 backward for this dtype, NA dim and head dim";

@@ -117,9 +117,7 @@ def _pin_deterministic(name: str, det: bool) -> str:
     pin = BACKENDS[base].deterministic_configuration()
     if not pin:
         return name
-    cfg = kernel_config.parse(text)
-    return kernel_config.join(base, kernel_config.KernelConfig(cfg.tile, kernel_config.parse(pin).dq_mode,
-                                                               cfg.kv_splits))
+    return kernel_config.join(base, kernel_config.parse(text).with_dq(kernel_config.parse(pin).dq_mode))
 
 
 def choose_dense_backend(q, k, v, is_causal, requested: Optional[str] = None) -> str:

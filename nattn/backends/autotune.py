@@ -131,8 +131,8 @@ def _needs_grads(q, k, v, rpb) -> bool:
 
 def _library_id() -> Optional[list]:
     """libnattn's identity (path, size, modification time): a rebuild is re-measured."""
-    from .heuristics import cuda_library
-    lib = cuda_library()
+    from .._cuda import library
+    lib = library.load()
     if lib is None:
         return None
     try:
@@ -276,8 +276,7 @@ def _choose_backward(best: str, get, q, k, v, rpb, params, key, cuda):
     if len(options) < 2:
         return best, {}
     forward = kernel_config.parse(text)
-    names = [kernel_config.join(base, kernel_config.KernelConfig(forward.tile, kernel_config.parse(o).dq_mode,
-                                                                 forward.kv_splits)) for o in options]
+    names = [kernel_config.join(base, forward.with_dq(kernel_config.parse(o).dq_mode)) for o in options]
     with torch.no_grad():
         out, lse = get(best).na_forward(q, k, v, rpb, params)
         grad_out = torch.randn_like(out)

@@ -23,7 +23,6 @@ from .._cuda import kernel_table, library
 from . import register_backend
 from . import kernel_config
 from .base import Backend
-from .heuristics import cuda_library
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _DTYPE_CODES = {dt: kernel_table.DTYPES.index(name) for dt, name in _DTYPE_NAMES.items()}
@@ -113,7 +112,7 @@ class CudaBackend(Backend):
     def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
         if q.device.type != "cuda":
             return [f"needs CUDA tensors, got device {q.device}"]
-        lib = cuda_library()
+        lib = library.load()
         if lib is None:
             reason = library.load_error()
             if not explicit and not self._warned_missing:
@@ -185,16 +184,12 @@ class CudaBackend(Backend):
         return _Problem(*vals), device
 
     def _hopper(self, q, v, params) -> Optional[str]:
-        """The dtype name when this problem could run the Hopper family (a 9.0 GPU, 16-bit,
-        D == D_v of its head dims, the family in this build), else None."""
-        from . import heuristics
-        dtype = _DTYPE_NAMES.get(q.dtype)
-        if (q.device.type != "cuda" or q.dtype not in heuristics.TC_DTYPES or q.shape[-1] != v.shape[-1]
-                or q.shape[-1] not in heuristics.SM90_HEAD_DIMS
-                or heuristics._capability(q.device.index or 0) != (9, 0)):
-            return None
-        lib = cuda_library()
-        return dtype if lib is not None and ("sm90", dtype, params.na_dim) in lib.kernels else None
+        """The dtype name when this problem could run the Hopper family (heuristics.hopper_dtype)
+        and this build has it, else None."""
+        from .heuristics import hopper_dtype
+        dtype = hopper_dtype(q, v) if q.device.type == "cuda" else None
+        lib = library.load()
+        return dtype if dtype and lib is not None and ("sm90", dtype, params.na_dim) in lib.kernels else None
 
     def configurations(self, q, k, v, rpb, params):
         """The Hopper tile pairs that take this forward, besides the default one."""
@@ -212,7 +207,7 @@ class CudaBackend(Backend):
         dtype = self._hopper(q, v, params)
         if dtype is None or torch.are_deterministic_algorithms_enabled():
             return []
-        lib = cuda_library()
+        lib = library.load()
         if (dtype, params.na_dim, q.shape[-1]) not in lib.sm90_backward:
             return []
         return ["dq=pass", "dq=atomic"]

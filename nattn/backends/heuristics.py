@@ -45,26 +45,32 @@ def _capability_major(index) -> int:
     return _capability(index)[0]
 
 
-def cuda_library():
-    """libnattn (or None). Once loaded, this only reads module state, which torch.compile
-    traces without a graph break; the first load (file system checks, dlopen) cannot be
-    traced, so nattn's modules do it when constructed, outside any compiled region."""
-    from .._cuda import library
-    return library.load()
-
-
 def _sm90_min_window(dtype_name: str, na_dim: int, backward: bool = False):
     """libnattn's window from which its Hopper family runs a forward (or a backward; None:
     not in this build)."""
-    lib = cuda_library()
+    from .._cuda import library
+    lib = library.load()
     if lib is None or ("sm90", dtype_name, na_dim) not in lib.kernels:
         return None
     return (lib.sm90_min_window_backward if backward else lib.sm90_min_window).get(na_dim)
 
 
 def _sm90_has_backward(dtype_name: str, na_dim: int, head_dim: int) -> bool:
-    lib = cuda_library()
+    from .._cuda import library
+    lib = library.load()
     return lib is not None and (dtype_name, na_dim, head_dim) in lib.sm90_backward
+
+
+def hopper_dtype(q, v=None):
+    """The dtype name ("bfloat16", "float16") when the Hopper family's kernels could take
+    these tensors (a compute capability 9.0 GPU, 16-bit, D == D_v among SM90_HEAD_DIMS), else
+    None; whether this build has them is the library's to say."""
+    dim_v = v.shape[-1] if v is not None else q.shape[-1]
+    if getattr(q, "dtype", None) not in TC_DTYPES or q.shape[-1] != dim_v or dim_v not in SM90_HEAD_DIMS:
+        return None
+    if _capability(q.device.index or 0) != (9, 0):
+        return None
+    return str(q.dtype).replace("torch.", "")
 
 
 def runs_hopper(q, params: NAParams, v=None) -> bool:
@@ -73,12 +79,10 @@ def runs_hopper(q, params: NAParams, v=None) -> bool:
     needs gradients? Measured on the H200 (docs/dev/PERF.md, fifth session): from those
     windows on its forward and forward + backward beat flex (FLUX 80x80: 69.9 vs 217 ms
     forward + backward; HunyuanVideo 18x24x24: 341 vs 844; 1-D w2048: 2.71 vs 2.76)."""
-    dim_v = v.shape[-1] if v is not None else q.shape[-1]
-    if getattr(q, "dtype", None) not in TC_DTYPES or q.shape[-1] != dim_v or dim_v not in SM90_HEAD_DIMS:
+    dtype_name = hopper_dtype(q, v)
+    if dtype_name is None:
         return False
-    if _capability(q.device.index or 0) != (9, 0):
-        return False
-    dtype_name = str(q.dtype).replace("torch.", "")
+    dim_v = q.shape[-1]
     training = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, v) if t is not None)
     if training and not _sm90_has_backward(dtype_name, len(params.kernel_size), dim_v):
         return False

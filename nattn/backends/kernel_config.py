@@ -15,6 +15,7 @@ joined by ``+``:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -38,6 +39,10 @@ class KernelConfig:
             q, k = (tuple(box) + (1,) * (3 - len(box)) for box in self.tile)
             tile = q + k
         return tile + (self.dq_mode, self.kv_splits)
+
+    def with_dq(self, dq_mode: int) -> "KernelConfig":
+        """The same configuration with another backward dQ mode."""
+        return dataclasses.replace(self, dq_mode=dq_mode)
 
     @property
     def text(self) -> str:

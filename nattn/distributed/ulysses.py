@@ -98,16 +98,11 @@ class _SplitLast(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, widths):
-        ctx.widths = widths
-        ctx.meta = (x.shape, x.dtype, x.device)
         return tuple(x.split(widths, dim=-1))
 
     @staticmethod
-    def backward(ctx, *grads):
-        shape, dtype, device = ctx.meta
-        parts = [g if g is not None else torch.zeros(*shape[:-1], w, dtype=dtype, device=device)
-                 for g, w in zip(grads, ctx.widths)]
-        return torch.cat(parts, dim=-1), None
+    def backward(ctx, *grads):  # unused parts arrive as zeros (materialised grads)
+        return torch.cat(grads, dim=-1), None
 
 
 def _to_heads(tensors, axis_dim: int, sizes: List[int], group) -> List[torch.Tensor]:

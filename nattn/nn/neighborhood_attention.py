@@ -145,7 +145,7 @@ class NeighborhoodAttentionND(nn.Module):
         self.proj_drop = nn.Dropout(_probability(proj_drop, "proj_drop"))
         # libnattn's first load (file system checks, dlopen; once per process, no CUDA call)
         # happens here, outside any graph torch.compile traces: loading inside one would
-        # break it in two (nattn.backends.heuristics.cuda_library).
+        # break it in two (the dispatch then only reads the loaded state).
         library.load()
 
     def extra_repr(self) -> str:
