@@ -11,7 +11,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import ops
-from .backends import choose_dense_backend, choose_na_backend
+from .backends import choose_dense_backend, choose_na_backend, deferred
 from .backends import get as get_backend
 from ._eager import dense_function, eager_ok, na_function
 from .merge import merge_attentions
@@ -55,11 +55,16 @@ def neighborhood_attention(
         query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
         rpb, additional_keys, additional_values,
     )
-    name = choose_na_backend(query, key, value, rpb, params, backend, tune, deterministic)
-    impl = get_backend(name)
-    if impl.composite and not torch.compiler.is_compiling():  # differentiable as it is
+    if torch.compiler.is_compiling():  # the op chooses when it runs (backends/deferred.py)
+        grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, rpb))
+        name = deferred.spec(backend, tune, deterministic, grads)
+        impl = None
+    else:
+        name = choose_na_backend(query, key, value, rpb, params, backend, tune, deterministic)
+        impl = get_backend(name)
+    if impl is not None and impl.composite:  # differentiable as it is
         out, lse = impl.na_composite(query, key, value, rpb, params)
-    elif eager_ok(query, key, value, rpb):  # no custom-op dispatch cost (nattn/_eager.py)
+    elif impl is not None and eager_ok(query, key, value, rpb):  # no custom-op dispatch cost (nattn/_eager.py)
         out, lse = na_function().apply(query, key, value, rpb, params, name)
     else:
         out, lse = ops.na_forward(
@@ -335,6 +340,8 @@ def na3d(
 
 
 def _dense(q, k, v, is_causal, scale, backend):
+    if torch.compiler.is_compiling():  # the op chooses when it runs (backends/deferred.py)
+        return ops.attention_forward(q, k, v, is_causal, scale, deferred.spec(backend, None, None, None))
     name = choose_dense_backend(q, k, v, is_causal, backend)
     if eager_ok(q, k, v):
         return dense_function().apply(q, k, v, is_causal, scale, name)

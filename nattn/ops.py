@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .backends import BACKENDS
+from .backends import BACKENDS, deferred
 from .backends import get as get_backend
 from .params import NAParams
 
@@ -34,6 +34,7 @@ def na_forward(
     scale: float, backend: str,
 ) -> Tuple[Tensor, Tensor]:
     params = _params(kernel_size, stride, dilation, is_causal, scale)
+    backend = deferred.resolve_na(backend, q, k, v, rpb, params)
     return get_backend(backend).na_forward(q, k, v, rpb, params)
 
 
@@ -52,6 +53,7 @@ def na_backward(
     scale: float, backend: str,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     params = _params(kernel_size, stride, dilation, is_causal, scale)
+    backend = deferred.resolve_na(backend, q, k, v, rpb, params)
     dq, dk, dv, drpb = get_backend(backend).na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params)
     if drpb is None:
         drpb = q.new_empty(0)  # custom ops cannot return None
@@ -86,7 +88,7 @@ na_forward.register_autograd(_na_backward, setup_context=_na_setup_context)
 def attention_forward(
     q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, backend: str
 ) -> Tuple[Tensor, Tensor]:
-    return BACKENDS[backend].dense_forward(q, k, v, is_causal, scale)
+    return BACKENDS[deferred.resolve_dense(backend, q, k, v, is_causal)].dense_forward(q, k, v, is_causal, scale)
 
 
 @attention_forward.register_fake
@@ -99,7 +101,7 @@ def attention_backward(
     grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     is_causal: bool, scale: float, backend: str,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    return BACKENDS[backend].dense_backward(q, k, v, out, lse, grad_out, grad_lse, is_causal, scale)
+    return BACKENDS[deferred.resolve_dense(backend, q, k, v, is_causal)].dense_backward(q, k, v, out, lse, grad_out, grad_lse, is_causal, scale)
 
 
 @attention_backward.register_fake

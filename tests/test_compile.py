@@ -50,3 +50,26 @@ def test_opcheck_custom_ops():
     kd = k.reshape(1, 30, 1, 4).detach().requires_grad_()
     vd = v.reshape(1, 30, 1, 3).detach().requires_grad_()
     torch.library.opcheck(torch.ops.nattn.attention_forward.default, (qd, kd, vd, True, 0.3, "reference"))
+
+
+def test_a_compiled_call_defers_the_same_choice_to_its_op():
+    """Under torch.compile the op gets a deferred backend string; resolved on the real
+    tensors (autograd below the op: the string says whether gradients are needed) it names
+    what the eager dispatch names."""
+    from nattn.backends import choose_na_backend, deferred, heuristics
+    from nattn.params import normalize
+
+    q, k, v = (torch.randn(1, 6, 6, 2, 8, requires_grad=True) for _ in range(3))
+    params = normalize(q, k, v, 2, 3, 1, 1, False, None, None, None, None)
+    for requested, tune, det in [(None, None, None), ("reference", False, True), ("auto", True, False)]:
+        name = deferred.spec(requested, tune, det, True)
+        assert deferred.is_deferred(name) and not deferred.is_deferred("reference")
+        want = choose_na_backend(q, k, v, None, params, requested, tune, det)
+        assert deferred.resolve_na(name, q.detach(), k.detach(), v.detach(), None, params) == want
+    assert deferred.resolve_na("reference", q, k, v, None, params) == "reference"
+    with torch.no_grad():
+        assert not heuristics.needs_grads(q)
+        with heuristics.grads_hint(True):
+            assert heuristics.needs_grads(q.detach())
+    with heuristics.grads_hint(False):
+        assert not heuristics.needs_grads(q)

@@ -37,6 +37,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 import torch
 
 from . import kernel_config
+from .heuristics import needs_grads
 
 _log = logging.getLogger("nattn.autotune")
 # `with nattn.autotune(...)` (None: the process-wide setting decides).
@@ -125,10 +126,6 @@ def _device_name(t: torch.Tensor) -> str:
     return _cuda_name(t.device.index or 0) if t.device.type == "cuda" else t.device.type
 
 
-def _needs_grads(q, k, v, rpb) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, rpb))
-
-
 def _library_id() -> Optional[list]:
     """libnattn's identity (path, size, modification time): a rebuild is re-measured."""
     from .._cuda import library
@@ -154,7 +151,7 @@ def signature(q, k, v, rpb, params, det: Optional[bool] = None) -> str:
         _device_name(q), _library_id() if q.device.type == "cuda" else None, str(q.dtype),
         list(q.shape), list(k.shape), list(v.shape), [list(t.stride()) for t in (q, k, v)],
         None if rpb is None else list(rpb.shape), list(params.kernel_size), list(params.stride),
-        list(params.dilation), [bool(c) for c in params.is_causal], _needs_grads(q, k, v, rpb),
+        list(params.dilation), [bool(c) for c in params.is_causal], needs_grads(q, k, v, rpb),
         deterministic(det),
     ])
 
@@ -248,7 +245,7 @@ def choose(candidates: List[str], backends, q, k, v, rpb, params, det: Optional[
     if "reference" in candidates and len(candidates) > 1:
         candidates = [c for c in candidates if c != "reference"]
     names = _expand(candidates, get, q, k, v, rpb, params)
-    grads = _needs_grads(q, k, v, rpb)
+    grads = needs_grads(q, k, v, rpb)
     if len(names) == 1 and not grads:
         return names[0]
     key = signature(q, k, v, rpb, params, det)

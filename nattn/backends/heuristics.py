@@ -6,8 +6,10 @@ Numbers come from the H200 runs logged in docs/dev/PERF.md.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from typing import List, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 import torch
 
@@ -27,6 +29,29 @@ SIMT_MAX_WINDOW = 100
 TC_MAX_WINDOW = 400
 TC_DTYPES = (torch.float16, torch.bfloat16)
 TC_MAX_HEAD_DIM = 128
+
+
+# Whether the call being dispatched needs gradients, when the tensors cannot say: inside a
+# custom op (autograd below it) a deferred choice (backends/deferred.py) sets it.
+_grads_hint: "contextvars.ContextVar[Optional[bool]]" = contextvars.ContextVar("nattn_grads_hint", default=None)
+
+
+@contextlib.contextmanager
+def grads_hint(flag: Optional[bool]) -> Iterator[None]:
+    token = _grads_hint.set(flag)
+    try:
+        yield
+    finally:
+        _grads_hint.reset(token)
+
+
+def needs_grads(*tensors) -> bool:
+    """Whether a call on these tensors will be differentiated (grad mode and an input that
+    requires grad), unless a deferred choice says so."""
+    hint = _grads_hint.get()
+    if hint is not None:
+        return hint
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors if t is not None)
 
 
 # Head dims of the Hopper (sm90) family: D == D_v, one of these (compute capability 9.0).
@@ -83,7 +108,7 @@ def runs_hopper(q, params: NAParams, v=None) -> bool:
     if dtype_name is None:
         return False
     dim_v = q.shape[-1]
-    training = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, v) if t is not None)
+    training = needs_grads(q, v)
     if training and not _sm90_has_backward(dtype_name, len(params.kernel_size), dim_v):
         return False
     minimum = _sm90_min_window(dtype_name, len(params.kernel_size), backward=training)

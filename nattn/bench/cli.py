@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", action="append", default=[], metavar="NAME",
                      help="also time nattn with this backend (repeatable); nattn's automatic choice always runs")
     run.add_argument("--no-peers", action="store_true", help="skip the dense SDPA and flex rows")
+    run.add_argument("--cuda-graphs", action="store_true",
+                     help="time CUDA-graph replays of each call: the GPU's time without Python's launch "
+                          "cost (small problems otherwise measure the host)")
     run.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     run.add_argument("--dry-run", action="store_true",
                      help="list the kernel configurations of each family for the problems (tile pairs of "

@@ -51,8 +51,9 @@ def _compile_counters():
         return 0, 0
 
 
-def time_row(row: Row, p: Problem, device, dtype, backprop: bool, n_sets: int) -> dict:
-    """Forward (and forward+backward) medians of one row; errors are recorded, not raised."""
+def time_row(row: Row, p: Problem, device, dtype, backprop: bool, n_sets: int, graphs: bool = False) -> dict:
+    """Forward (and forward+backward) medians of one row; errors are recorded, not raised.
+    ``graphs``: time CUDA-graph replays (the GPU's time without the host's)."""
     result = {}
     graphs0, breaks0 = _compile_counters()
     sets, grads = [], []
@@ -72,14 +73,14 @@ def time_row(row: Row, p: Problem, device, dtype, backprop: bool, n_sets: int) -
             with torch.no_grad():
                 row.forward(*inputs)
 
-        result["fwd_ms"] = median_ms(fwd, sets, device)
+        result["fwd_ms"] = median_ms(fwd, sets, device, graphs=graphs)
         if backprop:
             def fwd_bwd(i, *inputs):
                 out = row.forward(*inputs)
                 torch.autograd.grad(out, _grad_targets(inputs), grads[i])
 
             indexed = [(i,) + tuple(s) for i, s in enumerate(sets)]
-            result["fwd_bwd_ms"] = median_ms(fwd_bwd, indexed, device)
+            result["fwd_bwd_ms"] = median_ms(fwd_bwd, indexed, device, graphs=graphs)
     except Exception as e:  # OOM, unsupported on this machine, compile failure: shown in the row
         result["error"] = True
         result["note"] = _short(e)
@@ -102,7 +103,7 @@ def build_rows(args, device) -> List[Row]:
     return rows
 
 
-def run_problem(p: Problem, rows: List[Row], rates, device, dtype, backprop: bool) -> dict:
+def run_problem(p: Problem, rows: List[Row], rates, device, dtype, backprop: bool, graphs: bool = False) -> dict:
     small = shrink(p, VERIFY_TOKENS[device.type], "(verify)")
     res = {"name": p.name, "describe": p.describe(), "problem": p.to_dict(), "backprop": backprop,
            "verify_describe": small.describe(), "rows": []}
@@ -137,7 +138,7 @@ def run_problem(p: Problem, rows: List[Row], rates, device, dtype, backprop: boo
             if ref is None:
                 ref = reference_output(small, t_small)
             entry["check"] = check(row, small, device, dtype, ref=ref, inputs=t_small).to_dict()
-        entry.update(time_row(row, p, device, dtype, backprop and not bwd_reason, n_sets))
+        entry.update(time_row(row, p, device, dtype, backprop and not bwd_reason, n_sets, graphs))
         if bwd_reason and "note" not in entry:
             entry["note"] = f"fwd+bwd n/a: {bwd_reason}"
         res["rows"].append(entry)
@@ -201,7 +202,7 @@ def run(args, problems: List[Problem]) -> dict:
             res = {"name": p.name, "describe": p.describe(), "problem": p.to_dict(),
                    "backprop": args.backprop, "skipped": f"time budget of {args.time_budget:.0f} s spent"}
         else:
-            res = run_problem(p, rows, rates, device, dtype, args.backprop)
+            res = run_problem(p, rows, rates, device, dtype, args.backprop, getattr(args, "cuda_graphs", False))
         results.append(res)
         bar.write(report.problem_block(res, color))
         bar.advance()

@@ -29,10 +29,15 @@ def _sync(device):
 
 
 def median_ms(fn: Callable, input_sets: Sequence, device: torch.device,
-              warmup_ms: float = 30.0, target_ms: float = 300.0, min_reps: int = 3, max_reps: int = 100) -> float:
+              warmup_ms: float = 30.0, target_ms: float = 300.0, min_reps: int = 3, max_reps: int = 100,
+              graphs: bool = False) -> float:
     """Median milliseconds of ``fn(*input_sets[i % n])``: CUDA events per call on a GPU,
     ``perf_counter`` after a synchronize elsewhere. Warm-up runs at least 2 calls and
-    ``warmup_ms``; the repetition count then aims at ``target_ms`` of timed work."""
+    ``warmup_ms``; the repetition count then aims at ``target_ms`` of timed work.
+
+    ``graphs`` (CUDA): each input set's call is captured once into a CUDA graph and the
+    replays are timed, so the number is the GPU's time without the host's launch cost (a
+    small problem's kernels finish before Python has issued the next call)."""
     n = len(input_sets)
     i = 0
     start = time.perf_counter()
@@ -43,6 +48,9 @@ def median_ms(fn: Callable, input_sets: Sequence, device: torch.device,
     per_call = (time.perf_counter() - start) * 1e3 / calls
     reps = int(max(min_reps, min(max_reps, target_ms / max(per_call, 1e-3))))
     times = []
+    if graphs and device.type == "cuda":
+        replays = _captured(fn, input_sets, device)
+        n, fn, input_sets = len(replays), (lambda g: g.replay()), [(g,) for g in replays]
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
         for a, b in events:
@@ -54,3 +62,22 @@ def median_ms(fn: Callable, input_sets: Sequence, device: torch.device,
             t0 = time.perf_counter(); fn(*input_sets[i % n]); i += 1
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def _captured(fn: Callable, input_sets: Sequence, device: torch.device) -> list:
+    """One CUDA graph per input set, each holding one call of ``fn`` (warmed up on a side
+    stream first, as capture requires)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for inputs in input_sets:
+            fn(*inputs)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graphs = []
+    for inputs in input_sets:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn(*inputs)
+        graphs.append(g)
+    _sync(device)
+    return graphs

@@ -1,0 +1,54 @@
+"""Backend choice at run time, for calls that torch.compile traces.
+
+The dispatch reads libnattn, the GPU's capability and the tuner's cache: Python that
+dynamo cannot trace on every torch version (torch 2.11 broke the graph on it three times
+per NA call). A compiled call therefore hands its custom op a *deferred* backend string
+that records what the call asked for (backend, ``tune``, ``deterministic``, whether it needs
+gradients); the op, opaque to dynamo, makes the same choice on its real tensors when it
+runs. The backward op receives the same string and, with gradients needed, chooses the
+backend the forward chose.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+PREFIX = "deferred:"
+
+
+def spec(requested: Optional[str], tune: Optional[bool], deterministic: Optional[bool],
+         grads: Optional[bool]) -> str:
+    """The string a compiled call passes as its op's backend (an f-string of constants,
+    which dynamo folds; backend names hold no '|')."""
+    return f"{PREFIX}{requested}|{tune}|{deterministic}|{grads}"
+
+
+def is_deferred(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+_WORDS = {"None": None, "True": True, "False": False}
+
+
+def _fields(name: str):
+    requested, tune, deterministic, grads = name[len(PREFIX):].split("|")
+    return (None if requested == "None" else requested, _WORDS[tune], _WORDS[deterministic], _WORDS[grads])
+
+
+def resolve_na(name: str, q, k, v, rpb, params) -> str:
+    """The backend name a deferred NA call runs (a plain name passes through)."""
+    if not is_deferred(name):
+        return name
+    from . import choose_na_backend
+    from .heuristics import grads_hint
+    requested, tune, deterministic, grads = _fields(name)
+    with grads_hint(grads):
+        return choose_na_backend(q, k, v, rpb, params, requested, tune, deterministic)
+
+
+def resolve_dense(name: str, q, k, v, is_causal) -> str:
+    """The backend name a deferred dense call runs (a plain name passes through)."""
+    if not is_deferred(name):
+        return name
+    from . import choose_dense_backend
+    return choose_dense_backend(q, k, v, is_causal, _fields(name)[0])
