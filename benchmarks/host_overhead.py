@@ -4,6 +4,7 @@ autograd and the launches cost. Also prints the top functions of a cProfile run.
 
     python benchmarks/host_overhead.py [--backend cuda] [--profile]
     python benchmarks/host_overhead.py --null     # nattn's Python alone, on any machine
+    python benchmarks/host_overhead.py --compiled # the same calls inside torch.compile'd functions
 
 ``--null`` registers a backend whose kernels do nothing (it returns empty tensors) and runs on
 the CPU: what is left is nattn's own Python (argument checks, dispatch, packing) plus torch's
@@ -60,6 +61,8 @@ def main():
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--null", action="store_true", help="a do-nothing backend on the CPU: nattn's Python alone")
+    ap.add_argument("--compiled", action="store_true",
+                    help="call through torch.compile (the custom ops' path: what compiled models pay)")
     args = ap.parse_args()
     device, dtype = "cuda", torch.bfloat16
     if args.null:
@@ -76,7 +79,17 @@ def main():
     def fwd_bwd():
         nattn.na2d(q, k, v, 3, backend=args.backend).backward(g)
 
-    print(f"backend {args.backend}: forward {per_call(fwd):.1f} us, forward+backward {per_call(fwd_bwd):.1f} us "
+    if args.compiled:
+        inner = torch.compile(lambda q, k, v: nattn.na2d(q, k, v, 3, backend=args.backend), fullgraph=True)
+
+        def fwd():
+            with torch.no_grad():
+                inner(q, k, v)
+
+        def fwd_bwd():
+            inner(q, k, v).backward(g)
+
+    print(f"backend {args.backend}{' (compiled)' if args.compiled else ''}: forward {per_call(fwd):.1f} us, forward+backward {per_call(fwd_bwd):.1f} us "
           "(wall per call, kernels negligible)")
     if args.profile:
         prof = cProfile.Profile()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Dict, List, Optional
 
-from . import autotune, kernel_config
+from . import autotune, deferred, kernel_config
 from .base import Backend
 from .heuristics import na_auto_order
 from .reference import ReferenceBackend
@@ -27,6 +27,7 @@ def register_backend(backend: Backend) -> None:
     if backend.name not in AUTO_ORDER:
         AUTO_ORDER.append(backend.name)
     AUTO_ORDER.sort(key=_rank)
+    deferred.forget()
 
 
 def _load_optional(module: str) -> None:

@@ -11,9 +11,15 @@ backend the forward chose.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
+
+import torch
 
 PREFIX = "deferred:"
+# Choices already made, by everything they depend on (a compiled model calls the same few
+# signatures every step; choosing costs tens of microseconds of host time per call).
+_CHOSEN: Dict[tuple, str] = {}
+_MAX_CHOSEN = 4096
 
 
 def spec(requested: Optional[str], tune: Optional[bool], deterministic: Optional[bool],
@@ -39,11 +45,33 @@ def resolve_na(name: str, q, k, v, rpb, params) -> str:
     """The backend name a deferred NA call runs (a plain name passes through)."""
     if not is_deferred(name):
         return name
-    from . import choose_na_backend
+    from . import autotune, choose_na_backend
     from .heuristics import grads_hint
     requested, tune, deterministic, grads = _fields(name)
+    tuning = autotune.active(q, tune)  # the tuner keeps its own cache of measured choices
+    key = None if tuning else (name, torch.are_deterministic_algorithms_enabled(), params, q.dtype, q.device,
+                                None if rpb is None else (rpb.shape, rpb.dtype),
+                                *(_layout(t) for t in (q, k, v)))
+    hit = _CHOSEN.get(key) if key is not None else None
+    if hit is not None:
+        return hit
     with grads_hint(grads):
-        return choose_na_backend(q, k, v, rpb, params, requested, tune, deterministic)
+        chosen = choose_na_backend(q, k, v, rpb, params, requested, tune, deterministic)
+    if key is not None:
+        if len(_CHOSEN) >= _MAX_CHOSEN:
+            _CHOSEN.clear()
+        _CHOSEN[key] = chosen
+    return chosen
+
+
+def _layout(t) -> tuple:
+    """What a backend's layout check reads: shape, strides, dtype, the offset's alignment."""
+    return t.shape, t.stride(), t.dtype, (t.storage_offset() * t.element_size()) % 16
+
+
+def forget() -> None:
+    """Drop the remembered choices (a backend registered or changed since)."""
+    _CHOSEN.clear()
 
 
 def resolve_dense(name: str, q, k, v, is_causal) -> str:

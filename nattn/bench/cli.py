@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "dinat_tiny, dinat_s_tiny, nat_isotropic_small, dinat_video_tiny, swin_tiny_patch4_window7_224, "
                      "convnext_tiny)")
     mdl.add_argument("--size", type=int, default=224, help="image side")
-    mdl.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (comma-separated)")
+    mdl.add_argument("--modes", default="eager,compiled", help="eager, compiled (torch.compile) and/or cudagraphs (torch.compile with "
+                          "mode='reduce-overhead'), comma-separated")
     mdl.add_argument("--iters", type=int, default=10, help="timed steps per model and mode")
     mdl.add_argument("--frames", type=int, default=16, help="clip length of the video models")
     run = p.add_argument_group("what to run")

@@ -18,16 +18,21 @@ import torch
 # The NA families at Tiny size (video: clips of `frames` frames), then the peers (timm's own).
 DEFAULT_MODELS = ("nat_tiny", "dinat_tiny", "dinat_s_tiny", "nat_isotropic_small", "dinat_video_tiny",
                   "swin_tiny_patch4_window7_224", "convnext_tiny")
-MODES = ("eager", "compiled")
+# compiled: torch.compile(model); cudagraphs: torch.compile(model, mode="reduce-overhead")
+# (CUDA graphs replay each compiled graph: no per-kernel launch cost on the host)
+MODES = ("eager", "compiled", "cudagraphs")
 
 
-def steps(model, x, y, device):
+def steps(model, x, y, device, graphs: bool = False):
     """``(train, infer)``: one SGD training step and one inference forward of ``model`` on
-    ``x`` / labels ``y`` (bf16 autocast on CUDA)."""
+    ``x`` / labels ``y`` (bf16 autocast on CUDA). ``graphs``: the model is compiled with CUDA
+    graphs, and each step tells torch that a new iteration begins."""
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    begin = torch.compiler.cudagraph_mark_step_begin if graphs else (lambda: None)
 
     def train():
+        begin()
         with amp:
             loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -35,6 +40,7 @@ def steps(model, x, y, device):
         opt.zero_grad(set_to_none=True)
 
     def infer():
+        begin()
         with torch.no_grad(), amp:
             model(x)
 
@@ -78,8 +84,11 @@ def measure(name: str, mode: str, batch: int, size: int, iters: int, device: tor
         model = model.to(memory_format=fmt)
         x = x.to(memory_format=fmt)
     y = torch.randint(0, 1000, (batch,), device=device)
-    run = torch.compile(model) if mode == "compiled" else model
-    train, infer = steps(run, x, y, device)
+    if mode == "eager":
+        run = model
+    else:
+        run = torch.compile(model, mode="reduce-overhead" if mode == "cudagraphs" else None)
+    train, infer = steps(run, x, y, device, graphs=mode == "cudagraphs")
     out = {}
     model.eval()
     out["infer"] = batch / step_ms(infer, device, iters) * 1e3
