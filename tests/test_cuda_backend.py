@@ -188,8 +188,8 @@ def test_pack_cache_refreshes_pointers_and_layouts():
 
 def test_hopper_configurations_for_the_tuner(fake_lib, monkeypatch):
     """On a 9.0 GPU whose library has the Hopper family, the tuner gets its tile pairs (not
-    the default, not the declined) and, with a Hopper backward, both dQ modes unless
-    torch.use_deterministic_algorithms(True) is on."""
+    the default, not the declined) and, with a Hopper backward, both dQ modes (whether a
+    deterministic call may use them is the tuner's decision)."""
     from nattn.backends import heuristics
 
     lib = library._state["lib"]
@@ -205,9 +205,9 @@ def test_hopper_configurations_for_the_tuner(fake_lib, monkeypatch):
         params = normalize(q, q, q, 2, 13)
         assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24"]
         assert CUDA.backward_configurations(q, q, q, None, params) == ["dq=pass", "dq=atomic"]
-        torch.use_deterministic_algorithms(True)
+        torch.use_deterministic_algorithms(True)  # listed still: the tuner decides (test_autotune.py)
         try:
-            assert CUDA.backward_configurations(q, q, q, None, params) == []
+            assert CUDA.backward_configurations(q, q, q, None, params) == ["dq=pass", "dq=atomic"]
         finally:
             torch.use_deterministic_algorithms(False)
         q32 = fake(2, 32, 32, 4, 32)  # a head dim without a Hopper backward in this "build"
@@ -234,3 +234,24 @@ def test_deterministic_calls_pin_the_hopper_dq_pass(fake_lib):
             torch.use_deterministic_algorithms(False)
     q = torch.randn(1, 8, 8, 2, 8)
     assert choose_na_backend(q, q, q, None, normalize(q, q, q, 2, 3), "reference", deterministic=True) == "reference"
+
+
+def test_split_kv_is_listed_for_1d_problems_that_cannot_fill_the_gpu(fake_lib, monkeypatch):
+    """kv=2 / kv=4 join the tuner's candidates when the 128-query CTAs number fewer than the
+    SMs (1-D only: split-KV runs on the 1-D pairs)."""
+    from types import SimpleNamespace
+
+    from nattn.backends import heuristics
+
+    lib = library._state["lib"]
+    lib.kernels[("sm90", "bfloat16", 1)] = [32, 64, 128]
+    monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(CUDA, "sm90_configs", lambda q, k, v, params: [
+        dict(name="q128_k128", keys=2176, default=True, backward=True, declined=None)])
+    with FakeTensorMode():
+        small = fake(1, 4096, 2, 128)  # 32 boxes x 2 heads = 64 CTAs
+        params = normalize(small, small, small, 1, 2047)
+        assert CUDA.configurations(small, small, small, None, params) == ["kv=2", "kv=4"]
+        big = fake(4, 4096, 8, 128)  # 1024 CTAs
+        assert CUDA.configurations(big, big, big, None, normalize(big, big, big, 1, 2047)) == []

@@ -67,7 +67,7 @@ def test_hopper_problems_go_to_cuda_first(monkeypatch):
     monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 0))
     monkeypatch.setattr(heuristics, "_capability_major", lambda index: 9)
     minimum = {1: 128, 2: 1000, 3: 4000}
-    monkeypatch.setattr(heuristics, "_sm90_min_window", lambda dtype, na, backward=False: minimum[na])
+    monkeypatch.setattr(heuristics, "_sm90_min_window", lambda dtype, na, backward=False, head_dim=0: minimum[na])
     q = SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16, shape=(1, 8, 8, 2, 128),
                         requires_grad=False)
     for kernel in ((80, 80), (2048,), (18, 24, 24), (33, 33)):
@@ -89,12 +89,12 @@ def test_hopper_problems_go_to_cuda_first(monkeypatch):
     monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 1))
     assert not heuristics.runs_hopper(q, params((80, 80)))
     monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 0))
-    monkeypatch.setattr(heuristics, "_sm90_min_window", lambda dtype, na, backward=False: None)  # not built
+    monkeypatch.setattr(heuristics, "_sm90_min_window", lambda dtype, na, backward=False, head_dim=0: None)  # not built
     assert not heuristics.runs_hopper(q, params((80, 80)))
     # Forward and backward minimums differ (64-query pairs take 2-D windows from 150 keys
     # in the forward; the backward's pairs only from 1000): a training call follows the latter.
     fwd, bwd = {1: 128, 2: 150, 3: 4000}, {1: 128, 2: 1000, 3: 4000}
-    monkeypatch.setattr(heuristics, "_sm90_min_window", lambda dtype, na, backward=False: (bwd if backward else fwd)[na])
+    monkeypatch.setattr(heuristics, "_sm90_min_window", lambda dtype, na, backward=False, head_dim=0: (bwd if backward else fwd)[na])
     monkeypatch.setattr(heuristics, "_sm90_has_backward", lambda dtype, na, hd: True)
     assert heuristics.runs_hopper(q, params((25, 25))) and heuristics.runs_hopper(q, params((13, 13)))
     assert not heuristics.runs_hopper(grad_q, params((25, 25)))

@@ -103,7 +103,13 @@ bool sm90_allowed(int device) { return family_cap() >= kCapAny && device_cc(devi
 // 0.69-1.26) and tie at 7x7 (but lose 2x with dilation 4 on 28^2: 7-token groups); in
 // 3-D they lose (5x7x7 0.55 vs 0.43), while the 128-query pairs now win from 9x11x11 (1.15
 // vs 1.34 ms; 7x9x9 0.86 vs 0.79).
+// Seventh session (the tuner's table, PERF.md): at head dim 32 the 2-D 64-query pairs (three
+// CTAs per SM) also beat tc at 7x7 (DiNAT 56^2 0.138 vs 0.151 ms, dilation 4 on 28^2 0.071
+// vs 0.079, batch 1 0.012 vs 0.016; 14^2 with 12 heads 0.072 vs 0.068), so 2-D problems at
+// head dim <= 32 run sm90 from kSm90MinWindow2dSmallHead keys.
 constexpr int64_t kSm90MinWindow[3] = {128, 150, 1000};
+constexpr int64_t kSm90MinWindow2dSmallHead = 49;
+constexpr int kSm90SmallHeadDim = 32;
 // The backward's (its pairs are 128-token / 64-token boxes): forward + backward crossover
 // against tc measured at the old forward thresholds (PERF.md fifth session).
 constexpr int64_t kSm90MinWindowBackward[3] = {128, 1000, 4000};
@@ -115,7 +121,12 @@ constexpr int64_t kSm90MinWindowBackward[3] = {128, 1000, 4000};
 // warpgroup, no ping-pong, boxes run one after the other) count kSm90SmallQueryCost more,
 // per NA dim: in 2-D the key count alone ranked the measured pairs of 9x9-33x33 windows
 // right (PERF.md sixth session); in 3-D they lost to 128-query pairs on every window.
+// At head dim 32 a 2-D 64-query pair counts 0.6x: three of its CTAs share an SM (two at
+// head dim 64), and the tuner's table (seventh session) had it ahead of 128-query pairs
+// walking fewer keys (dilation 4: 112 vs 74 keys, 0.071 vs 0.153 ms; 33x33: 2016 vs 1920,
+// 0.335 vs 0.379 ms).
 constexpr double kSm90SmallQueryCost[3] = {1.3, 1.0, 1.5};
+constexpr double kSm90SmallQueryCost2dSmallHead = 0.6;
 double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
   double keys = 1;
   int kbox_size = 1, qbox_size = 1;
@@ -130,7 +141,9 @@ double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
     qbox_size *= e.qbox[a];
   }
   if (kbox_size <= 64) keys *= 1.15;
-  return qbox_size < 128 ? keys * kSm90SmallQueryCost[p.na_dim - 1] : keys;
+  if (qbox_size >= 128) return keys;
+  const bool small_head = p.na_dim == 2 && e.head_dim <= kSm90SmallHeadDim;
+  return keys * (small_head ? kSm90SmallQueryCost2dSmallHead : kSm90SmallQueryCost[p.na_dim - 1]);
 }
 
 // The first pair of an NA dim in the table (SM90_TILES) is its default; another runs only
@@ -236,6 +249,8 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   int64_t window = 1;
   for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
+  if (!backward && p.na_dim == 2 && p.dim <= kSm90SmallHeadDim && p.dim_v <= kSm90SmallHeadDim)
+    return window >= kSm90MinWindow2dSmallHead;
   return window >= (backward ? kSm90MinWindowBackward : kSm90MinWindow)[p.na_dim - 1];
 }
 
@@ -443,6 +458,12 @@ NATTN_API int64_t nattn_num_problem_fields() { return NATTN_NUM_PROBLEM_FIELDS; 
 // family when it can (Python's dispatch orders backends with it).
 NATTN_API int64_t nattn_sm90_min_window(int64_t na_dim) {
   return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindow[na_dim - 1] : -1;
+}
+
+// The same for a head dim (D == D_v): 2-D at head dim <= 32 starts lower (kSm90MinWindow2dSmallHead).
+NATTN_API int64_t nattn_sm90_min_window_head(int64_t na_dim, int64_t head_dim) {
+  if (na_dim == 2 && head_dim > 0 && head_dim <= kSm90SmallHeadDim) return kSm90MinWindow2dSmallHead;
+  return nattn_sm90_min_window(na_dim);
 }
 
 // The same for the backward.

@@ -56,6 +56,13 @@ class Library:
             lib.nattn_sm90_min_window.restype = ctypes.c_int64
             lib.nattn_sm90_min_window.argtypes = [ctypes.c_int64]
             self.sm90_min_window = {n: lib.nattn_sm90_min_window(n) for n in (1, 2, 3)}
+        # ... per (NA dim, head dim) where the head dim moves it (older builds: per NA dim)
+        self.sm90_min_window_head = {}
+        if hasattr(lib, "nattn_sm90_min_window_head"):
+            fn = lib.nattn_sm90_min_window_head
+            fn.restype = ctypes.c_int64
+            fn.argtypes = [ctypes.c_int64, ctypes.c_int64]
+            self.sm90_min_window_head = {(n, d): fn(n, d) for n in (1, 2, 3) for d in (32, 64, 128)}
         # ... and a backward (older builds: the forward's)
         self.sm90_min_window_backward = dict(self.sm90_min_window)
         if hasattr(lib, "nattn_sm90_min_window_backward"):

@@ -199,13 +199,30 @@ class CudaBackend(Backend):
             configs = self.sm90_configs(q, k, v, params)
         except RuntimeError:  # an older library without the listing
             return []
-        return [c["name"] for c in configs if not c["declined"] and not c["default"]]
+        names = [c["name"] for c in configs if not c["declined"] and not c["default"]]
+        return names + self._split_kv_configurations(q, params)
+
+    # Split-KV factors the tuner tries on 1-D problems with fewer 128-query CTAs than SMs.
+    # Measured on the H200 (1-D 4096 tokens, window 2048, B=1, H=2, D=128: 64 CTAs for 132
+    # SMs; CUDA-graph replays, PERF.md seventh session): kv=2 0.031 ms, kv=4 0.038, kv=8
+    # 0.048, unsplit 0.039; with B=4 (256 CTAs) kv=4 is 1.7x slower than unsplit.
+    SPLIT_KV_FACTORS = (2, 4)
+
+    def _split_kv_configurations(self, q, params) -> List[str]:
+        if params.na_dim != 1 or q.device.type != "cuda":
+            return []
+        tokens = q.shape[1]
+        ctas = -(-tokens // 128) * q.shape[0] * q.shape[-2]
+        if ctas >= torch.cuda.get_device_properties(q.device).multi_processor_count:
+            return []
+        return [f"kv={n}" for n in self.SPLIT_KV_FACTORS]
 
     def backward_configurations(self, q, k, v, rpb, params):
         """The Hopper backward's dQ: its deterministic pass (default) and the KV-parallel
-        accumulation, unless torch.use_deterministic_algorithms(True)."""
+        accumulation. Whether a call may use the latter is the tuner's to decide (the call's
+        ``deterministic=``, else torch's switch: autotune.deterministic), not the backend's."""
         dtype = self._hopper(q, v, params)
-        if dtype is None or torch.are_deterministic_algorithms_enabled():
+        if dtype is None:
             return []
         lib = library.load()
         if (dtype, params.na_dim, q.shape[-1]) not in lib.sm90_backward:

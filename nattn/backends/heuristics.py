@@ -70,14 +70,16 @@ def _capability_major(index) -> int:
     return _capability(index)[0]
 
 
-def _sm90_min_window(dtype_name: str, na_dim: int, backward: bool = False):
-    """libnattn's window from which its Hopper family runs a forward (or a backward; None:
-    not in this build)."""
+def _sm90_min_window(dtype_name: str, na_dim: int, backward: bool = False, head_dim: int = 0):
+    """libnattn's window from which its Hopper family runs a forward at this head dim (or a
+    backward; None: not in this build)."""
     from .._cuda import library
     lib = library.load()
     if lib is None or ("sm90", dtype_name, na_dim) not in lib.kernels:
         return None
-    return (lib.sm90_min_window_backward if backward else lib.sm90_min_window).get(na_dim)
+    if backward:
+        return lib.sm90_min_window_backward.get(na_dim)
+    return lib.sm90_min_window_head.get((na_dim, head_dim), lib.sm90_min_window.get(na_dim))
 
 
 def _sm90_has_backward(dtype_name: str, na_dim: int, head_dim: int) -> bool:
@@ -111,7 +113,7 @@ def runs_hopper(q, params: NAParams, v=None) -> bool:
     training = needs_grads(q, v)
     if training and not _sm90_has_backward(dtype_name, len(params.kernel_size), dim_v):
         return False
-    minimum = _sm90_min_window(dtype_name, len(params.kernel_size), backward=training)
+    minimum = _sm90_min_window(dtype_name, len(params.kernel_size), backward=training, head_dim=dim_v)
     return minimum is not None and params.window_size >= minimum
 
 

@@ -39,12 +39,13 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
     if not configs:
         lines.append("  sm90: none compiled for this dtype, NA dim and head dim")
         return lines
-    minimum = lib.sm90_min_window.get(p.na_dim)
+    minimum = lib.sm90_min_window_head.get((p.na_dim, p.dim), lib.sm90_min_window.get(p.na_dim))
     runs = "runs by default" if minimum is not None and params.window_size >= minimum else \
         f"runs by default from {minimum} keys per query (this window: {params.window_size})"
     lines.append(f"  sm90 (compute capability 9.0; {runs}; name one per call with backend='cuda:<name>', or "
                  "NATTN_SM90_TILE=<name> process-wide; cost: keys walked per query, 64-key boxes counted 1.15x, "
-                 "64-query boxes 1.3x in 1-D and 1.5x in 3-D; backward: the pair the backward uses):")
+                 "64-query boxes 1.3x in 1-D, 1.5x in 3-D, 0.6x in 2-D at head dim 32; backward: the pair "
+                 "the backward uses):")
     width = max(len(c["name"]) for c in configs)
     for c in configs:
         flags = [f for f, on in (("default", c["default"]), ("backward", c["backward"])) if on]
