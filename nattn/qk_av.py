@@ -4,9 +4,10 @@
 ``naXd(q, k, v, ..., scale=scale)``. The window of every query and the order of its
 ``W = prod(kernel_size)`` slots (row-major over the per-axis slots, as in NATTEN) come
 from :class:`~nattn.windows.WindowTable`; slots a causal window does not hold get a
-``-inf`` logit and are ignored by ``*_av``. Plain PyTorch on any device, differentiable
-(first derivatives; nattn/qk_av_math.py gathers the window keys/values a chunk of
-queries at a time, forward and backward). Memory: the inputs and the logits
+``-inf`` logit and are ignored by ``*_av``. Differentiable (first derivatives). CUDA
+tensors run libnattn's window kernels (nattn/qk_av_kernels.py: fp32/fp16/bf16, head dims
+that are multiples of 8); everything else runs plain PyTorch (nattn/qk_av_math.py gathers
+the window keys/values a chunk of queries at a time, forward and backward). Memory: the inputs and the logits
 ``B * N * H * W``, plus one chunk; never an ``N x N`` tensor.
 """
 
@@ -17,12 +18,18 @@ from typing import Optional
 
 import torch
 
+from . import qk_av_kernels
 from .params import (
     BoolOrTuple, IntOrTuple, NAParams, _check_tensor, layout_hint,
     normalize, normalize_window_args,
 )
+from .qk_av_kernels import KernelAV, KernelQK
 from .qk_av_math import WindowAV, WindowQK
 from .windows import WindowTable
+
+# CUDA tensors run libnattn's window kernels where it has them (nattn/qk_av_kernels.py);
+# False sends them through the plain PyTorch path too (tests and benchmarks compare both).
+USE_KERNELS = True
 
 __all__ = ["na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av", "na_qk", "na_av"]
 
@@ -70,6 +77,13 @@ def na_qk(
     heads_kv = key.shape[-2]
     groups = heads // heads_kv
     table = _table(spatial, params, query.device)
+    if USE_KERNELS and qk_av_kernels.available(query, na_dim, dim):
+        logits = KernelQK.apply(query, key, params)  # -inf in the slots a causal window lacks
+        if rpb is not None:  # (no causal axis with an RPB)
+            rpb_idx = table.chunk(0, table.num_tokens)[2]
+            bias = rpb.flatten(1)[:, rpb_idx].to(logits.dtype)  # [H, N, W]
+            logits = logits + bias.permute(1, 0, 2).reshape(1, *spatial, heads, table.window_size)
+        return logits
     key_idx, valid, rpb_idx = table.chunk(0, table.num_tokens)  # [N, W] each
     qf = query.reshape(b, -1, heads_kv, groups, dim)
     # [B, N, H_kv, G, W] in chunks of queries; clamped slots never read (NaN there cannot leak)
@@ -135,6 +149,8 @@ def na_av(
                 f"size {spatial[axis]}, got {kernel[axis]} * {dils[axis]}. {layout_hint(value, na_dim)}"
             )
     params = NAParams(kernel, strides, dils, causal, 1.0)
+    if USE_KERNELS and qk_av_kernels.available(value, na_dim, dim_v):
+        return KernelAV.apply(attn, value, params)
     b, groups = attn.shape[0], heads // heads_kv
     table = _table(spatial, params, value.device)
     key_idx, valid, _ = table.chunk(0, table.num_tokens)

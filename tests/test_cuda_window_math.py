@@ -2,7 +2,9 @@
 for the host. csrc/tests/window_math_check.cu checks windows, inverse neighborhoods and the SIMT
 kernels' incremental window cursor against direct formulas; csrc/tests/tiling_check.cu replays
 the tensor-core kernels' warp walk (boxes, window unions, lines, chunks, masks, RPB indices)
-and checks that every query keeps exactly its window and every key exactly its inverse."""
+and checks that every query keeps exactly its window and every key exactly its inverse;
+csrc/tests/window_ops_check.cu runs the unfused window ops' per-element code (dot, sum,
+inverse sum) against a brute-force scatter over random windows."""
 
 import os
 import shutil
@@ -33,4 +35,10 @@ def test_window_math_on_host(tmp_path):
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")
 def test_tensor_core_walk_on_host(tmp_path):
     run = _build_and_run(tmp_path, "tiling_check")
+    assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")
+def test_unfused_window_ops_on_host(tmp_path):
+    run = _build_and_run(tmp_path, "window_ops_check")
     assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr

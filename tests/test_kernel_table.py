@@ -77,10 +77,14 @@ def test_subsets_apply_to_every_family():
 
 def test_generated_table_names_every_family(tmp_path):
     insts = kt.instances("bfloat16", "32", "1", "9.0")
-    sources = kt.generate(str(tmp_path), insts)
+    sources = kt.generate(str(tmp_path), insts, kt.window_instances("bfloat16", "1"))
     assert sorted(p.rsplit("/", 1)[-1] for p in sources) == [
         "kernel_table.cu", "simt_bfloat16_na1d_hd32.cu", "sm90_bfloat16_na1d_hd32_q128_k128.cu",
-        "sm90_bfloat16_na1d_hd32_q128_k64.cu", "sm90_bfloat16_na1d_hd32_q64_k128.cu", "tc_bfloat16_na1d_hd32.cu"]
+        "sm90_bfloat16_na1d_hd32_q128_k64.cu", "sm90_bfloat16_na1d_hd32_q64_k128.cu", "tc_bfloat16_na1d_hd32.cu",
+        "window_bfloat16_na1d.cu", "window_table.cu"]
+    windows = (tmp_path / "window_table.cu").read_text()
+    assert "{2, 1, &launch_window<nattn::bf16_t, 1>}," in windows and "kNumWindowKernels = 1;" in windows
+    assert "template void launch_window<nattn::bf16_t, 1>" in (tmp_path / "window_bfloat16_na1d.cu").read_text()
     table = (tmp_path / "kernel_table.cu").read_text()
     for fam in ("simt", "tc", "sm90"):
         assert f'#include "nattn/{fam}/launch.h"' in table

@@ -185,3 +185,41 @@ def test_backward_keeps_no_gathered_window_block():
     assert inputs_and_logits <= sum(saved) <= 4 * inputs_and_logits < gathered
     out.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_window_kernel_calls_pack_every_field_in_the_library_order(monkeypatch):
+    """The CUDA path's call (nattn/qk_av_kernels.py) packs NattnWindowProblem field by field
+    in kernel_table.WINDOW_FIELDS order; checked through a stand-in library."""
+    from types import SimpleNamespace
+
+    from nattn import qk_av_kernels
+    from nattn._cuda import kernel_table as kt
+    from nattn.params import NAParams
+
+    seen = {}
+
+    def window_op(fields, n, stream, err, err_len):
+        import ctypes
+        seen["fields"] = list((ctypes.c_int64 * n).from_address(fields.value))
+        return 0
+
+    lib = SimpleNamespace(window_op=window_op, window_ops={("bfloat16", 2)})
+    monkeypatch.setattr(qk_av_kernels.library, "load", lambda: lib)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
+    a, b, out = (torch.empty(2, 6, 7, 4, 16, dtype=torch.bfloat16) for _ in range(3))
+    params = NAParams((3, 5), (1, 2), (2, 1), (True, False), 1.0)
+    qk_av_kernels._run(qk_av_kernels.INVERSE_SUM, a, b, out, (6, 7), params, 4, 2, 16)
+    fields = seen["fields"]
+    assert len(fields) == kt.NUM_WINDOW_FIELDS
+    at = {}
+    offset = 0
+    for name, count in kt.WINDOW_FIELDS:
+        at[name] = fields[offset:offset + count] if count > 1 else fields[offset]
+        offset += count
+    assert at["abi_version"] == kt.ABI_VERSION and at["dtype"] == kt.DTYPES.index("bfloat16")
+    assert at["op"] == kt.WINDOW_OPS.index("inverse_sum") and at["na_dim"] == 2 and at["batch"] == 2
+    assert (at["heads"], at["heads_kv"], at["dim"]) == (4, 2, 16)
+    assert at["spatial"] == [6, 7, 1] and at["kernel"] == [3, 5, 1] and at["stride"] == [1, 2, 1]
+    assert at["dilation"] == [2, 1, 1] and at["causal"] == [1, 0, 0] and at["neg_inf"] == 0
+    assert (at["a_ptr"], at["b_ptr"], at["out_ptr"]) == (a.data_ptr(), b.data_ptr(), out.data_ptr())
+    assert not qk_av_kernels.available(a, 2, 16)  # CPU tensors keep the PyTorch path

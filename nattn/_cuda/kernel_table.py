@@ -144,6 +144,32 @@ PROBLEM_FIELDS: Tuple[Tuple[str, int], ...] = (
     ("kv_splits", 1),
 )
 
+# The unfused window ops (na*d_qk / na*d_av and their gradients; csrc/include/nattn/window/):
+# one instance per (dtype, NA dim), any head dim that is a multiple of 8, every GPU from
+# SM50. Fields of ``struct NattnWindowProblem`` (all int64), in order; tensors contiguous.
+WINDOW_OPS = ("dot", "sum", "inverse_sum")  # the ``op`` codes (window/params.h)
+WINDOW_FIELDS: Tuple[Tuple[str, int], ...] = (
+    ("abi_version", 1),
+    ("device", 1),
+    ("dtype", 1),
+    ("op", 1),
+    ("na_dim", 1),
+    ("batch", 1),
+    ("heads", 1),
+    ("heads_kv", 1),
+    ("dim", 1),
+    ("spatial", 3),
+    ("kernel", 3),
+    ("stride", 3),
+    ("dilation", 3),
+    ("causal", 3),
+    ("neg_inf", 1),  # dot: -inf (logits) or 0 (gradients) in slots outside a causal window
+    ("a_ptr", 1),
+    ("b_ptr", 1),
+    ("out_ptr", 1),
+)
+NUM_WINDOW_FIELDS = sum(n for _, n in WINDOW_FIELDS)
+
 NUM_PROBLEM_FIELDS = sum(n for _, n in PROBLEM_FIELDS)
 FIELD_OFFSETS: Dict[str, int] = {}
 _o = 0
@@ -228,6 +254,11 @@ def instances(dtypes: str = "", head_dims: str = "", na_dims: str = "", archs: s
     return out
 
 
+def window_instances(dtypes: str = "", na_dims: str = "") -> List[Tuple[str, int]]:
+    """The (dtype, NA dim) instances of the unfused window ops to compile."""
+    return [(dt, nd) for dt in _subset(dtypes, DTYPES, str) for nd in _subset(na_dims, NA_DIMS, int)]
+
+
 def head_dim_bucket(dim: int, buckets: Sequence[int]):
     """The smallest compiled bucket that holds ``dim`` channels, or None."""
     fits = [b for b in buckets if b >= dim]
@@ -246,7 +277,32 @@ def problem_header() -> str:
              "typedef struct NattnProblem {"]
     for name, n in PROBLEM_FIELDS:
         lines.append(f"  int64_t {name}{f'[{n}]' if n > 1 else ''};")
-    lines += ["} NattnProblem;", ""]
+    lines += ["} NattnProblem;", "",
+              f"#define NATTN_NUM_WINDOW_FIELDS {NUM_WINDOW_FIELDS}", "",
+              "// The unfused window ops' call (see WINDOW_FIELDS), one int64 array.",
+              "typedef struct NattnWindowProblem {"]
+    for name, n in WINDOW_FIELDS:
+        lines.append(f"  int64_t {name}{f'[{n}]' if n > 1 else ''};")
+    lines += ["} NattnWindowProblem;", ""]
+    return "\n".join(lines)
+
+
+def window_instance_source(dtype: str, na_dim: int) -> str:
+    return "\n".join([
+        f'{_HEADER}#include "nattn/window/kernels.cuh"', "",
+        "namespace nattn { namespace window {",
+        f"template void launch_window<{CPP_TYPES[dtype]}, {na_dim}>(const WindowParams&, cudaStream_t);",
+        "} }", ""])
+
+
+def window_table_source(insts: Sequence[Tuple[str, int]]) -> str:
+    lines = [_HEADER, '#include "nattn/common/registry.h"', '#include "nattn/window/params.h"', "",
+             "namespace nattn { namespace window {", "const WindowEntry kWindowKernels[] = {"]
+    for dt, nd in insts:
+        lines.append(f"  {{{DTYPES.index(dt)}, {nd}, &launch_window<{CPP_TYPES[dt]}, {nd}>}},")
+    if not insts:
+        lines.append("  {0, 0, nullptr},")
+    lines += ["};", f"const int kNumWindowKernels = {len(insts)};", "} }", ""]
     return "\n".join(lines)
 
 
@@ -297,7 +353,8 @@ def _write_if_changed(path: str, text: str) -> None:
         f.write(text)
 
 
-def generate(out_dir: str, insts: Sequence[Instance]) -> List[str]:
+def generate(out_dir: str, insts: Sequence[Instance],
+             windows: Sequence[Tuple[str, int]] = ()) -> List[str]:
     """Write the generated sources; return the .cu files CMake must compile."""
     os.makedirs(os.path.join(out_dir, "nattn"), exist_ok=True)
     _write_if_changed(os.path.join(out_dir, "nattn", "problem.h"), problem_header())
@@ -308,6 +365,13 @@ def generate(out_dir: str, insts: Sequence[Instance]) -> List[str]:
         sources.append(path)
     table = os.path.join(out_dir, "kernel_table.cu")
     _write_if_changed(table, table_source(insts))
+    sources.append(table)
+    for dt, nd in windows:
+        path = os.path.join(out_dir, f"window_{dt}_na{nd}d.cu")
+        _write_if_changed(path, window_instance_source(dt, nd))
+        sources.append(path)
+    table = os.path.join(out_dir, "window_table.cu")
+    _write_if_changed(table, window_table_source(windows))
     sources.append(table)
     return sources
 
@@ -323,7 +387,8 @@ def main(argv=None) -> None:
     ap.add_argument("--toolkit", default="", help="CUDA toolkit version recorded")
     a = ap.parse_args(argv)
     insts = instances(a.dtypes, a.head_dims, a.na_dims, a.archs)
-    sources = generate(a.out, insts)
+    windows = window_instances(a.dtypes, a.na_dims)
+    sources = generate(a.out, insts, windows)
     if a.config:
         config = {
             "archs": [x for x in a.archs.replace(",", ";").split(";") if x],
@@ -334,6 +399,7 @@ def main(argv=None) -> None:
             "na_dims": sorted({i.na_dim for i in insts}),
             "instances": [i.stem for i in insts],
             "tiles": sorted({f"na{i.na_dim}d:{i.tile_name}" for i in insts if i.tile}),
+            "window_ops": [f"{dt}:na{nd}d" for dt, nd in windows],
             "abi_version": ABI_VERSION,
         }
         _write_if_changed(a.config, json.dumps(config, indent=1) + "\n")

@@ -83,6 +83,18 @@ class Library:
             self._sm90_configs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,
                                            ctypes.c_char_p, ctypes.c_int64]
             self._sm90_configs.restype = ctypes.c_int
+        # The unfused window ops (older builds: none): (dtype, na_dim) instances
+        self.window_ops = set()
+        self.window_op = getattr(lib, "nattn_window_op", None)
+        if self.window_op is not None:
+            self.window_op.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p,
+                                       ctypes.c_int64]
+            self.window_op.restype = ctypes.c_int
+            lib.nattn_window_kernels.restype = ctypes.c_char_p
+            for item in lib.nattn_window_kernels().decode().split(";"):
+                if item:
+                    code, na_dim = item.split(":")
+                    self.window_ops.add((kernel_table.DTYPES[int(code)], int(na_dim)))
         # (family, dtype, na_dim) -> sorted head-dim buckets
         self.kernels = {}
         for item in lib.nattn_kernels().decode().split(";"):

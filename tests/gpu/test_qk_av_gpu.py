@@ -80,3 +80,54 @@ def test_qk_av_on_cuda_match_float64_and_fused(c):
     # composed = fused (the cuda backend, or whatever the dispatch picks on this GPU)
     fused = FUSED[len(sp)](gpu[0], gpu[1], gpu[2], c["kernel"], c["stride"], c["dilation"], c["causal"], scale, rpb=rpb)
     assert rel_err(out.detach().cpu(), fused.detach().cpu().double()) <= 2 * tol
+
+
+@pytest.mark.parametrize("c", CASES[:24], ids=lambda c: f"{c['spatial']}-k{c['kernel']}-{str(c['dtype'])[6:]}")
+def test_window_kernels_match_the_pytorch_path_and_repeat_bitwise(c, monkeypatch):
+    """libnattn's window kernels (the default for these CUDA tensors) against the plain
+    PyTorch path on the same CUDA inputs, values and gradients; the kernels' gradients
+    (a fixed walk per key, no atomics) are bitwise equal across two runs."""
+    from nattn import qk_av, qk_av_kernels
+
+    assert qk_av_kernels.available(torch.empty(1, device="cuda", dtype=c["dtype"]), len(c["spatial"]), c["dim"])
+    g = torch.Generator(device="cuda").manual_seed(c["seed"])
+    b, sp, h, hk, d = c["batch"], c["spatial"], c["heads"], c["heads_kv"], c["dim"]
+    q, k, v = (torch.randn(b, *sp, heads, d, generator=g, device="cuda", dtype=c["dtype"]).requires_grad_(True)
+               for heads in (h, hk, hk))
+    rpb = (torch.randn(h, *(2 * x - 1 for x in c["kernel"]), generator=g, device="cuda").requires_grad_(True)
+           if c["rpb"] else None)
+    leaves = [q, k, v] + ([rpb] if rpb is not None else [])
+
+    def both():
+        logits, out = run(c, q * d ** -0.5, k, v, rpb)
+        go = torch.randn(out.shape, generator=torch.Generator(device="cuda").manual_seed(1), device="cuda").to(out.dtype)
+        return (logits, out) + torch.autograd.grad(out, leaves, go)
+
+    fast = both()
+    again = both()
+    monkeypatch.setattr(qk_av, "USE_KERNELS", False)
+    slow = both()
+    tol = TOL[c["dtype"]]
+    finite = torch.isfinite(slow[0])
+    assert torch.equal(torch.isfinite(fast[0]), finite)
+    assert rel_err(fast[0][finite].cpu(), slow[0][finite].cpu().double()) <= tol
+    for got, want in zip(fast[1:], slow[1:]):
+        assert torch.isfinite(got).all() and rel_err(got.cpu(), want.cpu().double()) <= 3 * tol
+    for x, y in zip(fast[2:5], again[2:5]):  # dq, dk, dv
+        assert torch.equal(x, y)
+
+
+def test_window_kernels_on_a_dinat_layer():
+    """A DiNAT-sized problem (many blocks, the kernels' grid-stride loops): composed unfused
+    ops equal the fused op, forward and gradients."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 56, 56, 4, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    w = nattn.na2d_qk(q * 32 ** -0.5, k, 7, dilation=2).float().softmax(-1).to(q.dtype)
+    out = nattn.na2d_av(w, v, 7, dilation=2)
+    fused = nattn.na2d(q, k, v, 7, dilation=2)
+    assert rel_err(out.detach().float().cpu(), fused.detach().float().cpu()) <= 2e-2
+    go = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), go)
+    want = torch.autograd.grad(fused, (q, k, v), go)
+    for x, y in zip(got, want):
+        assert torch.isfinite(x).all() and rel_err(x.float().cpu(), y.float().cpu()) <= 4e-2
