@@ -10,8 +10,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import ops
-from .backends import choose_dense_backend, choose_na_backend, deferred
+from . import _call_cache, ops
+from .backends import autotune, choose_dense_backend, choose_na_backend, deferred
 from .backends import get as get_backend
 from ._eager import dense_function, eager_ok, na_function
 from .merge import merge_attentions
@@ -51,16 +51,18 @@ def neighborhood_attention(
         tune: as in na1d/na2d/na3d (keyword-only).
         deterministic: as in na1d/na2d/na3d (keyword-only).
     """
-    params = normalize(
-        query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
-        rpb, additional_keys, additional_values,
-    )
     if torch.compiler.is_compiling():  # the op chooses when it runs (backends/deferred.py)
+        params = normalize(
+            query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
+            rpb, additional_keys, additional_values,
+        )
         grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, rpb))
         name = deferred.spec(backend, tune, deterministic, grads)
         impl = None
     else:
-        name = choose_na_backend(query, key, value, rpb, params, backend, tune, deterministic)
+        params, name = _checked_and_chosen(
+            query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
+            rpb, additional_keys, additional_values, backend, tune, deterministic)
         impl = get_backend(name)
     if impl is not None and impl.composite:  # differentiable as it is
         out, lse = impl.na_composite(query, key, value, rpb, params)
@@ -80,6 +82,27 @@ def neighborhood_attention(
             [out, extra_out.reshape(out.shape)], [lse, extra_lse.reshape(lse.shape)]
         )
     return (out, lse) if return_lse else out
+
+
+def _checked_and_chosen(query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
+                        rpb, additional_keys, additional_values, backend, tune, deterministic):
+    """``(params, backend name)`` of an eager call: checked and chosen once per signature
+    (nattn/_call_cache.py), except while tuning (the tuner keeps its own cache)."""
+    sig = None
+    if not autotune.active(query, tune):
+        sig = _call_cache.key((query, key, value, rpb, additional_keys, additional_values),
+                              (na_dim, kernel_size, stride, dilation, is_causal, scale, backend, tune,
+                               deterministic))
+        hit = _call_cache.get(sig)
+        if hit is not None:
+            return hit
+    params = normalize(
+        query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
+        rpb, additional_keys, additional_values,
+    )
+    name = choose_na_backend(query, key, value, rpb, params, backend, tune, deterministic)
+    _call_cache.put(sig, (params, name))
+    return params, name
 
 
 def na1d(

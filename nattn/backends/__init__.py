@@ -28,6 +28,8 @@ def register_backend(backend: Backend) -> None:
         AUTO_ORDER.append(backend.name)
     AUTO_ORDER.sort(key=_rank)
     deferred.forget()
+    from .. import _call_cache  # noqa: PLC0415  (nattn/__init__ imports the backends first)
+    _call_cache.clear()
 
 
 def _load_optional(module: str) -> None:

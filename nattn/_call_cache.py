@@ -1,0 +1,70 @@
+"""Eager NA calls remember their checked parameters and chosen backend per signature.
+
+A model calls the same few signatures every step; checking the arguments
+(``params.normalize``) and choosing a backend cost ~10 us of host time per call, as much
+as a small layer's kernels. The key holds everything either depends on: the Python
+arguments with their types (``1``, ``1.0`` and ``True`` hash alike but are checked
+differently), each tensor's type, shape, strides, dtype, device, ``requires_grad`` and
+offset alignment, grad mode and torch's determinism switch. Calls that tune
+(``autotune.active``), pass other argument types, or tensor subclasses are not cached.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+_SCALARS = (int, float, bool, str, type(None))
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_MAX = 4096
+_CACHE: Dict[tuple, tuple] = {}
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _freeze(x):
+    t = type(x)
+    if t in _SCALARS:
+        return (t, x)
+    if t is tuple or t is list:
+        return (t, tuple(_freeze(e) for e in x))
+    raise _Uncacheable
+
+
+def _meta(t):
+    if t is None:
+        return None
+    if type(t) not in _TENSORS:
+        raise _Uncacheable
+    return (type(t), t.shape, t.stride(), t.dtype, t.device, t.requires_grad,
+            (t.storage_offset() * t.element_size()) % 16)
+
+
+def key(tensors, args) -> Optional[tuple]:
+    """The signature of a call (``tensors``: the tensor arguments or None, ``args``: the
+    others), or None when it cannot be cached."""
+    try:
+        return (tuple(_meta(t) for t in tensors), tuple(_freeze(a) for a in args),
+                torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled())
+    except _Uncacheable:
+        return None
+
+
+def get(k: Optional[tuple]):
+    return _CACHE.get(k) if k is not None else None
+
+
+def put(k: Optional[tuple], value: Tuple) -> None:
+    if k is None:
+        return
+    if len(_CACHE) >= _MAX:
+        _CACHE.clear()
+    _CACHE[k] = value
+
+
+def clear() -> None:
+    """Forget every remembered call (a backend was registered or changed)."""
+    _CACHE.clear()
