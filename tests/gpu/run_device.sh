@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|optimize] ...
+#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|optimize|qkav] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -53,8 +53,12 @@ if [[ $what == all || $what == *anchors* ]]; then
   timeout ${ANCHORS_TIMEOUT:-420} python3 -m nattn.bench --suite anchors --backprop --backend flex --markdown --no-progress --time-budget ${ANCHORS_BUDGET:-360} \
     --json "$OUT/anchors.json" 2>&1 | tee "$OUT/anchors.txt" | tail -30
 fi
-if [[ $what == *optimize* ]]; then  # every Hopper tile pair per anchor problem, timed (nattn.bench --optimize)
-  timeout ${OPTIMIZE_TIMEOUT:-300} python3 -m nattn.bench --suite anchors --optimize 2>&1 | tee "$OUT/optimize.txt"
+if [[ $what == *optimize* ]]; then  # every configuration per tuning-suite problem, GPU time (nattn.bench --optimize)
+  timeout ${OPTIMIZE_TIMEOUT:-300} python3 -m nattn.bench --suite tuning --optimize --cuda-graphs 2>&1 \
+    | tee "$OUT/optimize.txt" | tail -25
+fi
+if [[ $what == *qkav* ]]; then  # the unfused ops: window kernels vs plain PyTorch vs the fused op
+  timeout 120 python3 benchmarks/qk_av_gpu.py 2>&1 | tee "$OUT/qkav.txt"
 fi
 if [[ $what == *split* ]]; then  # per-kernel times of one forward+backward
   (cd benchmarks && timeout 120 python3 kernel_split.py 2>&1 | tee "$OUT/split.txt" | grep -v vectorized)
