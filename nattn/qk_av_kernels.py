@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Sequence
-
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -41,8 +39,11 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def _run(op: int, a, b, out, spatial: Sequence[int], params: NAParams, heads: int, heads_kv: int,
-         dim: int, neg_inf: bool = False) -> None:
+def _run(op: int, a, b, out, params: NAParams, rows: torch.Tensor, kv: torch.Tensor,
+         neg_inf: bool = False) -> None:
+    """One window op; ``rows`` is a query-side tensor ``[B, *spatial, H, ...]`` and ``kv`` the
+    key/value-side ``[B, *spatial, H_kv, dim]`` of the call (they give its sizes)."""
+    spatial, heads, heads_kv, dim = kv.shape[1:-2], rows.shape[-2], kv.shape[-2], kv.shape[-1]
     lib = library.load()
     n = len(spatial)
     pad = lambda xs, fill: list(xs) + [fill] * (3 - n)  # noqa: E731
@@ -70,9 +71,8 @@ class KernelQK(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, params: NAParams):
         q, k = _aligned(q), _aligned(k)
-        spatial, heads, heads_kv, dim = q.shape[1:-2], q.shape[-2], k.shape[-2], q.shape[-1]
         out = q.new_empty(*q.shape[:-1], math.prod(params.kernel_size))
-        _run(DOT, q, k, out, spatial, params, heads, heads_kv, dim, neg_inf=True)
+        _run(DOT, q, k, out, params, q, k, neg_inf=True)
         ctx.save_for_backward(q, k)
         ctx.params = params
         return out
@@ -82,14 +82,13 @@ class KernelQK(torch.autograd.Function):
     def backward(ctx, grad):
         q, k = ctx.saved_tensors
         grad = _aligned(grad.to(q.dtype))
-        spatial, heads, heads_kv, dim = q.shape[1:-2], q.shape[-2], k.shape[-2], q.shape[-1]
         dq = dk = None
         if ctx.needs_input_grad[0]:
             dq = torch.empty_like(q)
-            _run(SUM, grad, k, dq, spatial, ctx.params, heads, heads_kv, dim)
+            _run(SUM, grad, k, dq, ctx.params, q, k)
         if ctx.needs_input_grad[1]:
             dk = torch.empty_like(k)
-            _run(INVERSE_SUM, grad, q, dk, spatial, ctx.params, heads, heads_kv, dim)
+            _run(INVERSE_SUM, grad, q, dk, ctx.params, q, k)
         return dq, dk, None
 
 
@@ -100,9 +99,8 @@ class KernelAV(torch.autograd.Function):
     @staticmethod
     def forward(ctx, attn, v, params: NAParams):
         attn, v = _aligned(attn), _aligned(v)
-        spatial, heads, heads_kv, dim = v.shape[1:-2], attn.shape[-2], v.shape[-2], v.shape[-1]
-        out = v.new_empty(*attn.shape[:-1], dim)
-        _run(SUM, attn, v, out, spatial, params, heads, heads_kv, dim)
+        out = v.new_empty(*attn.shape[:-1], v.shape[-1])
+        _run(SUM, attn, v, out, params, attn, v)
         ctx.save_for_backward(attn, v)
         ctx.params = params
         return out
@@ -112,12 +110,11 @@ class KernelAV(torch.autograd.Function):
     def backward(ctx, grad):
         attn, v = ctx.saved_tensors
         grad = _aligned(grad.to(v.dtype))
-        spatial, heads, heads_kv, dim = v.shape[1:-2], attn.shape[-2], v.shape[-2], v.shape[-1]
         da = dv = None
         if ctx.needs_input_grad[0]:
             da = torch.empty_like(attn)
-            _run(DOT, grad, v, da, spatial, ctx.params, heads, heads_kv, dim, neg_inf=False)
+            _run(DOT, grad, v, da, ctx.params, attn, v, neg_inf=False)
         if ctx.needs_input_grad[1]:
             dv = torch.empty_like(v)
-            _run(INVERSE_SUM, attn, grad, dv, spatial, ctx.params, heads, heads_kv, dim)
+            _run(INVERSE_SUM, attn, grad, dv, ctx.params, attn, v)
         return da, dv, None

@@ -206,9 +206,10 @@ def test_window_kernel_calls_pack_every_field_in_the_library_order(monkeypatch):
     lib = SimpleNamespace(window_op=window_op, window_ops={("bfloat16", 2)})
     monkeypatch.setattr(qk_av_kernels.library, "load", lambda: lib)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
-    a, b, out = (torch.empty(2, 6, 7, 4, 16, dtype=torch.bfloat16) for _ in range(3))
+    a, b = (torch.empty(2, 6, 7, 4, 16, dtype=torch.bfloat16) for _ in range(2))
+    out = torch.empty(2, 6, 7, 2, 16, dtype=torch.bfloat16)
     params = NAParams((3, 5), (1, 2), (2, 1), (True, False), 1.0)
-    qk_av_kernels._run(qk_av_kernels.INVERSE_SUM, a, b, out, (6, 7), params, 4, 2, 16)
+    qk_av_kernels._run(qk_av_kernels.INVERSE_SUM, a, b, out, params, a, out)
     fields = seen["fields"]
     assert len(fields) == kt.NUM_WINDOW_FIELDS
     at = {}

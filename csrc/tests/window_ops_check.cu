@@ -41,6 +41,16 @@ static int ref_slot(int ig, int t, int len_g, int k, int s, bool causal) {
   return start + t;
 }
 
+// f(b, i, h, w, j) for every batch, query, head and slot w whose window holds key j.
+template <typename F>
+static void for_each_pair(const WindowParams& p, const std::vector<int64_t>& key, F f) {
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.tokens; ++i)
+      for (int64_t h = 0; h < p.heads; ++h)
+        for (int64_t w = 0; w < p.window; ++w)
+          if (key[i * p.window + w] >= 0) f(b, i, h, w, key[i * p.window + w]);
+}
+
 #define CHECK(cond, ...) do { ++checks; if (!(cond)) { printf(__VA_ARGS__); printf("\n"); return 1; } } while (0)
 
 template <int NA>
@@ -118,15 +128,10 @@ static int check_problem(long long& checks) {
     std::vector<float> out(p.batch * n * H * D), want(p.batch * n * H * D, 0.f);
     p.op = kSum; p.a = wts.data(); p.b = k.data(); p.out = out.data();
     for (int64_t e = 0; e < num_elements(p); ++e) sum_element<float, NA>(p, e);
-    for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t w = 0; w < W; ++w) {
-            const int64_t j = key[i * W + w];
-            if (j < 0) continue;
-            for (int64_t c = 0; c < D; ++c)
-              want[((b * n + i) * H + h) * D + c] += wts[((b * n + i) * H + h) * W + w] * k[((b * n + j) * Hk + h / p.groups) * D + c];
-          }
+    for_each_pair(p, key, [&](int64_t b, int64_t i, int64_t h, int64_t w, int64_t j) {
+      for (int64_t c = 0; c < D; ++c)
+        want[((b * n + i) * H + h) * D + c] += wts[((b * n + i) * H + h) * W + w] * k[((b * n + j) * Hk + h / p.groups) * D + c];
+    });
     for (size_t e = 0; e < out.size(); ++e)
       CHECK(fabsf(out[e] - want[e]) <= 1e-4f * (1.f + fabsf(want[e])), "sum: element %zu: %g vs %g", e, out[e], want[e]);
   }
@@ -134,15 +139,10 @@ static int check_problem(long long& checks) {
     std::vector<float> out(p.batch * n * Hk * D), want(p.batch * n * Hk * D, 0.f);
     p.op = kInverseSum; p.a = wts.data(); p.b = q.data(); p.out = out.data();
     for (int64_t e = 0; e < num_elements(p); ++e) inverse_sum_element<float, NA>(p, e);
-    for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t w = 0; w < W; ++w) {
-            const int64_t j = key[i * W + w];
-            if (j < 0) continue;
-            for (int64_t c = 0; c < D; ++c)
-              want[((b * n + j) * Hk + h / p.groups) * D + c] += wts[((b * n + i) * H + h) * W + w] * q[((b * n + i) * H + h) * D + c];
-          }
+    for_each_pair(p, key, [&](int64_t b, int64_t i, int64_t h, int64_t w, int64_t j) {
+      for (int64_t c = 0; c < D; ++c)
+        want[((b * n + j) * Hk + h / p.groups) * D + c] += wts[((b * n + i) * H + h) * W + w] * q[((b * n + i) * H + h) * D + c];
+    });
     for (size_t e = 0; e < out.size(); ++e)
       CHECK(fabsf(out[e] - want[e]) <= 1e-4f * (1.f + fabsf(want[e])),
             "inverse sum: element %zu: %g vs %g (spatial %d,%d,%d kernel %d,%d,%d stride %d,%d,%d dil %d,%d,%d causal %d,%d,%d)",
