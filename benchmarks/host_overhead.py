@@ -51,7 +51,8 @@ def register_null_backend():
             return q.new_empty(*q.shape[:-1], v.shape[-1]), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
         def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params):
-            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), (
+                None if rpb is None else torch.zeros_like(rpb))
 
     register_backend(Null())
 
