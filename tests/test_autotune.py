@@ -1,5 +1,6 @@
 """Measured dispatch (opt-in): the fastest backend that accepts a problem wins, measured once
-per signature; explicit requests, torch.compile and disabled tuning keep the usual choice.
+per signature; explicit requests, tracing and disabled tuning keep the usual choice (a compiled
+call tunes when its op runs).
 
 No test here depends on real time: the backends advance an injected fake clock
 (``autotune._clock``) by a set amount per forward, so every measurement is exact."""
@@ -268,3 +269,17 @@ def test_a_deterministic_call_keeps_the_default_backward(configurable):
     # two signatures (deterministic, not): only the second timed the backward
     timed_backward = [e for e in autotune.results().values() if "backward_ms" in e]
     assert len(autotune.results()) == 2 and len(timed_backward) == 1
+
+
+def test_a_compiled_call_tunes_when_its_op_runs(configurable):
+    """Under torch.compile the op chooses on its real tensors when it runs (outside the
+    traced graph), so tune=True measures there and the compiled call runs the winner."""
+    q, k, v, _ = problem()
+    compiled = torch.compile(lambda q, k, v: nattn.na2d(q, k, v, 5, tune=True), fullgraph=True, backend="aot_eager")
+    out = compiled(q, k, v)
+    (entry,) = autotune.results().values()
+    assert entry["backend"] == "tiles:q8x8_k7x16"
+    calls = configurable.views["q8x8_k7x16"].calls
+    torch.testing.assert_close(compiled(q, k, v), out)
+    assert configurable.views["q8x8_k7x16"].calls == calls + 1  # the measured winner runs
+    torch.testing.assert_close(out, nattn.na2d(q, k, v, 5, backend="reference"))
