@@ -31,6 +31,11 @@ from .windows import WindowTable
 # False sends them through the plain PyTorch path too (tests and benchmarks compare both).
 USE_KERNELS = True
 
+
+def _kernels(t: torch.Tensor, na_dim: int, dim: int) -> bool:
+    # Traced code keeps the PyTorch path, which dynamo can follow (the kernels are ctypes calls).
+    return USE_KERNELS and not torch.compiler.is_compiling() and qk_av_kernels.available(t, na_dim, dim)
+
 __all__ = ["na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av", "na_qk", "na_av"]
 
 _AXES = ("X", "Y", "Z")
@@ -77,7 +82,7 @@ def na_qk(
     heads_kv = key.shape[-2]
     groups = heads // heads_kv
     table = _table(spatial, params, query.device)
-    if USE_KERNELS and qk_av_kernels.available(query, na_dim, dim):
+    if _kernels(query, na_dim, dim):
         logits = KernelQK.apply(query, key, params)  # -inf in the slots a causal window lacks
         if rpb is not None:  # (no causal axis with an RPB)
             rpb_idx = table.chunk(0, table.num_tokens)[2]
@@ -149,7 +154,7 @@ def na_av(
                 f"size {spatial[axis]}, got {kernel[axis]} * {dils[axis]}. {layout_hint(value, na_dim)}"
             )
     params = NAParams(kernel, strides, dils, causal, 1.0)
-    if USE_KERNELS and qk_av_kernels.available(value, na_dim, dim_v):
+    if _kernels(value, na_dim, dim_v):
         return KernelAV.apply(attn, value, params)
     b, groups = attn.shape[0], heads // heads_kv
     table = _table(spatial, params, value.device)
