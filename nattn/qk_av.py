@@ -32,9 +32,9 @@ from .windows import WindowTable
 USE_KERNELS = True
 
 
-def _kernels(t: torch.Tensor, na_dim: int, dim: int) -> bool:
+def _kernels(t: torch.Tensor, na_dim: int, dim: int, dtype: Optional[torch.dtype] = None) -> bool:
     # Traced code keeps the PyTorch path, which dynamo can follow (the kernels are ctypes calls).
-    return USE_KERNELS and not torch.compiler.is_compiling() and qk_av_kernels.available(t, na_dim, dim)
+    return USE_KERNELS and not torch.compiler.is_compiling() and qk_av_kernels.available(t, na_dim, dim, dtype)
 
 __all__ = ["na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av", "na_qk", "na_av"]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -24,13 +25,14 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat
 _ERR_LEN = 1024
 
 
-def available(t: torch.Tensor, na_dim: int, dim: int) -> bool:
+def available(t: torch.Tensor, na_dim: int, dim: int, dtype: Optional[torch.dtype] = None) -> bool:
     """Whether the window kernels take tensors like ``t`` (CUDA, a compiled dtype and NA dim,
-    rows of ``dim`` channels, a multiple of 8)."""
-    if t.device.type != "cuda" or dim % 8 or t.dtype not in _DTYPE_NAMES:
+    rows of ``dim`` channels, a multiple of 8), or like ``t`` converted to ``dtype``."""
+    dtype = t.dtype if dtype is None else dtype
+    if t.device.type != "cuda" or dim % 8 or dtype not in _DTYPE_NAMES:
         return False
     lib = library.load()
-    return lib is not None and lib.window_op is not None and (_DTYPE_NAMES[t.dtype], na_dim) in lib.window_ops
+    return lib is not None and lib.window_op is not None and (_DTYPE_NAMES[dtype], na_dim) in lib.window_ops
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:

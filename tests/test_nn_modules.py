@@ -197,3 +197,48 @@ def test_dilation_none_means_one():
     x = torch.randn(1, 6, 6, 16)
     assert a.dilation == (1, 1)
     torch.testing.assert_close(a(x), b(x))
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=(3, 5), dilation=(2, 1), rpb=True),
+                                dict(kernel_size=(4, 3), stride=(2, 1), is_causal=(True, False), extra=True)])
+def test_explicit_path_glue_around_the_window_kernels(kw, monkeypatch):
+    """The CUDA route of na_explicit (window kernels: fp32 logits, RPB, extra keys, the hook
+    on the weights), run here with the kernels' PyTorch twins (nattn.qk_av.na_qk / na_av) in their
+    place, equals the gather route."""
+    from nattn.nn import unfused
+
+    kw = dict(kw)
+    kernel, rpb_on, extra = kw.pop("kernel_size"), kw.pop("rpb", False), kw.pop("extra", False)
+    params = NAParams(kernel, kw.get("stride", (1, 1)), kw.get("dilation", (1, 1)), kw.get("is_causal", (False, False)),
+                      16 ** -0.5)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 9, 8, 4, 16, generator=g).requires_grad_(True)
+    k, v = (torch.randn(2, 9, 8, 2, 16, generator=g).requires_grad_(True) for _ in range(2))
+    rpb = torch.randn(4, *(2 * x - 1 for x in kernel), generator=g).requires_grad_(True) if rpb_on else None
+    xk, xv = (torch.randn(2, 5, 2, 16, generator=g) for _ in range(2)) if extra else (None, None)
+    mask = torch.rand(2, 9, 8, 4, kernel[0] * kernel[1] + (5 if extra else 0), generator=g) > 0.3
+    hook = lambda w: w * mask.reshape(w.shape) / 0.7  # noqa: E731
+    leaves = [t for t in (q, k, v, rpb) if t is not None]
+
+    def run():
+        out = unfused.na_explicit(q, k, v, params, rpb, xk, xv, weights_hook=hook)
+        return (out,) + torch.autograd.grad(out.square().sum(), leaves)
+
+    want = run()
+
+    class QK:
+        @staticmethod
+        def apply(qs, key, p):
+            return nattn.qk_av.na_qk(qs, key, p.kernel_size, p.stride, p.dilation, p.is_causal, na_dim=2)
+
+    class AV:
+        @staticmethod
+        def apply(w, value, p):
+            return nattn.qk_av.na_av(w, value, p.kernel_size, p.stride, p.dilation, p.is_causal, na_dim=2)
+
+    monkeypatch.setattr(unfused, "_window_kernels", lambda q, v, na_dim: True)
+    monkeypatch.setattr(unfused, "KernelQK", QK)
+    monkeypatch.setattr(unfused, "KernelAV", AV)
+    got = run()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -131,3 +131,40 @@ def test_window_kernels_on_a_dinat_layer():
     want = torch.autograd.grad(fused, (q, k, v), go)
     for x, y in zip(got, want):
         assert torch.isfinite(x).all() and rel_err(x.float().cpu(), y.float().cpu()) <= 4e-2
+
+
+@pytest.mark.parametrize("c", CASES[24:36], ids=lambda c: f"{c['spatial']}-k{c['kernel']}-{str(c['dtype'])[6:]}")
+def test_explicit_weights_path_on_window_kernels(c, monkeypatch):
+    """nattn.nn.na_explicit (the modules' attention-dropout path) on the window kernels
+    against its gather path, with the same weights hook (a fixed random mask), extra keys
+    included; values and gradients."""
+    from nattn import qk_av
+    from nattn.nn.unfused import na_explicit
+    from nattn.params import NAParams
+
+    g = torch.Generator(device="cuda").manual_seed(c["seed"])
+    b, sp, h, hk, d = c["batch"], c["spatial"], c["heads"], c["heads_kv"], c["dim"]
+    q, k, v = (torch.randn(b, *sp, heads, d, generator=g, device="cuda", dtype=c["dtype"]).requires_grad_(True)
+               for heads in (h, hk, hk))
+    rpb = (torch.randn(h, *(2 * x - 1 for x in c["kernel"]), generator=g, device="cuda").requires_grad_(True)
+           if c["rpb"] else None)
+    xk, xv = (torch.randn(b, 3, hk, d, generator=g, device="cuda", dtype=c["dtype"]) for _ in range(2))
+    params = NAParams(tuple(c["kernel"]), tuple(c["stride"]), tuple(c["dilation"]), tuple(c["causal"]), d ** -0.5)
+    window = 1
+    for x in c["kernel"]:
+        window *= x
+    mask = (torch.rand(b, *sp, h, window + 3, generator=g, device="cuda") > 0.2).to(c["dtype"]) / 0.8
+    hook = lambda w: w * mask.reshape(w.shape)  # noqa: E731
+    leaves = [q, k, v] + ([rpb] if rpb is not None else [])
+
+    def run():
+        out = na_explicit(q, k, v, params, rpb, xk, xv, weights_hook=hook)
+        go = torch.randn(out.shape, generator=torch.Generator(device="cuda").manual_seed(3), device="cuda")
+        return (out,) + torch.autograd.grad(out, leaves, go.to(out.dtype))
+
+    fast = run()
+    monkeypatch.setattr(qk_av, "USE_KERNELS", False)
+    slow = run()
+    tol = TOL[c["dtype"]]
+    for got, want in zip(fast, slow):
+        assert torch.isfinite(got).all() and rel_err(got.float().cpu(), want.float().cpu()) <= 3 * tol
