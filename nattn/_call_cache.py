@@ -1,4 +1,5 @@
-"""Eager NA calls remember their checked parameters and chosen backend per signature.
+"""NA calls remember their checked parameters and chosen backend per signature (eager calls,
+and the ops of compiled calls: nattn/backends/deferred.py).
 
 A model calls the same few signatures every step; checking the arguments
 (``params.normalize``) and choosing a backend cost ~10 us of host time per call, as much

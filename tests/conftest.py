@@ -63,17 +63,14 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.fixture(autouse=True)
 def _fresh_call_cache():
-    """NA calls remember their backend per signature (nattn/_call_cache.py for eager calls,
-    backends/deferred.py for compiled ones); tests that swap backends or heuristics with
+    """NA calls remember their backend per signature (nattn/_call_cache.py, eager calls and
+    the ops of compiled ones); tests that swap backends or heuristics with
     monkeypatch must not see a previous test's choice."""
     try:
         from nattn import _call_cache
-        from nattn.backends import deferred
     except ImportError:  # a test run without nattn importable
         yield
         return
     _call_cache.clear()
-    deferred.forget()
     yield
     _call_cache.clear()
-    deferred.forget()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 from typing import Dict, List, Optional
 
-from . import autotune, deferred, kernel_config
+from .. import _call_cache
+from . import autotune, deferred, kernel_config  # noqa: F401  (deferred: nattn.backends.deferred)
 from .base import Backend
 from .heuristics import na_auto_order
 from .reference import ReferenceBackend
@@ -27,9 +28,7 @@ def register_backend(backend: Backend) -> None:
     if backend.name not in AUTO_ORDER:
         AUTO_ORDER.append(backend.name)
     AUTO_ORDER.sort(key=_rank)
-    deferred.forget()
-    from .. import _call_cache  # noqa: PLC0415  (nattn/__init__ imports the backends first)
-    _call_cache.clear()
+    _call_cache.clear()  # choices remembered per signature may now differ
 
 
 def _load_optional(module: str) -> None:

@@ -11,15 +11,11 @@ backend the forward chose.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Optional
 
-import torch
+from .. import _call_cache
 
 PREFIX = "deferred:"
-# Choices already made, by everything they depend on (a compiled model calls the same few
-# signatures every step; choosing costs tens of microseconds of host time per call).
-_CHOSEN: Dict[tuple, str] = {}
-_MAX_CHOSEN = 4096
 
 
 def spec(requested: Optional[str], tune: Optional[bool], deterministic: Optional[bool],
@@ -48,30 +44,17 @@ def resolve_na(name: str, q, k, v, rpb, params) -> str:
     from . import autotune, choose_na_backend
     from .heuristics import grads_hint
     requested, tune, deterministic, grads = _fields(name)
-    tuning = autotune.active(q, tune)  # the tuner keeps its own cache of measured choices
-    key = None if tuning else (name, torch.are_deterministic_algorithms_enabled(), params, q.dtype, q.device,
-                                None if rpb is None else (rpb.shape, rpb.dtype),
-                                *(_layout(t) for t in (q, k, v)))
-    hit = _CHOSEN.get(key) if key is not None else None
+    # Choices are remembered per signature with the eager calls' (nattn/_call_cache.py); the
+    # tuner keeps its own cache of measured choices.
+    sig = None if autotune.active(q, tune) else _call_cache.key(
+        (q, k, v, rpb), (name, params.kernel_size, params.stride, params.dilation, params.is_causal, params.scale))
+    hit = _call_cache.get(sig)
     if hit is not None:
-        return hit
+        return hit[0]
     with grads_hint(grads):
         chosen = choose_na_backend(q, k, v, rpb, params, requested, tune, deterministic)
-    if key is not None:
-        if len(_CHOSEN) >= _MAX_CHOSEN:
-            _CHOSEN.clear()
-        _CHOSEN[key] = chosen
+    _call_cache.put(sig, (chosen,))
     return chosen
-
-
-def _layout(t) -> tuple:
-    """What a backend's layout check reads: shape, strides, dtype, the offset's alignment."""
-    return t.shape, t.stride(), t.dtype, (t.storage_offset() * t.element_size()) % 16
-
-
-def forget() -> None:
-    """Drop the remembered choices (a backend registered or changed since)."""
-    _CHOSEN.clear()
 
 
 def resolve_dense(name: str, q, k, v, is_causal) -> str:
