@@ -20,7 +20,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         models = [m.strip() for m in args.models.split(",")] if args.models else list(DEFAULT_MODELS)
         batch = args.batch or (128 if device.type == "cuda" else 2)
-        print(run_models(models, args.modes, batch, args.size, args.iters, device, args.plot, args.frames))
+        echo = None if args.no_progress else (lambda row: print(row, file=sys.stderr, flush=True))
+        print(run_models(models, args.modes, batch, args.size, args.iters, device, args.plot, args.frames, echo))
         return 0
     if args.dry_run:
         from .configs import dry_run

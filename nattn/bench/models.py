@@ -11,7 +11,7 @@ with); on the CPU: fp32. Times are CUDA-event (or wall-clock on the CPU) means o
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -98,8 +98,10 @@ def measure(name: str, mode: str, batch: int, size: int, iters: int, device: tor
 
 
 def run_models(models: List[str], modes: List[str], batch: int, size: int, iters: int,
-               device: torch.device, plot_path: Optional[str] = None, frames: int = 16) -> str:
-    """Measures every (model, mode) and returns the markdown table (and writes the chart)."""
+               device: torch.device, plot_path: Optional[str] = None, frames: int = 16,
+               echo: Optional[Callable[[str], None]] = None) -> str:
+    """Measures every (model, mode) and returns the markdown table (and writes the chart);
+    ``echo`` gets each row as soon as it is measured (a run cut short keeps what it had)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     lines = [f"# {name}, torch {torch.__version__}, batch {batch}, {size}x{size}, "
              f"{'bf16 autocast, channels-last' if device.type == 'cuda' else 'fp32'}; images/s "
@@ -114,6 +116,8 @@ def run_models(models: List[str], modes: List[str], batch: int, size: int, iters
                 results.append((model, mode, r))
             except Exception as e:  # a model that fails is a row with the reason, not a crash
                 lines.append(f"| {model} | {mode} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} | |")
+            if echo is not None:
+                echo(lines[-1])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             torch._dynamo.reset()
