@@ -236,9 +236,9 @@ def test_deterministic_calls_pin_the_hopper_dq_pass(fake_lib):
     assert choose_na_backend(q, q, q, None, normalize(q, q, q, 2, 3), "reference", deterministic=True) == "reference"
 
 
-def test_split_kv_is_listed_for_1d_problems_that_cannot_fill_the_gpu(fake_lib, monkeypatch):
+def test_split_kv_is_listed_for_problems_that_cannot_fill_the_gpu(fake_lib, monkeypatch):
     """kv=2 / kv=4 join the tuner's candidates when the 128-query CTAs number fewer than the
-    SMs (1-D only: split-KV runs on the 1-D pairs)."""
+    SMs (any NA dim)."""
     from types import SimpleNamespace
 
     from nattn.backends import heuristics
@@ -255,3 +255,6 @@ def test_split_kv_is_listed_for_1d_problems_that_cannot_fill_the_gpu(fake_lib, m
         assert CUDA.configurations(small, small, small, None, params) == ["kv=2", "kv=4"]
         big = fake(4, 4096, 8, 128)  # 1024 CTAs
         assert CUDA.configurations(big, big, big, None, normalize(big, big, big, 1, 2047)) == []
+        lib.kernels[("sm90", "bfloat16", 3)] = [32, 64, 128]
+        video = fake(1, 8, 16, 16, 4, 128)  # 16 boxes x 4 heads: a small 3-D grid at B=1
+        assert CUDA.configurations(video, video, video, None, normalize(video, video, video, 3, 7)) == ["kv=2", "kv=4"]

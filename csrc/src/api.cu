@@ -163,8 +163,10 @@ void sm90_tile_name(const nattn::KernelEntry& e, int na_dim, char* buf, size_t n
 }
 
 // Whether a pair can take the problem's RPB (64-query pairs stage the head's table in
-// shared memory, up to kSmallRpbStageFloats); the default choice skips those that cannot.
+// shared memory, up to kSmallRpbStageFloats) and its split-KV (split_kv_built); the
+// default choice skips those that cannot.
 bool sm90_pair_fits(const nattn::Params& p, const nattn::KernelEntry& e) {
+  if (p.kv_splits > 1 && !nattn::sm90::split_kv_built(e.qbox[0], e.qbox[1], e.qbox[2], e.head_dim)) return false;
   const int queries = e.qbox[0] * (p.na_dim > 1 ? e.qbox[1] : 1) * (p.na_dim > 2 ? e.qbox[2] : 1);
   return !p.rpb || queries >= nattn::sm90::kQueryRows || p.rpb_head_size <= nattn::sm90::kSmallRpbStageFloats;
 }

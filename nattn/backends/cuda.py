@@ -14,6 +14,7 @@ works: no host syncs, no allocations outside torch's allocator).
 from __future__ import annotations
 
 import ctypes
+import math
 import warnings
 from typing import Dict, List, Optional, Tuple
 
@@ -202,16 +203,16 @@ class CudaBackend(Backend):
         names = [c["name"] for c in configs if not c["declined"] and not c["default"]]
         return names + self._split_kv_configurations(q, params)
 
-    # Split-KV factors the tuner tries on 1-D problems with fewer 128-query CTAs than SMs.
+    # Split-KV factors the tuner tries on problems with fewer 128-query CTAs than SMs.
     # Measured on the H200 (1-D 4096 tokens, window 2048, B=1, H=2, D=128: 64 CTAs for 132
     # SMs; CUDA-graph replays, PERF.md seventh session): kv=2 0.031 ms, kv=4 0.038, kv=8
     # 0.048, unsplit 0.039; with B=4 (256 CTAs) kv=4 is 1.7x slower than unsplit.
     SPLIT_KV_FACTORS = (2, 4)
 
     def _split_kv_configurations(self, q, params) -> List[str]:
-        if params.na_dim != 1 or q.device.type != "cuda":
+        if q.device.type != "cuda":
             return []
-        tokens = q.shape[1]
+        tokens = math.prod(q.shape[1:-2])
         ctas = -(-tokens // 128) * q.shape[0] * q.shape[-2]
         if ctas >= torch.cuda.get_device_properties(q.device).multi_processor_count:
             return []

@@ -10,7 +10,7 @@ joined by ``+``:
 * ``dq=pass`` (the backward's deterministic dQ pass) or ``dq=atomic`` (dQ accumulated by the
   dK/dV pass in fp32: KV-parallel, not bitwise reproducible);
 * ``kv=<n>`` (the Hopper forward's split-KV: n CTAs per query box over slices of its key
-  boxes, merged through their LSE; 1-D problems, 2 <= n <= 64).
+  boxes, merged through their LSE; 2 <= n <= 64).
 """
 
 from __future__ import annotations

@@ -46,10 +46,9 @@ struct ForwardCta {
   static constexpr int kThreads = kConsumers == 2 ? 384 : 160;
   static constexpr int kMinBlocks = kConsumers == 2 ? 1 : HD <= 32 ? 3 : 2;
   static constexpr int kStages = kConsumers == 2 ? 3 : 2;
-  // Split-KV is built for 1-D pairs (its target: long windows over few query boxes); its
-  // fp32 epilogue spilled registers in the 2-D / 3-D 128-query CTAs at head dim 128 and the
-  // 3-D 64-query ones at head dim 32.
-  static constexpr bool kSplitKv = Tl::Q::extent(1) == 1;
+  // Split-KV (tiles.cuh, split_kv_built): its partial rows are box-local, so the epilogue
+  // needs no token math (with global row indices it spilled in the 2-D / 3-D CTAs).
+  static constexpr bool kSplitKv = split_kv_built(Tl::Q::extent(0), Tl::Q::extent(1), Tl::Q::extent(2), HD);
   // 64-query CTAs read the RPB of their head from shared memory (global loads of every
   // score's bias cost a register each: the kernel spilled).
   static constexpr int kRpbStageFloats = kConsumers == 2 ? 0 : kSmallRpbStageFloats;
@@ -399,12 +398,13 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     return (int64_t(b) * p.tokens + token) * p.heads + h;
   };
   if (Cta::kSplitKv && p.o_part) {  // split-KV: this slice's rows, fp32, normalised by its own sum, and its LSE
-    const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
-    const int64_t slice = int64_t(blockIdx.x % p.kv_splits) * rows;  // from the parameter bank: no register kept
+    // Box-local: the CTA's slot (batch, head, box x split) holds its QB::kSize rows in box
+    // order; split_kv_merge.cuh maps them to tokens (no per-axis math here: registers).
+    const int64_t slot = (int64_t(b) * p.heads + h) * gridDim.x + blockIdx.x;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // one row at a time: one 64-bit address live
       if (!row_ok[r]) continue;
-      const int64_t row_id = slice + row_index(r);
+      const int64_t row_id = slot * QB::kSize + (cw * kWgRows + wr + g4 + 8 * r);
       if (t4 == 0) p.lse_part[row_id] = row_lse(m[r], l[r]);
       float* dst = p.o_part + row_id * HD + 2 * t4;
 #pragma unroll

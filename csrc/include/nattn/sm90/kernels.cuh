@@ -39,7 +39,8 @@ const char* prepare_forward(const Params& p, void* workspace) {
   if (!why) why = map_spec(p, p.v_s, p.heads_kv, HD, kbox, mv);
   if (why) return why;
   if (p.kv_splits > 1 && !ForwardCta<Tl, HD>::kSplitKv)
-    return "split-KV (kv_splits > 1) runs on 1-D tile pairs only";
+    return "split-KV (kv_splits > 1) is not built for the 3-D 64-query pairs at head dim 32 (registers): "
+           "name a 128-query pair";
   if (num_cta_tiles<typename Tl::Q>(p) * (p.kv_splits > 1 ? p.kv_splits : 1) > 0x7fffffff)
     return "too many query boxes (times kv_splits) for the grid";
   if (Tl::kConsumers == 1 && p.rpb && p.rpb_head_size > ForwardCta<Tl, HD>::kRpbStageFloats)
@@ -67,14 +68,15 @@ void launch_forward(const Params& p, cudaStream_t stream) {
   const unsigned boxes = unsigned(num_cta_tiles<typename Tl::Q>(p));
   if (Cta::kSplitKv && p.kv_splits > 1) {  // split-KV: partial outputs in a stream-ordered fp32 workspace, then the merge
     Params sp = p;
-    const int64_t rows = int64_t(p.batch) * p.tokens * p.heads;
-    const size_t o_bytes = size_t(p.kv_splits) * rows * HD * sizeof(float), l_bytes = size_t(p.kv_splits) * rows * sizeof(float);
+    // box-local partial rows: (batch, head, box, split) slots of QB::kSize rows
+    const size_t rows = size_t(p.batch) * p.heads * boxes * size_t(p.kv_splits) * Tl::Q::kSize;
+    const size_t o_bytes = rows * HD * sizeof(float), l_bytes = rows * sizeof(float);
     if (cudaMallocAsync(reinterpret_cast<void**>(&sp.o_part), o_bytes + l_bytes, stream) == cudaSuccess) {
-      sp.lse_part = sp.o_part + size_t(p.kv_splits) * rows * HD;
+      sp.lse_part = sp.o_part + rows * HD;
       const dim3 grid(boxes * unsigned(p.kv_splits), unsigned(p.heads), unsigned(p.batch));
       forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(sp, l->q, l->k, l->v);
-      const unsigned blocks = unsigned((rows * (HD / 8) + kMergeThreads - 1) / kMergeThreads);
-      split_kv_merge_kernel<T, HD><<<blocks, kMergeThreads, 0, stream>>>(sp);
+      split_kv_merge_kernel<T, NA, HD, Tl><<<dim3(boxes, unsigned(p.heads), unsigned(p.batch)), kMergeThreads, 0,
+                                              stream>>>(sp);
       cudaFreeAsync(sp.o_part, stream);
       return;
     }

@@ -21,6 +21,13 @@ constexpr int kWgRows = 64;      // queries per consumer warpgroup
 // floats (a 2-D window of 32 x 32, a 3-D one of 7 x 9 x 9); larger ones take 128-query pairs.
 constexpr int kSmallRpbStageFloats = 4096;
 
+// Whether a tile pair's forward has the split-KV epilogue (box-local fp32 partial rows):
+// every pair but the 3-D 64-query ones at head dim 32, whose register budget (three CTAs per
+// SM, <= 128 a thread) it spills. The library's default choice skips those for a split call.
+NATTN_HD constexpr bool split_kv_built(int qx, int qy, int qz, int head_dim) {
+  return !(qx * qy * qz < kQueryRows && qy > 1 && qz > 1 && head_dim <= 32);
+}
+
 // A box of X x Y x Z tokens (unused axes 1), rows numbered row-major, last axis fastest.
 template <int X, int Y, int Z>
 struct Box {
