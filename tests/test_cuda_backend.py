@@ -5,6 +5,7 @@ the loaded library lets the capability checks run as if libnattn were present.
 """
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -203,7 +204,9 @@ def test_hopper_configurations_for_the_tuner(fake_lib, monkeypatch):
     with FakeTensorMode():
         q = fake(2, 32, 32, 4, 64)
         params = normalize(q, q, q, 2, 13)
-        assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24"]
+        assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24"]  # no CUDA runtime here: no kv=
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132))
+        assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24", "kv=2", "kv=4"]  # 64 CTAs
         assert CUDA.backward_configurations(q, q, q, None, params) == ["dq=pass", "dq=atomic"]
         torch.use_deterministic_algorithms(True)  # listed still: the tuner decides (test_autotune.py)
         try:
