@@ -16,7 +16,7 @@ def test_simt_covers_everything_and_tc_only_16_bit_up_to_128():
 def test_sm90_is_16_bit_with_exact_head_dims():
     insts = kt.instances()
     sm90 = {(i.dtype, i.na_dim, i.head_dim) for i in insts if i.family == "sm90"}
-    assert sm90 == {(d, n, h) for d in ("float16", "bfloat16") for n in kt.NA_DIMS for h in (32, 64, 128)}
+    assert sm90 == {(d, n, h) for d in ("float16", "bfloat16") for n in kt.NA_DIMS for h in (32, 64, 128, 256)}
     # one instance per (query box, key box) pair of its NA dim; untiled families have none
     for i in insts:
         if i.family != "sm90":
@@ -30,9 +30,12 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         assert math.prod(k) % 16 == 0 and 64 <= math.prod(k) <= 160 and k[-1] % 8 == 0
         if math.prod(q) == 64:  # one consumer warpgroup: registers for head dims up to 64
             assert i.head_dim <= 64
-    # every 64-query pair says at which head dims it is built
+        if i.head_dim == 256:  # O is 128 registers: only 64-key boxes, and no backward
+            assert math.prod(k) == 64 and not i.has_backward
+    # every pair says at which head dims it is built but the 64-key-box 128-query ones
     for na, t in kt.SM90_TILES:
-        assert (math.prod(t[0]) == 64) == any(x == t for x, _ in kt.SM90_TILE_HEAD_DIMS)
+        listed = any(x == t for x, _ in kt.SM90_TILE_HEAD_DIMS)
+        assert listed == (math.prod(t[0]) == 64 or math.prod(t[1]) > 64), t
     per_na = {n: {i.tile_name for i in insts if i.family == "sm90" and i.na_dim == n} for n in kt.NA_DIMS}
     assert per_na[1] == {"q128_k128", "q128_k64", "q64_k128"}
     assert {"q8x16_k8x16", "q8x8_k7x16"} <= per_na[2] and {"q2x8x8_k2x8x8", "q2x4x8_k1x5x16"} <= per_na[3]
@@ -72,7 +75,7 @@ def test_subsets_apply_to_every_family():
                    ("simt", "bfloat16", 256), ("tc", "bfloat16", 64)}
     assert all(i.na_dim == 2 for i in insts)
     with_sm90 = {(i.family, i.dtype, i.head_dim) for i in kt.instances("float32,bfloat16", "64;256", "2", "9.0")}
-    assert with_sm90 == got | {("sm90", "bfloat16", 64)}
+    assert with_sm90 == got | {("sm90", "bfloat16", 64), ("sm90", "bfloat16", 256)}
 
 
 def test_generated_table_names_every_family(tmp_path):

@@ -110,6 +110,9 @@ bool sm90_allowed(int device) { return family_cap() >= kCapAny && device_cc(devi
 constexpr int64_t kSm90MinWindow[3] = {128, 150, 1000};
 constexpr int64_t kSm90MinWindow2dSmallHead = 49;
 constexpr int kSm90SmallHeadDim = 32;
+// Head dims above 128 (256): the tensor-core family stops at 128, so the Hopper forward's
+// alternative is the SIMT family (CUDA cores): it runs at any window.
+constexpr int kTcMaxHeadDim = 128;
 // The backward's (its pairs are 128-token / 64-token boxes): forward + backward crossover
 // against tc measured at the old forward thresholds (PERF.md fifth session).
 constexpr int64_t kSm90MinWindowBackward[3] = {128, 1000, 4000};
@@ -251,6 +254,7 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   int64_t window = 1;
   for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
+  if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
   if (!backward && p.na_dim == 2 && p.dim <= kSm90SmallHeadDim && p.dim_v <= kSm90SmallHeadDim)
     return window >= kSm90MinWindow2dSmallHead;
   return window >= (backward ? kSm90MinWindowBackward : kSm90MinWindow)[p.na_dim - 1];
@@ -462,8 +466,10 @@ NATTN_API int64_t nattn_sm90_min_window(int64_t na_dim) {
   return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindow[na_dim - 1] : -1;
 }
 
-// The same for a head dim (D == D_v): 2-D at head dim <= 32 starts lower (kSm90MinWindow2dSmallHead).
+// The same for a head dim (D == D_v): 2-D at head dim <= 32 starts lower
+// (kSm90MinWindow2dSmallHead), head dims above 128 at any window.
 NATTN_API int64_t nattn_sm90_min_window_head(int64_t na_dim, int64_t head_dim) {
+  if (na_dim >= 1 && na_dim <= 3 && head_dim > kTcMaxHeadDim) return 1;
   if (na_dim == 2 && head_dim > 0 && head_dim <= kSm90SmallHeadDim) return kSm90MinWindow2dSmallHead;
   return nattn_sm90_min_window(na_dim);
 }

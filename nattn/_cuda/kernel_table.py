@@ -49,6 +49,8 @@ class Family:
     backward_tiles: Tuple[Tuple[int, Tuple[Tuple[int, ...], Tuple[int, ...]]], ...] = ()
     # Tiled families: (tile pair, head dims) for pairs built at fewer head dims than the family's.
     tile_head_dims: Tuple[Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], Tuple[int, ...]], ...] = ()
+    # Head dims with a backward instance (empty: all of the family's).
+    backward_head_dims: Tuple[int, ...] = ()
 
     def tile_has_head_dim(self, tile, head_dim: int) -> bool:
         return tile is None or all(head_dim in dims for t, dims in self.tile_head_dims if t == tuple(tile))
@@ -78,6 +80,11 @@ SM90_TILES = (
 SM90_TILE_HEAD_DIMS = (
     (((64,), (128,)), (32, 64)), (((8, 8), (7, 16)), (32, 64)), (((8, 8), (4, 24)), (32, 64)),
     (((2, 4, 8), (1, 5, 16)), (32, 64)),
+    # Head dim 256 (O alone is 128 registers a thread) only with 64-key boxes, whose CTAs run
+    # their boxes one after the other (forward.cuh); the pairs with larger key boxes stop at 128.
+    (((128,), (128,)), (32, 64, 128)), (((8, 16), (8, 16)), (32, 64, 128)),
+    (((2, 8, 8), (2, 8, 8)), (32, 64, 128)), (((4, 4, 8), (2, 4, 16)), (32, 64, 128)),
+    (((4, 8, 4), (4, 2, 16)), (32, 64, 128)), (((4, 4, 8), (4, 2, 16)), (32, 64, 128)),
 )
 # The pairs with a backward (csrc/include/nattn/sm90/backward_*.cuh): a 128-token box and a
 # 64-token box. The dQ pass walks 64-key boxes from 128-query boxes; the dK/dV pass swaps
@@ -89,15 +96,16 @@ SM90_BACKWARD_TILES = (
 
 # simt: every GPU from SM50, every dtype and head dim. tc: tensor cores (mma.sync, SM80+),
 # 16-bit inputs, head dims up to 128. sm90: Hopper (TMA + wgmma, sm_90a code), head dims
-# 32/64/128 exactly (D == D_v), forward with every tile pair, backward with one per NA dim.
+# 32/64/128/256 exactly (D == D_v; 256: forward only, pairs with 64-key boxes), forward with
+# every tile pair, backward with one per NA dim.
 # libnattn picks the most specialised family that takes a problem at run time (src/api.cu)
 # and falls back to the next one otherwise.
 FAMILIES = (
     Family("simt", 50, DTYPES, HEAD_DIM_BUCKETS, NA_DIMS),
     Family("tc", 80, ("float16", "bfloat16"), (16, 32, 64, 128), NA_DIMS),
-    Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128), NA_DIMS, only_archs=("9.0",),
+    Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128, 256), NA_DIMS, only_archs=("9.0",),
            prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES,
-           tile_head_dims=SM90_TILE_HEAD_DIMS),
+           tile_head_dims=SM90_TILE_HEAD_DIMS, backward_head_dims=(32, 64, 128)),
 )
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 
@@ -194,7 +202,7 @@ class Instance:
     @property
     def has_backward(self) -> bool:
         fam = FAMILY_BY_NAME[self.family]
-        if not fam.backward:
+        if not fam.backward or (fam.backward_head_dims and self.head_dim not in fam.backward_head_dims):
             return False
         return not fam.backward_tiles or (self.na_dim, self.tile) in fam.backward_tiles
 

@@ -62,7 +62,7 @@ class Library:
             fn = lib.nattn_sm90_min_window_head
             fn.restype = ctypes.c_int64
             fn.argtypes = [ctypes.c_int64, ctypes.c_int64]
-            self.sm90_min_window_head = {(n, d): fn(n, d) for n in (1, 2, 3) for d in (32, 64, 128)}
+            self.sm90_min_window_head = {(n, d): fn(n, d) for n in (1, 2, 3) for d in (32, 64, 128, 256)}
         # ... and a backward (older builds: the forward's)
         self.sm90_min_window_backward = dict(self.sm90_min_window)
         if hasattr(lib, "nattn_sm90_min_window_backward"):

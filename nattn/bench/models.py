@@ -97,6 +97,12 @@ def measure(name: str, mode: str, batch: int, size: int, iters: int, device: tor
     return out
 
 
+def _rate(x: float) -> str:
+    """Images per second for the table: whole numbers, three digits below 100 (a slow CPU
+    run of a video model can be well under one clip per second)."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def run_models(models: List[str], modes: List[str], batch: int, size: int, iters: int,
                device: torch.device, plot_path: Optional[str] = None, frames: int = 16,
                echo: Optional[Callable[[str], None]] = None) -> str:
@@ -112,7 +118,7 @@ def run_models(models: List[str], modes: List[str], batch: int, size: int, iters
         for mode in modes:
             try:
                 r = measure(model, mode, batch, size, iters, device, frames)
-                lines.append(f"| {model} | {mode} | {r['train']:.0f} | {r['infer']:.0f} |")
+                lines.append(f"| {model} | {mode} | {_rate(r['train'])} | {_rate(r['infer'])} |")
                 results.append((model, mode, r))
             except Exception as e:  # a model that fails is a row with the reason, not a crash
                 lines.append(f"| {model} | {mode} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} | |")

@@ -1,5 +1,5 @@
 """Random NA problems that the Hopper (sm90) forward takes: fp16/bf16, D == D_v in
-{32, 64, 128}, heads-last tensors whose head stride is the head dim (plain or sliced from
+{32, 64, 128} (the forward's sweeps add 256), heads-last tensors whose head stride is the head dim (plain or sliced from
 one projection), dilation within the copy engine's element strides. Every other feature
 (odd/even kernels, stride, causal, GQA/MQA, RPB, extra keys, scale) is drawn at random."""
 
@@ -10,7 +10,8 @@ import torch
 from gpu_cases import GpuCase
 from cases import random_window
 
-SM90_DIMS = (32, 64, 128)
+SM90_DIMS = (32, 64, 128)  # forward and backward
+SM90_FORWARD_DIMS = SM90_DIMS + (256,)  # 256: forward only (pairs with 64-key boxes)
 # Query/key box extents per NA dim (csrc/include/nattn/sm90/tiles.cuh): a box times its
 # dilation must stay within the copy engine's 256 elements, and dilation within 8.
 BOX = {1: (128,), 2: (8, 16), 3: (2, 8, 8)}
@@ -20,7 +21,7 @@ def max_dilation(na_dim, axis):
     return min(8, 256 // BOX[na_dim][axis])
 
 
-def random_sm90_case(rng: random.Random, na_dim: int, wide: bool = False) -> GpuCase:
+def random_sm90_case(rng: random.Random, na_dim: int, wide: bool = False, dims=SM90_DIMS) -> GpuCase:
     max_tokens = {1: 4000, 2: 3000, 3: 4000} if wide else {1: 1500, 2: 1200, 3: 1500}
     max_kernel = {1: 300, 2: 33, 3: 11} if wide else {1: 40, 2: 11, 3: 6}
     while True:
@@ -31,7 +32,7 @@ def random_sm90_case(rng: random.Random, na_dim: int, wide: bool = False) -> Gpu
             break
     heads_kv = rng.choice([1, 1, 2, 3])
     heads = heads_kv * rng.choice([1, 1, 2, 4])
-    dim = rng.choice(SM90_DIMS)
+    dim = rng.choice(dims)
     return GpuCase(
         spatial=spatial, kernel=kernel, stride=stride, dilation=dilation, causal=causal,
         batch=rng.choice([1, 2, 3]), heads=heads, heads_kv=heads_kv, dim=dim, dim_v=dim,
@@ -40,6 +41,6 @@ def random_sm90_case(rng: random.Random, na_dim: int, wide: bool = False) -> Gpu
         seed=rng.randint(0, 2**31))
 
 
-def sm90_sweep(count: int, seed: int, wide: bool = False):
+def sm90_sweep(count: int, seed: int, wide: bool = False, dims=SM90_DIMS):
     rng = random.Random(seed)
-    return [random_sm90_case(rng, 1 + i % 3, wide) for i in range(count)]
+    return [random_sm90_case(rng, 1 + i % 3, wide, dims) for i in range(count)]

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
-from sm90_cases import sm90_sweep  # noqa: E402
+from sm90_cases import SM90_FORWARD_DIMS, sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -21,7 +21,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
 if os.environ.get("NATTN_FAMILY") != "sm90":
     pytest.skip("run with NATTN_FAMILY=sm90 (tests/gpu/run_device.sh does)", allow_module_level=True)
 
-CASES = sm90_sweep(int(os.environ.get("NATTN_SM90_CASES", "1100")), seed=4242)
+CASES = sm90_sweep(int(os.environ.get("NATTN_SM90_CASES", "1100")), seed=4242, dims=SM90_FORWARD_DIMS)
 # Every (query box, key box) pair of the kernel table, each forced (NATTN_SM90_TILE) on its
 # own fresh cases: the default choice only reaches the pairs its cost model prefers.
 from nattn._cuda.kernel_table import FAMILY_BY_NAME, SM90_TILES, Instance  # noqa: E402
@@ -45,8 +45,9 @@ def pair_takes(tile, case):
 
 
 TILE_CASES = [(name, c) for j, (na, t, name) in enumerate(TILES)
-              for c in sm90_sweep(3 * PER_TILE, seed=900 + j) if len(c.spatial) == na and pair_takes(t, c)]
-WIDE = sm90_sweep(int(os.environ.get("NATTN_SM90_WIDE_CASES", "120")), seed=5151, wide=True)
+              for c in sm90_sweep(3 * PER_TILE, seed=900 + j, dims=SM90_FORWARD_DIMS)
+              if len(c.spatial) == na and pair_takes(t, c)]
+WIDE = sm90_sweep(int(os.environ.get("NATTN_SM90_WIDE_CASES", "120")), seed=5151, wide=True, dims=SM90_FORWARD_DIMS)
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 # Problems with thousands of 64-query boxes (several CTAs per SM, each staging its head's
 # RPB table), forced onto each NA dim's 64-query pair.

@@ -45,7 +45,9 @@ struct ForwardCta {
   static constexpr int kConsumers = Tl::kConsumers;
   static constexpr int kThreads = kConsumers == 2 ? 384 : 160;
   static constexpr int kMinBlocks = kConsumers == 2 ? 1 : HD <= 32 ? 3 : 2;
-  static constexpr int kStages = kConsumers == 2 ? 3 : 2;
+  // Head dim 256 (64-key boxes only): two stages keep the 64 KB query box and the ring
+  // within a block's shared memory.
+  static constexpr int kStages = kConsumers == 2 && HD <= 128 ? 3 : 2;
   // Split-KV (tiles.cuh, split_kv_built): its partial rows are box-local, so the epilogue
   // needs no token math (with global row indices it spilled in the 2-D / 3-D CTAs).
   static constexpr bool kSplitKv = split_kv_built(Tl::Q::extent(0), Tl::Q::extent(1), Tl::Q::extent(2), HD);
@@ -328,9 +330,11 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   mbar_wait(q_full, 0);  // also before the epilogue reuses the Q buffer (a split may walk nothing)
   if (tile.tiles == 0) {
     // a split-KV slice past the union's last row of key boxes: no keys, LSE -inf
-  } else if (!kPair) {
+  } else if (!kPair || HD > 128) {
     // A lone warpgroup runs its boxes one after the other (S and P never live at once:
-    // registers for two CTAs per SM); the SM's other CTA fills the waits.
+    // registers for two CTAs per SM); the SM's other CTA fills the waits. So do the two
+    // warpgroups at head dim 256, whose O takes 128 registers a thread (the pipelined loop
+    // below, with S of the next box live beside P, spilled there).
     for (int k = 0; k < tile.tiles; ++k) {
       issue_s(k, sc);
       wgmma_wait<0>();

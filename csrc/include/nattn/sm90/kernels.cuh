@@ -27,7 +27,7 @@ static_assert(sizeof(ForwardLaunch) <= kPrepareBytes, "workspace too small");
 
 template <typename T, int NA, int HD, class Tl>
 const char* prepare_forward(const Params& p, void* workspace) {
-  if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64 or 128)";
+  if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64, 128 or 256)";
   int qbox[3], kbox[3];
   for (int a = 0; a < 3; ++a) {
     qbox[a] = Tl::Q::extent(a);
