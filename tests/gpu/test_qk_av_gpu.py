@@ -82,6 +82,15 @@ def test_qk_av_on_cuda_match_float64_and_fused(c):
     assert rel_err(out.detach().cpu(), fused.detach().cpu().double()) <= 2 * tol
 
 
+def cuda_inputs(c, g):
+    """Fresh q, k, v (and the RPB table when the case has one) on the GPU, needing gradients."""
+    q, k, v = (torch.randn(c["batch"], *c["spatial"], heads, c["dim"], generator=g, device="cuda",
+                           dtype=c["dtype"]).requires_grad_(True) for heads in (c["heads"], c["heads_kv"], c["heads_kv"]))
+    rpb = (torch.randn(c["heads"], *(2 * x - 1 for x in c["kernel"]), generator=g, device="cuda").requires_grad_(True)
+           if c["rpb"] else None)
+    return q, k, v, rpb
+
+
 @pytest.mark.parametrize("c", CASES[:24], ids=lambda c: f"{c['spatial']}-k{c['kernel']}-{str(c['dtype'])[6:]}")
 def test_window_kernels_match_the_pytorch_path_and_repeat_bitwise(c, monkeypatch):
     """libnattn's window kernels (the default for these CUDA tensors) against the plain
@@ -90,12 +99,8 @@ def test_window_kernels_match_the_pytorch_path_and_repeat_bitwise(c, monkeypatch
     from nattn import qk_av, qk_av_kernels
 
     assert qk_av_kernels.available(torch.empty(1, device="cuda", dtype=c["dtype"]), len(c["spatial"]), c["dim"])
-    g = torch.Generator(device="cuda").manual_seed(c["seed"])
-    b, sp, h, hk, d = c["batch"], c["spatial"], c["heads"], c["heads_kv"], c["dim"]
-    q, k, v = (torch.randn(b, *sp, heads, d, generator=g, device="cuda", dtype=c["dtype"]).requires_grad_(True)
-               for heads in (h, hk, hk))
-    rpb = (torch.randn(h, *(2 * x - 1 for x in c["kernel"]), generator=g, device="cuda").requires_grad_(True)
-           if c["rpb"] else None)
+    d = c["dim"]
+    q, k, v, rpb = cuda_inputs(c, torch.Generator(device="cuda").manual_seed(c["seed"]))
     leaves = [q, k, v] + ([rpb] if rpb is not None else [])
 
     def both():
@@ -144,10 +149,7 @@ def test_explicit_weights_path_on_window_kernels(c, monkeypatch):
 
     g = torch.Generator(device="cuda").manual_seed(c["seed"])
     b, sp, h, hk, d = c["batch"], c["spatial"], c["heads"], c["heads_kv"], c["dim"]
-    q, k, v = (torch.randn(b, *sp, heads, d, generator=g, device="cuda", dtype=c["dtype"]).requires_grad_(True)
-               for heads in (h, hk, hk))
-    rpb = (torch.randn(h, *(2 * x - 1 for x in c["kernel"]), generator=g, device="cuda").requires_grad_(True)
-           if c["rpb"] else None)
+    q, k, v, rpb = cuda_inputs(c, g)
     xk, xv = (torch.randn(b, 3, hk, d, generator=g, device="cuda", dtype=c["dtype"]) for _ in range(2))
     params = NAParams(tuple(c["kernel"]), tuple(c["stride"]), tuple(c["dilation"]), tuple(c["causal"]), d ** -0.5)
     window = 1
