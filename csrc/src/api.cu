@@ -111,8 +111,11 @@ constexpr int64_t kSm90MinWindow[3] = {128, 150, 1000};
 constexpr int64_t kSm90MinWindow2dSmallHead = 49;
 constexpr int kSm90SmallHeadDim = 32;
 // Head dims above 128 (256): the tensor-core family stops at 128, so the Hopper forward's
-// alternative is the SIMT family (CUDA cores): it runs at any window.
+// alternative is the SIMT family (CUDA cores): it runs at any window, once its GPU sweep has
+// passed (seventh session: compiled, SASS clean, not yet run on a GPU; until then it runs
+// only when named or under NATTN_FAMILY=sm90, which the sweep uses).
 constexpr int kTcMaxHeadDim = 128;
+constexpr bool kSm90LargeHeadByDefault = false;
 // The backward's (its pairs are 128-token / 64-token boxes): forward + backward crossover
 // against tc measured at the old forward thresholds (PERF.md fifth session).
 constexpr int64_t kSm90MinWindowBackward[3] = {128, 1000, 4000};
@@ -254,7 +257,7 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   int64_t window = 1;
   for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
-  if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
+  if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return kSm90LargeHeadByDefault;
   if (!backward && p.na_dim == 2 && p.dim <= kSm90SmallHeadDim && p.dim_v <= kSm90SmallHeadDim)
     return window >= kSm90MinWindow2dSmallHead;
   return window >= (backward ? kSm90MinWindowBackward : kSm90MinWindow)[p.na_dim - 1];
@@ -469,7 +472,7 @@ NATTN_API int64_t nattn_sm90_min_window(int64_t na_dim) {
 // The same for a head dim (D == D_v): 2-D at head dim <= 32 starts lower
 // (kSm90MinWindow2dSmallHead), head dims above 128 at any window.
 NATTN_API int64_t nattn_sm90_min_window_head(int64_t na_dim, int64_t head_dim) {
-  if (na_dim >= 1 && na_dim <= 3 && head_dim > kTcMaxHeadDim) return 1;
+  if (na_dim >= 1 && na_dim <= 3 && head_dim > kTcMaxHeadDim) return kSm90LargeHeadByDefault ? 1 : INT32_MAX;
   if (na_dim == 2 && head_dim > 0 && head_dim <= kSm90SmallHeadDim) return kSm90MinWindow2dSmallHead;
   return nattn_sm90_min_window(na_dim);
 }
