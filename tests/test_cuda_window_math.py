@@ -4,7 +4,9 @@ kernels' incremental window cursor against direct formulas; csrc/tests/tiling_ch
 the tensor-core kernels' warp walk (boxes, window unions, lines, chunks, masks, RPB indices)
 and checks that every query keeps exactly its window and every key exactly its inverse;
 csrc/tests/window_ops_check.cu runs the unfused window ops' per-element code (dot, sum,
-inverse sum) against a brute-force scatter over random windows."""
+inverse sum) against a brute-force scatter over random windows; csrc/tests/sm90_rows_check.cu
+checks that the Hopper family's query boxes and their rows cover every token exactly once
+(the output, and split-KV's box-local partial rows, are written through that mapping)."""
 
 import os
 import shutil
@@ -41,4 +43,10 @@ def test_tensor_core_walk_on_host(tmp_path):
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")
 def test_unfused_window_ops_on_host(tmp_path):
     run = _build_and_run(tmp_path, "window_ops_check")
+    assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")
+def test_hopper_query_boxes_cover_every_token_once_on_host(tmp_path):
+    run = _build_and_run(tmp_path, "sm90_rows_check")
     assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr
