@@ -73,6 +73,18 @@ def _per_axis(values, na_dim: int, fill: int = 1) -> Tuple[int, ...]:
     return tuple(int(v) for v in values) + (fill,) * (3 - na_dim)
 
 
+def split_kv_configurations(shape, device) -> List[str]:
+    """The split-KV configurations worth timing for a query of ``shape`` ``[B, *spatial, H,
+    D]`` on CUDA ``device``: kv=2 and kv=4 when its 128-query tiles number fewer than the
+    GPU's SMs (CudaBackend.SPLIT_KV_FACTORS), else none."""
+    ctas = -(-math.prod(shape[1:-2]) // 128) * shape[0] * shape[-2]
+    try:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    except (RuntimeError, AssertionError):  # no usable CUDA runtime: nothing to time either
+        return []
+    return [f"kv={n}" for n in CudaBackend.SPLIT_KV_FACTORS] if ctas < sms else []
+
+
 class CudaBackend(Backend):
     name = "cuda"
 
@@ -210,17 +222,7 @@ class CudaBackend(Backend):
     SPLIT_KV_FACTORS = (2, 4)
 
     def _split_kv_configurations(self, q, params) -> List[str]:
-        if q.device.type != "cuda":
-            return []
-        tokens = math.prod(q.shape[1:-2])
-        ctas = -(-tokens // 128) * q.shape[0] * q.shape[-2]
-        try:
-            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        except (RuntimeError, AssertionError):  # no usable CUDA runtime: nothing to time either
-            return []
-        if ctas >= sms:
-            return []
-        return [f"kv={n}" for n in self.SPLIT_KV_FACTORS]
+        return split_kv_configurations(q.shape, q.device) if q.device.type == "cuda" else []
 
     def backward_configurations(self, q, k, v, rpb, params):
         """The Hopper backward's dQ: its deterministic pass (default) and the KV-parallel

@@ -70,10 +70,12 @@ def dry_run(problems, dtype_name: str) -> str:
 
 def optimize(problems, args) -> str:
     """``--optimize``: time the cuda backend's default choice beside every Hopper tile pair
-    that takes each problem, each named per call (``backend="cuda:<pair>"``; forward, or
-    forward + backward with ``--backprop``, where the KV-parallel dQ of the default pair is
-    timed too), and print the best with its speedup, then a table. Needs a 9.0 GPU."""
+    that takes each problem and, where its query tiles do not fill the GPU, split-KV, each
+    named per call (``backend="cuda:<pair>"``, ``"cuda:kv=2"``; forward, or forward +
+    backward with ``--backprop``, where the KV-parallel dQ of the default pair is timed too),
+    and print the best with its speedup, then a table. Needs a 9.0 GPU."""
     from ..backends import BACKENDS
+    from ..backends.cuda import split_kv_configurations
     from .rows import NattnRow
     from .run import time_row
 
@@ -93,6 +95,7 @@ def optimize(problems, args) -> str:
             out.append(f"{p.name}: no sm90 configurations ({e})")
             continue
         names = ["cuda"] + [f"cuda:{c['name']}" for c in configs]
+        names += [f"cuda:{c}" for c in split_kv_configurations(q.shape, device)]
         if args.backprop:
             names.append("cuda:dq=atomic")
         out.append(f"{p.name}: the default and {len(names) - 1} configuration(s)")
