@@ -15,11 +15,8 @@
 using namespace nattn;
 using namespace nattn::sm90;
 
-static unsigned long long rng_state = 0x243f6a8885a308d3ull;
-static int rnd(int lo, int hi) {  // inclusive
-  rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-  return lo + int(rng_state % (unsigned long long)(hi - lo + 1));
-}
+#define NATTN_CHECK_SEED 0x243f6a8885a308d3ull
+#include "host_rng.h"
 
 template <int NA, class QB>
 static int check(long long& checks) {

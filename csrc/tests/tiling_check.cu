@@ -16,11 +16,8 @@
 using namespace nattn;
 using namespace nattn::tiling;
 
-static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
-static int rnd(int lo, int hi) {  // inclusive
-  rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-  return lo + int(rng_state % (unsigned long long)(hi - lo + 1));
-}
+#define NATTN_CHECK_SEED 0x9e3779b97f4a7c15ull
+#include "host_rng.h"
 
 static long long checks = 0;
 #define CHECK(cond, ...)                                   \

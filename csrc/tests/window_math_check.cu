@@ -11,11 +11,8 @@ using namespace nattn;
 using nattn::simt::BoxCursor;
 using nattn::simt::box_size;
 
-static unsigned long long rng_state = 88172645463325252ull;
-static int rnd(int lo, int hi) {  // inclusive
-  rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-  return lo + int(rng_state % (unsigned long long)(hi - lo + 1));
-}
+#define NATTN_CHECK_SEED 88172645463325252ull
+#include "host_rng.h"
 
 // docs/semantics.md, one axis, in group coordinates: is key jg in the window of query ig?
 static bool in_window(int ig, int jg, int len_g, int k, int s, bool causal) {
