@@ -85,17 +85,14 @@ def na_qk(
     if _kernels(query, na_dim, dim):
         logits = KernelQK.apply(query, key, params)  # -inf in the slots a causal window lacks
         if rpb is not None:  # (no causal axis with an RPB)
-            rpb_idx = table.chunk(0, table.num_tokens)[2]
-            bias = rpb.flatten(1)[:, rpb_idx].to(logits.dtype)  # [H, N, W]
-            logits = logits + bias.permute(1, 0, 2).reshape(1, *spatial, heads, table.window_size)
+            logits = logits + table.bias(rpb, logits.dtype).reshape(1, *spatial, heads, table.window_size)
         return logits
     key_idx, valid, rpb_idx = table.chunk(0, table.num_tokens)  # [N, W] each
     qf = query.reshape(b, -1, heads_kv, groups, dim)
     # [B, N, H_kv, G, W] in chunks of queries; clamped slots never read (NaN there cannot leak)
     logits = WindowQK.apply(qf, key.reshape(b, -1, heads_kv, dim), key_idx, valid, any(params.is_causal))
     if rpb is not None:
-        bias = rpb.flatten(1)[:, rpb_idx].to(logits.dtype)  # [H, N, W]
-        logits = logits + bias.reshape(heads_kv, groups, *bias.shape[1:]).permute(2, 0, 1, 3)[None]
+        logits = logits + table.bias(rpb, logits.dtype, rpb_idx).reshape(1, -1, heads_kv, groups, table.window_size)
     logits = logits.masked_fill(~valid[None, :, None, None, :], float("-inf"))
     return logits.reshape(b, *spatial, heads, table.window_size)
 

@@ -63,6 +63,13 @@ class WindowTable:
     def window_size(self) -> int:
         return math.prod(self.kernel)
 
+    def bias(self, rpb: torch.Tensor, dtype: torch.dtype, rpb_idx=None) -> torch.Tensor:
+        """``rpb`` ``[H, 2k-1, ...]`` at every query's window slots: ``[N, H, W]`` in ``dtype``
+        (heads before slots, as the logits hold them); ``rpb_idx`` the flat RPB index of
+        :meth:`chunk` over all queries when the caller already has it."""
+        idx = self.chunk(0, self.num_tokens)[2] if rpb_idx is None else rpb_idx
+        return rpb.flatten(1)[:, idx].to(dtype).permute(1, 0, 2)
+
     def chunk(self, start: int, stop: int):
         """Flat key index, validity and flat RPB index of queries ``start..stop-1``.
 

@@ -6,7 +6,7 @@ import importlib
 from typing import Dict, List, Optional
 
 from .. import _call_cache
-from . import autotune, deferred, kernel_config  # noqa: F401  (deferred: nattn.backends.deferred)
+from . import autotune, kernel_config
 from .base import Backend
 from .heuristics import na_auto_order
 from .reference import ReferenceBackend

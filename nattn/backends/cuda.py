@@ -213,16 +213,13 @@ class CudaBackend(Backend):
         except RuntimeError:  # an older library without the listing
             return []
         names = [c["name"] for c in configs if not c["declined"] and not c["default"]]
-        return names + self._split_kv_configurations(q, params)
+        return names + split_kv_configurations(q.shape, q.device)
 
     # Split-KV factors the tuner tries on problems with fewer 128-query CTAs than SMs.
     # Measured on the H200 (1-D 4096 tokens, window 2048, B=1, H=2, D=128: 64 CTAs for 132
     # SMs; CUDA-graph replays, PERF.md seventh session): kv=2 0.031 ms, kv=4 0.038, kv=8
     # 0.048, unsplit 0.039; with B=4 (256 CTAs) kv=4 is 1.7x slower than unsplit.
     SPLIT_KV_FACTORS = (2, 4)
-
-    def _split_kv_configurations(self, q, params) -> List[str]:
-        return split_kv_configurations(q.shape, q.device) if q.device.type == "cuda" else []
 
     def backward_configurations(self, q, k, v, rpb, params):
         """The Hopper backward's dQ: its deterministic pass (default) and the KV-parallel

@@ -51,8 +51,7 @@ def na_explicit(
     qs = qf.to(acc) * params.scale
     logits = torch.einsum("bnhgd,bnwhd->bnhgw", qs, k_w.to(acc))
     if rpb is not None:
-        bias = rpb.flatten(1)[:, rpb_idx].to(acc)  # [H, N, W]
-        logits = logits + bias.reshape(heads_kv, groups, *bias.shape[1:]).permute(2, 0, 1, 3)[None]
+        logits = logits + table.bias(rpb, acc, rpb_idx).reshape(1, -1, heads_kv, groups, window)
     logits = logits.masked_fill(~valid[None, :, None, None, :], float("-inf"))
     if additional_keys is not None:
         extra = torch.einsum("bnhgd,bmhd->bnhgm", qs, additional_keys.to(acc))
@@ -81,8 +80,7 @@ def _with_window_kernels(q, k, v, params, rpb, additional_keys, additional_value
     qs = q.float() * params.scale
     logits = KernelQK.apply(qs, k.float(), params)  # [B, *spatial, H, W], -inf outside causal windows
     if rpb is not None:
-        bias = rpb.flatten(1)[:, table.chunk(0, table.num_tokens)[2]].float()  # [H, N, W]
-        logits = logits + bias.permute(1, 0, 2).reshape(1, *spatial, heads, window)
+        logits = logits + table.bias(rpb, torch.float32).reshape(1, *spatial, heads, window)
     if additional_keys is not None:
         heads_kv = additional_keys.shape[-2]
         qf = qs.reshape(b, -1, heads_kv, heads // heads_kv, q.shape[-1])
