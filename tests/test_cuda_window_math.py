@@ -5,7 +5,9 @@ the tensor-core kernels' warp walk (boxes, window unions, lines, chunks, masks, 
 and checks that every query keeps exactly its window and every key exactly its inverse;
 csrc/tests/window_ops_check.cu runs the unfused window ops' per-element code (dot, sum,
 inverse sum) against a brute-force scatter over random windows; csrc/tests/sm90_rows_check.cu
-checks that the Hopper family's query boxes and their rows cover every token exactly once
+checks that the Hopper family's query boxes and their rows cover every token exactly once;
+csrc/tests/sm90_box_mask_check.cu checks its one-bit-per-group window masks against direct
+coordinate tests
 (the output, and split-KV's box-local partial rows, are written through that mapping)."""
 
 import os
@@ -28,8 +30,9 @@ def _build_and_run(tmp_path, name):
     return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
 
 
-# window math, the tensor-core walk, the unfused window ops, the Hopper query boxes' rows
-CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_check"]
+# window math, the tensor-core walk, the unfused window ops, the Hopper query boxes' rows and
+# window masks
+CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_check", "sm90_box_mask_check"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")

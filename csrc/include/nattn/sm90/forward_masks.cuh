@@ -1,8 +1,7 @@
-// The forward's window mask and RPB on one key box's scores, two ways (forward.cuh picks):
-//   mask_per_score: each score's key coordinates against the row's window (128-query CTAs
-//     in 3-D: measured faster there than the box form, docs/dev/PERF.md sixth session);
-//   mask_box: the row's bounds made relative to the box and lane once (box_mask.cuh), one
-//     comparison per bound per score (everything else).
+// The forward's window mask and RPB on one key box's scores (mask_box): the row's window
+// becomes one bit per 8-column group and lane part (box_mask.cuh), one test per score.
+// (Before the bit masks, 3-D 128-query CTAs tested each score's key coordinates, measured
+// faster there than the per-bound compares: docs/dev/PERF.md sixth session.)
 // Scores come in as S = Q K^T (accumulator layout, wgmma_ops.cuh) and leave as log2-domain
 // logits times `pre` (plus bias), -inf outside the window; mx gets the rows' maxima.
 // (A per-warp test of whole key lines for 64-query CTAs, skipping dead lines' exponentials,
@@ -29,29 +28,6 @@ struct Bias {
   const float* table;
   int mult[3];
 };
-
-template <int NA, class KB, int N>
-__device__ __forceinline__ void mask_per_score(float (&sc)[N], const RowWindow (&row)[2], const int* origin, int t4,
-                                               float pre, const Bias& bias, float (&mx)[2]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int r = (i / 2) % 2;
-    const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
-    float x = sc[i] * pre;
-    bool in = true;
-    int rpb_col = 0;
-#pragma unroll
-    for (int a = 0; a < NA; ++a) {
-      const int key = origin[a] + KB::offset(col, a);
-      in = in && key >= row[r].lo[a] && key <= row[r].hi[a];
-      rpb_col += key * bias.mult[a];
-    }
-    if (!in) x = -INFINITY;
-    else if (bias.table) x += bias.table[row[r].rpb + rpb_col] * kLog2e;
-    sc[i] = x;
-    mx[r] = fmaxf(mx[r], x);
-  }
-}
 
 // The RPB index of the lane's column 2 t4 of the box for row r; columns add constants.
 template <int NA>
