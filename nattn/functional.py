@@ -13,7 +13,7 @@ import torch
 from . import _call_cache, ops
 from .backends import autotune, choose_dense_backend, choose_na_backend, deferred
 from .backends import get as get_backend
-from ._eager import dense_function, eager_ok, na_function
+from ._eager import dense_forward_only, dense_function, eager_ok, na_forward_only, na_function, records_graph
 from .merge import merge_attentions
 from .params import BoolOrTuple, IntOrTuple, check_qkv, check_scale, normalize
 
@@ -67,7 +67,10 @@ def neighborhood_attention(
     if impl is not None and impl.composite:  # differentiable as it is
         out, lse = impl.na_composite(query, key, value, rpb, params)
     elif impl is not None and eager_ok(query, key, value, rpb):  # no custom-op dispatch cost (nattn/_eager.py)
-        out, lse = na_function().apply(query, key, value, rpb, params, name)
+        if records_graph(query, key, value, rpb):
+            out, lse = na_function().apply(query, key, value, rpb, params, name)
+        else:  # inference: no autograd Function either
+            out, lse = na_forward_only(impl, query, key, value, rpb, params)
     else:
         out, lse = ops.na_forward(
             query, key, value, rpb, list(params.kernel_size), list(params.stride),
@@ -367,6 +370,8 @@ def _dense(q, k, v, is_causal, scale, backend):
         return ops.attention_forward(q, k, v, is_causal, scale, deferred.spec(backend, None, None, None))
     name = choose_dense_backend(q, k, v, is_causal, backend)
     if eager_ok(q, k, v):
+        if not records_graph(q, k, v):
+            return dense_forward_only(name, q, k, v, is_causal, scale)
         return dense_function().apply(q, k, v, is_causal, scale, name)
     return ops.attention_forward(q, k, v, is_causal, scale, name)
 

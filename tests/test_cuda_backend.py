@@ -206,7 +206,7 @@ def test_hopper_configurations_for_the_tuner(fake_lib, monkeypatch):
         params = normalize(q, q, q, 2, 13)
         assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24"]  # no CUDA runtime here: no kv=
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132))
-        assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24", "kv=2", "kv=4"]  # 64 CTAs
+        assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24", "kv=1", "kv=2", "kv=4"]  # 64 CTAs
         assert CUDA.backward_configurations(q, q, q, None, params) == ["dq=pass", "dq=atomic"]
         torch.use_deterministic_algorithms(True)  # listed still: the tuner decides (test_autotune.py)
         try:
@@ -240,8 +240,8 @@ def test_deterministic_calls_pin_the_hopper_dq_pass(fake_lib):
 
 
 def test_split_kv_is_listed_for_problems_that_cannot_fill_the_gpu(fake_lib, monkeypatch):
-    """kv=2 / kv=4 join the tuner's candidates when the 128-query CTAs number fewer than the
-    SMs (any NA dim)."""
+    """kv=1 (unsplit: libnattn splits such problems by default), kv=2 and kv=4 join the tuner's
+    candidates when the 128-query CTAs number fewer than the SMs (any NA dim)."""
     from types import SimpleNamespace
 
     from nattn.backends import heuristics
@@ -255,9 +255,9 @@ def test_split_kv_is_listed_for_problems_that_cannot_fill_the_gpu(fake_lib, monk
     with FakeTensorMode():
         small = fake(1, 4096, 2, 128)  # 32 boxes x 2 heads = 64 CTAs
         params = normalize(small, small, small, 1, 2047)
-        assert CUDA.configurations(small, small, small, None, params) == ["kv=2", "kv=4"]
+        assert CUDA.configurations(small, small, small, None, params) == ["kv=1", "kv=2", "kv=4"]
         big = fake(4, 4096, 8, 128)  # 1024 CTAs
         assert CUDA.configurations(big, big, big, None, normalize(big, big, big, 1, 2047)) == []
         lib.kernels[("sm90", "bfloat16", 3)] = [32, 64, 128]
         video = fake(1, 8, 16, 16, 4, 128)  # 16 boxes x 4 heads: a small 3-D grid at B=1
-        assert CUDA.configurations(video, video, video, None, normalize(video, video, video, 3, 7)) == ["kv=2", "kv=4"]
+        assert CUDA.configurations(video, video, video, None, normalize(video, video, video, 3, 7)) == ["kv=1", "kv=2", "kv=4"]

@@ -20,12 +20,14 @@ def test_parse_and_text_round_trip():
     assert kc.parse("q64_k128+kv=4").fields() == (64, 1, 1, 128, 1, 1, 0, 4)
     assert kc.parse("kv=8+dq=pass") == kc.KernelConfig(None, 1, 8) and kc.parse("kv=8+dq=pass").text == "dq=pass+kv=8"
     assert kc.DEFAULT.fields() == (0,) * 8 and kc.DEFAULT.text == ""
+    # kv=1: explicitly unsplit (field 1), unlike the default (0: the library may split)
+    assert kc.parse("kv=1").fields()[-1] == 1 and kc.parse("kv=1").text == "kv=1"
     assert kc.split("cuda:q64_k128") == ("cuda", "q64_k128") and kc.split("flex") == ("flex", "")
     assert kc.join("cuda", kc.DEFAULT) == "cuda" and kc.join("cuda", cfg) == "cuda:q8x16_k4x16+dq=atomic"
 
 
 @pytest.mark.parametrize("bad", ["q8x16", "q8x16_k4", "q0_k64", "dq=fast", "q8_k8+q8_k8", "dq=pass+dq=atomic", "tile",
-                                 "kv=1", "kv=65", "kv=x", "kv=2+kv=4"])
+                                 "kv=0", "kv=65", "kv=x", "kv=2+kv=4"])
 def test_malformed_configurations_name_the_accepted_forms(bad):
     with pytest.raises(ValueError, match="accepted|same number of axes"):
         kc.parse(bad)

@@ -85,6 +85,15 @@ int device_cc(int device) {
   return cc[device] > 0 ? cc[device] : 0;
 }
 
+// Streaming multiprocessors of a device (0 when unknown), asked once.
+int device_sms(int device) {
+  static int sms[64] = {0};  // 0: not asked yet, -1: failed
+  if (device < 0 || device >= 64) return 0;
+  if (!sms[device] && cudaDeviceGetAttribute(&sms[device], cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    sms[device] = -1;
+  return sms[device] > 0 ? sms[device] : 0;
+}
+
 // The tensor-core family runs on SM80+ (its code is built for every arch from 8.0).
 bool tc_allowed(int device) { return family_cap() >= kCapTc && device_cc(device) >= 80; }
 
@@ -253,6 +262,24 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   return first;
 }
 
+// Split-KV by default (a call that leaves kv_splits at 0): a forward whose 128-query boxes
+// fill at most half the GPU, with a window of at least kSplitMinWindow keys, runs the Hopper
+// family with kDefaultSplits CTAs per box. Measured on the H200 (PERF.md seventh and eighth
+// sessions, GPU time): 1-D 4096 tokens, window 2048, B=1, H=2 (64 CTAs) 0.031 vs 0.039 ms
+// unsplit; 3-D 8x16x16, window 7x7x7, B=1, H=4 (64 CTAs) 0.041 vs 0.063 ms on the
+// tensor-core family; kv=4 was slower than kv=2 on both, and with B=4 (256 CTAs) splitting
+// lost 1.7x. A split call that the family declines runs unsplit.
+constexpr int kDefaultSplits = 2;
+constexpr int64_t kSplitMinWindow = 128;
+bool split_by_default(const nattn::Params& p, int device) {
+  int64_t window = 1;
+  for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
+  if (window < kSplitMinWindow || p.dim != p.dim_v || p.dim > kTcMaxHeadDim) return false;
+  const int64_t ctas = (p.tokens + 127) / 128 * p.heads * p.batch;
+  const int sms = device_sms(device);
+  return sms > 0 && ctas * kDefaultSplits <= sms;
+}
+
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   int64_t window = 1;
   for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
@@ -419,15 +446,29 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
     // saying why), whatever the window.
     const bool named = !backward && (tile_requested(p) || p.kv_splits > 1);
     const bool required = family_cap() == kCapSm90Only || named;
+    const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
     const char* why = nullptr;
-    if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p, backward))) {
-      const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
+    // The Hopper family's entry for this call, prepared (its tensor maps in `workspace`).
+    auto try_sm90 = [&]() {
       const nattn::KernelEntry* h = backward ? find_sm90_backward(p, dim_max, &why) : find_sm90(p, dim_max, &why);
       if (h) why = (backward ? h->prepare_backward : h->prepare)(p, workspace);
       if (!why) {
         entry = h;
         p.prepared = workspace;
       }
+    };
+    const bool auto_split = !backward && !named && pr.kv_splits == 0 && sm90_allowed(int(pr.device)) &&
+                            split_by_default(p, int(pr.device));
+    if (auto_split) {
+      p.kv_splits = kDefaultSplits;
+      try_sm90();
+      if (why) p.kv_splits = 1;  // declined: the usual choice, unsplit
+    }
+    if (auto_split && !why) {
+      // split by default
+    } else if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p, backward))) {
+      why = nullptr;
+      try_sm90();
     } else {
       why = sm90_allowed(int(pr.device)) ? "window below the family's minimum" : "the device is not compute capability 9.0";
     }

@@ -75,8 +75,9 @@ def _per_axis(values, na_dim: int, fill: int = 1) -> Tuple[int, ...]:
 
 def split_kv_configurations(shape, device) -> List[str]:
     """The split-KV configurations worth timing for a query of ``shape`` ``[B, *spatial, H,
-    D]`` on CUDA ``device``: kv=2 and kv=4 when its 128-query tiles number fewer than the
-    GPU's SMs (CudaBackend.SPLIT_KV_FACTORS), else none."""
+    D]`` on CUDA ``device``: kv=1 (unsplit), kv=2 and kv=4 when its 128-query tiles number
+    fewer than the GPU's SMs (CudaBackend.SPLIT_KV_FACTORS; libnattn itself splits in two
+    where they fill at most half of them), else none."""
     ctas = -(-math.prod(shape[1:-2]) // 128) * shape[0] * shape[-2]
     try:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -219,7 +220,7 @@ class CudaBackend(Backend):
     # Measured on the H200 (1-D 4096 tokens, window 2048, B=1, H=2, D=128: 64 CTAs for 132
     # SMs; CUDA-graph replays, PERF.md seventh session): kv=2 0.031 ms, kv=4 0.038, kv=8
     # 0.048, unsplit 0.039; with B=4 (256 CTAs) kv=4 is 1.7x slower than unsplit.
-    SPLIT_KV_FACTORS = (2, 4)
+    SPLIT_KV_FACTORS = (1, 2, 4)
 
     def backward_configurations(self, q, k, v, rpb, params):
         """The Hopper backward's dQ: its deterministic pass (default) and the KV-parallel

@@ -10,7 +10,8 @@ joined by ``+``:
 * ``dq=pass`` (the backward's deterministic dQ pass) or ``dq=atomic`` (dQ accumulated by the
   dK/dV pass in fp32: KV-parallel, not bitwise reproducible);
 * ``kv=<n>`` (the Hopper forward's split-KV: n CTAs per query box over slices of its key
-  boxes, merged through their LSE; 2 <= n <= 64).
+  boxes, merged through their LSE; 1 <= n <= 64, 1 meaning no split: without it the library
+  splits small problems by itself, docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from typing import Optional, Tuple
 
 _TILE = re.compile(r"^q(\d+(?:x\d+){0,2})_k(\d+(?:x\d+){0,2})$")
 DQ_MODES = {"pass": 1, "atomic": 2}
-ACCEPTED = ("a tile pair such as 'q8x16_k8x16'", "'dq=pass'", "'dq=atomic'", "'kv=<2..64>'")
+ACCEPTED = ("a tile pair such as 'q8x16_k8x16'", "'dq=pass'", "'dq=atomic'", "'kv=<1..64>'")
 
 
 @dataclass(frozen=True)
 class KernelConfig:
     tile: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None  # (query box, key box)
     dq_mode: int = 0  # 0: the library's default, 1: deterministic pass, 2: KV-parallel
-    kv_splits: int = 0  # 0: no split-KV
+    kv_splits: int = 0  # 0: the library's default (split where the GPU is not filled), 1: none
 
     def fields(self) -> Tuple[int, ...]:
         """The problem struct's ``tile`` (6), ``dq_mode`` and ``kv_splits`` fields."""
@@ -79,7 +80,7 @@ def parse(text: str) -> KernelConfig:
             tile = (q, k)
         elif part.startswith("dq=") and part[3:] in DQ_MODES and not dq_mode:
             dq_mode = DQ_MODES[part[3:]]
-        elif part.startswith("kv=") and part[3:].isdigit() and 2 <= int(part[3:]) <= 64 and not kv:
+        elif part.startswith("kv=") and part[3:].isdigit() and 1 <= int(part[3:]) <= 64 and not kv:
             kv = int(part[3:])
         else:
             raise ValueError(f"unknown kernel configuration {part!r} in {text!r}; accepted, joined by '+': "

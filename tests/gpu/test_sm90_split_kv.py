@@ -82,3 +82,28 @@ def test_split_kv_on_the_3d_64_query_pair_at_head_dim_32_is_declined_with_the_re
         nattn.na3d(q, q, q, 5, backend="cuda:q2x4x8_k1x5x16+kv=2")
     out = nattn.na3d(q, q, q, 5, backend="cuda:kv=2")  # the default choice skips that pair
     torch.testing.assert_close(out, nattn.na3d(q, q, q, 5, backend="reference"), atol=2e-2, rtol=2e-2)
+
+
+# Problems whose 128-query boxes fill at most half the GPU, windows of >= 128 keys: libnattn
+# splits them in two by itself (kv_splits left at 0); "cuda:kv=1" keeps them unsplit.
+SMALL_GRIDS = [((4096,), 1, 2, 128, (2047,)), ((8, 16, 16), 1, 4, 128, (7, 7, 7)), ((32, 32), 1, 2, 64, (13, 13)),
+               ((8, 24, 24), 1, 2, 64, (5, 9, 9)), ((1500,), 2, 3, 32, (301,))]
+
+
+@pytest.mark.parametrize("spatial,batch,heads,dim,kernel", SMALL_GRIDS, ids=[str(s) for s, *_ in SMALL_GRIDS])
+def test_small_grids_split_by_default(spatial, batch, heads, dim, kernel):
+    if -(-torch.tensor(spatial).prod().item() // 128) * batch * heads * 2 > torch.cuda.get_device_properties(0).multi_processor_count:
+        pytest.skip("this GPU's SMs are filled without a split")
+    gen = torch.Generator(device="cuda").manual_seed(hash(spatial) % 1000)
+    q, k, v = (torch.randn(batch, *spatial, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for _ in range(3))
+    fn = FUNCS[len(spatial)]
+    with torch.no_grad():
+        out, lse = fn(q, k, v, kernel, backend="cuda", return_lse=True)
+        split = fn(q, k, v, kernel, backend="cuda:kv=2")
+        unsplit, unsplit_lse = fn(q, k, v, kernel, backend="cuda:kv=1", return_lse=True)
+        ref, ref_lse = fn(q, k, v, kernel, backend="reference", return_lse=True)
+    assert torch.equal(out, split), "the default should be the same computation as kv=2"
+    for got, got_lse in ((out, lse), (unsplit, unsplit_lse)):
+        assert torch.isfinite(got).all()
+        assert rel_err(got, ref) <= TOL[torch.bfloat16] and rel_err(got_lse, ref_lse) <= 1e-4
