@@ -41,8 +41,9 @@ const char* prepare_forward(const Params& p, void* workspace) {
   if (p.kv_splits > 1 && !ForwardCta<Tl, HD>::kSplitKv)
     return "split-KV (kv_splits > 1) is not built for the 3-D 64-query pairs at head dim 32 (registers): "
            "name a 128-query pair";
-  if (num_cta_tiles<typename Tl::Q>(p) * (p.kv_splits > 1 ? p.kv_splits : 1) > 0x7fffffff)
-    return "too many query boxes (times kv_splits) for the grid";
+  if (num_cta_tiles<typename Tl::Q>(p) *
+          (p.kv_splits > 1 ? nattn_max(p.kv_splits, merge_chunks<HD, typename Tl::Q>()) : 1) > 0x7fffffff)
+    return "too many query boxes (times kv_splits, or the merge's blocks per box) for the grid";
   if (Tl::kConsumers == 1 && p.rpb && p.rpb_head_size > ForwardCta<Tl, HD>::kRpbStageFloats)
     return "an RPB table above 4096 entries per head needs a 128-query tile pair (64-query pairs stage it in shared memory)";
   ForwardLaunch* l = static_cast<ForwardLaunch*>(workspace);
@@ -75,8 +76,8 @@ void launch_forward(const Params& p, cudaStream_t stream) {
       sp.lse_part = sp.o_part + rows * HD;
       const dim3 grid(boxes * unsigned(p.kv_splits), unsigned(p.heads), unsigned(p.batch));
       forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(sp, l->q, l->k, l->v);
-      split_kv_merge_kernel<T, NA, HD, Tl><<<dim3(boxes, unsigned(p.heads), unsigned(p.batch)), kMergeThreads, 0,
-                                              stream>>>(sp);
+      split_kv_merge_kernel<T, NA, HD, Tl><<<dim3(boxes * unsigned(merge_chunks<HD, typename Tl::Q>()),
+                                                   unsigned(p.heads), unsigned(p.batch)), kMergeThreads, 0, stream>>>(sp);
       cudaFreeAsync(sp.o_part, stream);
       return;
     }
