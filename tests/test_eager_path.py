@@ -148,3 +148,31 @@ def test_plain_calls_use_the_function_without_setup_context(monkeypatch):
     got = torch.func.grad(lambda q: nattn.na2d(q, k.detach(), v.detach(), 5).sum())(q.detach())
     assert used == ["NAFunctionFast", "NAFunction"]
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_calls_that_record_no_graph_skip_the_function(monkeypatch):
+    """Inference calls (grad mode off, or no input that requires grad) call the backend's
+    forward directly, without an autograd Function, and give the Function's results; calls
+    that need a graph still go through it, autocast stays off for the backend either way."""
+    from nattn import functional
+
+    used = []
+
+    def spy():
+        used.append("function")
+        return _eager.na_function()
+
+    monkeypatch.setattr(functional, "na_function", spy)
+    q, k, v, bias = _inputs(torch.randint(0, 2**31, ()).item())
+    want = nattn.na2d(q, k, v, 5, rpb=bias, return_lse=True)
+    assert used == ["function"] and want[0].grad_fn is not None
+    with torch.no_grad():
+        got = nattn.na2d(q, k, v, 5, rpb=bias, return_lse=True)
+    plain = nattn.na2d(q.detach(), k.detach(), v.detach(), 5, rpb=bias.detach(), return_lse=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = nattn.na2d(q.detach(), k.detach(), v.detach(), 5, rpb=bias.detach(), return_lse=True)
+    assert used == ["function"], "no-graph calls went through the autograd Function"
+    for out in (got, plain, cast):
+        assert out[0].grad_fn is None and not out[0].requires_grad and out[0].dtype == torch.float64
+        for x, y in zip(out, want):
+            torch.testing.assert_close(x, y.detach(), rtol=0, atol=0)
