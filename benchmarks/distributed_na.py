@@ -5,7 +5,10 @@ events, medians of 5 after 2 warm-ups), forward and forward + backward, with the
 one GPU and the peak memory per GPU.
 
     python benchmarks/distributed_na.py [--gpus 2] [--spatial 30,48,80] [--kernel 18,24,24]
-        [--schemes ulysses,halo] [--axis 0]
+        [--schemes ulysses,halo] [--axis 0] [--profile]
+
+--profile also prints rank 0's torch.profiler table of three forwards per scheme (kernels,
+collectives and copies, grouped by input shape): where the time beyond the local NA goes.
 """
 
 import argparse
@@ -65,6 +68,15 @@ def worker(rank, world, port, args, results):
     g = torch.randn_like(q)
     both = timed(lambda: na().backward(g))
     results[rank] = (fwd, both, torch.cuda.max_memory_allocated() / 2**30)
+    if args.profile:
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.no_grad(), torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+            for _ in range(3):
+                na()
+            torch.cuda.synchronize()
+        if rank == 0:
+            print(prof.key_averages(group_by_input_shape=True).table(
+                sort_by="cuda_time_total", row_limit=16, max_name_column_width=40, max_shapes_column_width=110))
     dist.destroy_process_group()
 
 
@@ -77,6 +89,7 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--schemes", default="ulysses,halo")
     ap.add_argument("--axis", type=int, default=0)
+    ap.add_argument("--profile", action="store_true", help="rank 0's profile of three forwards per scheme")
     a = ap.parse_args()
     a.spatial = tuple(int(x) for x in a.spatial.split(","))
     a.kernel = tuple(int(x) for x in a.kernel.split(","))
