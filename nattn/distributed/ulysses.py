@@ -79,13 +79,15 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        out = torch.empty_like(x)
+        # contiguous buffers on both sides (empty_like would copy a strided input's layout,
+        # while the collective reads and writes them in row-major order)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         dist.all_to_all_single(out, x.contiguous(), group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        back = torch.empty_like(grad)
+        back = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
         dist.all_to_all_single(back, grad.contiguous(), group=ctx.group)
         return back, None
 
@@ -132,7 +134,10 @@ def _to_shards(y: torch.Tensor, axis_dim: int, sizes: List[int], rank: int, grou
     ``[B, ..., X_r, ..., H, ...]`` (``head_dim``: -2 for an output ``[..., H, D]``, -1 for an
     LSE ``[..., H]``)."""
     longest = max(sizes)
-    send = torch.stack([_pad_to(p, axis_dim, longest) for p in y.split(sizes, dim=axis_dim)])
+    if all(n == longest for n in sizes):  # even shards: a view (no copy when the blocks are contiguous,
+        send = y.unflatten(axis_dim, (len(sizes), longest)).movedim(axis_dim, 0)  # e.g. batch 1, axis 0)
+    else:
+        send = torch.stack([_pad_to(p, axis_dim, longest) for p in y.split(sizes, dim=axis_dim)])
     recv = _AllToAll.apply(send, group)  # block j: rank j's heads group for this rank's shard
     mine = recv.narrow(1 + axis_dim, 0, sizes[rank])  # [P, B, ..., X_r, ..., H / P (, D)]
     if head_dim == -2:
