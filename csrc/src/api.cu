@@ -120,10 +120,9 @@ constexpr int64_t kSm90MinWindow[3] = {128, 150, 1000};
 constexpr int64_t kSm90MinWindow2dSmallHead = 49;
 constexpr int kSm90SmallHeadDim = 32;
 // Head dims above 128 (256): the tensor-core family stops at 128, so the Hopper forward's
-// alternative is the SIMT family (CUDA cores), so it runs at any window (its GPU sweep passed in
-// the eighth session: 2800 random forward cases with NATTN_FAMILY=sm90, head dim 256 among them).
+// alternative is the SIMT family (CUDA cores), and it runs at any window (its GPU sweep passed
+// in the eighth session: 2800 random forward cases with NATTN_FAMILY=sm90, head dim 256 among them).
 constexpr int kTcMaxHeadDim = 128;
-constexpr bool kSm90LargeHeadByDefault = true;
 // The backward's (its pairs are 128-token / 64-token boxes): forward + backward crossover
 // against tc measured at the old forward thresholds (PERF.md fifth session).
 constexpr int64_t kSm90MinWindowBackward[3] = {128, 1000, 4000};
@@ -262,6 +261,13 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   return first;
 }
 
+// Keys in a query's window (the product of the kernel sizes).
+int64_t window_keys(const nattn::Params& p) {
+  int64_t window = 1;
+  for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
+  return window;
+}
+
 // Split-KV by default (a call that leaves kv_splits at 0): a forward whose 128-query boxes
 // fill at most half the GPU, with a window of at least kSplitMinWindow keys, runs the Hopper
 // family with kDefaultSplits CTAs per box. Measured on the H200 (PERF.md seventh and eighth
@@ -272,18 +278,15 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
 constexpr int kDefaultSplits = 2;
 constexpr int64_t kSplitMinWindow = 128;
 bool split_by_default(const nattn::Params& p, int device) {
-  int64_t window = 1;
-  for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
-  if (window < kSplitMinWindow || p.dim != p.dim_v || p.dim > kTcMaxHeadDim) return false;
+  if (window_keys(p) < kSplitMinWindow || p.dim != p.dim_v || p.dim > kTcMaxHeadDim) return false;
   const int64_t ctas = (p.tokens + 127) / 128 * p.heads * p.batch;
   const int sms = device_sms(device);
   return sms > 0 && ctas * kDefaultSplits <= sms;
 }
 
 bool sm90_preferred(const nattn::Params& p, bool backward) {
-  int64_t window = 1;
-  for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
-  if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return kSm90LargeHeadByDefault;
+  const int64_t window = window_keys(p);
+  if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
   if (!backward && p.na_dim == 2 && p.dim <= kSm90SmallHeadDim && p.dim_v <= kSm90SmallHeadDim)
     return window >= kSm90MinWindow2dSmallHead;
   return window >= (backward ? kSm90MinWindowBackward : kSm90MinWindow)[p.na_dim - 1];
@@ -464,13 +467,12 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
       try_sm90();
       if (why) p.kv_splits = 1;  // declined: the usual choice, unsplit
     }
-    if (auto_split && !why) {
-      // split by default
-    } else if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p, backward))) {
+    if (!auto_split || why) {
       why = nullptr;
-      try_sm90();
-    } else {
-      why = sm90_allowed(int(pr.device)) ? "window below the family's minimum" : "the device is not compute capability 9.0";
+      if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p, backward)))
+        try_sm90();
+      else
+        why = sm90_allowed(int(pr.device)) ? "window below the family's minimum" : "the device is not compute capability 9.0";
     }
     if (why && required)
       return fail(err, err_len, kNotCompiled, pr, what, "%s, but the Hopper family declines: %s",
@@ -512,7 +514,7 @@ NATTN_API int64_t nattn_sm90_min_window(int64_t na_dim) {
 // The same for a head dim (D == D_v): 2-D at head dim <= 32 starts lower
 // (kSm90MinWindow2dSmallHead), head dims above 128 at any window.
 NATTN_API int64_t nattn_sm90_min_window_head(int64_t na_dim, int64_t head_dim) {
-  if (na_dim >= 1 && na_dim <= 3 && head_dim > kTcMaxHeadDim) return kSm90LargeHeadByDefault ? 1 : INT32_MAX;
+  if (na_dim >= 1 && na_dim <= 3 && head_dim > kTcMaxHeadDim) return 1;
   if (na_dim == 2 && head_dim > 0 && head_dim <= kSm90SmallHeadDim) return kSm90MinWindow2dSmallHead;
   return nattn_sm90_min_window(na_dim);
 }

@@ -40,12 +40,8 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
         lines.append("  sm90: none compiled for this dtype, NA dim and head dim")
         return lines
     minimum = lib.sm90_min_window_head.get((p.na_dim, p.dim), lib.sm90_min_window.get(p.na_dim))
-    if minimum is not None and minimum >= 2**31 - 1:
-        runs = "not run by default at this head dim yet: only when named"
-    elif minimum is not None and params.window_size >= minimum:
-        runs = "runs by default"
-    else:
-        runs = f"runs by default from {minimum} keys per query (this window: {params.window_size})"
+    runs = "runs by default" if minimum is not None and params.window_size >= minimum else \
+        f"runs by default from {minimum} keys per query (this window: {params.window_size})"
     lines.append(f"  sm90 (compute capability 9.0; {runs}; name one per call with backend='cuda:<name>', or "
                  "NATTN_SM90_TILE=<name> process-wide; cost: keys walked per query, 64-key boxes counted 1.15x, "
                  "64-query boxes 1.3x in 1-D, 1.5x in 3-D, 0.6x in 2-D at head dim 32; backward: the pair "
