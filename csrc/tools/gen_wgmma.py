@@ -15,7 +15,7 @@ TARGET = os.path.join(HERE, "..", "include", "nattn", "sm90", "wgmma_ops.cuh")
 TYPES = (("bf16_t", "bf16"), ("__half", "f16"))
 SS_N = (64, 80, 96, 112, 128, 160)  # S = Q K^T: N = keys per box (SM90_TILES' key boxes)
 RS_N = (32, 64, 128, 256)  # O += P V: N = value head dim
-TT_N = (32, 64)            # dQ += dS K from shared memory (KV-parallel dQ): N = channels per part
+TT_N = (16, 32, 64)        # dQ += dS K from shared memory (KV-parallel dQ): N = channels per warpgroup
 
 
 def regs(n):

@@ -28,41 +28,65 @@
 
 namespace nattn { namespace sm90 {
 
-// Shared memory of the dK/dV pass: the CTA's K and V rows, STAGES (Q, dO) boxes, STAGES
-// (LSE, delta) rows, barriers, then the staged dRPB table (size known at launch).
-template <int HD, int NQ>
+// The KV-parallel dQ's fp32 staging of one consumer warpgroup: its 64 query rows x HD / 2
+// channels (the warpgroups split the channels), as boxes of kInner channels in the layout the
+// copy engine reads for a swizzled fp32 box (rows of 128 bytes, or 64 at head dim 32).
+template <int HD>
+struct DqStage {
+  static constexpr int kChannels = HD / 2;
+  static constexpr int kInner = HD >= 64 ? 32 : 16;  // floats per box row
+  static constexpr int kRowBytes = kInner * 4;       // = the swizzle span
+  static constexpr int kBoxes = kChannels / kInner;
+  static constexpr int kBoxBytes = kWgRows * kRowBytes;
+  static constexpr int kBytes = kBoxes * kBoxBytes;
+  static __device__ __forceinline__ int offset(int row, int c) {
+    const int chunk = (c % kInner) / 4;
+    const int swz = kRowBytes == 128 ? (row & 7) : ((row >> 1) & 3);
+    return (c / kInner) * kBoxBytes + row * kRowBytes + ((chunk ^ swz) << 4) + (c % 4) * 4;
+  }
+};
+
+// Shared memory of the dK/dV pass: the CTA's K and V rows, STAGES (Q, dO) boxes, with DQ
+// (the KV-parallel dQ) two sets of both warpgroups' dS^T and their dQ staging, STAGES (LSE,
+// delta) rows, barriers, then the staged dRPB table (size known at launch, at most kDrpbRoom).
+template <int HD, int NQ, bool DQ = false>
 struct DkvSmem {
   using Rows = TileSmem<HD, kQueryRows>;
   using Cols = TileSmem<HD, NQ>;
-  static constexpr int kStages = 3;
+  using DsTile = TileSmem<NQ, kWgRows>;  // a warpgroup's dS^T: 64 keys x NQ queries, 16-bit
+  using Stage = DqStage<HD>;
+  static constexpr int kStages = DQ && HD >= 128 ? 2 : 3;
   static constexpr int kK = 0;
   static constexpr int kV = kK + Rows::kBytes;
   static constexpr int kQ = kV + Rows::kBytes;
   static constexpr int kDo = kQ + kStages * Cols::kBytes;
-  // KV-parallel dQ: each consumer warpgroup's dS^T, 64 keys x NQ queries, 16-bit.
-  using DsTile = TileSmem<NQ, kWgRows>;
-  static constexpr int kDs = kDo + kStages * Cols::kBytes;
-  static constexpr int kLd = kDs + 2 * DsTile::kBytes;  // [stage][lse2 NQ | delta NQ] floats
-  // kv_full, qd_full[S], ld_full[S], empty[S], ld_empty[S]
+  static constexpr int kDs = kDo + kStages * Cols::kBytes;  // [step % 2][warpgroup]
+  static constexpr int kDqStage = kDs + (DQ ? 4 * DsTile::kBytes : 0);  // [warpgroup]
+  static constexpr int kLd = kDqStage + (DQ ? 2 * Stage::kBytes : 0);  // [stage][lse2 NQ | delta NQ] floats
+  // kv_full, qd_full[S], ld_full[S], empty[S], ld_empty[S], ds_full[2], ds_free[2], dq_full[2],
+  // dq_empty[2]
   static constexpr int kBars = kLd + kStages * 2 * NQ * 4;
-  static constexpr int kDrpb = kBars + 8 * (1 + 4 * kStages);
+  static constexpr int kDrpb = kBars + 8 * (1 + 4 * kStages + 8);
   static constexpr int kAllocFixed = kDrpb + 1024;  // the base is rounded up to 1024 bytes
-  static_assert(kAllocFixed + kMaxDrpbSmemBytes <= 227 * 1024, "more shared memory than a Hopper block may have");
+  static constexpr int kMaxSmem = 227 * 1024;
+  static constexpr int kDrpbRoom = int(kMaxDrpbSmemBytes) < kMaxSmem - kAllocFixed ? int(kMaxDrpbSmemBytes) : kMaxSmem - kAllocFixed;
+  static_assert(kAllocFixed + (DQ ? 0 : kMaxDrpbSmemBytes) <= kMaxSmem, "more shared memory than a Hopper block may have");
 };
 
-// DQ_ATOMIC: also dQ, KV-parallel. Each warpgroup writes its dS^T to shared memory and
-// computes dQ_box += dS K over its own 64 keys (wgmma, both operands MN-major), in parts of
-// at most 64 channels, and adds the part into Params::dq_accum (fp32 reductions in L2).
+// DQ_ATOMIC: also dQ, KV-parallel. Both warpgroups write their dS^T to shared memory; each
+// then computes dQ_box = dS K over the CTA's 128 keys for half of the channels (wgmma, both
+// operands MN-major), stages it in shared memory and adds it into Params::dq_accum (fp32,
+// [B, *spatial, H, D]) with one bulk tensor reduction of the copy engine (map_dq).
 template <typename T, int NA, int HD, class Tl, bool DQ_ATOMIC>
 __global__ void __launch_bounds__(kThreads, 1)
     backward_dkv_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_k,
                         const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_q,
-                        const __grid_constant__ CUtensorMap map_do) {
+                        const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_dq) {
 #if NATTN_SM90_ENABLED
   using RB = typename Tl::Q;  // the CTA's keys
   using CB = typename Tl::K;  // a query box
   constexpr int kNq = CB::kSize;
-  using S = DkvSmem<HD, kNq>;
+  using S = DkvSmem<HD, kNq, DQ_ATOMIC>;
   using R = typename S::Rows;
   using C = typename S::Cols;
   constexpr int kRank = NA + 2;
@@ -74,6 +98,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* ld_full = bars + 1 + S::kStages;
   uint64_t* empty = bars + 1 + 2 * S::kStages;
   uint64_t* ld_empty = bars + 1 + 3 * S::kStages;
+  uint64_t* ds_full = bars + 1 + 4 * S::kStages;  // KV-parallel dQ: a dS^T set written (both warpgroups)
+  uint64_t* ds_free = ds_full + 2;                // ... and read by both warpgroups' dQ products
+  uint64_t* dq_full = ds_free + 2;                // a warpgroup's dQ staged (for the writer warp)
+  uint64_t* dq_empty = dq_full + 2;               // ... and read by its reduction
   float* drpb_smem = reinterpret_cast<float*>(smem + S::kDrpb);
 
   CtaTile tile;
@@ -96,6 +124,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(ld_full + s, 32);  // every lane of the LSE / delta warp
       mbar_init(empty + s, 8);     // one arrival per consumer warp
       mbar_init(ld_empty + s, 256);  // every consumer thread, after its last read of the stage's rows
+    }
+    for (int set = 0; set < 2; ++set) {
+      mbar_init(ds_full + set, 256);  // every consumer thread, after its dS^T stores
+      mbar_init(ds_free + set, 256);  // every consumer thread, once its dQ product read the set
+      mbar_init(dq_full + set, 128);  // [warpgroup]: its every thread, after its staging stores
+      mbar_init(dq_empty + set, 1);   // [warpgroup]: the writer, once the reduction read the staging
     }
     fence_barrier_init();
   }
@@ -149,6 +183,28 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         mbar_arrive(ld_full + s);
       }
+    } else if (DQ_ATOMIC && warp == 2 && lane == 0) {  // the dQ writer: each step's staged
+      using St = DqStage<HD>;                           // dQ into Params::dq_accum
+      for (int it = 0; it < steps; ++it) {
+        const int h = h_kv * p.groups + it / tile.tiles;
+        int origin[3], c[5];
+        key_origin<NA, CB>(tile, it % tile.tiles, origin);
+        for (int cw = 0; cw < 2; ++cw) {
+          mbar_wait(dq_full + cw, it & 1);
+          const unsigned char* stage = smem + S::kDqStage + cw * St::kBytes;
+#pragma unroll
+          for (int j = 0; j < St::kBoxes; ++j) {
+            box_coords<NA>(p, tile, origin, h * HD + cw * (HD / 2) + j * St::kInner, b, c);
+            tma_reduce_add<kRank>(&map_dq, stage + j * St::kBoxBytes, c);
+          }
+          bulk_commit();
+        }
+        bulk_wait_read<1>();
+        mbar_arrive(dq_empty + 0);
+        bulk_wait_read<0>();
+        mbar_arrive(dq_empty + 1);
+      }
+      bulk_wait<0>();  // the reductions are done before the CTA ends
     }
   } else {  // ------------------------------------------------------- consumers
     regs_alloc<232>();
@@ -215,6 +271,54 @@ __global__ void __launch_bounds__(kThreads, 1)
     const unsigned char* k_tile = smem + S::kK;
     const unsigned char* v_tile = smem + S::kV;
     mbar_wait(kv_full, 0);
+
+    // KV-parallel dQ (DQ_ATOMIC): dQ[64 queries, this warpgroup's HD / 2 channels] =
+    // dS[queries, the CTA's 128 keys] K[keys, channels], over both warpgroups' dS^T of a step
+    // (two sets, steps alternating), staged in shared memory; the writer warp adds it into
+    // Params::dq_accum (one bulk tensor reduction per box of St::kInner channels).
+    using Ds = typename S::DsTile;
+    using St = typename S::Stage;
+    auto write_ds = [&](int set, const uint32_t (&ds)[kNq / 16][4]) {
+      unsigned char* dst = smem + S::kDs + (set * 2 + cw) * Ds::kBytes;
+#pragma unroll
+      for (int i = 0; i < kNq / 2; i += 2) {
+        const int r = (i / 2) % 2, kr = wr + g4 + 8 * r, col = 8 * (i / 4) + 2 * t4;
+        // padding key rows are 0 here: their unmasked P could overflow (their K rows are 0)
+        *reinterpret_cast<uint32_t*>(dst + Ds::offset(kr, col)) = row_ok[r] ? ds[i / 8][(i % 8) / 2] : 0u;
+      }
+      fence_proxy_async_smem();
+      mbar_arrive(ds_full + set);
+    };
+    // A step's dQ product, once both warpgroups' dS^T of it are written, into the staging
+    // once the writer warp's reduction of the previous step has read it.
+    auto dq_product = [&](int step) {
+      const int set = step % 2;
+      const unsigned char* tiles = smem + S::kDs + set * 2 * Ds::kBytes;
+      unsigned char* stage = smem + S::kDqStage + cw * St::kBytes;
+      mbar_wait(ds_full + set, (step / 2) & 1);
+      if (step >= 1) mbar_wait(dq_empty + cw, (step - 1) & 1);
+      float dq[HD / 4];
+      const int ch = cw * (HD / 2);  // the channel block, then the offset inside its swizzled rows
+      const unsigned char* k_part = k_tile + (ch / R::kChannels) * R::kBlockBytes + (ch % R::kChannels) * 2;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kQueryRows / 16; ++kk)
+        wgmma_ss_tt<T, HD / 2>(dq, Ds::mn_major(tiles + (kk / 4) * Ds::kBytes, kk % 4),
+                               smem_desc<R::kRowBytes>(k_part + 16 * kk * R::kRowBytes, R::kBlockBytes,
+                                                       8 * R::kRowBytes),
+                               kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(dq);
+#pragma unroll
+      for (int i = 0; i < HD / 4; i += 2) {
+        const int qr = wr + g4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * t4;
+        *reinterpret_cast<float2*>(stage + St::offset(qr, col)) = make_float2(dq[i], dq[i + 1]);
+      }
+      mbar_arrive(ds_free + set);
+      fence_proxy_async_smem();
+      mbar_arrive(dq_full + cw);
+    };
 
     for (int it = 0; it < steps; ++it) {
       const int s = it % S::kStages, phase = (it / S::kStages) & 1;
@@ -318,59 +422,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(dk);
       fence_regs(pa);
       fence_regs(da);
-      if constexpr (DQ_ATOMIC) {
-        using Ds = typename S::DsTile;
-        unsigned char* ds_tile = smem + S::kDs + cw * Ds::kBytes;
-        named_sync(1 + cw, 128);  // the previous step's dQ products have read the tile
-#pragma unroll
-        for (int i = 0; i < kNq / 2; i += 2) {
-          const int r = (i / 2) % 2, kr = wr + g4 + 8 * r, col = 8 * (i / 4) + 2 * t4;
-          // padding key rows are 0 here: their unmasked P could overflow (their K rows are 0)
-          *reinterpret_cast<uint32_t*>(ds_tile + Ds::offset(kr, col)) = row_ok[r] ? da[i / 8][(i % 8) / 2] : 0u;
-        }
-        fence_proxy_async_smem();
-        named_sync(1 + cw, 128);
-        // The lane's two query rows of the box: dQ accumulator offsets (-1: padding).
-        int64_t qoff[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int qr = wr + g4 + 8 * r;
-          bool ok = true;
-          int64_t token = 0;
-#pragma unroll
-          for (int a = 0; a < NA; ++a) {
-            const int i = origin[a] + CB::offset(qr, a);
-            ok = ok && i < tile.len[a];
-            token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * i;
-          }
-          qoff[r] = ok ? ((int64_t(b) * p.tokens + token) * p.heads + h) * HD : -1;
-        }
-        constexpr int kPart = HD >= 64 ? 64 : HD;
-#pragma unroll
-        for (int part = 0; part < HD / kPart; ++part) {
-          float dq[kPart / 2];
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < kWgRows / 16; ++kk) {
-            const uint64_t a_desc = Ds::mn_major(ds_tile, kk);
-            const uint64_t b_desc = smem_desc<R::kRowBytes>(
-                k_tile + part * R::kBlockBytes + (cw * kWgRows + 16 * kk) * R::kRowBytes, R::kBlockBytes,
-                8 * R::kRowBytes);
-            wgmma_ss_tt<T, kPart>(dq, a_desc, b_desc, kk > 0);
-          }
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(dq);
-#pragma unroll
-          for (int i = 0; i < kPart / 2; i += 2) {
-            const int r = (i / 2) % 2;
-            if (qoff[r] >= 0)
-              red_add2(p.dq_accum + qoff[r] + part * kPart + 8 * (i / 4) + 2 * t4, dq[i], dq[i + 1]);
-          }
-        }
-      }
       __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);
+      if (lane == 0) mbar_arrive(empty + s);  // the stage's Q and dO are read
+      if constexpr (DQ_ATOMIC) {
+        // This step's dS^T into its set, then the previous step's dQ product (deferred by a
+        // step, so that a warpgroup waits for the other one's dS^T only when it is a whole
+        // step ahead). Writing dS^T while dK's product runs spilled registers in fp16.
+        if (it >= 2) mbar_wait(ds_free + it % 2, ((it / 2) - 1) & 1);
+        write_ds(it % 2, da);
+        if (it >= 1) dq_product(it - 1);
+      }
       if (has_rpb) {  // dRPB from the 16-bit dS^T (masked scores have P = 0, so dS = 0 exactly)
 #pragma unroll
         for (int i = 0; i < kNq / 2; i += 2) {
@@ -390,6 +451,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
 
+    if constexpr (DQ_ATOMIC) {
+      if (steps > 0) {  // the last step's dQ, then its reduction finishes before the CTA goes
+        dq_product(steps - 1);
+        // The dK / dV stores below overwrite the K rows that both warpgroups' dQ products read.
+        named_sync(3, 256);
+      }
+    }
     // dK * scale and dV through the warpgroup's own K and V rows, then whole-row stores.
     unsigned char* stage_k = smem + S::kK;
     unsigned char* stage_v = smem + S::kV;

@@ -151,12 +151,14 @@ template <typename T, int NA, int HD, class Tl>
 void launch_backward(const Params& problem, cudaStream_t stream) {
   const BackwardLaunch* l = static_cast<const BackwardLaunch*>(problem.prepared);
   using Dq = DqSmem<HD, Tl::K::kSize>;
-  using Dkv = DkvSmem<HD, Tl::K::kSize>;
+  using Dkv = DkvSmem<HD, Tl::K::kSize, false>;
+  using DkvAtomic = DkvSmem<HD, Tl::K::kSize, true>;
   static const bool configured = [] {
     cudaFuncSetAttribute(backward_dq_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kAlloc);
-    for (auto kernel : {backward_dkv_kernel<T, NA, HD, Tl, false>, backward_dkv_kernel<T, NA, HD, Tl, true>})
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           Dkv::kAllocFixed + int(kMaxDrpbSmemBytes));
+    cudaFuncSetAttribute(backward_dkv_kernel<T, NA, HD, Tl, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         Dkv::kAllocFixed + Dkv::kDrpbRoom);
+    cudaFuncSetAttribute(backward_dkv_kernel<T, NA, HD, Tl, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         DkvAtomic::kAllocFixed + DkvAtomic::kDrpbRoom);
     return true;
   }();
   (void)configured;
@@ -166,22 +168,45 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
   const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem));
   Params p = problem;
   const int64_t rpb_bytes = drpb_stage_bytes(p);
-  p.rpb_in_smem = rpb_bytes > 0;
-  const size_t dkv_smem = Dkv::kAllocFixed + size_t(rpb_bytes);
   const dim3 dkv_grid(ctas, p.heads_kv, p.batch);
   p.dq_accum = nullptr;
   const size_t accum_bytes = size_t(rows) * HD * sizeof(float);
   if (dq_atomic_requested(problem) && cudaMallocAsync(reinterpret_cast<void**>(&p.dq_accum), accum_bytes, stream) == cudaSuccess) {
-    cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream);
-    backward_dkv_kernel<T, NA, HD, Tl, true><<<dkv_grid, kThreads, dkv_smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q, l->kv_do);
-    dq_convert_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(p);
-    cudaFreeAsync(p.dq_accum, stream);
-    return;
+    // The fp32 sums' tensor map ([B, *spatial, H, D], packed): one query box of half a
+    // warpgroup's channels per reduction.
+    int64_t s[5];
+    s[4] = HD;
+    int64_t stride = int64_t(p.heads) * HD;
+    for (int a = p.na_dim - 1; a >= 0; --a) {
+      s[1 + a] = stride;
+      stride *= p.spatial[a];
+    }
+    s[0] = stride;
+    int box[3];
+    for (int a = 0; a < 3; ++a) box[a] = Tl::K::extent(a);
+    MapSpec spec;
+    CUtensorMap map_dq;
+    const char* why = map_spec(p, s, p.heads, HD, box, spec, 4, DqStage<HD>::kInner);
+    if (!why) why = encode(&map_dq, spec, p.dq_accum, MapType::kFloat);
+    if (!why) {
+      p.rpb_in_smem = rpb_bytes > 0 && rpb_bytes <= DkvAtomic::kDrpbRoom;
+      const size_t smem = DkvAtomic::kAllocFixed + size_t(p.rpb_in_smem ? rpb_bytes : 0);
+      cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream);
+      backward_dkv_kernel<T, NA, HD, Tl, true><<<dkv_grid, kThreads, smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q,
+                                                                                     l->kv_do, map_dq);
+      dq_convert_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(p);
+      cudaFreeAsync(p.dq_accum, stream);
+      return;
+    }
+    cudaFreeAsync(p.dq_accum, stream);  // a map the copy engine refused: the deterministic pass
+    p.dq_accum = nullptr;
   }
   (void)cudaGetLastError();  // a failed allocation: the deterministic pass instead
+  p.rpb_in_smem = rpb_bytes > 0;
   backward_dq_kernel<T, NA, HD, Tl><<<dim3(ctas, problem.heads, problem.batch), kThreads, Dq::kAlloc, stream>>>(
       problem, l->dq_q, l->dq_do, l->dq_k, l->dq_v);
-  backward_dkv_kernel<T, NA, HD, Tl, false><<<dkv_grid, kThreads, dkv_smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q, l->kv_do);
+  backward_dkv_kernel<T, NA, HD, Tl, false><<<dkv_grid, kThreads, Dkv::kAllocFixed + size_t(rpb_bytes), stream>>>(
+      p, l->kv_k, l->kv_v, l->kv_q, l->kv_do, l->kv_q);
 }
 
 }  }  // namespace nattn::sm90

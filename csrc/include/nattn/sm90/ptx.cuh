@@ -177,6 +177,51 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #endif
 }
 
+// Adds a shared-memory box into the tensor `map` covers at coordinates c (innermost first;
+// out-of-bounds elements are skipped), as one bulk reduction of the copy engine; the caller
+// fenced the box's stores (fence_proxy_async_smem) and commits the group.
+template <int RANK>
+__device__ __forceinline__ void tma_reduce_add(const void* map, const void* src, const int* c) {
+#if NATTN_SM90_ENABLED
+  const uint64_t m = reinterpret_cast<uint64_t>(map);
+  const uint32_t s = smem_u32(src);
+  if constexpr (RANK == 3) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+                 ::"l"(m), "r"(s), "r"(c[0]), "r"(c[1]), "r"(c[2]) : "memory");
+  } else if constexpr (RANK == 4) {
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 ::"l"(m), "r"(s), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]) : "memory");
+  } else {
+    static_assert(RANK == 5, "tensor maps here have rank 3, 4 or 5");
+    asm volatile("cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n"
+                 ::"l"(m), "r"(s), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "r"(c[4]) : "memory");
+  }
+#endif
+}
+
+// Closes this thread's group of bulk operations issued since the last commit.
+__device__ __forceinline__ void bulk_commit() {
+#if NATTN_SM90_ENABLED
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's committed bulk groups still read shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+#if NATTN_SM90_ENABLED
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Waits until at most N of this thread's committed bulk groups are incomplete (writes done).
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+#if NATTN_SM90_ENABLED
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // *p += a, p[1] += b in global memory (one reduction, no return value).
 __device__ __forceinline__ void red_add2(float* p, float a, float b) {
 #if NATTN_SM90_ENABLED

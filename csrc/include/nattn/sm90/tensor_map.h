@@ -29,7 +29,10 @@ inline EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
-inline const char* encode(CUtensorMap* map, const MapSpec& m, const void* ptr, bool bf16) {
+enum class MapType { kHalf, kBfloat16, kFloat };
+
+// Encodes `m` over `ptr`; the swizzle is the box's inner row (128 bytes, or 64).
+inline const char* encode(CUtensorMap* map, const MapSpec& m, const void* ptr, MapType type) {
   EncodeTiledFn fn = encode_tiled_fn();
   if (!fn) return "the driver has no cuTensorMapEncodeTiled";
   cuuint64_t dim[5], stride[4];
@@ -40,9 +43,13 @@ inline const char* encode(CUtensorMap* map, const MapSpec& m, const void* ptr, b
     es[i] = m.element_stride[i];
     if (i < m.rank - 1) stride[i] = m.stride_bytes[i];
   }
-  const CUresult r = fn(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                        cuuint32_t(m.rank), const_cast<void*>(ptr), dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        m.box[0] * 2 >= 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+  const CUtensorMapDataType dt = type == MapType::kFloat      ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                 : type == MapType::kBfloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const uint32_t row_bytes = m.box[0] * (type == MapType::kFloat ? 4 : 2);
+  const CUresult r = fn(map, dt, cuuint32_t(m.rank), const_cast<void*>(ptr), dim, stride, box, es,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        row_bytes >= 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) return nullptr;
   // The map itself, so a refusal can be understood from the error message alone.
@@ -59,6 +66,10 @@ inline const char* encode(CUtensorMap* map, const MapSpec& m, const void* ptr, b
   for (int i = 0; i < m.rank && n < int(sizeof why); ++i) n += snprintf(why + n, sizeof why - n, " %u", es[i]);
   if (n < int(sizeof why)) snprintf(why + n, sizeof why - n, ")");
   return why;
+}
+
+inline const char* encode(CUtensorMap* map, const MapSpec& m, const void* ptr, bool bf16) {
+  return encode(map, m, ptr, bf16 ? MapType::kBfloat16 : MapType::kHalf);
 }
 
 }  }  // namespace nattn::sm90

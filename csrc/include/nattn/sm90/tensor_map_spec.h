@@ -22,14 +22,16 @@ struct MapSpec {
 };
 
 // Fills a map spec for tensor `ptr` with element strides s (batch, axes 0..2, heads),
-// `heads` heads of `hd` channels, spatial box extents `box` (per axis 0..2).
+// `heads` heads of `hd` channels, spatial box extents `box` (per axis 0..2); elements of
+// `eb` bytes, `inner` channels per box (0: 64, or hd below 64).
 // Returns a reason when the copy engine cannot address the tensor this way.
-inline const char* map_spec(const Params& p, const int64_t* s, int heads, int hd, const int* box, MapSpec& m) {
-  const int nd = p.na_dim, eb = 2;
+inline const char* map_spec(const Params& p, const int64_t* s, int heads, int hd, const int* box, MapSpec& m,
+                            int eb = 2, int inner = 0) {
+  const int nd = p.na_dim;
   if (heads > 1 && s[4] != hd) return "head stride differs from the head dim";
   m.rank = nd + 2;
   m.dim[0] = uint64_t(heads) * hd;
-  m.box[0] = hd >= 64 ? 64 : hd;
+  m.box[0] = inner ? inner : hd >= 64 ? 64 : hd;
   m.element_stride[0] = 1;
   for (int a = 0; a < nd; ++a) {
     const int i = nd - a;  // map axis of spatial axis a
