@@ -187,3 +187,76 @@ class DenseFunctionFast(torch.autograd.Function):
 def dense_function():
     """The autograd Function an eager dense call (NA's extra keys) goes through."""
     return DenseFunction if _functorch_active() else DenseFunctionFast
+
+
+# ------------------------------------------------------------------ attention dropout
+# Calls with dropout_p > 0 take these instead (calls without dropout never reach them): the
+# call's rng tensor ([seed, offset], nattn/dropout.py) goes to the backend's forward and is
+# saved for its backward, which rebuilds the same mask from it.
+def na_dropout_forward_only(impl, q, k, v, rpb, rng, params: NAParams):
+    """na_forward_only for a call with attention dropout (``params.dropout_p > 0``)."""
+    with _no_autocast(q):
+        return impl.na_forward(q, k, v, rpb, params, rng=rng)
+
+
+class NADropoutFunction(torch.autograd.Function):
+    """NAFunction for a call with attention dropout: ``rng`` reaches the backend's forward and
+    backward (one class with ``setup_context``, so ``torch.func.grad`` works too)."""
+
+    @staticmethod
+    def forward(q, k, v, rpb, rng, params: NAParams, backend: str):
+        return na_dropout_forward_only(get_backend(backend), q, k, v, rpb, rng, params)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, rpb, rng, params, backend = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, rpb, rng, out, lse)
+        ctx.params, ctx.backend = params, backend
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, rpb, rng, out, lse = ctx.saved_tensors
+        with torch.no_grad(), _no_autocast(q):
+            if grad_out is None:  # only the LSE was used
+                grad_out = torch.zeros_like(out)
+            dq, dk, dv, drpb = get_backend(ctx.backend).na_backward(
+                q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params, rng=rng)
+        dq, dk, dv, drpb = _first_order_only((dq, dk, dv, drpb if rpb is not None else None))
+        return dq, dk, dv, drpb, None, None, None
+
+
+def dense_dropout_forward_only(name: str, q, k, v, is_causal: bool, scale: float, dropout_p: float, rng,
+                               key_offset: int):
+    """dense_forward_only with attention dropout (keys numbered from ``key_offset``)."""
+    with _no_autocast(q):
+        return BACKENDS[name].dense_forward(q, k, v, is_causal, scale, dropout_p, rng, key_offset)
+
+
+class DenseDropoutFunction(torch.autograd.Function):
+    """DenseFunction with attention dropout (the extra keys of an NA call with dropout)."""
+
+    @staticmethod
+    def forward(q, k, v, rng, is_causal: bool, scale: float, backend: str, dropout_p: float, key_offset: int):
+        return dense_dropout_forward_only(backend, q, k, v, is_causal, scale, dropout_p, rng, key_offset)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, rng, is_causal, scale, backend, dropout_p, key_offset = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, rng, out, lse)
+        ctx.args = (is_causal, scale, backend, dropout_p, key_offset)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, rng, out, lse = ctx.saved_tensors
+        is_causal, scale, backend, dropout_p, key_offset = ctx.args
+        with torch.no_grad(), _no_autocast(q):
+            if grad_out is None:
+                grad_out = torch.zeros_like(out)
+            dq, dk, dv = BACKENDS[backend].dense_backward(
+                q, k, v, out, lse, grad_out, grad_lse, is_causal, scale, dropout_p, rng, key_offset)
+        dq, dk, dv = _first_order_only((dq, dk, dv))
+        return dq, dk, dv, None, None, None, None, None, None

@@ -13,9 +13,11 @@ import torch
 from . import _call_cache, ops
 from .backends import autotune, choose_dense_backend, choose_na_backend, deferred
 from .backends import get as get_backend
-from ._eager import dense_forward_only, dense_function, eager_ok, na_forward_only, na_function, records_graph
+from ._eager import (DenseDropoutFunction, NADropoutFunction, dense_dropout_forward_only, dense_forward_only,
+                     dense_function, eager_ok, na_dropout_forward_only, na_forward_only, na_function, records_graph)
+from .dropout import draw_rng
 from .merge import merge_attentions
-from .params import BoolOrTuple, IntOrTuple, check_qkv, check_scale, normalize
+from .params import BoolOrTuple, IntOrTuple, check_dropout_p, check_qkv, check_scale, normalize
 
 __all__ = ["na1d", "na2d", "na3d", "neighborhood_attention", "attention", "merge_attentions"]
 
@@ -38,6 +40,7 @@ def neighborhood_attention(
     na_dim: int,
     tune: Optional[bool] = None,
     deterministic: Optional[bool] = None,
+    dropout_p: float = 0.0,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Neighborhood attention over ``na_dim`` (1, 2 or 3) spatial axes.
 
@@ -50,7 +53,14 @@ def neighborhood_attention(
         na_dim: the number of spatial axes (keyword-only).
         tune: as in na1d/na2d/na3d (keyword-only).
         deterministic: as in na1d/na2d/na3d (keyword-only).
+        dropout_p: as in na1d/na2d/na3d (keyword-only).
     """
+    if dropout_p.__class__ is not float or dropout_p != 0.0:  # the default costs one test
+        dropout_p = check_dropout_p(dropout_p)
+        if dropout_p:
+            return _na_with_dropout(
+                query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys,
+                additional_values, rpb, backend, return_lse, na_dim, tune, deterministic, dropout_p)
     if torch.compiler.is_compiling():  # the op chooses when it runs (backends/deferred.py)
         params = normalize(
             query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
@@ -88,24 +98,67 @@ def neighborhood_attention(
 
 
 def _checked_and_chosen(query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
-                        rpb, additional_keys, additional_values, backend, tune, deterministic):
+                        rpb, additional_keys, additional_values, backend, tune, deterministic, dropout_p=0.0):
     """``(params, backend name)`` of an eager call: checked and chosen once per signature
     (nattn/_call_cache.py), except while tuning (the tuner keeps its own cache)."""
     sig = None
     if not autotune.active(query, tune):
-        sig = _call_cache.key((query, key, value, rpb, additional_keys, additional_values),
-                              (na_dim, kernel_size, stride, dilation, is_causal, scale, backend, tune,
-                               deterministic))
+        args = (na_dim, kernel_size, stride, dilation, is_causal, scale, backend, tune, deterministic)
+        if dropout_p:
+            args += (dropout_p,)
+        sig = _call_cache.key((query, key, value, rpb, additional_keys, additional_values), args)
         hit = _call_cache.get(sig)
         if hit is not None:
             return hit
     params = normalize(
         query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
-        rpb, additional_keys, additional_values,
+        rpb, additional_keys, additional_values, dropout_p,
     )
     name = choose_na_backend(query, key, value, rpb, params, backend, tune, deterministic)
     _call_cache.put(sig, (params, name))
     return params, name
+
+
+def _na_with_dropout(query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys,
+                     additional_values, rpb, backend, return_lse, na_dim, tune, deterministic, dropout_p):
+    """neighborhood_attention with attention dropout (``dropout_p > 0``, checked): one
+    ``[seed, offset]`` draw from the default generator of the inputs' device (nattn/dropout.py)
+    feeds the NA part and, for keys numbered from N (the spatial tokens) on, the extra keys;
+    only backends with ``supports_dropout`` run it (docs/semantics.md, "Attention dropout")."""
+    if torch.compiler.is_compiling():  # the op chooses when it runs (backends/deferred.py)
+        params = normalize(
+            query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
+            rpb, additional_keys, additional_values, dropout_p,
+        )
+        grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, rpb))
+        name = deferred.spec(backend, tune, deterministic, grads)
+        impl = None
+    else:
+        params, name = _checked_and_chosen(
+            query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
+            rpb, additional_keys, additional_values, backend, tune, deterministic, dropout_p)
+        impl = get_backend(name)
+    rng = draw_rng(query.device)
+    if impl is not None and eager_ok(query, key, value, rpb):
+        if records_graph(query, key, value, rpb):
+            out, lse = NADropoutFunction.apply(query, key, value, rpb, rng, params, name)
+        else:
+            out, lse = na_dropout_forward_only(impl, query, key, value, rpb, rng, params)
+    else:
+        out, lse = ops.na_forward(
+            query, key, value, rpb, list(params.kernel_size), list(params.stride),
+            list(params.dilation), list(params.is_causal), params.scale, name, params.dropout_p, rng,
+        )
+    if additional_keys is not None:
+        b, heads = query.shape[0], query.shape[-2]
+        q_flat = query.reshape(b, -1, heads, query.shape[-1])
+        # Extra key j is key N + j of the call's mask (N spatial tokens).
+        extra_out, extra_lse = _dense_with_dropout(
+            q_flat, additional_keys, additional_values, False, params.scale, None, dropout_p, rng, q_flat.shape[1])
+        out, lse = merge_attentions(
+            [out, extra_out.reshape(out.shape)], [lse, extra_lse.reshape(lse.shape)]
+        )
+    return (out, lse) if return_lse else out
 
 
 def na1d(
@@ -125,6 +178,7 @@ def na1d(
     *,
     tune: Optional[bool] = None,
     deterministic: Optional[bool] = None,
+    dropout_p: float = 0.0,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """1-D neighborhood attention: each query attends to a window of keys around it.
 
@@ -164,6 +218,16 @@ def na1d(
             kernels' own dQ pass rather than dQ accumulated with atomics, whatever tuning or
             NATTN_SM90_DQ say); None (the default) follows
             ``torch.use_deterministic_algorithms``; False lets tuning choose.
+        dropout_p: keyword-only. Attention dropout, a float in ``[0, 1)``: each attention
+            weight (neighborhood and extra keys) is dropped with probability ``dropout_p``
+            where it multiplies the values, the kept ones scaled by ``1 / (1 - dropout_p)``;
+            the softmax normaliser and the returned LSE are those without dropout. Applied
+            whenever it is > 0 (as ``F.scaled_dot_product_attention`` does: pass 0 in eval).
+            The mask comes from Philox keyed by a seed and an offset drawn from the default
+            generator of the inputs' device, so ``torch.manual_seed`` reproduces it, forward
+            and backward (docs/semantics.md, "Attention dropout"). Only backends with dropout
+            run it (today ``"reference"``; ``"cuda"`` and ``"flex"`` decline it). 0 (the
+            default) changes nothing and draws nothing.
 
     Returns:
         ``out`` ``[B, X, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -173,12 +237,14 @@ def na1d(
     Raises:
         TypeError: an argument of the wrong type (a non-tensor, a dtype other than those
             above, mixed dtypes, a non-int ``kernel_size``/``stride``/``dilation``, a
-            non-bool ``is_causal``).
+            non-bool ``is_causal``, a ``dropout_p`` that is not a real number).
         ValueError: shapes that do not match the layout above, tensors on different
-            devices, a tuple of the wrong length, a value outside the ranges above, or an
-            unknown ``backend`` name; the message names the argument (and the axis).
+            devices, a tuple of the wrong length, a value outside the ranges above (``dropout_p``
+            outside ``[0, 1)`` included), or an unknown ``backend`` name; the message names
+            the argument (and the axis).
         nattn.backends.NoBackendError: (a ``ValueError``) no backend, or not the one named
-            in ``backend``, can run the call; the message gives each backend's reasons.
+            in ``backend``, can run the call (a backend without dropout for ``dropout_p > 0``);
+            the message gives each backend's reasons.
 
     Example:
         ```python
@@ -189,7 +255,7 @@ def na1d(
     return neighborhood_attention(
         query, key, value, kernel_size, stride, dilation, is_causal, scale,
         additional_keys, additional_values, rpb, backend, return_lse, na_dim=1, tune=tune,
-        deterministic=deterministic,
+        deterministic=deterministic, dropout_p=dropout_p,
     )
 
 
@@ -210,6 +276,7 @@ def na2d(
     *,
     tune: Optional[bool] = None,
     deterministic: Optional[bool] = None,
+    dropout_p: float = 0.0,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """2-D neighborhood attention: each query attends to a window of keys around it.
 
@@ -250,6 +317,16 @@ def na2d(
             kernels' own dQ pass rather than dQ accumulated with atomics, whatever tuning or
             NATTN_SM90_DQ say); None (the default) follows
             ``torch.use_deterministic_algorithms``; False lets tuning choose.
+        dropout_p: keyword-only. Attention dropout, a float in ``[0, 1)``: each attention
+            weight (neighborhood and extra keys) is dropped with probability ``dropout_p``
+            where it multiplies the values, the kept ones scaled by ``1 / (1 - dropout_p)``;
+            the softmax normaliser and the returned LSE are those without dropout. Applied
+            whenever it is > 0 (as ``F.scaled_dot_product_attention`` does: pass 0 in eval).
+            The mask comes from Philox keyed by a seed and an offset drawn from the default
+            generator of the inputs' device, so ``torch.manual_seed`` reproduces it, forward
+            and backward (docs/semantics.md, "Attention dropout"). Only backends with dropout
+            run it (today ``"reference"``; ``"cuda"`` and ``"flex"`` decline it). 0 (the
+            default) changes nothing and draws nothing.
 
     Returns:
         ``out`` ``[B, X, Y, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -259,12 +336,14 @@ def na2d(
     Raises:
         TypeError: an argument of the wrong type (a non-tensor, a dtype other than those
             above, mixed dtypes, a non-int ``kernel_size``/``stride``/``dilation``, a
-            non-bool ``is_causal``).
+            non-bool ``is_causal``, a ``dropout_p`` that is not a real number).
         ValueError: shapes that do not match the layout above, tensors on different
-            devices, a tuple of the wrong length, a value outside the ranges above, or an
-            unknown ``backend`` name; the message names the argument (and the axis).
+            devices, a tuple of the wrong length, a value outside the ranges above (``dropout_p``
+            outside ``[0, 1)`` included), or an unknown ``backend`` name; the message names
+            the argument (and the axis).
         nattn.backends.NoBackendError: (a ``ValueError``) no backend, or not the one named
-            in ``backend``, can run the call; the message gives each backend's reasons.
+            in ``backend``, can run the call (a backend without dropout for ``dropout_p > 0``);
+            the message gives each backend's reasons.
 
     Example:
         ```python
@@ -275,7 +354,7 @@ def na2d(
     return neighborhood_attention(
         query, key, value, kernel_size, stride, dilation, is_causal, scale,
         additional_keys, additional_values, rpb, backend, return_lse, na_dim=2, tune=tune,
-        deterministic=deterministic,
+        deterministic=deterministic, dropout_p=dropout_p,
     )
 
 
@@ -296,6 +375,7 @@ def na3d(
     *,
     tune: Optional[bool] = None,
     deterministic: Optional[bool] = None,
+    dropout_p: float = 0.0,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """3-D neighborhood attention: each query attends to a window of keys around it.
 
@@ -336,6 +416,16 @@ def na3d(
             kernels' own dQ pass rather than dQ accumulated with atomics, whatever tuning or
             NATTN_SM90_DQ say); None (the default) follows
             ``torch.use_deterministic_algorithms``; False lets tuning choose.
+        dropout_p: keyword-only. Attention dropout, a float in ``[0, 1)``: each attention
+            weight (neighborhood and extra keys) is dropped with probability ``dropout_p``
+            where it multiplies the values, the kept ones scaled by ``1 / (1 - dropout_p)``;
+            the softmax normaliser and the returned LSE are those without dropout. Applied
+            whenever it is > 0 (as ``F.scaled_dot_product_attention`` does: pass 0 in eval).
+            The mask comes from Philox keyed by a seed and an offset drawn from the default
+            generator of the inputs' device, so ``torch.manual_seed`` reproduces it, forward
+            and backward (docs/semantics.md, "Attention dropout"). Only backends with dropout
+            run it (today ``"reference"``; ``"cuda"`` and ``"flex"`` decline it). 0 (the
+            default) changes nothing and draws nothing.
 
     Returns:
         ``out`` ``[B, X, Y, Z, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -345,12 +435,14 @@ def na3d(
     Raises:
         TypeError: an argument of the wrong type (a non-tensor, a dtype other than those
             above, mixed dtypes, a non-int ``kernel_size``/``stride``/``dilation``, a
-            non-bool ``is_causal``).
+            non-bool ``is_causal``, a ``dropout_p`` that is not a real number).
         ValueError: shapes that do not match the layout above, tensors on different
-            devices, a tuple of the wrong length, a value outside the ranges above, or an
-            unknown ``backend`` name; the message names the argument (and the axis).
+            devices, a tuple of the wrong length, a value outside the ranges above (``dropout_p``
+            outside ``[0, 1)`` included), or an unknown ``backend`` name; the message names
+            the argument (and the axis).
         nattn.backends.NoBackendError: (a ``ValueError``) no backend, or not the one named
-            in ``backend``, can run the call; the message gives each backend's reasons.
+            in ``backend``, can run the call (a backend without dropout for ``dropout_p > 0``);
+            the message gives each backend's reasons.
 
     Example:
         ```python
@@ -361,7 +453,7 @@ def na3d(
     return neighborhood_attention(
         query, key, value, kernel_size, stride, dilation, is_causal, scale,
         additional_keys, additional_values, rpb, backend, return_lse, na_dim=3, tune=tune,
-        deterministic=deterministic,
+        deterministic=deterministic, dropout_p=dropout_p,
     )
 
 
@@ -374,6 +466,19 @@ def _dense(q, k, v, is_causal, scale, backend):
             return dense_forward_only(name, q, k, v, is_causal, scale)
         return dense_function().apply(q, k, v, is_causal, scale, name)
     return ops.attention_forward(q, k, v, is_causal, scale, name)
+
+
+def _dense_with_dropout(q, k, v, is_causal, scale, backend, dropout_p, rng, key_offset):
+    """_dense with attention dropout: keys numbered from ``key_offset`` in the call's mask."""
+    if torch.compiler.is_compiling():
+        return ops.attention_forward(q, k, v, is_causal, scale, deferred.spec(backend, None, None, None),
+                                     dropout_p, rng, key_offset)
+    name = choose_dense_backend(q, k, v, is_causal, backend, dropout_p)
+    if eager_ok(q, k, v, rng):
+        if not records_graph(q, k, v):
+            return dense_dropout_forward_only(name, q, k, v, is_causal, scale, dropout_p, rng, key_offset)
+        return DenseDropoutFunction.apply(q, k, v, rng, is_causal, scale, name, dropout_p, key_offset)
+    return ops.attention_forward(q, k, v, is_causal, scale, name, dropout_p, rng, key_offset)
 
 
 def attention(

@@ -4,6 +4,11 @@ The backend is an argument of the op, so every backend shares the fake (meta)
 implementations and the autograd registration, and ``torch.compile(fullgraph=True)``
 sees one opaque op per call instead of a graph break.
 
+Attention dropout travels as two trailing arguments with defaults, ``dropout_p`` and ``rng``
+(the call's ``[seed, offset]`` int64 tensor, nattn/dropout.py; the dense ops also take
+``key_offset``, the global index of their key 0): the op is a pure function of its inputs, the
+backward op receives the forward's ``rng``, and calls without dropout pass neither.
+
 The ops are defined with the low-level ``torch.library.Library`` API, not
 ``torch.library.custom_op``: the latter wraps every kernel call in a Python checker that
 cost ~290 us per call on the H200 machine's host (torch 2.11, seventh session: a compiled
@@ -23,9 +28,10 @@ from .backends import get as get_backend
 from .params import NAParams
 
 
-def _params(kernel_size, stride, dilation, is_causal, scale) -> NAParams:
+def _params(kernel_size, stride, dilation, is_causal, scale, dropout_p=0.0) -> NAParams:
     # is_causal travels as int[] because torch.jit tracing (fvcore) cannot record bool[].
-    return NAParams(tuple(kernel_size), tuple(stride), tuple(dilation), tuple(bool(c) for c in is_causal), scale)
+    return NAParams(tuple(kernel_size), tuple(stride), tuple(dilation), tuple(bool(c) for c in is_causal), scale,
+                    dropout_p)
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -52,14 +58,17 @@ def _define(schema: str, impl, fake, backward=None, setup_context=None):
 def _na_forward_impl(
     q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor],
     kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[int],
-    scale: float, backend: str,
+    scale: float, backend: str, dropout_p: float = 0.0, rng: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    params = _params(kernel_size, stride, dilation, is_causal, scale)
+    params = _params(kernel_size, stride, dilation, is_causal, scale, dropout_p)
     backend = deferred.resolve_na(backend, q, k, v, rpb, params)
+    if dropout_p:
+        return get_backend(backend).na_forward(q, k, v, rpb, params, rng=rng)
     return get_backend(backend).na_forward(q, k, v, rpb, params)
 
 
-def _na_forward_fake(q, k, v, rpb, kernel_size, stride, dilation, is_causal, scale, backend):
+def _na_forward_fake(q, k, v, rpb, kernel_size, stride, dilation, is_causal, scale, backend, dropout_p=0.0,
+                     rng=None):
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
     lse = q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
     return out, lse
@@ -69,87 +78,105 @@ def _na_backward_impl(
     grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor],
     out: Tensor, lse: Tensor,
     kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[int],
-    scale: float, backend: str,
+    scale: float, backend: str, dropout_p: float = 0.0, rng: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    params = _params(kernel_size, stride, dilation, is_causal, scale)
+    params = _params(kernel_size, stride, dilation, is_causal, scale, dropout_p)
     backend = deferred.resolve_na(backend, q, k, v, rpb, params)
-    dq, dk, dv, drpb = get_backend(backend).na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params)
+    if dropout_p:
+        dq, dk, dv, drpb = get_backend(backend).na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params,
+                                                            rng=rng)
+    else:
+        dq, dk, dv, drpb = get_backend(backend).na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params)
     if drpb is None:
         drpb = q.new_empty(0)  # custom ops cannot return None
     return dq, dk, dv, drpb
 
 
 def _na_backward_fake(grad_out, grad_lse, q, k, v, rpb, out, lse, kernel_size, stride, dilation, is_causal,
-                      scale, backend):
+                      scale, backend, dropout_p=0.0, rng=None):
     drpb = torch.empty_like(rpb) if rpb is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), drpb
 
 
 def _na_setup_context(ctx, inputs, output):
-    q, k, v, rpb, kernel_size, stride, dilation, is_causal, scale, backend = inputs
+    q, k, v, rpb, kernel_size, stride, dilation, is_causal, scale, backend, dropout_p, rng = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, rpb, out, lse)
-    ctx.args = (kernel_size, stride, dilation, is_causal, scale, backend)
+    ctx.save_for_backward(q, k, v, rpb, out, lse, rng)
+    ctx.args = (kernel_size, stride, dilation, is_causal, scale, backend, dropout_p)
 
 
 def _na_backward(ctx, grad_out, grad_lse):
-    q, k, v, rpb, out, lse = ctx.saved_tensors
+    q, k, v, rpb, out, lse, rng = ctx.saved_tensors
     grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
-    dq, dk, dv, drpb = na_backward(grad_out, grad_lse, q, k, v, rpb, out, lse, *ctx.args)
-    return dq, dk, dv, (drpb if rpb is not None else None), None, None, None, None, None, None
+    dq, dk, dv, drpb = na_backward(grad_out, grad_lse, q, k, v, rpb, out, lse, *ctx.args, rng)
+    return dq, dk, dv, (drpb if rpb is not None else None), None, None, None, None, None, None, None, None
 
 
 na_backward = _define(
     "na_backward(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, Tensor? rpb, Tensor out, "
     "Tensor lse, SymInt[] kernel_size, SymInt[] stride, SymInt[] dilation, SymInt[] is_causal, float scale, "
-    "str backend) -> (Tensor, Tensor, Tensor, Tensor)",
+    "str backend, float dropout_p=0.0, Tensor? rng=None) -> (Tensor, Tensor, Tensor, Tensor)",
     _na_backward_impl, _na_backward_fake)
 na_forward = _define(
     "na_forward(Tensor q, Tensor k, Tensor v, Tensor? rpb, SymInt[] kernel_size, SymInt[] stride, "
-    "SymInt[] dilation, SymInt[] is_causal, float scale, str backend) -> (Tensor, Tensor)",
+    "SymInt[] dilation, SymInt[] is_causal, float scale, str backend, float dropout_p=0.0, Tensor? rng=None) "
+    "-> (Tensor, Tensor)",
     _na_forward_impl, _na_forward_fake, _na_backward, _na_setup_context)
 
 
 # ------------------------------------------------------------------------ dense
 def _attention_forward_impl(
-    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, backend: str
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, backend: str, dropout_p: float = 0.0,
+    rng: Optional[Tensor] = None, key_offset: int = 0,
 ) -> Tuple[Tensor, Tensor]:
-    return BACKENDS[deferred.resolve_dense(backend, q, k, v, is_causal)].dense_forward(q, k, v, is_causal, scale)
+    impl = BACKENDS[deferred.resolve_dense(backend, q, k, v, is_causal, dropout_p)]
+    if dropout_p:
+        return impl.dense_forward(q, k, v, is_causal, scale, dropout_p, rng, key_offset)
+    return impl.dense_forward(q, k, v, is_causal, scale)
 
 
-def _attention_forward_fake(q, k, v, is_causal, scale, backend):
+def _attention_forward_fake(q, k, v, is_causal, scale, backend, dropout_p=0.0, rng=None, key_offset=0):
     return q.new_empty(*q.shape[:-1], v.shape[-1]), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
 
 
 def _attention_backward_impl(
     grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-    is_causal: bool, scale: float, backend: str,
+    is_causal: bool, scale: float, backend: str, dropout_p: float = 0.0, rng: Optional[Tensor] = None,
+    key_offset: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    return BACKENDS[deferred.resolve_dense(backend, q, k, v, is_causal)].dense_backward(q, k, v, out, lse, grad_out, grad_lse, is_causal, scale)
+    impl = BACKENDS[deferred.resolve_dense(backend, q, k, v, is_causal, dropout_p)]
+    if dropout_p:
+        return impl.dense_backward(q, k, v, out, lse, grad_out, grad_lse, is_causal, scale, dropout_p, rng,
+                                   key_offset)
+    return impl.dense_backward(q, k, v, out, lse, grad_out, grad_lse, is_causal, scale)
 
 
-def _attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, backend):
+def _attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, backend, dropout_p=0.0,
+                             rng=None, key_offset=0):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _dense_setup_context(ctx, inputs, output):
-    q, k, v, is_causal, scale, backend = inputs
+    q, k, v, is_causal, scale, backend, dropout_p, rng, key_offset = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.args = (is_causal, scale, backend)
+    ctx.save_for_backward(q, k, v, out, lse, rng)
+    ctx.args = (is_causal, scale, backend, dropout_p)
+    ctx.key_offset = key_offset
 
 
 def _dense_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, rng = ctx.saved_tensors
     grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
-    dq, dk, dv = attention_backward(grad_out, grad_lse, q, k, v, out, lse, *ctx.args)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = attention_backward(grad_out, grad_lse, q, k, v, out, lse, *ctx.args, rng, ctx.key_offset)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 attention_backward = _define(
     "attention_backward(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-    "bool is_causal, float scale, str backend) -> (Tensor, Tensor, Tensor)",
+    "bool is_causal, float scale, str backend, float dropout_p=0.0, Tensor? rng=None, SymInt key_offset=0) "
+    "-> (Tensor, Tensor, Tensor)",
     _attention_backward_impl, _attention_backward_fake)
 attention_forward = _define(
-    "attention_forward(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, str backend) -> (Tensor, Tensor)",
+    "attention_forward(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, str backend, "
+    "float dropout_p=0.0, Tensor? rng=None, SymInt key_offset=0) -> (Tensor, Tensor)",
     _attention_forward_impl, _attention_forward_fake, _dense_backward, _dense_setup_context)

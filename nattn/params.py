@@ -22,13 +22,15 @@ _AXES = ("X", "Y", "Z")
 
 @dataclass(frozen=True)
 class NAParams:
-    """Per-axis parameters of one NA problem (all tuples have ``na_dim`` entries)."""
+    """Per-axis parameters of one NA problem (all tuples have ``na_dim`` entries), its logit
+    scale and its attention dropout probability (0: none; docs/semantics.md)."""
 
     kernel_size: Tuple[int, ...]
     stride: Tuple[int, ...]
     dilation: Tuple[int, ...]
     is_causal: Tuple[bool, ...]
     scale: float
+    dropout_p: float = 0.0
 
     @property
     def na_dim(self) -> int:
@@ -80,6 +82,20 @@ def check_scale(scale, head_dim: int, name: str = "scale") -> float:
         value = math.inf
     if not math.isfinite(value):
         raise ValueError(f"{name} must be {accepted}, got {_short(scale)}")
+    return value
+
+
+def check_dropout_p(dropout_p, name: str = "dropout_p") -> float:
+    """``dropout_p`` as a float in ``[0, 1)``, or a ``TypeError`` (not a real number) /
+    ``ValueError`` (outside the range, NaN) naming the argument and the range."""
+    if isinstance(dropout_p, float) and 0.0 <= dropout_p < 1.0:  # the common case first
+        return dropout_p
+    accepted = "a float in [0, 1)"
+    if isinstance(dropout_p, (bool, torch.Tensor)) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"{name} must be {accepted}, got {type(dropout_p).__name__} ({_short(dropout_p)})")
+    value = float(dropout_p)
+    if not 0.0 <= value < 1.0:  # NaN fails too
+        raise ValueError(f"{name} must be {accepted}, got {_short(dropout_p)}")
     return value
 
 
@@ -184,6 +200,7 @@ def normalize(
     rpb: Optional[torch.Tensor] = None,
     additional_keys: Optional[torch.Tensor] = None,
     additional_values: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
 ) -> NAParams:
     """Validate one NA call and return its per-axis parameters (see docs/semantics.md)."""
     check_qkv(query, key, value, na_dim)
@@ -201,7 +218,8 @@ def normalize(
                 f"kernel_size * dilation along axis {axis} ({_AXES[axis]}) must be <= the input "
                 f"size {n}, got {k} * {d} = {k * d}. {layout_hint(query, na_dim)}"
             )
-    params = NAParams(kernel, strides, dils, causal, check_scale(scale, query.shape[-1]))
+    params = NAParams(kernel, strides, dils, causal, check_scale(scale, query.shape[-1]),
+                      check_dropout_p(dropout_p))
     if rpb is not None:
         check_rpb(rpb, query, params)
     check_additional_kv(query, key, value, additional_keys, additional_values)

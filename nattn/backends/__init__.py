@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 from .. import _call_cache
 from . import autotune, kernel_config
-from .base import Backend
+from .base import DROPOUT_REASON, Backend
 from .heuristics import na_auto_order
 from .reference import ReferenceBackend
 
@@ -94,7 +94,18 @@ def choose_na_backend(q, k, v, rpb, params, requested: Optional[str] = None, tun
     return _pin_deterministic(_choose_na(q, k, v, rpb, params, requested, tune, det), det)
 
 
+def na_reasons(backend: Backend, q, k, v, rpb, params, explicit: bool) -> List[str]:
+    """Why ``backend`` cannot run this NA call: its own reasons, or, for a call with attention
+    dropout, that it has none (``Backend.supports_dropout``)."""
+    if params.dropout_p > 0 and not backend.supports_dropout:
+        return [DROPOUT_REASON]
+    return backend.na_not_supported_reasons(q, k, v, rpb, params, explicit)
+
+
 def _choose_na(q, k, v, rpb, params, requested, tune, det) -> str:
+    if params.dropout_p > 0:  # only backends with dropout; none is tuned (the tuner draws no rng)
+        return _choose(requested, lambda b, explicit: na_reasons(b, q, k, v, rpb, params, explicit),
+                       lambda: na_auto_order(AUTO_ORDER, q, params, v))
     if requested in (None, "auto") and autotune.active(q, tune):  # measured dispatch (opt-in)
         best = autotune.measured(q, k, v, rpb, params, det)
         if (best and kernel_config.split(best)[0] in BACKENDS
@@ -122,10 +133,13 @@ def _pin_deterministic(name: str, det: bool) -> str:
     return kernel_config.join(base, kernel_config.parse(text).with_dq(kernel_config.parse(pin).dq_mode))
 
 
-def choose_dense_backend(q, k, v, is_causal, requested: Optional[str] = None) -> str:
+def choose_dense_backend(q, k, v, is_causal, requested: Optional[str] = None, dropout_p: float = 0.0) -> str:
+    if dropout_p > 0:
+        return _choose(requested, lambda b, explicit: [DROPOUT_REASON] if not b.supports_dropout
+                       else b.dense_not_supported_reasons(q, k, v, is_causal, explicit))
     return _choose(requested, lambda b, explicit: b.dense_not_supported_reasons(q, k, v, is_causal, explicit))
 
 
 def na_backend_reasons(q, k, v, rpb, params) -> Dict[str, List[str]]:
     """Every registered backend's reasons for this problem (empty list: it can run it)."""
-    return {n: BACKENDS[n].na_not_supported_reasons(q, k, v, rpb, params, True) for n in AUTO_ORDER}
+    return {n: na_reasons(BACKENDS[n], q, k, v, rpb, params, True) for n in AUTO_ORDER}

@@ -15,6 +15,8 @@ from ..params import NAParams
 
 Tensor = torch.Tensor
 
+DROPOUT_REASON = "does not support dropout_p > 0 (attention dropout; the reference backend does)"
+
 
 class Backend:
     """Base class; subclasses override what they implement."""
@@ -23,6 +25,12 @@ class Backend:
     # True when na_composite is plain differentiable torch code: the functional API then
     # calls it directly (outside torch.compile) and autograd differentiates it, no custom op.
     composite: bool = False
+    # True when the backend runs attention dropout (``params.dropout_p > 0``; NA and dense):
+    # its na_forward/na_backward then take the call's ``rng`` tensor as a keyword, and its
+    # dense_forward/dense_backward ``dropout_p``, ``rng`` and ``key_offset``
+    # (docs/semantics.md, "Attention dropout"). The dispatch gives every other backend the
+    # reason DROPOUT_REASON for such calls; calls without dropout never pass these arguments.
+    supports_dropout: bool = False
 
     def na_not_supported_reasons(
         self, q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor], params: NAParams,

@@ -47,7 +47,8 @@ def resolve_na(name: str, q, k, v, rpb, params) -> str:
     # Choices are remembered per signature with the eager calls' (nattn/_call_cache.py); the
     # tuner keeps its own cache of measured choices.
     sig = None if autotune.active(q, tune) else _call_cache.key(
-        (q, k, v, rpb), (name, params.kernel_size, params.stride, params.dilation, params.is_causal, params.scale))
+        (q, k, v, rpb),
+        (name, params.kernel_size, params.stride, params.dilation, params.is_causal, params.scale, params.dropout_p))
     hit = _call_cache.get(sig)
     if hit is not None:
         return hit[0]
@@ -57,9 +58,9 @@ def resolve_na(name: str, q, k, v, rpb, params) -> str:
     return chosen
 
 
-def resolve_dense(name: str, q, k, v, is_causal) -> str:
+def resolve_dense(name: str, q, k, v, is_causal, dropout_p: float = 0.0) -> str:
     """The backend name a deferred dense call runs (a plain name passes through)."""
     if not is_deferred(name):
         return name
     from . import choose_dense_backend
-    return choose_dense_backend(q, k, v, is_causal, _fields(name)[0])
+    return choose_dense_backend(q, k, v, is_causal, _fields(name)[0], dropout_p)

@@ -8,6 +8,11 @@ times a value (``0 * NaN = NaN``): a chunk of queries ``[start, stop)`` reads no
 past ``stop``; keys before ``start`` are seen by every query of the chunk (plain matmul);
 the diagonal block ``[start, stop)`` goes through :func:`_masked_mix`, which zeroes each
 query's out-of-window rows with ``torch.where`` before multiplying.
+
+Attention dropout (``dropout_p > 0`` with the call's ``rng``) masks the probabilities where
+they meet V and dP in the backward, as reference_math.py does for NA; query ``i`` and key
+``j`` are elements ``(i, key_offset + j)`` of nattn/dropout.py's mask (an NA call's extra keys
+pass the number of spatial tokens as ``key_offset``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import math
 
 import torch
 
+from .. import dropout
 from .reference_math import CHUNK_ELEMENTS, compute_dtype, lse_dtype, softmax_shift
 
 # Queries per causal chunk. Small, so the diagonal block (selection, batched tiny matmuls)
@@ -24,11 +30,12 @@ from .reference_math import CHUNK_ELEMENTS, compute_dtype, lse_dtype, softmax_sh
 CAUSAL_CHUNK = 16
 
 
-def _split(q, k, v, is_causal):
+def _split(q, k, v, is_causal, with_dropout=False):
     b, nq, h, d = q.shape
     hk = k.shape[2]
     dt = compute_dtype(q.dtype)
-    chunk = max(1, CHUNK_ELEMENTS // (b * k.shape[1] * h * 3))
+    per_weight = 3 + (dropout.ELEMENTS_PER_WEIGHT if with_dropout else 0)
+    chunk = max(1, CHUNK_ELEMENTS // (b * k.shape[1] * h * per_weight))
     if is_causal:  # the diagonal block materializes [B, C, H, C, max(D, D_v)]
         chunk = min(chunk, CAUSAL_CHUNK, max(1, math.isqrt(CHUNK_ELEMENTS // (b * h * max(d, v.shape[-1])))))
     return q.reshape(b, nq, hk, h // hk, d).to(dt), k.to(dt), v.to(dt), chunk
@@ -64,10 +71,26 @@ def _masked_mix_t(w, y, hidden):
     return torch.einsum("bihgj,bjhgie->bjhe", w, ys)  # ys: [B, C_j, H_kv, G, C_i, E]
 
 
-def forward(q, k, v, is_causal: bool, scale: float):
-    """Dense forward: ``(out [B, Nq, H, D_v], lse [B, Nq, H])``."""
+def _dropout_factor(qf, start, stop, n_keys, dropout_p, rng, key_offset):
+    """``[B, C, H_kv, G, n_keys]``: keep mask over ``1 - p`` of queries ``start..stop-1`` and
+    keys ``0..n_keys-1`` (elements ``(i, key_offset + j)``)."""
+    b, _, hk, g, _ = qf.shape
+    queries = torch.arange(start, stop, device=qf.device)
+    keys = torch.arange(key_offset, key_offset + n_keys, device=qf.device)
+    return dropout.weight_factor(rng, dropout_p, b, hk, g, queries, keys, qf.dtype)
+
+
+def _check_rng(dropout_p, rng):
+    if dropout_p and rng is None:
+        raise ValueError(f"dropout_p={dropout_p} needs the call's rng tensor [seed, offset]")
+
+
+def forward(q, k, v, is_causal: bool, scale: float, dropout_p: float = 0.0, rng=None, key_offset: int = 0):
+    """Dense forward: ``(out [B, Nq, H, D_v], lse [B, Nq, H])``; with ``dropout_p > 0`` the
+    call's ``rng`` ``[seed, offset]`` and the global index of key 0 (``key_offset``)."""
+    _check_rng(dropout_p, rng)
     b, nq, h, _ = q.shape
-    qf, kf, vf, chunk = _split(q, k, v, is_causal)
+    qf, kf, vf, chunk = _split(q, k, v, is_causal, dropout_p > 0)
     out = torch.empty(*qf.shape[:-1], v.shape[-1], dtype=qf.dtype, device=q.device)
     lse = torch.empty(qf.shape[:-1], dtype=qf.dtype, device=q.device)
     for start in range(0, nq, chunk):
@@ -76,6 +99,8 @@ def forward(q, k, v, is_causal: bool, scale: float):
         s = _logits(qf[:, start:stop], keys, scale, start, is_causal)
         lse_c = torch.logsumexp(s, dim=-1)
         probs = torch.exp(s - softmax_shift(lse_c)[..., None])
+        if dropout_p:  # the dropped weights meet V; the LSE stays unmasked
+            probs = probs * _dropout_factor(qf, start, stop, keys.shape[1], dropout_p, rng, key_offset)
         if is_causal:
             out[:, start:stop] = (
                 torch.einsum("bchgn,bnhe->bchge", probs[..., :start], vf[:, :start])
@@ -87,10 +112,12 @@ def forward(q, k, v, is_causal: bool, scale: float):
     return out.reshape(b, nq, h, -1).to(q.dtype), lse.reshape(b, nq, h).to(lse_dtype(q.dtype))
 
 
-def backward(q, k, v, out, lse, grad_out, grad_lse, is_causal: bool, scale: float):
-    """Dense backward from the saved LSE: ``(dq, dk, dv)``."""
+def backward(q, k, v, out, lse, grad_out, grad_lse, is_causal: bool, scale: float, dropout_p: float = 0.0,
+             rng=None, key_offset: int = 0):
+    """Dense backward from the saved LSE: ``(dq, dk, dv)`` (dropout arguments: the forward's)."""
+    _check_rng(dropout_p, rng)
     b, nq, h, _ = q.shape
-    qf, kf, vf, chunk = _split(q, k, v, is_causal)
+    qf, kf, vf, chunk = _split(q, k, v, is_causal, dropout_p > 0)
     shape = qf.shape[:-1]
     d_out = grad_out.reshape(*shape, -1).to(qf.dtype)
     delta = (d_out * out.reshape(*shape, -1).to(qf.dtype)).sum(-1)
@@ -108,17 +135,22 @@ def backward(q, k, v, out, lse, grad_out, grad_lse, is_causal: bool, scale: floa
         probs = torch.exp(s - lse_f[:, start:stop, ..., None])
         # dp[i, j] reads value j only: a hidden entry is replaced, not multiplied by 0.
         dp = torch.einsum("bchge,bnhe->bchgn", do_c, values).masked_fill(s == float("-inf"), 0)
+        kept = probs
+        if dropout_p:
+            factor = _dropout_factor(qf, start, stop, keys.shape[1], dropout_p, rng, key_offset)
+            dp = dp * factor
+            kept = probs * factor
         ds = probs * (dp - delta[:, start:stop, ..., None])
         if not is_causal:
             dq[:, start:stop] = torch.einsum("bchgn,bnhd->bchgd", ds, kf) * scale
             dk += torch.einsum("bchgn,bchgd->bnhd", ds, q_c) * scale
-            dv += torch.einsum("bchgn,bchge->bnhe", probs, do_c)
+            dv += torch.einsum("bchgn,bchge->bnhe", kept, do_c)
             continue
         future = _future(start, stop, q.device)
         dq[:, start:stop] = (torch.einsum("bchgn,bnhd->bchgd", ds[..., :start], kf[:, :start])
                              + _masked_mix(ds[..., start:], kf[:, start:stop], future)) * scale
         dk[:, :start] += torch.einsum("bchgn,bchgd->bnhd", ds[..., :start], q_c) * scale
-        dv[:, :start] += torch.einsum("bchgn,bchge->bnhe", probs[..., :start], do_c)
+        dv[:, :start] += torch.einsum("bchgn,bchge->bnhe", kept[..., :start], do_c)
         dk[:, start:stop] += _masked_mix_t(ds[..., start:], q_c, future) * scale
-        dv[:, start:stop] += _masked_mix_t(probs[..., start:], do_c, future)
+        dv[:, start:stop] += _masked_mix_t(kept[..., start:], do_c, future)
     return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

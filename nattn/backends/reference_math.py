@@ -3,6 +3,10 @@
 Written to be read: forward is softmax(q K_w^T * scale + bias) V_w over the window
 ``K_w`` of each query; backward is the textbook attention backward on the same gathered
 windows, with the key/value/bias gradients scattered back through ``index_add_``.
+With attention dropout (``params.dropout_p > 0``, the call's ``rng`` tensor) the
+probabilities are multiplied by the keep mask of nattn/dropout.py over ``1 - p`` where they
+meet V only: the LSE is the one without dropout, the backward masks dP the same way, and
+``delta = rowsum(dO * O)`` holds with the dropped O (docs/semantics.md).
 Memory is bounded by the chunk size, never by N x N. Computes in float32 (float64 for
 float64 inputs) and returns outputs in the input dtype; LSE is float32 (float64 for
 float64 inputs, which the tests use as the exact oracle).
@@ -14,6 +18,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from .. import dropout
 from ..params import NAParams
 from ..windows import WindowTable
 
@@ -47,8 +52,9 @@ def softmax_or_zero(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return e / torch.where(total > 0, total, torch.ones_like(total))
 
 
-def _chunk_len(batch, window, heads, heads_kv, dim, dim_v) -> int:
-    per_query = batch * window * (heads_kv * (dim + dim_v) * 2 + heads * 3)
+def _chunk_len(batch, window, heads, heads_kv, dim, dim_v, with_dropout=False) -> int:
+    per_weight = 3 + (dropout.ELEMENTS_PER_WEIGHT if with_dropout else 0)  # logits, probs, grads (+ mask)
+    per_query = batch * window * (heads_kv * (dim + dim_v) * 2 + heads * per_weight)
     return max(1, CHUNK_ELEMENTS // per_query)
 
 
@@ -75,7 +81,7 @@ class _Problem:
         # Only causal windows near the start hold fewer than k keys (invalid slots).
         self.has_invalid_slots = any(params.is_causal)
         self.chunk = _chunk_len(
-            b, self.table.window_size, self.heads, hk, self.dim, self.dim_v
+            b, self.table.window_size, self.heads, hk, self.dim, self.dim_v, params.dropout_p > 0
         )
 
     def chunks(self):
@@ -106,9 +112,29 @@ class _Problem:
         s = s.masked_fill(~valid[None, :, None, None, :], float("-inf"))
         return s, q_c, k_w, v_w
 
+    def dropout_factor(self, start, stop, key_idx, rng):
+        """``[B, C, H_kv, G, W]``: the keep mask over ``1 - p`` of queries ``start..stop-1`` at
+        their window slots (an invalid slot's clamped key gets a factor too; its probability
+        is 0)."""
+        queries = torch.arange(start, stop, device=key_idx.device)
+        return dropout.weight_factor(rng, self.params.dropout_p, self.batch, self.heads_kv, self.groups,
+                                     queries, key_idx, self.dtype)
 
-def forward(q, k, v, rpb: Optional[torch.Tensor], params: NAParams) -> Tuple[torch.Tensor, torch.Tensor]:
-    """NA forward: ``(out [B, *spatial, H, D_v], lse [B, *spatial, H])``."""
+
+def _dropout_rng(params: NAParams, rng):
+    """The call's rng tensor when it has dropout (None without), or an error when it is missing."""
+    if params.dropout_p == 0:
+        return None
+    if rng is None:
+        raise ValueError(f"dropout_p={params.dropout_p} needs the call's rng tensor [seed, offset]")
+    return rng
+
+
+def forward(q, k, v, rpb: Optional[torch.Tensor], params: NAParams,
+            rng: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """NA forward: ``(out [B, *spatial, H, D_v], lse [B, *spatial, H])``; ``rng`` ``[seed,
+    offset]`` with dropout (``params.dropout_p > 0``)."""
+    rng = _dropout_rng(params, rng)
     p = _Problem(q, k, v, params)
     out = torch.empty(p.batch, p.tokens, p.heads_kv, p.groups, p.dim_v, dtype=p.dtype, device=q.device)
     lse = torch.empty(p.batch, p.tokens, p.heads_kv, p.groups, dtype=p.dtype, device=q.device)
@@ -116,6 +142,8 @@ def forward(q, k, v, rpb: Optional[torch.Tensor], params: NAParams) -> Tuple[tor
         s, _, _, v_w = p.logits(start, stop, key_idx, valid, rpb_idx, rpb)
         lse_c = torch.logsumexp(s, dim=-1)
         probs = torch.exp(s - softmax_shift(lse_c)[..., None])
+        if rng is not None:  # dropout: the dropped weights meet V; the LSE stays unmasked
+            probs = probs * p.dropout_factor(start, stop, key_idx, rng)
         out[:, start:stop] = torch.einsum("bchgw,bcwhe->bchge", probs, v_w)
         lse[:, start:stop] = lse_c
     out = out.reshape(p.batch, *p.spatial, p.heads, p.dim_v).to(q.dtype)
@@ -123,12 +151,14 @@ def forward(q, k, v, rpb: Optional[torch.Tensor], params: NAParams) -> Tuple[tor
     return out, lse
 
 
-def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams):
+def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams, rng: Optional[torch.Tensor] = None):
     """NA backward from the saved LSE: ``(dq, dk, dv, drpb-or-None)``.
 
     ``grad_lse`` (may be None) is the gradient flowing into the LSE output, as when
-    the LSE feeds a merge with extra keys/values: d lse / d logits = probs.
+    the LSE feeds a merge with extra keys/values: d lse / d logits = probs. With dropout
+    ``rng`` is the forward's: the same mask multiplies dP and the probabilities that meet dO.
     """
+    rng = _dropout_rng(params, rng)
     p = _Problem(q, k, v, params)
     b, hk, g = p.batch, p.heads_kv, p.groups
     d_out = grad_out.reshape(b, -1, hk, g, p.dim_v).to(p.dtype)
@@ -146,11 +176,16 @@ def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams):
         probs = torch.exp(s - lse_f[:, start:stop, ..., None])
         do_c = d_out[:, start:stop]
         dp = torch.einsum("bchge,bcwhe->bchgw", do_c, v_w)
+        kept = probs
+        if rng is not None:
+            factor = p.dropout_factor(start, stop, key_idx, rng)
+            dp = dp * factor
+            kept = probs * factor
         ds = probs * (dp - delta[:, start:stop, ..., None])  # d logits
         dq[:, start:stop] = torch.einsum("bchgw,bcwhd->bchgd", ds, k_w) * params.scale
         flat_idx = key_idx.reshape(-1)
         dk_w = p.select(torch.einsum("bchgw,bchgd->bcwhd", ds, q_c) * params.scale, valid)
-        dv_w = p.select(torch.einsum("bchgw,bchge->bcwhe", probs, do_c), valid)
+        dv_w = p.select(torch.einsum("bchgw,bchge->bcwhe", kept, do_c), valid)
         dk.index_add_(1, flat_idx, dk_w.reshape(b, -1, hk, p.dim))
         dv.index_add_(1, flat_idx, dv_w.reshape(b, -1, hk, p.dim_v))
         if drpb is not None:
