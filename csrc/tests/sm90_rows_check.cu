@@ -38,14 +38,8 @@ static int check(long long& checks) {
     CtaTile tile;
     if (!cta_tile<NA, QB, QB>(p, box, tile)) continue;
     for (int qr = 0; qr < QB::kSize; ++qr) {
-      int64_t token = 0;
-      bool ok = true;
-      for (int a = 0; a < NA; ++a) {
-        const int c = tile.q0[a] + QB::offset(qr, a);
-        ok = ok && c < tile.len[a];
-        token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * c;
-      }
-      if (!ok) continue;
+      int64_t token;
+      if (!box_row_token<NA, QB>(p, tile, tile.q0, qr, token)) continue;  // the kernels' mapping
       ++checks;
       if (token < 0 || token >= p.tokens) {
         printf("box %lld row %d maps outside the grid (token %lld of %lld)\n", (long long)box, qr,

@@ -169,14 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         key_origin<NA, CB>(tile, it % tile.tiles, origin);
         float* ld = reinterpret_cast<float*>(smem + S::kLd) + s * 2 * kNq;
         for (int col = lane; col < kNq; col += 32) {
-          bool ok = true;
-          int64_t token = 0;
-#pragma unroll
-          for (int a = 0; a < NA; ++a) {
-            const int i = origin[a] + CB::offset(col, a);
-            ok = ok && i < tile.len[a];
-            token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * i;
-          }
+          int64_t token;
+          const bool ok = box_row_token<NA, CB>(p, tile, origin, col, token);
           const int64_t idx = (int64_t(b) * p.tokens + token) * p.heads + h;
           ld[col] = ok ? lse_log2(p.lse[idx]) : INFINITY;
           ld[kNq + col] = ok ? p.delta[idx] : 0.f;
@@ -474,16 +468,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int kChunks = HD / 8;
     for (int idx = threadIdx.x - 128 * wg; idx < kWgRows * kChunks; idx += 128) {
       const int kr = cw * kWgRows + idx / kChunks, ch = idx % kChunks;
-      int64_t off_k = 0, off_v = 0;
-      bool ok = true;
-#pragma unroll
-      for (int a = 0; a < NA; ++a) {
-        const int j = tile.q0[a] + RB::offset(kr, a);
-        ok = ok && j < tile.len[a];
-        const int64_t pos = tile.g[a] + int64_t(p.dilation[a]) * j;
-        off_k += pos * p.dk_s[1 + a];
-        off_v += pos * p.dv_s[1 + a];
-      }
+      int64_t off_k, off_v;
+      const bool ok = box_row_offset<NA, RB>(p, tile, tile.q0, kr, p.dk_s, off_k);
+      box_row_offset<NA, RB>(p, tile, tile.q0, kr, p.dv_s, off_v);
       if (ok) {
         *reinterpret_cast<uint4*>(out_k + off_k + ch * 8) = *reinterpret_cast<const uint4*>(stage_k + R::offset(kr, ch * 8));
         *reinterpret_cast<uint4*>(out_v + off_v + ch * 8) = *reinterpret_cast<const uint4*>(stage_v + R::offset(kr, ch * 8));

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int qr = cw * kWgRows + wr + g4 + 8 * r;
     row_ok[r] = true;
     row[r].rpb = h * int(p.rpb_head_size);
-    int64_t token = 0;
+    int64_t token;
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
       const int i = tile.q0[a] + QB::offset(qr, a);
@@ -133,8 +133,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       row[r].lo[a] = w.start;
       row[r].hi[a] = w.start + w.count - 1;
       row[r].rpb += (p.kernel[a] - 1 - ic) * rpb_mult[a];
-      token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * ic;
     }
+    box_row_token<NA, QB>(p, tile, tile.q0, qr, token);
     const int64_t idx = (int64_t(b) * p.tokens + token) * p.heads + h;
     lse2[r] = row_ok[r] ? lse_log2(p.lse[idx]) : INFINITY;  // no probability for padding rows
     dlt[r] = row_ok[r] ? p.delta[idx] : 0.f;

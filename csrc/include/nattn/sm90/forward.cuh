@@ -392,11 +392,8 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   }
   // The [B, N, H] row (LSE index) of the lane's row r.
   auto row_index = [&](int r) {
-    const int qr = cw * kWgRows + wr + g4 + 8 * r;
-    int64_t token = 0;
-#pragma unroll
-    for (int a = 0; a < NA; ++a)
-      token = token * p.spatial[a] + tile.g[a] + int64_t(p.dilation[a]) * (tile.q0[a] + QB::offset(qr, a));
+    int64_t token;
+    box_row_token<NA, QB>(p, tile, tile.q0, cw * kWgRows + wr + g4 + 8 * r, token);
     return (int64_t(b) * p.tokens + token) * p.heads + h;
   };
   if (Cta::kSplitKv && p.o_part) {  // split-KV: this slice's rows, fp32, normalised by its own sum, and its LSE
@@ -434,14 +431,8 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   constexpr int kChunks = HD / 8;
   for (int idx = threadIdx.x % 128; idx < kWgRows * kChunks; idx += 128) {
     const int qr = cw * kWgRows + idx / kChunks, ch = idx % kChunks;
-    int64_t off = 0;
-    bool ok = true;
-#pragma unroll
-    for (int a = 0; a < NA; ++a) {
-      const int i = tile.q0[a] + QB::offset(qr, a);
-      ok = ok && i < tile.len[a];
-      off += int64_t(tile.g[a] + p.dilation[a] * i) * p.out_s[1 + a];
-    }
+    int64_t off;
+    const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, qr, p.out_s, off);
     if (ok)
       *reinterpret_cast<uint4*>(out + off + ch * 8) = *reinterpret_cast<const uint4*>(stage + R::offset(qr, ch * 8));
   }

@@ -32,16 +32,9 @@ __global__ void __launch_bounds__(kMergeThreads) split_kv_merge_kernel(const Par
   const int item = (blockIdx.x % kChunks) * kMergeThreads + threadIdx.x;
   if (item >= QB::kSize * kParts) return;
   const int qr = item / kParts, part = item % kParts;
-  int64_t token = 0, off = 0;
-  bool ok = true;
-#pragma unroll
-  for (int a = 0; a < NA; ++a) {
-    const int c = tile.q0[a] + QB::offset(qr, a);
-    ok = ok && c < tile.len[a];
-    const int64_t coord = tile.g[a] + int64_t(p.dilation[a]) * c;  // along the axis
-    token = token * p.spatial[a] + coord;
-    off += coord * p.out_s[1 + a];
-  }
+  int64_t token, off;
+  const bool ok = box_row_token<NA, QB>(p, tile, tile.q0, qr, token);
+  box_row_offset<NA, QB>(p, tile, tile.q0, qr, p.out_s, off);
   if (!ok) return;
   float m = -INFINITY;
   for (int s = 0; s < splits; ++s) m = fmaxf(m, p.lse_part[(slot0 + s) * QB::kSize + qr]);

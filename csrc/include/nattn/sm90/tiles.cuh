@@ -136,4 +136,36 @@ NATTN_HD void key_origin(const CtaTile& t, int k, int* origin) {
   }
 }
 
+// Row `row` of box B whose first element is `first` (group coordinates, per axis): its flat
+// token index in [0, N). False for a padding row (past the dilation group's end on an axis:
+// edge boxes), whose `token` is then meaningless.
+template <int NA, class B>
+NATTN_HD bool box_row_token(const Params& p, const CtaTile& t, const int* first, int row, int64_t& token) {
+  bool ok = true;
+  token = 0;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    const int i = first[a] + B::offset(row, a);
+    ok = ok && i < t.len[a];
+    token = token * p.spatial[a] + t.g[a] + int64_t(p.dilation[a]) * i;
+  }
+  return ok;
+}
+
+// The same row's element offset in a tensor with element strides s (batch, axes 0..2, heads;
+// the batch and head parts are the caller's).
+template <int NA, class B>
+NATTN_HD bool box_row_offset(const Params& p, const CtaTile& t, const int* first, int row, const int64_t* s,
+                             int64_t& off) {
+  bool ok = true;
+  off = 0;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    const int i = first[a] + B::offset(row, a);
+    ok = ok && i < t.len[a];
+    off += (t.g[a] + int64_t(p.dilation[a]) * i) * s[1 + a];
+  }
+  return ok;
+}
+
 }  }  // namespace nattn::sm90
