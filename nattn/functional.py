@@ -226,7 +226,8 @@ def na1d(
             The mask comes from Philox keyed by a seed and an offset drawn from the default
             generator of the inputs' device, so ``torch.manual_seed`` reproduces it, forward
             and backward (docs/semantics.md, "Attention dropout"). Only backends with dropout
-            run it (today ``"reference"``; ``"cuda"`` and ``"flex"`` decline it). 0 (the
+            run it: ``"reference"``, and ``"cuda"`` on libnattn's tensor-core family (float16/
+            bfloat16, head dims <= 128, SM80+); ``"flex"`` declines it. 0 (the
             default) changes nothing and draws nothing.
 
     Returns:
@@ -325,7 +326,8 @@ def na2d(
             The mask comes from Philox keyed by a seed and an offset drawn from the default
             generator of the inputs' device, so ``torch.manual_seed`` reproduces it, forward
             and backward (docs/semantics.md, "Attention dropout"). Only backends with dropout
-            run it (today ``"reference"``; ``"cuda"`` and ``"flex"`` decline it). 0 (the
+            run it: ``"reference"``, and ``"cuda"`` on libnattn's tensor-core family (float16/
+            bfloat16, head dims <= 128, SM80+); ``"flex"`` declines it. 0 (the
             default) changes nothing and draws nothing.
 
     Returns:
@@ -424,7 +426,8 @@ def na3d(
             The mask comes from Philox keyed by a seed and an offset drawn from the default
             generator of the inputs' device, so ``torch.manual_seed`` reproduces it, forward
             and backward (docs/semantics.md, "Attention dropout"). Only backends with dropout
-            run it (today ``"reference"``; ``"cuda"`` and ``"flex"`` decline it). 0 (the
+            run it: ``"reference"``, and ``"cuda"`` on libnattn's tensor-core family (float16/
+            bfloat16, head dims <= 128, SM80+); ``"flex"`` declines it. 0 (the
             default) changes nothing and draws nothing.
 
     Returns:

@@ -50,7 +50,7 @@ def _run(op: int, a, b, out, params: NAParams, rows: torch.Tensor, kv: torch.Ten
     n = len(spatial)
     pad = lambda xs, fill: list(xs) + [fill] * (3 - n)  # noqa: E731
     values = {
-        "abi_version": [kernel_table.ABI_VERSION], "device": [a.device.index or 0],
+        "abi_version": [getattr(lib, "abi", kernel_table.ABI_VERSION)], "device": [a.device.index or 0],
         "dtype": [kernel_table.DTYPES.index(_DTYPE_NAMES[a.dtype])], "op": [op], "na_dim": [n],
         "batch": [a.shape[0]], "heads": [heads], "heads_kv": [heads_kv], "dim": [dim],
         "spatial": pad(spatial, 1), "kernel": pad(params.kernel_size, 1), "stride": pad(params.stride, 1),

@@ -3,12 +3,15 @@ the GPU, so its error codes and messages are testable without one. Runs when a b
 library is found (NATTN_LIBRARY, as .ci/compile_kernels.sh sets it); skipped otherwise."""
 
 import ctypes
+import struct
 
 import pytest
 import torch
 
+from nattn import dropout
 from nattn._cuda import kernel_table, library
 from nattn.backends import BACKENDS
+from nattn.backends import cuda as cuda_backend
 from nattn.params import normalize
 
 LIB = library.load()
@@ -17,8 +20,11 @@ CUDA = BACKENDS["cuda"]
 
 
 def call(fields, n=None, fn="forward"):
+    """One call with the library's ABI: an older one (kernel_table.ABI_PROBLEM_FIELDS) reads a
+    prefix of the fields, as the cuda backend passes them."""
     err = ctypes.create_string_buffer(1024)
-    rc = getattr(LIB, fn)(fields, len(fields) if n is None else n, 0.5, None, err, 1024)
+    fields[0] = LIB.abi
+    rc = getattr(LIB, fn)(fields, LIB.num_fields if n is None else n, 0.5, None, err, 1024)
     return rc, err.value.decode()
 
 
@@ -146,9 +152,78 @@ def test_per_call_configuration_fields_are_checked():
     fields[kernel_table.FIELD_OFFSETS["kv_splits"]] = 65
     rc, msg = call(fields)
     assert rc == 1 and "kv_splits must be in [0, 64] (0 or 1: no split), got 65" in msg
+    if torch.cuda.is_available():  # the last step would launch on the GPU with placeholder pointers
+        return
     fields = problem()
     fields[tile:tile + 6] = (8, 8, 1, 7, 16, 1)
     fields[dq] = 2
     fields[kernel_table.FIELD_OFFSETS["kv_splits"]] = 4
     rc, msg = call(fields)
     assert rc == 3 and "device" in msg  # no GPU here: past every check
+
+
+def _dropout_problem(dtype, p=0.3, rng_ptr=1 << 20):
+    """A valid problem (head dim 32, every family builds it) with attention dropout fields."""
+    q = torch.zeros(2, *SPATIAL, 2, 32, dtype=dtype)
+    out, lse = torch.empty_like(q), torch.empty(2, *SPATIAL, 2)
+    params = normalize(q, q, q, NA_DIM, KERNEL, dropout_p=p)
+    fields, _ = CUDA._template(params, (q, q, q, out, None, None, None, None))
+    for slot, t in zip(cuda_backend._PTR_SLOTS, (q, q, q, out, lse)):
+        fields[slot] = t.data_ptr()
+    fields[kernel_table.FIELD_OFFSETS["rng_ptr"]] = rng_ptr
+    return fields
+
+
+def test_library_reports_its_dropout_families():
+    """ABI 3: the tensor-core family runs attention dropout wherever it is compiled (an ABI 2
+    library, from before dropout, has none)."""
+    tc = any(family == "tc" for family, _, _ in LIB.kernels)
+    assert LIB.dropout_families == ({"tc"} if tc and LIB.abi >= 3 else set())
+    assert kernel_table.ABI_PROBLEM_FIELDS[LIB.abi] == LIB.num_fields
+
+
+needs_abi3 = pytest.mark.skipif(LIB is None or LIB.abi < 3, reason="a library from before ABI 3 (no dropout)")
+
+
+@needs_abi3
+def test_dropout_fields_are_checked():
+    """dropout_p's bits, its threshold (floor(p * 2^32)) and the rng pointer are validated
+    before any device work, the message naming dropout_p among the configuration."""
+    f = kernel_table.FIELD_OFFSETS
+    rc, msg = call(_dropout_problem(torch.float32, rng_ptr=0))
+    assert rc == 1 and "dropout_p > 0 needs rng_ptr" in msg and "dropout_p=0.3]" in msg
+    fields = _dropout_problem(torch.float32)
+    fields[f["rng_ptr"]] = (1 << 20) + 4
+    assert "8-byte aligned" in call(fields)[1]
+    fields = _dropout_problem(torch.float32)
+    fields[f["dropout_threshold"]] += 1
+    rc, msg = call(fields)
+    assert rc == 1 and "does not match dropout_p" in msg and f"= {dropout.drop_threshold(0.3)})" in msg
+    fields = _dropout_problem(torch.float32)
+    fields[f["dropout_p_bits"]] = struct.unpack("<q", struct.pack("<d", 1.5))[0]
+    rc, msg = call(fields)
+    assert rc == 1 and "dropout_p must be in [0, 1), got 1.5" in msg
+    fields = _dropout_problem(torch.float32, p=0.0)
+    fields[f["dropout_threshold"]] = 7
+    rc, msg = call(fields)
+    assert rc == 1 and "dropout_threshold 7 without dropout_p" in msg
+
+
+@needs_abi3
+def test_dropout_is_declined_where_the_simt_family_would_run(monkeypatch):
+    """float32 (and, without a GPU here, any dtype: no compute capability) would run the SIMT
+    family, which has no dropout: the call fails saying so, forward and backward."""
+    if not any(family == "simt" and dt == "float32" for family, dt, _ in LIB.kernels):
+        pytest.skip("this build has no float32 SIMT kernel")
+    for fn in ("forward", "backward"):  # before the backward's buffers are checked
+        rc, msg = call(_dropout_problem(torch.float32), fn=fn)
+        assert rc == 2 and "dropout_p > 0 is not supported by the simt family" in msg and "float32 runs there" in msg
+    monkeypatch.setenv("NATTN_FAMILY", "simt")
+    if any(dt != "float32" for _, dt, _ in LIB.kernels):
+        dt = next(getattr(torch, dt) for _, dt, _ in LIB.kernels if dt != "float32")
+        rc, msg = call(_dropout_problem(dt))
+        assert rc == 2 and "NATTN_FAMILY=simt" in msg and "the tc family runs dropout" in msg
+    monkeypatch.delenv("NATTN_FAMILY")
+    if not torch.cuda.is_available() and any(dt != "float32" for _, dt, _ in LIB.kernels):
+        rc, msg = call(_dropout_problem(dt))
+        assert rc == 2 and "compute capability is unknown" in msg

@@ -40,7 +40,7 @@ def test_configured_cuda_names_share_the_backend_and_cache_views():
 
 
 def test_the_problem_struct_carries_the_configuration():
-    """The last eight fields (kernel_table.PROBLEM_FIELDS: tile, dq_mode, kv_splits) come from the name."""
+    """The eight configuration fields (kernel_table.PROBLEM_FIELDS: tile, dq_mode, kv_splits) come from the name."""
     with FakeTensorMode():
         q = torch.empty(2, 16, 16, 4, 32, device="cuda", dtype=torch.bfloat16)
         out = torch.empty_like(q)
@@ -53,4 +53,5 @@ def test_the_problem_struct_carries_the_configuration():
     kv = kernel_table.FIELD_OFFSETS["kv_splits"]
     assert list(fields[tile:tile + 6]) == [8, 8, 1, 7, 16, 1] and fields[dq] == 2 and fields[kv] == 3
     assert list(default[tile:tile + 8]) == [0] * 8
-    assert kernel_table.ABI_VERSION == 2 and kv == kernel_table.NUM_PROBLEM_FIELDS - 1
+    # ... followed by ABI 3's three dropout fields (tests/test_cuda_dropout.py)
+    assert kernel_table.ABI_VERSION == 3 and kv == kernel_table.FIELD_OFFSETS["dropout_threshold"] - 1

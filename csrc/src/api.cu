@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nattn/common/philox.cuh"
 #include "nattn/common/registry.h"
 #include "nattn/simt/launch.h"
 #include "nattn/sm90/tensor_map_spec.h"
@@ -33,17 +34,23 @@ int fail(char* err, int64_t err_len, int code, const NattnProblem& pr, const cha
   va_end(ap);
   const int nd = int(pr.na_dim);
   const char* dt = (pr.dtype >= 0 && pr.dtype < 3) ? kDtypeNames[pr.dtype] : "?";
+  char drop[48] = "";
+  if (pr.dropout_p_bits) {
+    double p;
+    memcpy(&p, &pr.dropout_p_bits, sizeof p);
+    snprintf(drop, sizeof drop, " dropout_p=%.6g", p);
+  }
   snprintf(err, size_t(err_len),
            "%s: %s [dtype=%s na_dim=%d batch=%lld spatial=(%lld,%lld,%lld) heads=%lld "
            "heads_kv=%lld dim=%lld dim_v=%lld kernel=(%lld,%lld,%lld) stride=(%lld,%lld,%lld) "
-           "dilation=(%lld,%lld,%lld) causal=(%lld,%lld,%lld)]",
+           "dilation=(%lld,%lld,%lld) causal=(%lld,%lld,%lld)%s]",
            what, detail, dt, nd, (long long)pr.batch, (long long)pr.spatial[0],
            (long long)(nd > 1 ? pr.spatial[1] : 0), (long long)(nd > 2 ? pr.spatial[2] : 0),
            (long long)pr.heads, (long long)pr.heads_kv, (long long)pr.dim, (long long)pr.dim_v,
            (long long)pr.kernel[0], (long long)pr.kernel[1], (long long)pr.kernel[2],
            (long long)pr.stride[0], (long long)pr.stride[1], (long long)pr.stride[2],
            (long long)pr.dilation[0], (long long)pr.dilation[1], (long long)pr.dilation[2],
-           (long long)pr.causal[0], (long long)pr.causal[1], (long long)pr.causal[2]);
+           (long long)pr.causal[0], (long long)pr.causal[1], (long long)pr.causal[2], drop);
   return code;
 }
 
@@ -99,6 +106,10 @@ bool tc_allowed(int device) { return family_cap() >= kCapTc && device_cc(device)
 
 // The Hopper family's code is sm_90a: it runs on compute capability 9.0 exactly.
 bool sm90_allowed(int device) { return family_cap() >= kCapAny && device_cc(device) == 90; }
+
+// Attention dropout runs on the tensor-core family only (kernel_table.DROPOUT_FAMILIES): a
+// problem with it never goes to the Hopper family, and fails where the SIMT family would run it.
+const char* const kSm90NoDropout = "dropout_p > 0 is not supported by the sm90 family (the tc family runs it)";
 
 // Smallest window (keys per query) from which the Hopper family runs a forward unless
 // NATTN_FAMILY says otherwise, per NA dim. Measured on the H200 (bf16, docs/dev/PERF.md):
@@ -318,6 +329,24 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
     return fail(err, err_len, kInvalid, pr, what, "heads must be a multiple of heads_kv");
   if (pr.batch <= 0 || pr.batch > 65535 || pr.heads > 65535)
     return fail(err, err_len, kInvalid, pr, what, "batch and heads must be in 1..65535 (grid limits)");
+  // Attention dropout: p as float64 bits, its keep threshold (which must be floor(p * 2^32),
+  // common/philox.cuh) and the device pointer of the call's int64 [seed, offset].
+  const bool dropout = pr.dropout_p_bits != 0;
+  double drop_p = 0.0;
+  memcpy(&drop_p, &pr.dropout_p_bits, sizeof drop_p);
+  if (dropout) {
+    if (!(drop_p > 0.0 && drop_p < 1.0))
+      return fail(err, err_len, kInvalid, pr, what, "dropout_p must be in [0, 1), got %g", drop_p);
+    if (pr.dropout_threshold != int64_t(nattn::dropout_threshold(drop_p)))
+      return fail(err, err_len, kInvalid, pr, what, "dropout_threshold %lld does not match dropout_p %.17g "
+                  "(floor(p * 2^32) = %u)", (long long)pr.dropout_threshold, drop_p, nattn::dropout_threshold(drop_p));
+    if (!pr.rng_ptr || pr.rng_ptr % 8)
+      return fail(err, err_len, kInvalid, pr, what, "dropout_p > 0 needs rng_ptr: the call's int64 [seed, offset] "
+                  "on the device, 8-byte aligned");
+  } else if (pr.dropout_threshold != 0) {
+    return fail(err, err_len, kInvalid, pr, what, "dropout_threshold %lld without dropout_p",
+                (long long)pr.dropout_threshold);
+  }
   const int64_t dim_max = pr.dim > pr.dim_v ? pr.dim : pr.dim_v;
   entry = find_kernel("simt", int(pr.dtype), int(pr.na_dim), int(dim_max));
   if (!entry)
@@ -328,6 +357,22 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
   if (pr.dtype != 0 && tc_allowed(int(pr.device))) {
     const nattn::KernelEntry* tc = find_kernel("tc", int(pr.dtype), int(pr.na_dim), int(dim_max));
     if (tc) entry = tc;
+  }
+  if (dropout && strcmp(entry->family, "tc")) {  // the SIMT family would run it: it has no dropout
+    char why[160];
+    const int cc = pr.dtype != 0 ? device_cc(int(pr.device)) : 0;
+    if (pr.dtype == 0)
+      snprintf(why, sizeof why, "float32 runs there");
+    else if (family_cap() == kCapSimt)
+      snprintf(why, sizeof why, "NATTN_FAMILY=simt");
+    else if (cc < 80)
+      snprintf(why, sizeof why, cc ? "the device is compute capability %d.%d" : "the device's compute capability is unknown",
+               cc / 10, cc % 10);
+    else
+      snprintf(why, sizeof why, "no compiled tc kernel for this dtype, NA dim and head dim %lld", (long long)dim_max);
+    return fail(err, err_len, kNotCompiled, pr, what, "dropout_p > 0 is not supported by the simt family, which "
+                "would run this problem (%s); the tc family runs dropout: float16/bfloat16, head dims <= %d, SM80+",
+                why, kTcMaxHeadDim);
   }
   memset(&p, 0, sizeof p);
   p.na_dim = int(pr.na_dim);
@@ -376,6 +421,11 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
                 (long long)pr.kv_splits);
   p.kv_splits = pr.kv_splits > 1 ? int(pr.kv_splits) : 1;
   p.o_part = p.lse_part = nullptr;
+  if (dropout) {
+    p.drop_rng = reinterpret_cast<const int64_t*>(pr.rng_ptr);
+    p.drop_threshold = uint32_t(pr.dropout_threshold);
+    p.drop_scale = float(1.0 / (1.0 - drop_p));
+  }
   p.scale = float(scale);
   p.scale_log2 = float(scale * 1.4426950408889634);
   const int eb = kDtypeBytes[pr.dtype];
@@ -461,13 +511,15 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
       }
     };
     const bool auto_split = !backward && !named && pr.kv_splits == 0 && sm90_allowed(int(pr.device)) &&
-                            split_by_default(p, int(pr.device));
+                            split_by_default(p, int(pr.device)) && !p.drop_rng;
     if (auto_split) {
       p.kv_splits = kDefaultSplits;
       try_sm90();
       if (why) p.kv_splits = 1;  // declined: the usual choice, unsplit
     }
-    if (!auto_split || why) {
+    if (p.drop_rng) {
+      why = kSm90NoDropout;  // the tensor-core entry build_params chose runs it
+    } else if (!auto_split || why) {
       why = nullptr;
       if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p, backward)))
         try_sm90();
@@ -567,6 +619,15 @@ NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* 
     used += n;
   }
   return kOk;
+}
+
+// The families of this build whose kernels run attention dropout (kernel_table.DROPOUT_FAMILIES
+// with compiled instances), ';'-separated: "tc", or "" (Python's cuda backend then declines
+// dropout, as it does with a library from before ABI 3, which lacks this function).
+NATTN_API const char* nattn_dropout_families() {
+  for (int i = 0; i < nattn::kNumKernels; ++i)
+    if (nattn::kKernels[i].family && !strcmp(nattn::kKernels[i].family, "tc")) return "tc";
+  return "";
 }
 
 // "family:dtype:na_dim:head_dim" for every compiled instance, ';'-separated.

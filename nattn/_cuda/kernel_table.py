@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-ABI_VERSION = 2
+ABI_VERSION = 3  # 3: attention dropout (dropout_threshold, dropout_p_bits, rng_ptr)
 
 # dtype code shared by C and Python (the index into this tuple).
 DTYPES = ("float32", "float16", "bfloat16")
@@ -150,7 +150,17 @@ PROBLEM_FIELDS: Tuple[Tuple[str, int], ...] = (
     ("tile", 6),
     ("dq_mode", 1),
     ("kv_splits", 1),
+    # Attention dropout (docs/semantics.md, "Attention dropout"; zeros: none): the keep
+    # threshold floor(p * 2^32) (an element is dropped iff its Philox word is below it), p
+    # itself as the bits of a float64 (the library scales kept weights by 1 / (1 - p) and
+    # checks the threshold against it), and the device pointer of the call's int64 [seed,
+    # offset] tensor, read by the kernels (no host sync: CUDA graphs capture the call).
+    ("dropout_threshold", 1),
+    ("dropout_p_bits", 1),
+    ("rng_ptr", 1),
 )
+# Families whose kernels run attention dropout (the others decline a problem with it).
+DROPOUT_FAMILIES = ("tc",)
 
 # The unfused window ops (na*d_qk / na*d_av and their gradients; csrc/include/nattn/window/):
 # one instance per (dtype, NA dim), any head dim that is a multiple of 8, every GPU from
@@ -185,6 +195,10 @@ for _name, _n in PROBLEM_FIELDS:
     FIELD_OFFSETS[_name] = _o
     _o += _n
 del _o
+# The ABI versions the Python side calls, with their problem-field counts. Each version
+# appended fields, so an older library reads a prefix of the same array: ABI 2 is ABI 3
+# without the dropout fields (such a library has no dropout; the cuda backend declines it).
+ABI_PROBLEM_FIELDS: Dict[int, int] = {2: FIELD_OFFSETS["dropout_threshold"], ABI_VERSION: NUM_PROBLEM_FIELDS}
 
 
 def _pad3(extents) -> Tuple[int, int, int]:

@@ -37,11 +37,14 @@ class Library:
         lib.nattn_num_problem_fields.restype = ctypes.c_int64
         lib.nattn_kernels.restype = ctypes.c_char_p
         abi, fields = lib.nattn_abi_version(), lib.nattn_num_problem_fields()
-        if abi != kernel_table.ABI_VERSION or fields != kernel_table.NUM_PROBLEM_FIELDS:
+        if kernel_table.ABI_PROBLEM_FIELDS.get(abi) != fields:
             raise OSError(
                 f"{path} has ABI {abi} with {fields} problem fields; this nattn expects ABI "
-                f"{kernel_table.ABI_VERSION} with {kernel_table.NUM_PROBLEM_FIELDS}: rebuild it"
+                f"{kernel_table.ABI_VERSION} with {kernel_table.NUM_PROBLEM_FIELDS} (or an older one of "
+                f"{kernel_table.ABI_PROBLEM_FIELDS}): rebuild it"
             )
+        # An older ABI (a prefix of the problem struct): calls pass its field count and version.
+        self.abi, self.num_fields = int(abi), int(fields)
         sig = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p,
                ctypes.c_char_p, ctypes.c_int64]
         for name in ("nattn_forward", "nattn_backward"):
@@ -95,6 +98,12 @@ class Library:
                 if item:
                     code, na_dim = item.split(":")
                     self.window_ops.add((kernel_table.DTYPES[int(code)], int(na_dim)))
+        # Families whose kernels run attention dropout (none: builds before ABI 3, whose
+        # problem struct has no dropout fields; the cuda backend then declines dropout).
+        self.dropout_families = set()
+        if self.abi >= 3 and hasattr(lib, "nattn_dropout_families"):
+            lib.nattn_dropout_families.restype = ctypes.c_char_p
+            self.dropout_families = {f for f in lib.nattn_dropout_families().decode().split(";") if f}
         # (family, dtype, na_dim) -> sorted head-dim buckets
         self.kernels = {}
         for item in lib.nattn_kernels().decode().split(";"):
@@ -112,7 +121,8 @@ class Library:
         if self._sm90_configs is None:
             return []
         out, err = ctypes.create_string_buffer(1 << 14), ctypes.create_string_buffer(1024)
-        rc = self._sm90_configs(ctypes.cast(fields, ctypes.c_void_p), len(fields), out, len(out), err, len(err))
+        fields[0] = self.abi  # abi_version (an older library reads a prefix of the fields)
+        rc = self._sm90_configs(ctypes.cast(fields, ctypes.c_void_p), self.num_fields, out, len(out), err, len(err))
         if rc:
             raise ValueError(err.value.decode(errors="replace"))
         configs = []

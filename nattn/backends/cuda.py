@@ -4,6 +4,13 @@ libnattn runs its tensor-core family (SM80+, fp16/bf16, head dims <= 128) where 
 and its SIMT family (every GPU from SM50, every dtype and head dim) otherwise; the capability
 check here reads the SIMT list, which covers every problem the library accepts.
 
+Attention dropout (``dropout_p > 0``, docs/semantics.md) runs on the tensor-core family only
+(ABI 3 libraries, ``nattn_dropout_families``): the backend declares ``supports_dropout`` when the
+loaded library has it, declines the problems that family cannot run (fp32, head dims above 128,
+GPUs before SM80, a Hopper tile pair or split-KV named in the configuration) with the reason,
+and passes the threshold, ``dropout_p`` and the device pointer of the call's ``rng`` tensor in
+the problem struct (the kernels read seed and offset from device memory: no host sync).
+
 Imports cleanly without the compiled library: then every CUDA problem gets the reason
 "libnattn is not built", and the first automatic fallback of a CUDA tensor warns once.
 The per-call host path is kept lean: one int64 array packed per call, the stream read
@@ -15,13 +22,16 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
+import struct
 import warnings
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from .. import dropout as _dropout
 from .._cuda import kernel_table, library
-from . import register_backend
+from . import heuristics, register_backend
 from . import kernel_config
 from .base import Backend
 
@@ -35,6 +45,9 @@ _Problem = ctypes.c_int64 * kernel_table.NUM_PROBLEM_FIELDS
 # Indices of the pointer fields, in the order _pack passes the tensors.
 _PTR_SLOTS = tuple(kernel_table.FIELD_OFFSETS[f"{n}_ptr"] for n in (
     "q", "k", "v", "out", "lse", "rpb", "grad_out", "grad_lse", "delta", "dq", "dk", "dv", "drpb"))
+_RNG_SLOT = kernel_table.FIELD_OFFSETS["rng_ptr"]
+# The family that runs attention dropout (kernel_table.DROPOUT_FAMILIES) and its limits.
+_DROPOUT_FAMILY = "tc"
 
 try:  # a raw cudaStream_t for a device index, ~10x cheaper than current_stream()
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -73,6 +86,24 @@ def _per_axis(values, na_dim: int, fill: int = 1) -> Tuple[int, ...]:
     return tuple(int(v) for v in values) + (fill,) * (3 - na_dim)
 
 
+def dropout_fields(p: float) -> Tuple[int, int]:
+    """The problem struct's ``dropout_threshold`` and ``dropout_p_bits`` for dropout probability
+    ``p``: ``floor(p * 2^32)`` (nattn/dropout.py's rule) and the bits of ``p`` as a float64
+    (libnattn derives ``1 / (1 - p)`` from it and checks the threshold); ``(0, 0)`` for ``p = 0``."""
+    if not p > 0:
+        return 0, 0
+    return _dropout.drop_threshold(p), struct.unpack("<q", struct.pack("<d", float(p)))[0]
+
+
+def _check_rng(rng, q, params) -> None:
+    """The call's ``rng`` ([seed, offset], int64, on q's device) for a call with dropout."""
+    if rng is None:
+        raise ValueError(f"dropout_p={params.dropout_p} needs the call's rng tensor [seed, offset]")
+    if rng.dtype != torch.int64 or rng.shape != (2,) or rng.device != q.device or rng.stride() != (1,):
+        raise ValueError("rng must be a contiguous int64 tensor [seed, offset] on the inputs' device, got "
+                         f"{rng.dtype} {tuple(rng.shape)} strides {tuple(rng.stride())} on {rng.device}")
+
+
 def split_kv_configurations(shape, device) -> List[str]:
     """The split-KV configurations worth timing for a query of ``shape`` ``[B, *spatial, H,
     D]`` on CUDA ``device``: kv=1 (unsplit), kv=2 and kv=4 when its 128-query tiles number
@@ -104,6 +135,39 @@ class CudaBackend(Backend):
         return view
 
     # ------------------------------------------------------------------ capability
+    @property
+    def supports_dropout(self) -> bool:
+        """Whether the loaded libnattn runs attention dropout (its tensor-core family; ABI 3 on).
+        Which problems it runs, na_not_supported_reasons says. False without a library or with
+        an older one: the dispatch then gives the usual "does not support dropout_p > 0"."""
+        lib = library.load()
+        return lib is not None and _DROPOUT_FAMILY in getattr(lib, "dropout_families", ())
+
+    def _dropout_reasons(self, lib, q, v, params) -> List[str]:
+        """Why libnattn cannot run this call's attention dropout: its tensor-core family does
+        (float16/bfloat16, head dims <= 128, SM80+; the SIMT and Hopper families decline it)."""
+        if _DROPOUT_FAMILY not in getattr(lib, "dropout_families", ()):
+            return [f"libnattn at {lib.path} has no attention dropout (dropout_p > 0): rebuild it"]
+        head = "dropout_p > 0 runs on libnattn's tensor-core family only"
+        dtype = _DTYPE_NAMES.get(q.dtype)
+        if q.dtype not in heuristics.TC_DTYPES:
+            return [f"{head}: float16/bfloat16 (got {q.dtype}; the simt family does not support dropout)"]
+        dim = max(q.shape[-1], v.shape[-1])
+        buckets = lib.kernels.get((_DROPOUT_FAMILY, dtype, params.na_dim), [])
+        if not buckets:
+            return [f"{head}, which this build has not compiled for {dtype} {params.na_dim}-D"]
+        if dim > min(heuristics.TC_MAX_HEAD_DIM, buckets[-1]):
+            return [f"{head}: head dims <= {min(heuristics.TC_MAX_HEAD_DIM, buckets[-1])} for {dtype} "
+                    f"{params.na_dim}-D (got D={q.shape[-1]}, D_v={v.shape[-1]}; the simt and sm90 families "
+                    "do not support dropout)"]
+        major, minor = heuristics._capability(q.device.index or 0)
+        if major < 8:
+            return [f"{head}: SM80+ (this GPU is sm_{major}{minor}, where the simt family, which does not "
+                    "support dropout, runs)"]
+        if os.environ.get("NATTN_FAMILY") == "simt":
+            return [f"{head}: NATTN_FAMILY=simt caps libnattn at the simt family, which does not support dropout"]
+        return []
+
     def _arch_reason(self, index: int) -> Optional[str]:
         """None when the library has code for this GPU, else why not (cached per device)."""
         if index not in self._arch_ok:
@@ -154,12 +218,15 @@ class CudaBackend(Backend):
         arch = self._arch_reason(q.device.index if q.device.index is not None else 0)
         if arch:
             reasons.append(arch)
+        if params.dropout_p > 0 and not reasons:
+            reasons += self._dropout_reasons(lib, q, v, params)
         return reasons
 
     # ------------------------------------------------------------------------ calls
     def _pack(self, params, q, k, v, out, lse, rpb, grad_out=None, grad_lse=None, delta=None,
-              dq=None, dk=None, dv=None, drpb=None, config=kernel_config.DEFAULT):
-        """The NattnProblem array: a cached template per layout, with this call's pointers."""
+              dq=None, dk=None, dv=None, drpb=None, config=kernel_config.DEFAULT, rng=None):
+        """The NattnProblem array: a cached template per layout, with this call's pointers
+        (and, with dropout, its rng tensor's)."""
         strided = (q, k, v, out, grad_out, dq, dk, dv)  # kernel_table.STRIDED_TENSORS order
         key = (params, q.dtype, q.device, rpb is None, config) + tuple(
             None if t is None else (t.shape, t.stride()) for t in strided)
@@ -175,6 +242,9 @@ class CudaBackend(Backend):
         for i, t in zip(_PTR_SLOTS, ptrs):
             if t is not None:
                 fields[i] = t.data_ptr()
+        if params.dropout_p > 0:
+            _check_rng(rng, q, params)
+            fields[_RNG_SLOT] = rng.data_ptr()
         return fields, device
 
     @staticmethod
@@ -194,6 +264,7 @@ class CudaBackend(Backend):
         for t in strided:
             vals += _strides(t, nd) if t is not None else (0, 0, 0, 0, 0)
         vals += config.fields()
+        vals += (*dropout_fields(params.dropout_p), 0)  # dropout_threshold, dropout_p_bits, rng_ptr (per call)
         assert len(vals) == kernel_table.NUM_PROBLEM_FIELDS
         return _Problem(*vals), device
 
@@ -250,8 +321,13 @@ class CudaBackend(Backend):
             fields[slot] = 1 << 20
         return lib.sm90_configs(fields)
 
-    def _call(self, fn, fields, device, scale):
-        rc = fn(fields, len(fields), scale, _raw_stream(device), self._err, _ERR_LEN)
+    def _call(self, lib, fn, fields, device, scale):
+        n = getattr(lib, "num_fields", len(fields))
+        if n != len(fields):  # an older library (kernel_table.ABI_PROBLEM_FIELDS): a prefix, its version
+            if fields[_RNG_SLOT]:  # it would not see the dropout fields
+                raise RuntimeError(f"libnattn at {lib.path} (ABI {lib.abi}) has no attention dropout: rebuild it")
+            fields[0] = lib.abi
+        rc = fn(fields, n, scale, _raw_stream(device), self._err, _ERR_LEN)
         if rc:
             raise RuntimeError(self._err.value.decode(errors="replace"))
 
@@ -261,16 +337,17 @@ class CudaBackend(Backend):
             raise RuntimeError(f"nattn cuda backend: {library.load_error()}")
         return lib
 
-    def na_forward(self, q, k, v, rpb, params, config=kernel_config.DEFAULT):
+    def na_forward(self, q, k, v, rpb, params, config=kernel_config.DEFAULT, rng=None):
         lib = self._lib()
         out = q.new_empty(*q.shape[:-1], v.shape[-1])
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         rpb32 = None if rpb is None else rpb.to(torch.float32).contiguous()
-        fields, device = self._pack(params, q, k, v, out, lse, rpb32, config=config)
-        self._call(lib.forward, fields, device, params.scale)
+        fields, device = self._pack(params, q, k, v, out, lse, rpb32, config=config, rng=rng)
+        self._call(lib, lib.forward, fields, device, params.scale)
         return out, lse
 
-    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, config=kernel_config.DEFAULT):
+    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, config=kernel_config.DEFAULT,
+                    rng=None):
         lib = self._lib()
         if _needs_copy(grad_out):  # e.g. expanded (stride 0) gradients of a .sum()
             grad_out = grad_out.contiguous()
@@ -287,8 +364,8 @@ class CudaBackend(Backend):
             rpb32 = rpb.to(torch.float32).contiguous()
             drpb = torch.zeros(rpb.shape, dtype=torch.float32, device=q.device)
         fields, device = self._pack(params, q, k, v, out, lse, rpb32, grad_out, grad_lse, delta,
-                                    dq, dk, dv, drpb, config=config)
-        self._call(lib.backward, fields, device, params.scale)
+                                    dq, dk, dv, drpb, config=config, rng=rng)
+        self._call(lib, lib.backward, fields, device, params.scale)
         if drpb is not None:
             drpb = drpb.to(rpb.dtype)
         return dq, dk, dv, drpb
@@ -302,8 +379,16 @@ class _Configured(Backend):
         self.parent, self.config = parent, config
         self.name = kernel_config.join(parent.name, config)
 
+    @property
+    def supports_dropout(self) -> bool:
+        return self.parent.supports_dropout
+
     def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
-        return self.parent.na_not_supported_reasons(q, k, v, rpb, params, explicit)
+        reasons = self.parent.na_not_supported_reasons(q, k, v, rpb, params, explicit)
+        if params.dropout_p > 0 and not reasons and (self.config.tile is not None or self.config.kv_splits > 1):
+            reasons.append("dropout_p > 0 is not supported by the sm90 family, whose configuration "
+                           f"({self.config.text}) this names")
+        return reasons
 
     def configurations(self, q, k, v, rpb, params):
         return self.parent.configurations(q, k, v, rpb, params)
@@ -314,11 +399,11 @@ class _Configured(Backend):
     def deterministic_configuration(self):
         return self.parent.deterministic_configuration()
 
-    def na_forward(self, q, k, v, rpb, params):
-        return self.parent.na_forward(q, k, v, rpb, params, self.config)
+    def na_forward(self, q, k, v, rpb, params, rng=None):
+        return self.parent.na_forward(q, k, v, rpb, params, self.config, rng=rng)
 
-    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params):
-        return self.parent.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, self.config)
+    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, rng=None):
+        return self.parent.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, self.config, rng=rng)
 
 
 register_backend(CudaBackend())

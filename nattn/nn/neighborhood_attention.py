@@ -4,17 +4,27 @@ One fused ``qkv`` projection, NA over the spatial axes (heads-last, straight int
 :func:`nattn.functional.neighborhood_attention`), an output projection. The parameter
 names (``qkv``, ``rpb``, ``proj``) are those of NAT/DiNAT checkpoints, so their weights
 load without renaming.
+
+Attention dropout (``attn_drop > 0``, training mode) runs fused, as the functional call's
+``dropout_p`` (docs/semantics.md), when the backend chosen for the call with dropout is a fast
+one for it: the ``cuda`` backend where libnattn's tensor-core family takes the problem
+(float16/bfloat16, head dims <= 128, SM80+), or the reference where it would run the call
+anyway (CPU). Otherwise, and while ``torch.compile`` traces the layer, the layer keeps the
+unfused ``nattn.nn.na_explicit`` path, which forms the weights and applies ``nn.Dropout``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import _call_cache
 from .._cuda import library
+from ..backends import NoBackendError, choose_na_backend, kernel_config
 from ..functional import neighborhood_attention
 from ..params import NAParams, check_scale, normalize_window_args, rpb_config_reasons
 from .unfused import na_explicit
@@ -53,9 +63,16 @@ class NeighborhoodAttentionND(nn.Module):
         is_causal: bool or per-axis tuple of bools.
         qkv_bias: bias in the fused qkv projection.
         qk_scale: logit scale; None means ``head_dim ** -0.5``.
-        attn_drop: dropout on the attention weights, in ``[0, 1)``. In training mode with
-            ``attn_drop > 0`` the layer takes an unfused path (``nattn.nn.na_explicit``)
-            that forms the weights.
+        attn_drop: dropout on the attention weights, in ``[0, 1)``, applied in training mode.
+            There the layer passes it as the fused op's ``dropout_p`` (docs/semantics.md,
+            "Attention dropout": the weights are never formed) when the backend that runs the
+            call with dropout is a fast one for it: any backend but the reference (``cuda``
+            on its tensor-core family: float16/bfloat16, head dims <= 128, SM80+), or the
+            reference where it also runs the call without dropout (CPU). Otherwise (say
+            float32 on a GPU, or while ``torch.compile`` traces the layer, which cannot
+            make that choice) it takes an unfused path (``nattn.nn.na_explicit``) that
+            forms the weights and drops them with ``nn.Dropout``; both are the same
+            attention dropout in distribution (their random streams differ).
         proj_drop: dropout after the output projection, in ``[0, 1)``.
         rel_pos_bias: learn a relative positional bias table ``rpb [num_heads, 2k-1, ...]``
             (NAT/DiNAT; truncated-normal init, std 0.02); needs odd kernels, stride 1 and
@@ -155,6 +172,31 @@ class NeighborhoodAttentionND(nn.Module):
             f"is_causal={self.is_causal}, rel_pos_bias={self.rpb is not None}, scale={self.scale:.4g}"
         )
 
+    def _fused_dropout(self, q, k, v, extra_k, extra_v) -> bool:
+        """Whether a training call with ``attn_drop > 0`` runs its dropout fused (the functional
+        call's ``dropout_p``) instead of through na_explicit; remembered per signature."""
+        if torch.compiler.is_compiling():  # the dispatch is not traced (backends/deferred.py)
+            return False
+        args = ("nn.attn_drop", self.na_dim, self.kernel_size, self.stride, self.dilation, self.is_causal,
+                self.scale, self.backend, self.deterministic, self.attn_drop_p)
+        sig = _call_cache.key((q, k, v, self.rpb, extra_k, extra_v), args)
+        hit = _call_cache.get(sig)
+        if hit is not None:
+            return hit[0]
+        plain = NAParams(self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale)
+        try:  # the backend that runs the call with dropout (only those with supports_dropout)
+            chosen = choose_na_backend(q, k, v, self.rpb, dataclasses.replace(plain, dropout_p=self.attn_drop_p),
+                                       self.backend, tune=False, deterministic=self.deterministic)
+            fused = kernel_config.split(chosen)[0] != "reference"
+            if not fused:  # the reference: fused only where it also runs the call without dropout
+                without = choose_na_backend(q, k, v, self.rpb, plain, self.backend, tune=False,
+                                            deterministic=self.deterministic)
+                fused = kernel_config.split(without)[0] == "reference"
+        except NoBackendError:  # e.g. backend="cuda" with float32: the unfused path runs anything
+            fused = False
+        _call_cache.put(sig, (fused,))
+        return fused
+
     def _padding(self, spatial: Tuple[int, ...]) -> Tuple[int, ...]:
         return tuple(max(0, k * d - n) for n, k, d in zip(spatial, self.kernel_size, self.dilation))
 
@@ -211,6 +253,12 @@ class NeighborhoodAttentionND(nn.Module):
             scheme = na_halo if cp.scheme == "halo" else na_ulysses
             out = scheme(q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
                          extra_k, extra_v, self.rpb, self.backend, na_dim=n, axis=cp.axis, group=cp.group)
+        elif self.training and self.attn_drop_p > 0 and self._fused_dropout(q, k, v, extra_k, extra_v):
+            out = neighborhood_attention(
+                q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
+                extra_k, extra_v, self.rpb, self.backend, na_dim=n, tune=self.tune,
+                deterministic=self.deterministic, dropout_p=self.attn_drop_p,
+            )
         elif self.training and self.attn_drop_p > 0:
             params = NAParams(self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale)
             out = na_explicit(q, k, v, params, self.rpb, extra_k, extra_v, weights_hook=self.attn_drop)

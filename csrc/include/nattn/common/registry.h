@@ -33,6 +33,12 @@ struct Params {
   int kv_splits;             // sm90 forward: CTAs per query box over slices of its key boxes
   float* o_part;             // ... their outputs, fp32 [splits, B, N, H, D_v] (null: no split)
   float* lse_part;           // ... and LSEs, fp32 [splits, B, N, H]
+  // Attention dropout (docs/semantics.md; families in kernel_table.DROPOUT_FAMILIES): the
+  // call's int64 [seed, offset] on the device (null: no dropout), the keep threshold
+  // floor(p * 2^32) (common/philox.cuh) and 1 / (1 - p), the factor of kept weights.
+  const int64_t* drop_rng;
+  uint32_t drop_threshold;
+  float drop_scale;
 };
 
 // Bytes of the host workspace a family's prepare step may fill (64-byte aligned).

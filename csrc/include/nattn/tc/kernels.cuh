@@ -12,6 +12,14 @@
 //   dQ pass:  S, dP = dO V^T, dS = P (dP - delta), dQ += dS K; writes dQ and delta.
 //   dKV pass: per box of 16 keys over their inverse neighbourhoods (every query head of
 //             the KV head): S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q, dRPB.
+//
+// Attention dropout (Params::drop_rng set; docs/semantics.md) is a second instance of each
+// kernel (kDrop): the forward's row sums and LSE use the unmasked P while the P that meets V
+// is masked, its 1 / (1 - p) folded into the output's row factor; the dQ pass forms
+// dS = P (m dP / (1 - p) - delta), delta = rowsum(dO * O) - dLSE with the dropped O; the
+// dK/dV pass adds (m P)^T dO to dV (scaled by 1 / (1 - p) at the store) and the same dS to dK.
+// The keep bits m come from tc/dropout.cuh. Calls without dropout run the kDrop = false
+// instances, whose code is the same as without the feature.
 #pragma once
 #include <math.h>
 #include <stdlib.h>
@@ -22,6 +30,7 @@
 #include "nattn/common/softmax.cuh"
 #include "nattn/common/tiling.cuh"
 #include "nattn/common/window.cuh"
+#include "nattn/tc/dropout.cuh"
 #include "nattn/tc/launch.h"
 #include "nattn/tc/mma.cuh"
 
@@ -45,6 +54,21 @@ using namespace nattn::tiling;
 #define NATTN_TC_DKV_BLOCKS_HD32 NATTN_TC_DKV_BLOCKS
 #endif
 
+// The dropout instances (kDrop) hold the mask's Philox state besides the fragments: at head
+// dims <= 64 they run fewer blocks per SM (more registers a thread) so that they do not spill
+// (ptxas -v, sm_80: 4 blocks spilled every pass, 3 the dQ and dK/dV passes at head dim 64).
+// Head dim 128 keeps the plain bounds (one block, 255 registers), where the dQ pass with
+// dropout spills 8-32 bytes, as the plain one does 0-64 (its window ranges, reloaded per chunk).
+#ifndef NATTN_TC_DROPOUT_BLOCKS_HD32  // every pass with dropout, head dims <= 32
+#define NATTN_TC_DROPOUT_BLOCKS_HD32 3
+#endif
+#ifndef NATTN_TC_DROPOUT_FWD_BLOCKS  // forward with dropout, head dims 33..64
+#define NATTN_TC_DROPOUT_FWD_BLOCKS 3
+#endif
+#ifndef NATTN_TC_DROPOUT_BWD_BLOCKS  // dQ and dK/dV passes with dropout, head dims 33..64
+#define NATTN_TC_DROPOUT_BWD_BLOCKS 2
+#endif
+
 template <int HD>
 constexpr int query_blocks() {
   return HD <= 32 ? NATTN_TC_QUERY_BLOCKS_HD32 : HD <= 64 ? NATTN_TC_QUERY_BLOCKS : 1;
@@ -53,6 +77,21 @@ constexpr int query_blocks() {
 template <int HD>
 constexpr int dkv_blocks() {
   return HD <= 32 ? NATTN_TC_DKV_BLOCKS_HD32 : HD <= 64 ? NATTN_TC_DKV_BLOCKS : 2;
+}
+
+template <int HD, bool kDrop>
+constexpr int fwd_blocks() {
+  return !kDrop || HD > 64 ? query_blocks<HD>() : HD <= 32 ? NATTN_TC_DROPOUT_BLOCKS_HD32 : NATTN_TC_DROPOUT_FWD_BLOCKS;
+}
+
+template <int HD, bool kDrop>
+constexpr int dq_blocks() {
+  return !kDrop || HD > 64 ? query_blocks<HD>() : HD <= 32 ? NATTN_TC_DROPOUT_BLOCKS_HD32 : NATTN_TC_DROPOUT_BWD_BLOCKS;
+}
+
+template <int HD, bool kDrop>
+constexpr int dkv_blocks_as() {
+  return !kDrop || HD > 64 ? dkv_blocks<HD>() : HD <= 32 ? NATTN_TC_DROPOUT_BLOCKS_HD32 : NATTN_TC_DROPOUT_BWD_BLOCKS;
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -268,22 +307,26 @@ struct Walk {
     }
     __syncwarp();
   }
-  // The computed chunk's columns (then moves on to the next chunk).
-  __device__ __forceinline__ void take(Cols& cl, const int* rmult, bool rpb) {
+  // The computed chunk's columns (then moves on to the next chunk); with kTok also their
+  // token indices mod 2^32 (dropout's mask words; g: the box's dilation group).
+  template <bool kTok = false>
+  __device__ __forceinline__ void take(Cols& cl, const int* rmult, bool rpb, uint32_t* tok = nullptr,
+                                       const int* g = nullptr) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const bool in = mc.f < size;
 #pragma unroll
       for (int r = 0; r < 2; ++r) cl.ok[r][q] = in && in_window<NA>(rw.win[r], mc.c);
       cl.rpb[q] = rpb ? rpb_dot<NA>(mc.c, rmult) : 0;
+      if constexpr (kTok) tok[q] = token_word<NA>(p, mc.c, g);
       mc.step(u, (q & 1) ? 7 : 1);
     }
   }
 };
 
 // ------------------------------------------------------------------------- forward
-template <typename T, int NA, int HD>
-__global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) forward_kernel(const Params p) {
+template <typename T, int NA, int HD, bool kDrop>
+__global__ void __launch_bounds__(kWarps * 32, fwd_blocks<HD, kDrop>()) forward_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
   constexpr int NT = Lt::NT;
@@ -310,6 +353,13 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) forward_kerne
   Walk<T, NA, HD, false> walk(p, rw, g, u, buf, lane, K, p.k_s, p.dim, V, p.v_s, p.dim_v);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
   const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
+  DropHead drop;
+  uint32_t qtok[2];  // dropout: the rows' query tokens
+  if constexpr (kDrop) {
+    drop.init(p, b, h);
+    qtok[0] = token_word<NA>(p, rw.ig[0], g);
+    qtok[1] = token_word<NA>(p, rw.ig[1], g);
+  }
 
   float o[NT][4];
 #pragma unroll
@@ -322,7 +372,10 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) forward_kerne
     walk.arrive(ci);
     const uint16_t* sK = walk.tile(ci);
     Cols cl;
-    walk.take(cl, rmult, rpb != nullptr);
+    uint32_t ktok[4];
+    walk.template take<kDrop>(cl, rmult, rpb != nullptr, ktok, g);
+    unsigned keep = 0;
+    if constexpr (kDrop) keep = keep_bits_query_rows(drop, qtok, ktok, p.drop_threshold);
     float s[2][4];
     mma_tiles_t<T, HD>(s, sQ, sK, lane);
     float mx[2] = {-INFINITY, -INFINITY};
@@ -358,7 +411,8 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) forward_kerne
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         s[nt][e] = exp2f(s[nt][e] - ref[e >> 1]);
-        l[e >> 1] += s[nt][e];
+        l[e >> 1] += s[nt][e];  // the row sum (and so the LSE) without dropout
+        if constexpr (kDrop) s[nt][e] = kept(keep, e >> 1, nt * 2 + (e & 1)) ? s[nt][e] : 0.f;
       }
     unsigned pa[4];
     pack_a<T>(pa, s);
@@ -367,9 +421,10 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) forward_kerne
   }
   cp_async_wait<0>();  // no copy may land after the block's shared memory is gone
   const float l0 = quad_sum(l[0]), l1 = quad_sum(l[1]);
+  const float keep_scale = kDrop ? p.drop_scale : 1.f;  // kept weights meet V times 1 / (1 - p)
   T* O = head_base<T>(p.out, p.out_s, b, h);
   store_rows<T, HD>(O + spatial_offset<NA>(p, p.out_s, rw.ig[0], g), O + spatial_offset<NA>(p, p.out_s, rw.ig[1], g),
-                    rw.ok[0], rw.ok[1], o, inv_row_sum(l0), inv_row_sum(l1), p.dim_v, tq);
+                    rw.ok[0], rw.ok[1], o, inv_row_sum(l0) * keep_scale, inv_row_sum(l1) * keep_scale, p.dim_v, tq);
   if (tq == 0) {
     if (rw.ok[0]) p.lse[(int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[0], g)) * p.heads + h] = row_lse(m[0], l0);
     if (rw.ok[1]) p.lse[(int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[1], g)) * p.heads + h] = row_lse(m[1], l1);
@@ -378,8 +433,8 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) forward_kerne
 }
 
 // --------------------------------------------------------------- backward: dQ + delta
-template <typename T, int NA, int HD>
-__global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) backward_dq_kernel(const Params p) {
+template <typename T, int NA, int HD, bool kDrop>
+__global__ void __launch_bounds__(kWarps * 32, dq_blocks<HD, kDrop>()) backward_dq_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
   constexpr int KT = Lt::KT, NT = Lt::NT;
@@ -436,6 +491,13 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) backward_dq_k
   Walk<T, NA, HD, false> walk(p, rw, g, u, buf, lane, K, p.k_s, p.dim, V, p.v_s, p.dim_v);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
   const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
+  DropHead drop;
+  uint32_t qtok[2];  // dropout: the rows' query tokens
+  if constexpr (kDrop) {
+    drop.init(p, b, h);
+    qtok[0] = token_word<NA>(p, rw.ig[0], g);
+    qtok[1] = token_word<NA>(p, rw.ig[1], g);
+  }
 
   float dq[NT][4];
 #pragma unroll
@@ -447,7 +509,10 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) backward_dq_k
     walk.arrive(ci);
     const uint16_t* sK = walk.tile(ci);
     Cols cl;
-    walk.take(cl, rmult, rpb != nullptr);
+    uint32_t ktok[4];
+    walk.template take<kDrop>(cl, rmult, rpb != nullptr, ktok, g);
+    unsigned keep = 0;
+    if constexpr (kDrop) keep = keep_bits_query_rows(drop, qtok, ktok, p.drop_threshold);
     float s[2][4], dp[2][4];
     mma_tiles_t<T, HD>(s, sQ, sK, lane);
     mma_tiles_t<T, HD>(dp, sQ + Lt::TILE, sK + Lt::TILE, lane);
@@ -459,7 +524,9 @@ __global__ void __launch_bounds__(kWarps * 32, query_blocks<HD>()) backward_dq_k
         const bool ok = rw.ok[r] && cl.ok[r][q];
         float v = s[nt][e] * p.scale_log2;
         if (rpb && ok) v += rpb[rpb_index<false>(rrow[r], cl.rpb[q])] * kLog2e;
-        s[nt][e] = ok ? exp2f(v - lse2[r]) * (dp[nt][e] - delta[r]) : 0.f;  // dS
+        float dpe = dp[nt][e];
+        if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
+        s[nt][e] = ok ? exp2f(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
       }
     unsigned dsa[4];
     pack_a<T>(dsa, s);
@@ -479,8 +546,8 @@ constexpr int dkv_warp_bytes() {
   return 6 * Layout<HD>::TILE * 2 + 2 * 2 * CW * 4;  // 2 stages x (Q, dO), own K, V; 2 stages x (lse, delta)
 }
 
-template <typename T, int NA, int HD>
-__global__ void __launch_bounds__(kWarps * 32, dkv_blocks<HD>()) backward_dkv_kernel(const Params p) {
+template <typename T, int NA, int HD, bool kDrop>
+__global__ void __launch_bounds__(kWarps * 32, dkv_blocks_as<HD, kDrop>()) backward_dkv_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<HD>;
   constexpr int NT = Lt::NT;
@@ -522,11 +589,18 @@ __global__ void __launch_bounds__(kWarps * 32, dkv_blocks<HD>()) backward_dkv_ke
     const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
     int64_t tst[4];
     token_strides<NA>(p, tst);
+    uint32_t ktok[2];  // dropout: the rows' key tokens
+    if constexpr (kDrop) {
+      ktok[0] = token_word<NA>(p, rw.ig[0], g);
+      ktok[1] = token_word<NA>(p, rw.ig[1], g);
+    }
     for (int hg = 0; hg < p.groups; ++hg) {  // GQA: every query head of this KV head
       const int h = hkv * p.groups + hg;
       const T* Qb = head_base<const T>(p.q, p.q_s, b, h);
       const T* Db = head_base<const T>(p.grad_out, p.grad_out_s, b, h);
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
+      DropHead drop;  // the mask of query head h
+      if constexpr (kDrop) drop.init(p, b, h);
       Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
                                        int64_t(b) * p.tokens, h, tst);
       if (walk.chunks > 0) walk.issue(0);
@@ -535,7 +609,10 @@ __global__ void __launch_bounds__(kWarps * 32, dkv_blocks<HD>()) backward_dkv_ke
         const uint16_t* sQ = walk.tile(ci);
         const float* sL = walk.side_tile(ci);
         Cols cl;
-        walk.take(cl, rmult, rpb != nullptr);
+        uint32_t qtok[4];
+        walk.template take<kDrop>(cl, rmult, rpb != nullptr, qtok, g);
+        unsigned keep = 0;
+        if constexpr (kDrop) keep = keep_bits_key_rows(drop, ktok, qtok, p.drop_threshold);
         float s[2][4], dp[2][4];
         mma_tiles_t<T, HD>(s, sK, sQ, lane);                          // S^T: keys x queries
         mma_tiles_t<T, HD>(dp, sK + Lt::TILE, sQ + Lt::TILE, lane);   // dP^T
@@ -549,8 +626,10 @@ __global__ void __launch_bounds__(kWarps * 32, dkv_blocks<HD>()) backward_dkv_ke
             float v = s[nt][e] * p.scale_log2;
             if (rpb && ok) v += rpb[ridx] * kLog2e;
             const float pr = ok ? exp2f(v - lse_log2(sL[j])) : 0.f;
-            const float ds = pr * (dp[nt][e] - sL[CW + j]);
-            s[nt][e] = pr;
+            float dpe = dp[nt][e];
+            if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
+            const float ds = pr * (dpe - sL[CW + j]);
+            s[nt][e] = kDrop && !kept(keep, r, q) ? 0.f : pr;  // dV takes the masked P (1 / (1 - p) at the store)
             dp[nt][e] = ds;
             if (rpb && ok) {  // one address space per branch: no generic atomics
               if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, ds);
@@ -570,8 +649,9 @@ __global__ void __launch_bounds__(kWarps * 32, dkv_blocks<HD>()) backward_dkv_ke
     T* DV = head_base<T>(p.dv, p.dv_s, b, hkv);
     store_rows<T, HD>(DK + spatial_offset<NA>(p, p.dk_s, rw.ig[0], g), DK + spatial_offset<NA>(p, p.dk_s, rw.ig[1], g),
                       rw.ok[0], rw.ok[1], dk, p.scale, p.scale, p.dim, tq);
+    const float keep_scale = kDrop ? p.drop_scale : 1.f;
     store_rows<T, HD>(DV + spatial_offset<NA>(p, p.dv_s, rw.ig[0], g), DV + spatial_offset<NA>(p, p.dv_s, rw.ig[1], g),
-                      rw.ok[0], rw.ok[1], dv, 1.f, 1.f, p.dim_v, tq);
+                      rw.ok[0], rw.ok[1], dv, keep_scale, keep_scale, p.dim_v, tq);
   }
   if (stage_rpb) drpb_stage_flush(p, hkv, drpb_smem, smem_len);
 #endif
@@ -608,35 +688,48 @@ void set_box(Params& p) {
   else fixed_box<NA, QW>(p.box);
 }
 
-template <typename T, int NA, int HD>
-void launch_forward(const Params& problem, cudaStream_t stream) {
+template <typename T, int NA, int HD, bool kDrop>
+void launch_forward_as(const Params& problem, cudaStream_t stream) {
   Params p = problem;
   set_box<NA>(p);
   const int64_t warps = num_warps<NA>(p, p.box);
   const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(p.heads), unsigned(p.batch));
   constexpr size_t smem = fwd_smem_bytes<HD>();
-  static const bool allowed = allow_smem(forward_kernel<T, NA, HD>, smem);
+  static const bool allowed = allow_smem(forward_kernel<T, NA, HD, kDrop>, smem);
   (void)allowed;
-  forward_kernel<T, NA, HD><<<grid, kWarps * 32, smem, stream>>>(p);
+  forward_kernel<T, NA, HD, kDrop><<<grid, kWarps * 32, smem, stream>>>(p);
 }
 
-template <typename T, int NA, int HD>
-void launch_backward(const Params& problem, cudaStream_t stream) {
+template <typename T, int NA, int HD, bool kDrop>
+void launch_backward_as(const Params& problem, cudaStream_t stream) {
   Params p = problem;
   set_box<NA>(p);
   const int64_t warps = num_warps<NA>(p, p.box);
   const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
   constexpr size_t smem = dq_smem_bytes<HD>();
   constexpr size_t dkv_max = size_t(kWarps) * dkv_warp_bytes<HD>() + size_t(kMaxDrpbSmemBytes);
-  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD>, smem) &&
-                              allow_smem(backward_dkv_kernel<T, NA, HD>, dkv_max);
+  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem) &&
+                              allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_max);
   (void)allowed;
-  backward_dq_kernel<T, NA, HD><<<dim3(blocks, p.heads, p.batch), kWarps * 32, smem, stream>>>(p);
+  backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), kWarps * 32, smem, stream>>>(p);
   Params pk = p;
   const int64_t rpb_bytes = drpb_stage_bytes(p);
   pk.rpb_in_smem = rpb_bytes > 0;
   const size_t dkv_smem = size_t(kWarps) * dkv_warp_bytes<HD>() + size_t(rpb_bytes);
-  backward_dkv_kernel<T, NA, HD><<<dim3(blocks, p.heads_kv, p.batch), kWarps * 32, dkv_smem, stream>>>(pk);
+  backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), kWarps * 32, dkv_smem, stream>>>(pk);
+}
+
+// A call with attention dropout (Params::drop_rng) runs the kDrop instances.
+template <typename T, int NA, int HD>
+void launch_forward(const Params& p, cudaStream_t stream) {
+  if (p.drop_rng) launch_forward_as<T, NA, HD, true>(p, stream);
+  else launch_forward_as<T, NA, HD, false>(p, stream);
+}
+
+template <typename T, int NA, int HD>
+void launch_backward(const Params& p, cudaStream_t stream) {
+  if (p.drop_rng) launch_backward_as<T, NA, HD, true>(p, stream);
+  else launch_backward_as<T, NA, HD, false>(p, stream);
 }
 
 }  }  // namespace nattn::tc
