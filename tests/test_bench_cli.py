@@ -51,6 +51,7 @@ def test_custom_problem_from_flags():
     (["--suite", "bogus"], "invalid choice"),
     (["--suite", "anchors", "--only", "nope"], "not in suite"),
     (["--only", "smoke-1d"], "--only selects"),
+    (["-i", "16", "-w", "3", "--dropout", "1.0"], "--dropout must be in [0, 1)"),
 ])
 def test_bad_flags_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -134,6 +135,32 @@ def test_mismatch_is_reported_in_red(monkeypatch, capsys, quick_timing):
     out = capsys.readouterr().out
     assert code == 1
     assert "\033[31mMISMATCH" in out
+
+
+def test_dropout_rows_share_the_reference_draw(monkeypatch, capsys, quick_timing):
+    """--dropout applies to every problem; an NA row is checked with the reference's random
+    draw (a row drawing another mask fails its check), flex says why it cannot run."""
+    from nattn.bench import verify
+
+    _, problems = parse(["--suite", "smoke", "--dropout", "0.25"])
+    assert problems and all(p.dropout == 0.25 and "drop0.25" in p.describe() for p in problems)
+    argv = ["-i", "12", "-w", "3", "-n", "2", "-d", "8", "--dropout", "0.5", "--backprop", "--no-progress",
+            "--device", "cpu", "--markdown"]
+    assert main(argv) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "MISMATCH" not in out and "flex_attention has no attention dropout" in out
+    real, seed = verify.reference_output, verify.DROPOUT_SEED
+
+    def other_draw(p, t):  # the reference with another mask: the row no longer matches it
+        verify.DROPOUT_SEED = seed + 1
+        try:
+            return real(p, t)
+        finally:
+            verify.DROPOUT_SEED = seed
+
+    monkeypatch.setattr(verify, "reference_output", other_draw)
+    assert main(argv) == 1
+    assert "MISMATCH" in capsys.readouterr().out
 
 
 def test_markdown_summary_marks_skipped_and_mismatch():

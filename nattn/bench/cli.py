@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import List, Optional
 
 import torch
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="causal on every axis (no value) or per axis (0/1 each)")
     src.add_argument("--add-kv", type=int, default=0, metavar="N", help="extra keys/values for every query")
     src.add_argument("--rpb", action="store_true", help="with a relative positional bias")
+    src.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                     help="attention dropout probability in [0, 1) for every problem (suites too); the NA "
+                     "rows are checked against the reference with the same random draw")
     mdl = p.add_argument_group("--suite models")
     mdl.add_argument("--models", metavar="NAMES", help="comma-separated timm model names (default: nat_tiny, "
                      "dinat_tiny, dinat_s_tiny, nat_isotropic_small, dinat_video_tiny, swin_tiny_patch4_window7_224, "
@@ -137,6 +141,8 @@ def parse(argv: Optional[List[str]] = None):
             parser.error("--size must be >= 32, --iters, --frames and -b >= 1")
         args.modes = modes
         return args, []
+    if not 0.0 <= args.dropout < 1.0:
+        parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.only and not args.suite:
         parser.error("--only selects problems of a --suite")
     if args.suite:
@@ -151,6 +157,8 @@ def parse(argv: Optional[List[str]] = None):
         problems = [custom_problem(args, parser)]
     else:
         parser.error("nothing to run: give --suite anchors|smoke or a problem with -i/--input-size and -w")
+    if args.dropout:
+        problems = [replace(p, dropout=args.dropout) for p in problems]
     from nattn.backends import BACKENDS, get
 
     for name in args.backend:

@@ -23,6 +23,7 @@ class Problem:
     dim_v: int = 0  # 0: same as dim
     extra: int = 0  # additional keys/values attended by every query
     rpb: bool = False
+    dropout: float = 0.0  # attention dropout (nattn's dropout_p; the dense row's too)
 
     def __post_init__(self):
         n = len(self.spatial)
@@ -87,6 +88,8 @@ class Problem:
             parts.append(f"+{self.extra}kv")
         if self.rpb:
             parts.append("rpb")
+        if self.dropout:
+            parts.append(f"drop{self.dropout:g}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:

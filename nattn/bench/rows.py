@@ -43,7 +43,7 @@ def make_inputs(p: Problem, device, dtype, requires_grad: bool, seed: int) -> Di
 
 
 def params_of(p: Problem) -> NAParams:
-    return NAParams(p.kernel, p.stride, p.dilation, p.causal, p.dim ** -0.5)
+    return NAParams(p.kernel, p.stride, p.dilation, p.causal, p.dim ** -0.5, dropout_p=p.dropout)
 
 
 def _heads_first(x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +92,8 @@ class NattnRow(Row):
     def forward(self, q, k, v, ek, ev, rpb):
         p = self._p
         return FUNCS[p.na_dim](q, k, v, p.kernel, stride=p.stride, dilation=p.dilation, is_causal=p.causal,
-                               additional_keys=ek, additional_values=ev, rpb=rpb, backend=self.backend)
+                               additional_keys=ek, additional_values=ev, rpb=rpb, backend=self.backend,
+                               dropout_p=p.dropout)
 
 
 class DenseRow(Row):
@@ -107,12 +108,13 @@ class DenseRow(Row):
             k = torch.cat([k.detach(), t["ek"].detach().transpose(1, 2)], 2).requires_grad_(k.requires_grad)
             v = torch.cat([v.detach(), t["ev"].detach().transpose(1, 2)], 2).requires_grad_(v.requires_grad)
         self._gqa = p.heads != p.heads_kv
+        self._dropout = p.dropout
         return q, k, v
 
     def forward(self, q, k, v):
         if self._gqa:
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        return F.scaled_dot_product_attention(q, k, v)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=self._dropout, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=self._dropout)
 
 
 def row_major_mask_mod(spatial, kernel, stride, dilation, causal):
@@ -154,6 +156,8 @@ class FlexPeerRow(Row):
             return f"torch {torch.__version__} has no flex_attention"
         if p.rpb or p.extra:
             return "the plain flex recipe has no RPB / extra keys"
+        if p.dropout:
+            return "flex_attention has no attention dropout"
         if device.type == "cpu" and backward:
             return "torch's flex has no CPU backward"
         return None

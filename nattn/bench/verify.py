@@ -29,12 +29,19 @@ class Check:
         return {"ok": self.ok, "rel_err": self.rel_err, "message": self.message}
 
 
+# With dropout the reference and the row draw their [seed, offset] after the same manual
+# seed, so both apply the same mask (docs/semantics.md, "Attention dropout").
+DROPOUT_SEED = 20261201
+
+
 def reference_output(p: Problem, t) -> torch.Tensor:
     f = {n: x.detach().float() for n, x in t.items()}
+    if p.dropout:
+        torch.manual_seed(DROPOUT_SEED)
     with torch.no_grad():
         return FUNCS[p.na_dim](f["q"], f["k"], f["v"], p.kernel, stride=p.stride, dilation=p.dilation,
                                is_causal=p.causal, additional_keys=f.get("ek"), additional_values=f.get("ev"),
-                               rpb=f.get("rpb"), backend="reference")
+                               rpb=f.get("rpb"), backend="reference", dropout_p=p.dropout)
 
 
 def check(row: Row, small: Problem, device, dtype, ref=None, inputs=None) -> Check:
@@ -45,6 +52,8 @@ def check(row: Row, small: Problem, device, dtype, ref=None, inputs=None) -> Che
     t = inputs if inputs is not None else make_inputs(small, device, dtype, False, seed=7)
     try:
         ref = reference_output(small, t) if ref is None else ref
+        if small.dropout:
+            torch.manual_seed(DROPOUT_SEED)
         with torch.no_grad():
             out = row.heads_last(row.forward(*row.prepare(small, t)), small).float()
     except Exception as e:  # a row that cannot even run the small copy is a failed check
