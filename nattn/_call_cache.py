@@ -6,8 +6,9 @@ A model calls the same few signatures every step; checking the arguments
 as a small layer's kernels. The key holds everything either depends on: the Python
 arguments with their types (``1``, ``1.0`` and ``True`` hash alike but are checked
 differently), each tensor's type, shape, strides, dtype, device, ``requires_grad`` and
-offset alignment, grad mode and torch's determinism switch. Calls that tune
-(``autotune.active``), pass other argument types, or tensor subclasses are not cached.
+offset alignment, grad mode, torch's determinism switch and its TF32 switch for float32
+matmuls (nattn/_tf32.py: the cuda backend runs float32 on tensor cores only with it). Calls
+that tune (``autotune.active``), pass other argument types, or tensor subclasses are not cached.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 import torch
+
+from . import _tf32
 
 _SCALARS = (int, float, bool, str, type(None))
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -49,7 +52,7 @@ def key(tensors, args) -> Optional[tuple]:
     others), or None when it cannot be cached."""
     try:
         return (tuple(_meta(t) for t in tensors), tuple(_freeze(a) for a in args),
-                torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled())
+                torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled(), _tf32.allowed())
     except _Uncacheable:
         return None
 

@@ -57,7 +57,7 @@ def test_library_reports_its_table():
 
 
 def test_wrong_field_count_is_refused():
-    rc, msg = call(problem(), n=kernel_table.NUM_PROBLEM_FIELDS - 1)
+    rc, msg = call(problem(), n=LIB.num_fields - 1)  # (NUM_PROBLEM_FIELDS - 1 is an older ABI's count)
     assert rc == 1 and "problem fields" in msg
 
 
@@ -174,9 +174,10 @@ def _dropout_problem(dtype, p=0.3, rng_ptr=1 << 20):
     return fields
 
 
-def test_library_reports_its_dropout_families():
+def test_library_reports_its_dropout_families(monkeypatch):
     """ABI 3: the tensor-core family runs attention dropout wherever it is compiled (an ABI 2
     library, from before dropout, has none)."""
+    monkeypatch.delenv("NATTN_SIMT_DROPOUT", raising=False)  # the SIMT family's opt-in: below
     tc = any(family == "tc" for family, _, _ in LIB.kernels)
     assert LIB.dropout_families == ({"tc"} if tc and LIB.abi >= 3 else set())
     assert kernel_table.ABI_PROBLEM_FIELDS[LIB.abi] == LIB.num_fields
@@ -215,6 +216,7 @@ def test_dropout_is_declined_where_the_simt_family_would_run(monkeypatch):
     family, which has no dropout: the call fails saying so, forward and backward."""
     if not any(family == "simt" and dt == "float32" for family, dt, _ in LIB.kernels):
         pytest.skip("this build has no float32 SIMT kernel")
+    monkeypatch.delenv("NATTN_SIMT_DROPOUT", raising=False)  # the SIMT family's opt-in: below
     for fn in ("forward", "backward"):  # before the backward's buffers are checked
         rc, msg = call(_dropout_problem(torch.float32), fn=fn)
         assert rc == 2 and "dropout_p > 0 is not supported by the simt family" in msg and "float32 runs there" in msg
@@ -227,3 +229,54 @@ def test_dropout_is_declined_where_the_simt_family_would_run(monkeypatch):
     if not torch.cuda.is_available() and any(dt != "float32" for _, dt, _ in LIB.kernels):
         rc, msg = call(_dropout_problem(dt))
         assert rc == 2 and "compute capability is unknown" in msg
+
+
+def _has_simt_dropout_switch() -> bool:
+    """Whether the loaded library reads NATTN_SIMT_DROPOUT (libraries built before the SIMT
+    family's dropout, such as an older nattn/_cuda/libnattn.so, ignore it)."""
+    with open(LIB.path, "rb") as f:
+        return b"NATTN_SIMT_DROPOUT" in f.read()
+
+
+@needs_abi3
+def test_simt_dropout_is_opt_in(monkeypatch):
+    """NATTN_SIMT_DROPOUT=1, read by libnattn on every call, lets the SIMT family run attention
+    dropout (its dropout kernels are not yet verified on a GPU): the library then lists "simt"
+    among its dropout families and takes a float32 dropout problem past every check, forward
+    and backward. Unset or any other value: exactly as before (no "simt", the call refused)."""
+    if not any(family == "simt" and dt == "float32" for family, dt, _ in LIB.kernels):
+        pytest.skip("this build has no float32 SIMT kernel")
+    if not _has_simt_dropout_switch():
+        pytest.skip(f"{LIB.path} predates NATTN_SIMT_DROPOUT: rebuild it")
+    monkeypatch.delenv("NATTN_FAMILY", raising=False)
+    tc = any(family == "tc" for family, _, _ in LIB.kernels)
+    base = {"tc"} if tc else set()
+    for value in (None, "", "0", "yes", "true", " 1"):
+        if value is None:
+            monkeypatch.delenv("NATTN_SIMT_DROPOUT", raising=False)
+        else:
+            monkeypatch.setenv("NATTN_SIMT_DROPOUT", value)
+        assert LIB.dropout_families == base, value
+        assert CUDA.supports_dropout == tc
+        for fn in ("forward", "backward"):
+            rc, msg = call(_dropout_problem(torch.float32), fn=fn)
+            assert rc == 2 and "dropout_p > 0 is not supported by the simt family" in msg, (value, msg)
+        with pytest.raises(ValueError, match="not supported by the simt family"):
+            LIB.sm90_configs(_dropout_problem(torch.float32))
+    monkeypatch.setenv("NATTN_SIMT_DROPOUT", "1")
+    assert LIB.dropout_families == base | {"simt"}  # asked on every access
+    assert CUDA.supports_dropout
+    assert LIB.sm90_configs(_dropout_problem(torch.float32)) == []  # build_params accepts it
+    monkeypatch.setenv("NATTN_FAMILY", "simt")  # 16-bit problems run the SIMT family too
+    for dt in {dt for _, dt, _ in LIB.kernels} - {"float32"}:
+        LIB.sm90_configs(_dropout_problem(getattr(torch, dt)))
+    monkeypatch.delenv("NATTN_FAMILY")
+    if not torch.cuda.is_available():  # past every check: a GPU would launch with placeholder pointers
+        rc, msg = call(_dropout_problem(torch.float32))
+        assert rc == 3 and "device" in msg, msg
+    rc, msg = call(_dropout_problem(torch.float32), fn="backward")  # the backward's checks come next
+    assert rc == 1 and "grad_out pointer is null" in msg, msg
+    monkeypatch.delenv("NATTN_SIMT_DROPOUT")
+    assert LIB.dropout_families == base
+    rc, msg = call(_dropout_problem(torch.float32))
+    assert rc == 2 and "dropout_p > 0 is not supported by the simt family" in msg

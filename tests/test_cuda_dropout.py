@@ -82,13 +82,13 @@ def fake(*shape, dtype=torch.bfloat16):
 # ------------------------------------------------------------------ the problem struct
 def test_abi_3_appends_the_dropout_fields():
     names = [name for name, _ in kernel_table.PROBLEM_FIELDS]
-    assert kernel_table.ABI_VERSION == 3
-    assert names[-3:] == ["dropout_threshold", "dropout_p_bits", "rng_ptr"]
-    assert F["rng_ptr"] == kernel_table.NUM_PROBLEM_FIELDS - 1
+    assert kernel_table.ABI_VERSION >= 3
+    assert names[-4:-1] == ["dropout_threshold", "dropout_p_bits", "rng_ptr"]  # then ABI 4's allow_tf32
+    assert F["rng_ptr"] == kernel_table.ABI_PROBLEM_FIELDS[3] - 1
     assert kernel_table.DROPOUT_FAMILIES == ("tc",)
     header = kernel_table.problem_header()
-    assert "#define NATTN_ABI_VERSION 3" in header
-    for name in names[-3:]:
+    assert f"#define NATTN_ABI_VERSION {kernel_table.ABI_VERSION}" in header
+    for name in names[-4:-1]:
         assert f"  int64_t {name};" in header
 
 
@@ -135,7 +135,7 @@ def test_forward_and_backward_hand_the_rng_to_the_library(dropout_lib, monkeypat
     for fields in dropout_lib.calls:
         assert fields[F["rng_ptr"]] == rng.data_ptr()
         assert fields[F["dropout_threshold"]] == dropout.drop_threshold(0.25)
-        assert fields[F["abi_version"]] == 3
+        assert fields[F["abi_version"]] == kernel_table.ABI_VERSION
     assert dropout_lib.calls[1][F["dq_mode"]] == 1
     with pytest.raises(ValueError, match="needs the call's rng tensor"):
         CUDA.na_forward(q, q, q, None, params)
@@ -144,7 +144,7 @@ def test_forward_and_backward_hand_the_rng_to_the_library(dropout_lib, monkeypat
 def test_an_abi_2_library_reads_the_prefix_without_dropout(monkeypatch):
     """A library from before dropout (ABI 2: the struct without its last three fields) keeps
     working: calls pass its field count and version, and it gets no dropout."""
-    assert kernel_table.ABI_PROBLEM_FIELDS == {2: F["dropout_threshold"], 3: kernel_table.NUM_PROBLEM_FIELDS}
+    assert kernel_table.ABI_PROBLEM_FIELDS[2] == F["dropout_threshold"]  # ABI 3 and 4: tests/test_cuda_tf32.py
     assert F["kv_splits"] == kernel_table.ABI_PROBLEM_FIELDS[2] - 1  # ABI 2's last field
     lib = FakeLibrary(dropout=False)
     lib.abi, lib.num_fields = 2, kernel_table.ABI_PROBLEM_FIELDS[2]
@@ -197,6 +197,41 @@ def test_problems_the_tensor_core_family_cannot_run_are_declined(monkeypatch, dt
             choose_na_backend(q, q, q, None, params, "cuda")
         # without dropout the same problem runs on cuda (its SIMT family) as before
         assert CUDA.na_not_supported_reasons(q, q, q, None, normalize(q, q, q, 1, 5), True) == []
+    _call_cache.clear()
+
+
+@pytest.mark.parametrize("families", [{"tc", "simt"}, {"simt"}])
+@pytest.mark.parametrize("dtype,dim,capability,family", [
+    (torch.float32, 32, (9, 0), None),
+    (torch.bfloat16, 136, (9, 0), None),
+    (torch.float16, 256, (9, 0), None),
+    (torch.bfloat16, 64, (7, 5), None),
+    (torch.float32, 8, (5, 2), None),
+    (torch.bfloat16, 64, (8, 6), "simt"),
+])
+def test_simt_dropout_opt_in_takes_what_the_tensor_core_family_cannot(monkeypatch, dtype, dim, capability,
+                                                                      family, families):
+    """A library that lists the SIMT family among its dropout families (NATTN_SIMT_DROPOUT=1)
+    runs dropout for every problem it takes: the backend declines none of those above, the
+    dispatch picks cuda and the modules take the fused path."""
+    lib = FakeLibrary()
+    lib.dropout_families = families
+    _install(monkeypatch, lib, capability)
+    if family:
+        monkeypatch.setenv("NATTN_FAMILY", family)
+    assert CUDA.supports_dropout
+    m = NeighborhoodAttention2D(2 * dim, 2, 5, attn_drop=0.1)
+    with FakeTensorMode():
+        q = fake(1, 40, 2, dim, dtype=dtype)
+        params = normalize(q, q, q, 1, 5, dropout_p=0.2)
+        assert CUDA.na_not_supported_reasons(q, q, q, None, params, True) == []
+        assert choose_na_backend(q, q, q, None, params) == "cuda"
+        assert choose_na_backend(q, q, q, None, params, "cuda") == "cuda"
+        q2 = fake(2, 8, 8, 2, dim, dtype=dtype)
+        assert m._fused_dropout(q2, q2, q2, None, None) is True
+        # a Hopper configuration still declines it
+        got = na_reasons(CUDA.configured("kv=2"), q, q, q, None, params, True)
+        assert len(got) == 1 and "not supported by the sm90 family" in got[0]
     _call_cache.clear()
 
 

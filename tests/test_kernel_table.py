@@ -5,12 +5,14 @@ import math
 from nattn._cuda import kernel_table as kt
 
 
-def test_simt_covers_everything_and_tc_only_16_bit_up_to_128():
+def test_simt_covers_everything_and_tc_up_to_128():
+    """tc: fp16/bf16, and float32 through TF32 (its float32 rows: TF32_FAMILY), head dims <= 128."""
     insts = kt.instances()
     simt = {(i.dtype, i.na_dim, i.head_dim) for i in insts if i.family == "simt"}
     tc = {(i.dtype, i.na_dim, i.head_dim) for i in insts if i.family == "tc"}
     assert simt == {(d, n, h) for d in kt.DTYPES for n in kt.NA_DIMS for h in kt.HEAD_DIM_BUCKETS}
-    assert tc == {(d, n, h) for d in ("float16", "bfloat16") for n in kt.NA_DIMS for h in (16, 32, 64, 128)}
+    assert tc == {(d, n, h) for d in kt.DTYPES for n in kt.NA_DIMS for h in (16, 32, 64, 128)}
+    assert kt.TF32_FAMILY == "tc" and "float32" in kt.FAMILY_BY_NAME[kt.TF32_FAMILY].dtypes
 
 
 def test_sm90_is_16_bit_with_exact_head_dims():
@@ -72,7 +74,7 @@ def test_subsets_apply_to_every_family():
     insts = kt.instances("float32,bfloat16", "64;256", "2", "8.0")
     got = {(i.family, i.dtype, i.head_dim) for i in insts}
     assert got == {("simt", "float32", 64), ("simt", "float32", 256), ("simt", "bfloat16", 64),
-                   ("simt", "bfloat16", 256), ("tc", "bfloat16", 64)}
+                   ("simt", "bfloat16", 256), ("tc", "float32", 64), ("tc", "bfloat16", 64)}
     assert all(i.na_dim == 2 for i in insts)
     with_sm90 = {(i.family, i.dtype, i.head_dim) for i in kt.instances("float32,bfloat16", "64;256", "2", "9.0")}
     assert with_sm90 == got | {("sm90", "bfloat16", 64), ("sm90", "bfloat16", 256)}

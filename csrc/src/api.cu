@@ -40,17 +40,19 @@ int fail(char* err, int64_t err_len, int code, const NattnProblem& pr, const cha
     memcpy(&p, &pr.dropout_p_bits, sizeof p);
     snprintf(drop, sizeof drop, " dropout_p=%.6g", p);
   }
+  char tf32[40] = "";
+  if (pr.allow_tf32) snprintf(tf32, sizeof tf32, " allow_tf32=%lld", (long long)pr.allow_tf32);
   snprintf(err, size_t(err_len),
            "%s: %s [dtype=%s na_dim=%d batch=%lld spatial=(%lld,%lld,%lld) heads=%lld "
            "heads_kv=%lld dim=%lld dim_v=%lld kernel=(%lld,%lld,%lld) stride=(%lld,%lld,%lld) "
-           "dilation=(%lld,%lld,%lld) causal=(%lld,%lld,%lld)%s]",
+           "dilation=(%lld,%lld,%lld) causal=(%lld,%lld,%lld)%s%s]",
            what, detail, dt, nd, (long long)pr.batch, (long long)pr.spatial[0],
            (long long)(nd > 1 ? pr.spatial[1] : 0), (long long)(nd > 2 ? pr.spatial[2] : 0),
            (long long)pr.heads, (long long)pr.heads_kv, (long long)pr.dim, (long long)pr.dim_v,
            (long long)pr.kernel[0], (long long)pr.kernel[1], (long long)pr.kernel[2],
            (long long)pr.stride[0], (long long)pr.stride[1], (long long)pr.stride[2],
            (long long)pr.dilation[0], (long long)pr.dilation[1], (long long)pr.dilation[2],
-           (long long)pr.causal[0], (long long)pr.causal[1], (long long)pr.causal[2], drop);
+           (long long)pr.causal[0], (long long)pr.causal[1], (long long)pr.causal[2], drop, tf32);
   return code;
 }
 
@@ -107,9 +109,21 @@ bool tc_allowed(int device) { return family_cap() >= kCapTc && device_cc(device)
 // The Hopper family's code is sm_90a: it runs on compute capability 9.0 exactly.
 bool sm90_allowed(int device) { return family_cap() >= kCapAny && device_cc(device) == 90; }
 
-// Attention dropout runs on the tensor-core family only (kernel_table.DROPOUT_FAMILIES): a
-// problem with it never goes to the Hopper family, and fails where the SIMT family would run it.
+// Attention dropout runs on the tensor-core family (kernel_table.DROPOUT_FAMILIES): a problem
+// with it never goes to the Hopper family, and fails where the SIMT family would run it unless
+// NATTN_SIMT_DROPOUT=1 (below).
 const char* const kSm90NoDropout = "dropout_p > 0 is not supported by the sm90 family (the tc family runs it)";
+
+// NATTN_SIMT_DROPOUT=1 lets the SIMT family run attention dropout (its kDrop kernel instances,
+// simt/kernels.cuh): problems with dropout that the tensor-core family does not take (float32
+// without TF32, GPUs before SM80, head dims above 128, NATTN_FAMILY=simt) then run there, and
+// nattn_dropout_families() names "simt". Opt-in until the SIMT dropout kernels are verified on
+// a GPU against the reference (tests/gpu/test_dropout_simt_gpu.py); without it such problems
+// fail as before. Read on every call (a getenv), like NATTN_FAMILY.
+bool simt_dropout_enabled() {
+  const char* s = getenv("NATTN_SIMT_DROPOUT");
+  return s && !strcmp(s, "1");
+}
 
 // Smallest window (keys per query) from which the Hopper family runs a forward unless
 // NATTN_FAMILY says otherwise, per NA dim. Measured on the H200 (bf16, docs/dev/PERF.md):
@@ -347,22 +361,29 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
     return fail(err, err_len, kInvalid, pr, what, "dropout_threshold %lld without dropout_p",
                 (long long)pr.dropout_threshold);
   }
+  // ABI 4: whether a float32 call may run the tensor-core family's TF32 instances.
+  if (pr.allow_tf32 != 0 && pr.allow_tf32 != 1)
+    return fail(err, err_len, kInvalid, pr, what, "allow_tf32 must be 0 or 1, got %lld", (long long)pr.allow_tf32);
+  const bool tf32 = pr.dtype == 0 && pr.allow_tf32 == 1;
   const int64_t dim_max = pr.dim > pr.dim_v ? pr.dim : pr.dim_v;
   entry = find_kernel("simt", int(pr.dtype), int(pr.na_dim), int(dim_max));
   if (!entry)
     return fail(err, err_len, kNotCompiled, pr, what,
                 "no compiled SIMT kernel for this dtype, NA dim and head dim %lld "
                 "(see nattn.build_info.build_config())", (long long)dim_max);
-  // 16-bit inputs on SM80+: the tensor-core family where it is compiled for this head dim.
-  if (pr.dtype != 0 && tc_allowed(int(pr.device))) {
+  // 16-bit inputs on SM80+, and float32 ones that allow TF32: the tensor-core family where it
+  // is compiled for this head dim (its float32 instances compute in TF32). float32 without
+  // allow_tf32 stays on the SIMT family's exact fp32; it never runs the Hopper family.
+  if ((pr.dtype != 0 || tf32) && tc_allowed(int(pr.device))) {
     const nattn::KernelEntry* tc = find_kernel("tc", int(pr.dtype), int(pr.na_dim), int(dim_max));
     if (tc) entry = tc;
   }
-  if (dropout && strcmp(entry->family, "tc")) {  // the SIMT family would run it: it has no dropout
+  // The SIMT family would run it: it runs dropout only when opted in (simt_dropout_enabled).
+  if (dropout && strcmp(entry->family, "tc") && !simt_dropout_enabled()) {
     char why[160];
-    const int cc = pr.dtype != 0 ? device_cc(int(pr.device)) : 0;
-    if (pr.dtype == 0)
-      snprintf(why, sizeof why, "float32 runs there");
+    const int cc = pr.dtype != 0 || tf32 ? device_cc(int(pr.device)) : 0;
+    if (pr.dtype == 0 && !tf32)
+      snprintf(why, sizeof why, "float32 runs there unless the call allows TF32 (allow_tf32 = 0)");
     else if (family_cap() == kCapSimt)
       snprintf(why, sizeof why, "NATTN_FAMILY=simt");
     else if (cc < 80)
@@ -371,7 +392,8 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
     else
       snprintf(why, sizeof why, "no compiled tc kernel for this dtype, NA dim and head dim %lld", (long long)dim_max);
     return fail(err, err_len, kNotCompiled, pr, what, "dropout_p > 0 is not supported by the simt family, which "
-                "would run this problem (%s); the tc family runs dropout: float16/bfloat16, head dims <= %d, SM80+",
+                "would run this problem (%s); the tc family runs dropout: float16/bfloat16 (float32 with TF32 "
+                "allowed), head dims <= %d, SM80+",
                 why, kTcMaxHeadDim);
   }
   memset(&p, 0, sizeof p);
@@ -518,7 +540,7 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
       if (why) p.kv_splits = 1;  // declined: the usual choice, unsplit
     }
     if (p.drop_rng) {
-      why = kSm90NoDropout;  // the tensor-core entry build_params chose runs it
+      why = kSm90NoDropout;  // the entry build_params chose runs it (tc, or simt when opted in)
     } else if (!auto_split || why) {
       why = nullptr;
       if (sm90_allowed(int(pr.device)) && (required || sm90_preferred(p, backward)))
@@ -623,11 +645,18 @@ NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* 
 
 // The families of this build whose kernels run attention dropout (kernel_table.DROPOUT_FAMILIES
 // with compiled instances), ';'-separated: "tc", or "" (Python's cuda backend then declines
-// dropout, as it does with a library from before ABI 3, which lacks this function).
+// dropout, as it does with a library from before ABI 3, which lacks this function); with
+// NATTN_SIMT_DROPOUT=1 (read on every call) also "simt" ("tc;simt", or "simt" in a build
+// without the tensor-core family).
 NATTN_API const char* nattn_dropout_families() {
-  for (int i = 0; i < nattn::kNumKernels; ++i)
-    if (nattn::kKernels[i].family && !strcmp(nattn::kKernels[i].family, "tc")) return "tc";
-  return "";
+  bool tc = false, simt = false;
+  for (int i = 0; i < nattn::kNumKernels; ++i) {
+    const char* f = nattn::kKernels[i].family;
+    tc = tc || (f && !strcmp(f, "tc"));
+    simt = simt || (f && !strcmp(f, "simt"));
+  }
+  simt = simt && simt_dropout_enabled();
+  return tc ? (simt ? "tc;simt" : "tc") : (simt ? "simt" : "");
 }
 
 // "family:dtype:na_dim:head_dim" for every compiled instance, ';'-separated.

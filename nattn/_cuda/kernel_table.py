@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-ABI_VERSION = 3  # 3: attention dropout (dropout_threshold, dropout_p_bits, rng_ptr)
+ABI_VERSION = 4  # 3: attention dropout (dropout_threshold, dropout_p_bits, rng_ptr); 4: allow_tf32
 
 # dtype code shared by C and Python (the index into this tuple).
 DTYPES = ("float32", "float16", "bfloat16")
@@ -95,14 +95,16 @@ SM90_BACKWARD_TILES = (
 )
 
 # simt: every GPU from SM50, every dtype and head dim. tc: tensor cores (mma.sync, SM80+),
-# 16-bit inputs, head dims up to 128. sm90: Hopper (TMA + wgmma, sm_90a code), head dims
+# head dims up to 128: fp16/bf16, and float32 through TF32 products (TF32_FAMILY; libnattn
+# runs those only for calls that allow TF32, the problem's allow_tf32 field, else SIMT's exact
+# fp32). sm90: Hopper (TMA + wgmma, sm_90a code), head dims
 # 32/64/128/256 exactly (D == D_v; 256: forward only, pairs with 64-key boxes), forward with
 # every tile pair, backward with one per NA dim.
 # libnattn picks the most specialised family that takes a problem at run time (src/api.cu)
 # and falls back to the next one otherwise.
 FAMILIES = (
     Family("simt", 50, DTYPES, HEAD_DIM_BUCKETS, NA_DIMS),
-    Family("tc", 80, ("float16", "bfloat16"), (16, 32, 64, 128), NA_DIMS),
+    Family("tc", 80, DTYPES, (16, 32, 64, 128), NA_DIMS),
     Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128, 256), NA_DIMS, only_archs=("9.0",),
            prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES,
            tile_head_dims=SM90_TILE_HEAD_DIMS, backward_head_dims=(32, 64, 128)),
@@ -158,9 +160,18 @@ PROBLEM_FIELDS: Tuple[Tuple[str, int], ...] = (
     ("dropout_threshold", 1),
     ("dropout_p_bits", 1),
     ("rng_ptr", 1),
+    # ABI 4: 1 when a float32 call may run TF32 tensor-core products (TF32_FAMILY's float32
+    # instances, SM80+), 0 for the SIMT family's exact fp32; 0 with 16-bit inputs.
+    ("allow_tf32", 1),
 )
-# Families whose kernels run attention dropout (the others decline a problem with it).
+# Families whose kernels run attention dropout (the others decline a problem with it). The
+# SIMT family has dropout instances too, opt-in until verified on a GPU: libnattn runs them and
+# lists "simt" in nattn_dropout_families() only with NATTN_SIMT_DROPOUT=1 (src/api.cu).
 DROPOUT_FAMILIES = ("tc",)
+# The family whose float32 instances compute in TF32 (operands rounded to a 10-bit mantissa,
+# fp32 accumulation and softmax): libnattn runs them for a float32 call only when its
+# allow_tf32 field is 1 (PyTorch's torch.backends.cuda.matmul switch, read per call).
+TF32_FAMILY = "tc"
 
 # The unfused window ops (na*d_qk / na*d_av and their gradients; csrc/include/nattn/window/):
 # one instance per (dtype, NA dim), any head dim that is a multiple of 8, every GPU from
@@ -197,8 +208,10 @@ for _name, _n in PROBLEM_FIELDS:
 del _o
 # The ABI versions the Python side calls, with their problem-field counts. Each version
 # appended fields, so an older library reads a prefix of the same array: ABI 2 is ABI 3
-# without the dropout fields (such a library has no dropout; the cuda backend declines it).
-ABI_PROBLEM_FIELDS: Dict[int, int] = {2: FIELD_OFFSETS["dropout_threshold"], ABI_VERSION: NUM_PROBLEM_FIELDS}
+# without the dropout fields (such a library has no dropout; the cuda backend declines it),
+# ABI 3 is ABI 4 without allow_tf32 (such a library runs float32 on its SIMT family only).
+ABI_PROBLEM_FIELDS: Dict[int, int] = {2: FIELD_OFFSETS["dropout_threshold"], 3: FIELD_OFFSETS["allow_tf32"],
+                                      ABI_VERSION: NUM_PROBLEM_FIELDS}
 
 
 def _pad3(extents) -> Tuple[int, int, int]:

@@ -98,12 +98,11 @@ class Library:
                 if item:
                     code, na_dim = item.split(":")
                     self.window_ops.add((kernel_table.DTYPES[int(code)], int(na_dim)))
-        # Families whose kernels run attention dropout (none: builds before ABI 3, whose
-        # problem struct has no dropout fields; the cuda backend then declines dropout).
-        self.dropout_families = set()
+        # Families whose kernels run attention dropout (dropout_families, asked per access).
+        self._dropout_families = None
         if self.abi >= 3 and hasattr(lib, "nattn_dropout_families"):
             lib.nattn_dropout_families.restype = ctypes.c_char_p
-            self.dropout_families = {f for f in lib.nattn_dropout_families().decode().split(";") if f}
+            self._dropout_families = lib.nattn_dropout_families
         # (family, dtype, na_dim) -> sorted head-dim buckets
         self.kernels = {}
         for item in lib.nattn_kernels().decode().split(";"):
@@ -112,7 +111,23 @@ class Library:
                 self.kernels.setdefault((family, dtype, int(na_dim)), []).append(int(head_dim))
         for buckets in self.kernels.values():
             buckets.sort()
+        # NA dim -> head-dim buckets of the TF32 instances (the tensor-core family's float32 ones,
+        # which run a float32 call whose allow_tf32 field is 1); none before ABI 4, whose problem
+        # struct has no allow_tf32 (such a library runs float32 on its SIMT family only).
+        self.tf32 = {}
+        if self.abi >= 4:
+            self.tf32 = {nd: dims for (family, dtype, nd), dims in self.kernels.items()
+                         if family == kernel_table.TF32_FAMILY and dtype == "float32"}
 
+
+    @property
+    def dropout_families(self) -> set:
+        """The families whose kernels run attention dropout: {"tc"}, plus "simt" while
+        NATTN_SIMT_DROPOUT=1 is set (libnattn reads it on every call, so this asks the library
+        on every access); empty for builds before ABI 3, whose problem struct has no dropout
+        fields (the cuda backend then declines dropout)."""
+        fn = self._dropout_families
+        return {f for f in fn().decode().split(";") if f} if fn is not None else set()
 
     def sm90_configs(self, fields) -> list:
         """The Hopper family's tile pairs for a forward problem (packed fields), as dicts

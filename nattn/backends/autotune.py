@@ -36,6 +36,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 
+from .. import _tf32
 from . import kernel_config
 from .heuristics import needs_grads
 
@@ -146,13 +147,15 @@ def deterministic(flag: Optional[bool] = None) -> bool:
 
 def signature(q, k, v, rpb, params, det: Optional[bool] = None) -> str:
     """What the fastest backend can depend on: device, library build, dtype, shapes and
-    strides, window arguments, grads, determinism."""
+    strides, window arguments, grads, determinism, and for float32 whether torch allows TF32
+    (libnattn's tensor-core TF32 kernels run then; the key of other calls is as before)."""
+    tf32 = ["tf32"] if q.dtype == torch.float32 and _tf32.allowed() else []
     return json.dumps([
         _device_name(q), _library_id() if q.device.type == "cuda" else None, str(q.dtype),
         list(q.shape), list(k.shape), list(v.shape), [list(t.stride()) for t in (q, k, v)],
         None if rpb is None else list(rpb.shape), list(params.kernel_size), list(params.stride),
         list(params.dilation), [bool(c) for c in params.is_causal], needs_grads(q, k, v, rpb),
-        deterministic(det),
+        deterministic(det), *tf32,
     ])
 
 
@@ -191,6 +194,8 @@ def _agrees(out: torch.Tensor, ref: torch.Tensor) -> Optional[float]:
     """None when ``out`` matches the default candidate's ``ref`` (relative L2 error within the
     dtype's tolerance, nothing non-finite where ref is finite), else the error."""
     tol = {torch.float16: 5e-3, torch.bfloat16: 2e-2}.get(ref.dtype, 1e-4)
+    if ref.dtype == torch.float32 and _tf32.allowed():  # TF32 products (10-bit mantissa operands)
+        tol = 5e-3
     o, r = out.float(), ref.float()
     if not torch.isfinite(o[torch.isfinite(r)]).all():
         return math.inf

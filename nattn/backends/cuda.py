@@ -4,12 +4,21 @@ libnattn runs its tensor-core family (SM80+, fp16/bf16, head dims <= 128) where 
 and its SIMT family (every GPU from SM50, every dtype and head dim) otherwise; the capability
 check here reads the SIMT list, which covers every problem the library accepts.
 
-Attention dropout (``dropout_p > 0``, docs/semantics.md) runs on the tensor-core family only
-(ABI 3 libraries, ``nattn_dropout_families``): the backend declares ``supports_dropout`` when the
+float32 calls run the SIMT family's exact fp32 unless PyTorch's switch for TF32 in float32
+matmuls is on (``torch.backends.cuda.matmul.allow_tf32 = True``, ``fp32_precision = "tf32"``,
+``torch.set_float32_matmul_precision("high")``; nattn/_tf32.py), read on every call and passed
+in the problem struct's ``allow_tf32`` (ABI 4): libnattn then runs the tensor-core family's
+TF32 instances (SM80+, head dims <= 128; float32 in and out, fp32 accumulation and softmax).
+A library from before ABI 4 reads the struct without that field and never runs TF32.
+
+Attention dropout (``dropout_p > 0``, docs/semantics.md) runs on the tensor-core family (ABI 3
+libraries, ``nattn_dropout_families``): the backend declares ``supports_dropout`` when the
 loaded library has it, declines the problems that family cannot run (fp32, head dims above 128,
 GPUs before SM80, a Hopper tile pair or split-KV named in the configuration) with the reason,
 and passes the threshold, ``dropout_p`` and the device pointer of the call's ``rng`` tensor in
-the problem struct (the kernels read seed and offset from device memory: no host sync).
+the problem struct (the kernels read seed and offset from device memory: no host sync). With
+``NATTN_SIMT_DROPOUT=1`` (opt-in until verified on a GPU) the library also lists the SIMT
+family, which runs dropout for every problem the tensor-core family does not take.
 
 Imports cleanly without the compiled library: then every CUDA problem gets the reason
 "libnattn is not built", and the first automatic fallback of a CUDA tensor warns once.
@@ -29,6 +38,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from .. import _tf32
 from .. import dropout as _dropout
 from .._cuda import kernel_table, library
 from . import heuristics, register_backend
@@ -46,8 +56,11 @@ _Problem = ctypes.c_int64 * kernel_table.NUM_PROBLEM_FIELDS
 _PTR_SLOTS = tuple(kernel_table.FIELD_OFFSETS[f"{n}_ptr"] for n in (
     "q", "k", "v", "out", "lse", "rpb", "grad_out", "grad_lse", "delta", "dq", "dk", "dv", "drpb"))
 _RNG_SLOT = kernel_table.FIELD_OFFSETS["rng_ptr"]
+_TF32_SLOT = kernel_table.FIELD_OFFSETS["allow_tf32"]
 # The family that runs attention dropout (kernel_table.DROPOUT_FAMILIES) and its limits.
 _DROPOUT_FAMILY = "tc"
+# The family that runs it everywhere else when libnattn lists it (NATTN_SIMT_DROPOUT=1).
+_SIMT_DROPOUT_FAMILY = "simt"
 
 try:  # a raw cudaStream_t for a device index, ~10x cheaper than current_stream()
     _raw_stream = torch._C._cuda_getCurrentRawStream
@@ -141,19 +154,36 @@ class CudaBackend(Backend):
         Which problems it runs, na_not_supported_reasons says. False without a library or with
         an older one: the dispatch then gives the usual "does not support dropout_p > 0"."""
         lib = library.load()
-        return lib is not None and _DROPOUT_FAMILY in getattr(lib, "dropout_families", ())
+        if lib is None:
+            return False
+        families = getattr(lib, "dropout_families", ())
+        return _DROPOUT_FAMILY in families or _SIMT_DROPOUT_FAMILY in families
 
     def _dropout_reasons(self, lib, q, v, params) -> List[str]:
         """Why libnattn cannot run this call's attention dropout: its tensor-core family does
-        (float16/bfloat16, head dims <= 128, SM80+; the SIMT and Hopper families decline it)."""
-        if _DROPOUT_FAMILY not in getattr(lib, "dropout_families", ()):
+        (float16/bfloat16, and float32 while torch allows TF32 (its TF32 instances, ABI 4), head
+        dims <= 128, SM80+; the SIMT and Hopper families decline it), and, when the library lists
+        the SIMT family (NATTN_SIMT_DROPOUT=1), every other problem."""
+        families = getattr(lib, "dropout_families", ())
+        if _SIMT_DROPOUT_FAMILY in families:
+            return []
+        if _DROPOUT_FAMILY not in families:
             return [f"libnattn at {lib.path} has no attention dropout (dropout_p > 0): rebuild it"]
         head = "dropout_p > 0 runs on libnattn's tensor-core family only"
         dtype = _DTYPE_NAMES.get(q.dtype)
-        if q.dtype not in heuristics.TC_DTYPES:
-            return [f"{head}: float16/bfloat16 (got {q.dtype}; the simt family does not support dropout)"]
+        tf32 = q.dtype == torch.float32 and _tf32.allowed()
+        if q.dtype not in heuristics.TC_DTYPES and not tf32:
+            return [f"{head}: float16/bfloat16, or float32 while torch allows TF32 (torch.backends.cuda.matmul."
+                    f"allow_tf32 / fp32_precision='tf32'; got {q.dtype}"
+                    f"{' with TF32 off' if q.dtype == torch.float32 else ''}, which runs the simt family: it does "
+                    "not support dropout)"]
         dim = max(q.shape[-1], v.shape[-1])
-        buckets = lib.kernels.get((_DROPOUT_FAMILY, dtype, params.na_dim), [])
+        buckets = (getattr(lib, "tf32", {}).get(params.na_dim, []) if tf32 else
+                   lib.kernels.get((_DROPOUT_FAMILY, dtype, params.na_dim), []))
+        if tf32 and not buckets:
+            return [f"{head}: float32 runs there through its TF32 kernels, which this build "
+                    f"{'has not compiled' if getattr(lib, 'abi', 4) >= 4 else f'(ABI {lib.abi}) predates'} for "
+                    f"{params.na_dim}-D (float32 then runs the simt family, which does not support dropout)"]
         if not buckets:
             return [f"{head}, which this build has not compiled for {dtype} {params.na_dim}-D"]
         if dim > min(heuristics.TC_MAX_HEAD_DIM, buckets[-1]):
@@ -245,6 +275,8 @@ class CudaBackend(Backend):
         if params.dropout_p > 0:
             _check_rng(rng, q, params)
             fields[_RNG_SLOT] = rng.data_ptr()
+        if q.dtype == torch.float32 and _tf32.allowed():  # torch's switch, as it stands for this call
+            fields[_TF32_SLOT] = 1
         return fields, device
 
     @staticmethod
@@ -265,6 +297,7 @@ class CudaBackend(Backend):
             vals += _strides(t, nd) if t is not None else (0, 0, 0, 0, 0)
         vals += config.fields()
         vals += (*dropout_fields(params.dropout_p), 0)  # dropout_threshold, dropout_p_bits, rng_ptr (per call)
+        vals += (0,)  # allow_tf32 (per call: _pack)
         assert len(vals) == kernel_table.NUM_PROBLEM_FIELDS
         return _Problem(*vals), device
 
@@ -324,8 +357,9 @@ class CudaBackend(Backend):
     def _call(self, lib, fn, fields, device, scale):
         n = getattr(lib, "num_fields", len(fields))
         if n != len(fields):  # an older library (kernel_table.ABI_PROBLEM_FIELDS): a prefix, its version
-            if fields[_RNG_SLOT]:  # it would not see the dropout fields
+            if fields[_RNG_SLOT] and n <= _RNG_SLOT:  # it would not see the dropout fields (ABI 2)
                 raise RuntimeError(f"libnattn at {lib.path} (ABI {lib.abi}) has no attention dropout: rebuild it")
+            # ABI 3 does not read allow_tf32 either: its float32 calls run the SIMT family (exact fp32).
             fields[0] = lib.abi
         rc = fn(fields, n, scale, _raw_stream(device), self._err, _ERR_LEN)
         if rc:

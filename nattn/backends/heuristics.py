@@ -15,7 +15,7 @@ import torch
 
 from ..params import NAParams
 
-# fp32 (and head dims > 128, or GPUs before SM80) run the SIMT kernels. Measured on the
+# fp32 without TF32 (and head dims > 128, or GPUs before SM80) run the SIMT kernels. Measured on the
 # H200: they win at 49 keys (DiNAT 7x7: 0.34 ms vs 0.49 ms flex forward); flex wins from
 # 169 keys on (13x13 at D=64: 1.15 vs 2.16 ms) and by 30x at 2048+ keys. 100 splits that.
 SIMT_MAX_WINDOW = 100
@@ -118,10 +118,24 @@ def runs_hopper(q, params: NAParams, v=None) -> bool:
     return minimum is not None and params.window_size >= minimum
 
 
+def _tf32_runs(q) -> bool:
+    """A float32 call that libnattn would run on its TF32 kernels: torch allows TF32 now
+    (nattn/_tf32.py) and the loaded library has them (ABI 4)."""
+    if getattr(q, "dtype", None) != torch.float32:
+        return False
+    from .. import _tf32
+    from .._cuda import library
+    lib = library.load()
+    return lib is not None and bool(getattr(lib, "tf32", None)) and _tf32.allowed()
+
+
 def runs_tensor_cores(q, v=None) -> bool:
-    """Would libnattn run this problem on its tensor-core family (fp16/bf16, D and D_v <= 128, SM80+)?"""
+    """Would libnattn run this problem on its tensor-core family (fp16/bf16, or float32 while
+    torch allows TF32, D and D_v <= 128, SM80+)? The window from which flex goes first is then
+    TC_MAX_WINDOW, measured with bf16; the TF32 instances take the same limit, not measured yet
+    (tensor cores run TF32 at half their bf16 rate, for flex's fp32 matmuls as for these)."""
     dim = max(q.shape[-1], v.shape[-1]) if v is not None else q.shape[-1]
-    if getattr(q, "dtype", None) not in TC_DTYPES or dim > TC_MAX_HEAD_DIM:
+    if dim > TC_MAX_HEAD_DIM or (getattr(q, "dtype", None) not in TC_DTYPES and not _tf32_runs(q)):
         return False
     return _capability_major(q.device.index or 0) >= 8
 

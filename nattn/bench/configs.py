@@ -29,9 +29,11 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
     params = normalize(q, k, v, p.na_dim, p.kernel, p.stride, p.dilation, p.causal, None)
     name = str(dtype).replace("torch.", "")
     lines = [f"  simt: 1 configuration (every GPU from SM50, head dims up to {max(lib.kernels.get(('simt', name, p.na_dim), [0]))})"]
-    tc = lib.kernels.get(("tc", name, p.na_dim), [])
+    tc = (getattr(lib, "tf32", {}).get(p.na_dim, []) if name == "float32" else  # its TF32 instances (ABI 4)
+          lib.kernels.get(("tc", name, p.na_dim), []))
     if tc and max(p.dim, dim_v) <= max(tc):
-        lines.append("  tc: 1 configuration (SM80+; 16-query boxes)")
+        tf32 = "; float32 in TF32, while torch.backends.cuda.matmul allows TF32" if name == "float32" else ""
+        lines.append(f"  tc: 1 configuration (SM80+; 16-query boxes{tf32})")
     try:
         configs = BACKENDS["cuda"].sm90_configs(q, k, v, params)
     except ValueError as e:  # a build without kernels for this dtype / head dim, say

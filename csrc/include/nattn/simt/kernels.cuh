@@ -7,6 +7,16 @@
 // Window walks keep their memory offsets incrementally (adds, no multiplies per key).
 // Every instruction used exists on SM50, so this family runs on every GPU from Maxwell
 // on. Offsets are 64-bit, so tensors past 2^31 elements are addressed correctly.
+//
+// Attention dropout (Params::drop_rng set; docs/semantics.md) is a second instance of each
+// kernel (kDrop), opt-in in libnattn until verified on a GPU (NATTN_SIMT_DROPOUT=1, src/api.cu):
+// the forward's row sum and LSE use the unmasked P while the P that meets V is masked, its
+// 1 / (1 - p) folded into the output's row factor; the dQ pass forms dS = P (m dP / (1 - p) -
+// delta), delta = rowsum(dO * O) - dLSE with the dropped O; the dK/dV pass adds m P dO to dV
+// (scaled by 1 / (1 - p) at the store) and the same dS to dK and dRPB. The keep bits m come
+// from simt/dropout.cuh (global indices: the key's token index is one more offset stream of the
+// window cursor). Calls without dropout run the kDrop = false instances, whose code is the
+// same as without the feature.
 #pragma once
 #include <math.h>
 
@@ -15,6 +25,7 @@
 #include "nattn/common/softmax.cuh"
 #include "nattn/common/vec.cuh"
 #include "nattn/common/window.cuh"
+#include "nattn/simt/dropout.cuh"
 #include "nattn/simt/launch.h"
 
 // Tuning knobs (overridable with -D for tuning builds): channels per thread, and the
@@ -194,7 +205,7 @@ __device__ __forceinline__ void query_windows(int64_t qi, const Params& p, int* 
 }
 
 // ------------------------------------------------------------------------- forward
-template <typename T, int NA, int HD>
+template <typename T, int NA, int HD, bool kDrop>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const Params p) {
   constexpr int C = cpt<HD>(), TPQ = tpq<HD>(), QPB = kThreads / TPQ, U = kFwdChunk;
   const int lane = threadIdx.x % TPQ;
@@ -218,17 +229,26 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params p) {
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
 
   const AxisStrides ks = axis_strides(p.k_s), vs = axis_strides(p.v_s);
-  const int64_t* strides[2] = {ks.s, vs.s};
-  BoxCursor<NA, 2> cur(win, g, p, strides, +1, ig);
+  AxisStrides ts;  // dropout: a third offset stream, the keys' token indices (the mask's words)
+  const int64_t* strides[kDrop ? 3 : 2] = {ks.s, vs.s};
+  if constexpr (kDrop) {
+    ts = token_strides<NA>(p.spatial);
+    strides[2] = ts.s;
+  }
+  BoxCursor<NA, kDrop ? 3 : 2> cur(win, g, p, strides, +1, ig);
   const int total = box_size<NA>(win);
+  QueryDrop drop;
+  if constexpr (kDrop) drop.init(p, b, h, uint32_t(qi));
   float m = -INFINITY, l = 0.f, acc[C];
 #pragma unroll
   for (int i = 0; i < C; ++i) acc[i] = 0.f;
   for (int base = 0; base < total; base += U) {
     float sc[U], bias[U], vv[U][C];
+    bool keep[U];  // dropout: whether key u's weight meets V
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool ok = U == 1 || base + u < total;
+      if constexpr (kDrop) keep[u] = ok && drop.keep(uint32_t(cur.off[2]), p.drop_threshold);
       float kk[C];
       load_channels<C>(kk, K + cur.off[0], ch, p.dim, ok);
       load_channels<C>(vv[u], V + cur.off[1], ch, p.dim_v, ok);
@@ -252,13 +272,15 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params p) {
     for (int i = 0; i < C; ++i) acc[i] *= corr;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const float pr = exp2f(sc[u] - ref);
-      l += pr;
+      float pr = exp2f(sc[u] - ref);
+      l += pr;  // the row sum (and so the LSE) without dropout
+      if constexpr (kDrop) pr = keep[u] ? pr : 0.f;
 #pragma unroll
       for (int i = 0; i < C; ++i) acc[i] = fmaf(pr, vv[u][i], acc[i]);
     }
   }
-  const float inv_l = inv_row_sum(l);
+  float inv_l = inv_row_sum(l);
+  if constexpr (kDrop) inv_l *= p.drop_scale;  // kept weights meet V times 1 / (1 - p)
 #pragma unroll
   for (int i = 0; i < C; ++i) acc[i] *= inv_l;
   if (has_v)
@@ -268,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params p) {
 }
 
 // --------------------------------------------------------------- backward: dQ + delta
-template <typename T, int NA, int HD>
+template <typename T, int NA, int HD, bool kDrop>
 __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
   constexpr int C = cpt<HD>(), TPQ = tpq<HD>(), QPB = kThreads / TPQ, U = kBwdChunk;
   const int lane = threadIdx.x % TPQ;
@@ -291,7 +313,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
                    ch, p.dim_v, true);
   load_channels<C>(o, static_cast<const T*>(p.out) + int64_t(b) * p.out_s[0] +
                           token_offset<NA>(c, p.out_s) + int64_t(h) * p.out_s[4] + ch, ch, p.dim_v, true);
-  // delta = rowsum(dO * O) - grad_lse: dS = P * (dP - delta).
+  // delta = rowsum(dO * O) - grad_lse: dS = P * (dP - delta) (with dropout, O is the dropped
+  // output and dP = m dO.v / (1 - p)).
   float dl[1] = {dot<C>(dout, o)};
   group_sum_n<TPQ, 1>(dl, mask);
   const float delta = dl[0] - (p.grad_lse ? p.grad_lse[row] : 0.f);
@@ -304,18 +327,27 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
   const T* V = head_base<const T>(p.v, p.v_s, b, hkv) + ch;
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
   const AxisStrides ks = axis_strides(p.k_s), vs = axis_strides(p.v_s);
-  const int64_t* strides[2] = {ks.s, vs.s};
-  BoxCursor<NA, 2> cur(win, g, p, strides, +1, ig);
+  AxisStrides ts;  // dropout: a third offset stream, the keys' token indices (the mask's words)
+  const int64_t* strides[kDrop ? 3 : 2] = {ks.s, vs.s};
+  if constexpr (kDrop) {
+    ts = token_strides<NA>(p.spatial);
+    strides[2] = ts.s;
+  }
+  BoxCursor<NA, kDrop ? 3 : 2> cur(win, g, p, strides, +1, ig);
   const int total = box_size<NA>(win);
+  QueryDrop drop;
+  if constexpr (kDrop) drop.init(p, b, h, uint32_t(qi));
   float dq[C];
 #pragma unroll
   for (int i = 0; i < C; ++i) dq[i] = 0.f;
   for (int base = 0; base < total; base += U) {
     float kk[U][C], red[2 * U];  // red: logits, then dP
     float bias[U];
+    bool keep[U];  // dropout: whether key u is kept
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool ok = U == 1 || base + u < total;
+      if constexpr (kDrop) keep[u] = ok && drop.keep(uint32_t(cur.off[2]), p.drop_threshold);
       float vv[C];
       load_channels<C>(kk[u], K + cur.off[0], ch, p.dim, ok);
       load_channels<C>(vv, V + cur.off[1], ch, p.dim_v, ok);
@@ -328,7 +360,9 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool ok = U == 1 || base + u < total;
-      const float ds = ok ? exp2f(red[u] + bias[u] - lse2) * (red[U + u] - delta) : 0.f;
+      float dp = red[U + u];
+      if constexpr (kDrop) dp = keep[u] ? dp * p.drop_scale : 0.f;  // m dP / (1 - p)
+      const float ds = ok ? exp2f(red[u] + bias[u] - lse2) * (dp - delta) : 0.f;
 #pragma unroll
       for (int i = 0; i < C; ++i) dq[i] = fmaf(ds, kk[u][i], dq[i]);
     }
@@ -342,7 +376,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
 }
 
 // ------------------------------------------------------ backward: dK, dV, dRPB per key
-template <typename T, int NA, int HD>
+template <typename T, int NA, int HD, bool kDrop>
 __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) {
   constexpr int C = cpt<HD>(), TPQ = tpq<HD>(), QPB = kThreads / TPQ, U = kBwdChunk;
   extern __shared__ float drpb_smem[];  // [groups, rpb_head_size] when p.rpb_in_smem
@@ -389,12 +423,16 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
       const int64_t row0 = int64_t(b) * p.tokens * p.heads + h;
       BoxCursor<NA, 3> cur(inv, g, p, strides, -1, jg);  // walks queries; off[2]: token index
+      DropKeys drop;  // the mask of query head h
+      if constexpr (kDrop) drop.init(p, b, h);
       for (int base = 0; base < total; base += U) {
         float qq[U][C], dd[U][C], red[2 * U], lse2[U], dlt[U], bias[U];
         int ridx[U];
+        bool keep[U];  // dropout: whether (query u, this key) is kept
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const bool ok = U == 1 || base + u < total;
+          if constexpr (kDrop) keep[u] = ok && drop.keep(uint32_t(cur.off[2]), uint32_t(kj), p.drop_threshold);
           const int64_t row = row0 + (ok ? cur.off[2] : 0) * p.heads;
           load_channels<C>(qq[u], Q + cur.off[0], ch, p.dim, ok);
           load_channels<C>(dd[u], DO + cur.off[1], ch, p.dim_v, ok);
@@ -410,8 +448,11 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           if (U > 1 && base + u >= total) continue;
-          const float pr = exp2f(red[u] + bias[u] - lse2[u]);
-          const float ds = pr * (red[U + u] - dlt[u]);
+          float pr = exp2f(red[u] + bias[u] - lse2[u]);
+          float dp = red[U + u];
+          if constexpr (kDrop) dp = keep[u] ? dp * p.drop_scale : 0.f;  // m dP / (1 - p)
+          const float ds = pr * (dp - dlt[u]);
+          if constexpr (kDrop) pr = keep[u] ? pr : 0.f;  // dV takes the masked P (1 / (1 - p) at the store)
 #pragma unroll
           for (int i = 0; i < C; ++i) {
             dv[i] = fmaf(pr, dd[u][i], dv[i]);
@@ -430,6 +471,10 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
       store_channels<C>(static_cast<T*>(p.dk) + int64_t(b) * p.dk_s[0] + token_offset<NA>(c, p.dk_s) +
                             int64_t(hkv) * p.dk_s[4] + ch, dk, ch, p.dim);
     }
+    if constexpr (kDrop) {
+#pragma unroll
+      for (int i = 0; i < C; ++i) dv[i] *= p.drop_scale;
+    }
     if (has_v)
       store_channels<C>(static_cast<T*>(p.dv) + int64_t(b) * p.dv_s[0] + token_offset<NA>(c, p.dv_s) +
                             int64_t(hkv) * p.dv_s[4] + ch, dv, ch, p.dim_v);
@@ -438,23 +483,37 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
 }
 
 // ------------------------------------------------------------------------- launchers
-template <typename T, int NA, int HD>
-void launch_forward(const Params& p, cudaStream_t stream) {
+template <typename T, int NA, int HD, bool kDrop>
+void launch_forward_as(const Params& p, cudaStream_t stream) {
   constexpr int QPB = kThreads / tpq<HD>();
   const dim3 grid(unsigned((p.tokens + QPB - 1) / QPB), unsigned(p.heads), unsigned(p.batch));
-  forward_kernel<T, NA, HD><<<grid, kThreads, 0, stream>>>(p);
+  forward_kernel<T, NA, HD, kDrop><<<grid, kThreads, 0, stream>>>(p);
+}
+
+template <typename T, int NA, int HD, bool kDrop>
+void launch_backward_as(const Params& p, cudaStream_t stream) {
+  constexpr int QPB = kThreads / tpq<HD>();
+  const unsigned blocks = unsigned((p.tokens + QPB - 1) / QPB);
+  backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), kThreads, 0, stream>>>(p);
+  Params pk = p;
+  const int64_t smem = drpb_stage_bytes(p);  // larger tables go straight to global atomics
+  pk.rpb_in_smem = smem > 0;
+  backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), kThreads,
+                                          pk.rpb_in_smem ? size_t(smem) : 0, stream>>>(pk);
+}
+
+// A call with attention dropout (Params::drop_rng; libnattn passes one here only with
+// NATTN_SIMT_DROPOUT=1) runs the kDrop instances.
+template <typename T, int NA, int HD>
+void launch_forward(const Params& p, cudaStream_t stream) {
+  if (p.drop_rng) launch_forward_as<T, NA, HD, true>(p, stream);
+  else launch_forward_as<T, NA, HD, false>(p, stream);
 }
 
 template <typename T, int NA, int HD>
 void launch_backward(const Params& p, cudaStream_t stream) {
-  constexpr int QPB = kThreads / tpq<HD>();
-  const unsigned blocks = unsigned((p.tokens + QPB - 1) / QPB);
-  backward_dq_kernel<T, NA, HD><<<dim3(blocks, p.heads, p.batch), kThreads, 0, stream>>>(p);
-  Params pk = p;
-  const int64_t smem = drpb_stage_bytes(p);  // larger tables go straight to global atomics
-  pk.rpb_in_smem = smem > 0;
-  backward_dkv_kernel<T, NA, HD><<<dim3(blocks, p.heads_kv, p.batch), kThreads,
-                                   pk.rpb_in_smem ? size_t(smem) : 0, stream>>>(pk);
+  if (p.drop_rng) launch_backward_as<T, NA, HD, true>(p, stream);
+  else launch_backward_as<T, NA, HD, false>(p, stream);
 }
 
 }  }  // namespace nattn::simt

@@ -1,4 +1,5 @@
-// Tensor-core (SM80+) fused neighborhood attention, fp16/bf16 with fp32 accumulation.
+// Tensor-core (SM80+) fused neighborhood attention, fp16/bf16 with fp32 accumulation, and
+// fp32 inputs through TF32 products (the float instances; below).
 //
 // A warp serves a box of 16 tokens (the mma M: 4x4 in 2-D, 2x2x4 in 3-D, 16 in 1-D) of one
 // dilation group and walks the union of their windows packed, in chunks of 16 consecutive
@@ -20,10 +21,26 @@
 // dK/dV pass adds (m P)^T dO to dV (scaled by 1 / (1 - p) at the store) and the same dS to dK.
 // The keep bits m come from tc/dropout.cuh. Calls without dropout run the kDrop = false
 // instances, whose code is the same as without the feature.
+//
+// TF32 (the T = float instances; src/api.cu runs them for float32 inputs when the call allows
+// TF32, PyTorch's torch.backends.cuda.matmul switch): the same kernels with fp32 tiles in
+// shared memory (16-byte padded rows, twice the 16-bit bytes) and mma.sync m16n8k8 on TF32
+// operands (cvt.rna.tf32.f32) with fp32 accumulation; softmax, the LSE, delta and every
+// accumulator stay fp32 and the outputs are written as float32. S = Q K^T (and S^T, dP, dP^T)
+// take both operands with ldmatrix (an 8x4 fp32 matrix per 8x8 16-bit one); the warp's own
+// rows are rounded to TF32 once, in place, after staging. The products whose k dimension runs
+// over the chunk's tokens (P V, dS K, P^T dO, dS^T Q) take P (dS) from the score fragments in
+// registers with the k order "A column t = score column 2t, A column t + 4 = score column
+// 2t + 1" and read the B rows (tokens 2t, 2t + 1 of a k-step) with 64-bit shared loads (two
+// n-tiles' channels side by side), which the 4-float row padding keeps free of bank
+// conflicts. fp32 tiles halve the warps a block holds at head dims >= 64 (block_warps): 2
+// warps a block there, 4 below; dropout runs as in the 16-bit instances.
 #pragma once
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
@@ -69,6 +86,23 @@ using namespace nattn::tiling;
 #define NATTN_TC_DROPOUT_BWD_BLOCKS 2
 #endif
 
+// TF32 instances (T = float) at head dims >= 64 run 2 warps a block (their fp32 tiles: a
+// 4-warp block would need 165 KiB (forward) / 198 KiB (dQ pass) of shared memory at head dim
+// 128, more than an SM80 block may have), with these blocks per SM (a register cap: with
+// 2-warp blocks ptxas allows 168 registers a thread for 5, 255 for 4 or fewer; shared memory
+// allows 5 forward / 4 backward blocks at head dim 64 and 2 at 128 on an H100). ptxas -v,
+// sm_80: no TF32 instance spills (84-160 registers at head dims 16/32, 114-210 at 64, 150-248
+// at 128). Head dims <= 32 keep the 16-bit instances' 4 warps and bounds.
+#ifndef NATTN_TC_TF32_FWD_BLOCKS_HD64
+#define NATTN_TC_TF32_FWD_BLOCKS_HD64 5
+#endif
+#ifndef NATTN_TC_TF32_BWD_BLOCKS_HD64  // dQ and dK/dV passes
+#define NATTN_TC_TF32_BWD_BLOCKS_HD64 4
+#endif
+#ifndef NATTN_TC_TF32_BLOCKS_HD128  // every pass
+#define NATTN_TC_TF32_BLOCKS_HD128 2
+#endif
+
 template <int HD>
 constexpr int query_blocks() {
   return HD <= 32 ? NATTN_TC_QUERY_BLOCKS_HD32 : HD <= 64 ? NATTN_TC_QUERY_BLOCKS : 1;
@@ -79,33 +113,77 @@ constexpr int dkv_blocks() {
   return HD <= 32 ? NATTN_TC_DKV_BLOCKS_HD32 : HD <= 64 ? NATTN_TC_DKV_BLOCKS : 2;
 }
 
-template <int HD, bool kDrop>
+template <typename T>
+constexpr bool is_tf32() {
+  return std::is_same<T, float>::value;
+}
+
+// The TF32 instances' blocks per SM at head dims >= 64 (0: the 16-bit instances' bounds).
+template <typename T, int HD, bool kQuery>
+constexpr int tf32_blocks() {
+  return !is_tf32<T>() || HD <= 32 ? 0
+         : HD <= 64              ? (kQuery ? NATTN_TC_TF32_FWD_BLOCKS_HD64 : NATTN_TC_TF32_BWD_BLOCKS_HD64)
+                                 : NATTN_TC_TF32_BLOCKS_HD128;
+}
+
+template <typename T, int HD, bool kDrop>
 constexpr int fwd_blocks() {
-  return !kDrop || HD > 64 ? query_blocks<HD>() : HD <= 32 ? NATTN_TC_DROPOUT_BLOCKS_HD32 : NATTN_TC_DROPOUT_FWD_BLOCKS;
+  return tf32_blocks<T, HD, true>() ? tf32_blocks<T, HD, true>()
+         : !kDrop || HD > 64        ? query_blocks<HD>()
+         : HD <= 32                 ? NATTN_TC_DROPOUT_BLOCKS_HD32
+                                    : NATTN_TC_DROPOUT_FWD_BLOCKS;
 }
 
-template <int HD, bool kDrop>
+template <typename T, int HD, bool kDrop>
 constexpr int dq_blocks() {
-  return !kDrop || HD > 64 ? query_blocks<HD>() : HD <= 32 ? NATTN_TC_DROPOUT_BLOCKS_HD32 : NATTN_TC_DROPOUT_BWD_BLOCKS;
+  return tf32_blocks<T, HD, false>() ? tf32_blocks<T, HD, false>()
+         : !kDrop || HD > 64         ? query_blocks<HD>()
+         : HD <= 32                  ? NATTN_TC_DROPOUT_BLOCKS_HD32
+                                     : NATTN_TC_DROPOUT_BWD_BLOCKS;
 }
 
-template <int HD, bool kDrop>
+template <typename T, int HD, bool kDrop>
 constexpr int dkv_blocks_as() {
-  return !kDrop || HD > 64 ? dkv_blocks<HD>() : HD <= 32 ? NATTN_TC_DROPOUT_BLOCKS_HD32 : NATTN_TC_DROPOUT_BWD_BLOCKS;
+  return tf32_blocks<T, HD, false>() ? tf32_blocks<T, HD, false>()
+         : !kDrop || HD > 64         ? dkv_blocks<HD>()
+         : HD <= 32                  ? NATTN_TC_DROPOUT_BLOCKS_HD32
+                                     : NATTN_TC_DROPOUT_BWD_BLOCKS;
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kWarps = 4;
 constexpr int QW = 16;  // tokens per warp: the mma M
-constexpr int CW = 16;  // tokens per staged chunk: two n-tiles of S, one k-step of P V
+constexpr int CW = 16;  // tokens per staged chunk: two n-tiles of S, one k-step of P V (two with TF32)
 
-template <int HD>
+// Warps a block of an instance holds (tf32_blocks above).
+template <typename T, int HD>
+constexpr int block_warps() {
+  return is_tf32<T>() && HD >= 64 ? 2 : kWarps;
+}
+
+// Shared-memory tiles hold the inputs' elements: 16-bit (fp16/bf16) or fp32 (TF32 instances).
+template <typename T>
+struct SmemElem {
+  using type = uint16_t;
+};
+template <>
+struct SmemElem<float> {
+  using type = float;
+};
+
+template <typename T, int HD>
 struct Layout {
-  static constexpr int P = HD + 8;             // row pitch in 16-bit elements: conflict-free ldmatrix
-  static constexpr int TILE = CW * P;           // one staged [CW, HD] tensor
-  static constexpr int KT = HD / 16;            // k-steps over channels
+  using S = typename SmemElem<T>::type;
+  static constexpr bool kF32 = sizeof(S) == 4;
+  static constexpr int VEC = 16 / int(sizeof(S));  // elements per 16-byte copy
+  // Row pitch in elements, 16 bytes of padding: conflict-free ldmatrix (and, fp32, the
+  // 64-bit B loads of mma_rows: rows 2t of a k-step start 8t banks apart).
+  static constexpr int P = HD + VEC;
+  static constexpr int TILE = CW * P;          // one staged [CW, HD] tensor
+  static constexpr int KT = HD / (kF32 ? 8 : 16);  // k-steps over channels (the mma K: 16, TF32 8)
   static constexpr int NT = HD / 8;             // n-tiles over channels
+  static constexpr int AREGS = kF32 ? 8 : 4;    // registers of P (dS) as the A operand of a chunk
 };
 
 __device__ __forceinline__ unsigned ld32(const void* p) { return *reinterpret_cast<const unsigned*>(p); }
@@ -128,67 +206,173 @@ __device__ __forceinline__ void load_a(unsigned (*a)[4], const T* r0, const T* r
 // below, read with ldmatrix each chunk instead of held in registers (a 16 x HD fragment
 // costs HD / 4 registers a thread; the backward kernels spilled with them).
 template <typename T, int HD>
-__device__ __forceinline__ void stage_rows(uint16_t* tile, const T* r0, const T* r1, int dim, int lane) {
-  using Lt = Layout<HD>;
+__device__ __forceinline__ void stage_rows(typename Layout<T, HD>::S* tile, const T* r0, const T* r1, int dim,
+                                           int lane) {
+  using Lt = Layout<T, HD>;
   const int row = lane / 4, tq = lane % 4;
 #pragma unroll
-  for (int c = tq * 8; c < HD; c += 32) {
+  for (int c = tq * Lt::VEC; c < HD; c += 4 * Lt::VEC) {
     cp_async16(tile + row * Lt::P + c, c < dim ? static_cast<const void*>(r0 + c) : r0, c < dim);
     cp_async16(tile + (row + 8) * Lt::P + c, c < dim ? static_cast<const void*>(r1 + c) : r1, c < dim);
   }
 }
 
+// TF32: rounds the pieces this lane staged with stage_rows (once they have landed: its own
+// cp.async groups waited for) to TF32 in place, so that the products read them as A operands
+// without a conversion per chunk. The warp synchronises before another lane reads them.
+template <int HD>
+__device__ __forceinline__ void round_rows_tf32(float* tile, int lane) {
+  using Lt = Layout<float, HD>;
+  const int row = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int c = tq * Lt::VEC; c < HD; c += 4 * Lt::VEC)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float4* x = reinterpret_cast<float4*>(tile + (row + 8 * r) * Lt::P + c);
+      float4 v = *x;
+      v.x = __uint_as_float(to_tf32(v.x));
+      v.y = __uint_as_float(to_tf32(v.y));
+      v.z = __uint_as_float(to_tf32(v.z));
+      v.w = __uint_as_float(to_tf32(v.w));
+      *x = v;
+    }
+}
+
 // s[2][4] = A (16 x HD, a staged tile) times another staged tile's rows transposed (HD x 16).
+// TF32: A is a tile rounded by round_rows_tf32; the other tile's fragments are rounded here.
 template <typename T, int HD>
-__device__ __forceinline__ void mma_tiles_t(float (*s)[4], const uint16_t* a_tile, const uint16_t* tile, int lane) {
-  using Lt = Layout<HD>;
+__device__ __forceinline__ void mma_tiles_t(float (*s)[4], const typename Layout<T, HD>::S* a_tile,
+                                            const typename Layout<T, HD>::S* tile, int lane) {
+  using Lt = Layout<T, HD>;
   const int mi = lane / 8, ri = lane % 8;
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+  if constexpr (Lt::kF32) {
+    // k-step kt: channels 8 kt .. 8 kt + 7. A's four 8x4 matrices: rows 0-7 / 8-15 (mi & 1) by
+    // channels 0-3 / 4-7 (mi >> 1), giving a0..a3; B's: tokens 0-7 / 8-15 (mi >> 1, the n-tile)
+    // by channels 0-3 / 4-7 (mi & 1), giving b0, b1 of n-tile 0 and of n-tile 1. Unrolled by 2
+    // only: fully unrolled, the fragment loads ptxas hoists cost 30-60 registers a thread and
+    // the forward / dK/dV passes spilled at head dims 64 and 128.
+#pragma unroll 2
+    for (int kt = 0; kt < Lt::KT; ++kt) {
+      unsigned a[4], b[4];
+      ldmatrix_x4(a, a_tile + ((mi & 1) * 8 + ri) * Lt::P + kt * 8 + (mi >> 1) * 4);
+      ldmatrix_x4(b, tile + ((mi >> 1) * 8 + ri) * Lt::P + kt * 8 + (mi & 1) * 4);
 #pragma unroll
-  for (int kt = 0; kt < Lt::KT; ++kt) {
-    unsigned a[4], b[4];
-    ldmatrix_x4(a, a_tile + (lane % 16) * Lt::P + kt * 16 + (lane / 16) * 8);
-    ldmatrix_x4(b, tile + (ri + (mi >> 1) * 8) * Lt::P + kt * 16 + (mi & 1) * 8);
-    Mma<T>::run(s[0], a, b);
-    Mma<T>::run(s[1], a, b + 2);
+      for (int i = 0; i < 4; ++i) b[i] = to_tf32(__uint_as_float(b[i]));
+      Mma<T>::run(s[0], a, b);
+      Mma<T>::run(s[1], a, b + 2);
+    }
+  } else {
+#pragma unroll
+    for (int kt = 0; kt < Lt::KT; ++kt) {
+      unsigned a[4], b[4];
+      ldmatrix_x4(a, a_tile + (lane % 16) * Lt::P + kt * 16 + (lane / 16) * 8);
+      ldmatrix_x4(b, tile + (ri + (mi >> 1) * 8) * Lt::P + kt * 16 + (mi & 1) * 8);
+      Mma<T>::run(s[0], a, b);
+      Mma<T>::run(s[1], a, b + 2);
+    }
   }
 }
 
-// acc[NT][4] += A (16 x 16, packed from two score n-tiles) times the staged tile (16 x HD).
+// acc[NT][4] += A (16 x 16, packed from two score n-tiles by pack_a) times the staged tile
+// (16 x HD). TF32: two k-steps of 8 tokens (one per score n-tile); k-step ks's A column t is
+// token 8 ks + 2t and column t + 4 token 8 ks + 2t + 1 (pack_a), so lane (g, t) takes B's b0
+// / b1 from tokens 8 ks + 2t / + 1. Its column n = g is channel 16 m + 2g + j in n-tile 2m + j
+// (the n columns may be in any order): the lane reads both n-tiles of a pair with one 64-bit
+// load per token (lanes g, t of a half-warp hit banks 8t + 2g, + 1), and an accumulator row's
+// four channels 16 m + 4t .. + 3 end up in one lane (store_rows: one 16-byte store).
 template <typename T, int HD>
-__device__ __forceinline__ void mma_rows(float (*acc)[4], const unsigned* a, const uint16_t* tile, int lane) {
-  using Lt = Layout<HD>;
-  const int mi = lane / 8, ri = lane % 8;
+__device__ __forceinline__ void mma_rows(float (*acc)[4], const unsigned* a, const typename Layout<T, HD>::S* tile,
+                                         int lane) {
+  using Lt = Layout<T, HD>;
+  if constexpr (Lt::kF32) {
+    const int g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int np = 0; np < Lt::NT / 2; ++np) {
-    unsigned b[4];
-    ldmatrix_x4_trans(b, tile + (ri + (mi & 1) * 8) * Lt::P + np * 16 + (mi >> 1) * 8);
-    Mma<T>::run(acc[2 * np], a, b);
-    Mma<T>::run(acc[2 * np + 1], a, b + 2);
+    for (int ks = 0; ks < 2; ++ks) {
+      const float* r0 = tile + (ks * 8 + 2 * t) * Lt::P + 2 * g;
+#pragma unroll
+      for (int m = 0; m < Lt::NT / 2; ++m) {
+        const float2 x0 = *reinterpret_cast<const float2*>(r0 + 16 * m);          // token 2t
+        const float2 x1 = *reinterpret_cast<const float2*>(r0 + Lt::P + 16 * m);  // token 2t + 1
+        const unsigned b0[2] = {to_tf32(x0.x), to_tf32(x1.x)}, b1[2] = {to_tf32(x0.y), to_tf32(x1.y)};
+        Mma<T>::run(acc[2 * m], a + 4 * ks, b0);
+        Mma<T>::run(acc[2 * m + 1], a + 4 * ks, b1);
+      }
+    }
+  } else {
+    const int mi = lane / 8, ri = lane % 8;
+#pragma unroll
+    for (int np = 0; np < Lt::NT / 2; ++np) {
+      unsigned b[4];
+      ldmatrix_x4_trans(b, tile + (ri + (mi & 1) * 8) * Lt::P + np * 16 + (mi >> 1) * 8);
+      Mma<T>::run(acc[2 * np], a, b);
+      Mma<T>::run(acc[2 * np + 1], a, b + 2);
+    }
   }
 }
 
+// The A operand of mma_rows from two score n-tiles s (Layout::AREGS registers). TF32: k-step
+// ks is n-tile ks, its A registers {(g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)} the
+// fragment's {c0, c2, c1, c3} (columns 2t and 2t + 1 as A columns t and t + 4), rounded.
 template <typename T>
 __device__ __forceinline__ void pack_a(unsigned* a, const float (*s)[4]) {
-  a[0] = Mma<T>::pack(s[0][0], s[0][1]);
-  a[1] = Mma<T>::pack(s[0][2], s[0][3]);
-  a[2] = Mma<T>::pack(s[1][0], s[1][1]);
-  a[3] = Mma<T>::pack(s[1][2], s[1][3]);
+  if constexpr (is_tf32<T>()) {
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      a[4 * ks + 0] = to_tf32(s[ks][0]);
+      a[4 * ks + 1] = to_tf32(s[ks][2]);
+      a[4 * ks + 2] = to_tf32(s[ks][1]);
+      a[4 * ks + 3] = to_tf32(s[ks][3]);
+    }
+  } else {
+    a[0] = Mma<T>::pack(s[0][0], s[0][1]);
+    a[1] = Mma<T>::pack(s[0][2], s[0][3]);
+    a[2] = Mma<T>::pack(s[1][0], s[1][1]);
+    a[3] = Mma<T>::pack(s[1][2], s[1][3]);
+  }
 }
 
 // Stores rows r0/r1 of an accumulator (times f0/f1) to a token-major tensor.
+// TF32 instances: fragments of n-tiles 2m, 2m + 1 hold channels 16 m + 4t .. + 3 (mma_rows).
 template <typename T, int HD>
 __device__ __forceinline__ void store_rows(T* r0, T* r1, bool ok0, bool ok1, const float (*acc)[4], float f0,
                                            float f1, int dim, int t) {
+  if constexpr (is_tf32<T>()) {  // float32 outputs: four channels a store
 #pragma unroll
-  for (int nt = 0; nt < HD / 8; ++nt) {
-    const int c = nt * 8 + 2 * t;
-    if (c >= dim) continue;
-    if (ok0) *reinterpret_cast<unsigned*>(r0 + c) = Mma<T>::pack(acc[nt][0] * f0, acc[nt][1] * f0);
-    if (ok1) *reinterpret_cast<unsigned*>(r1 + c) = Mma<T>::pack(acc[nt][2] * f1, acc[nt][3] * f1);
+    for (int m = 0; m < HD / 16; ++m) {
+      const int c = 16 * m + 4 * t;
+      if (c >= dim) continue;  // dim is a multiple of 8: the four channels are all in or all out
+      const float* x = acc[2 * m];
+      const float* y = acc[2 * m + 1];
+      if (ok0) *reinterpret_cast<float4*>(r0 + c) = make_float4(x[0] * f0, y[0] * f0, x[1] * f0, y[1] * f0);
+      if (ok1) *reinterpret_cast<float4*>(r1 + c) = make_float4(x[2] * f1, y[2] * f1, x[3] * f1, y[3] * f1);
+    }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt) {
+      const int c = nt * 8 + 2 * t;
+      if (c >= dim) continue;
+      if (ok0) *reinterpret_cast<unsigned*>(r0 + c) = Mma<T>::pack(acc[nt][0] * f0, acc[nt][1] * f0);
+      if (ok1) *reinterpret_cast<unsigned*>(r1 + c) = Mma<T>::pack(acc[nt][2] * f1, acc[nt][3] * f1);
+    }
+  }
+}
+
+// TF32 dQ pass: this lane's part of rowsum(dO * O) for rows r0 / r1 (channels 8 j + 2t, + 1):
+// fp32 loads two channels at a time (the 16-bit instances load their fragments: load_a).
+template <int HD>
+__device__ __forceinline__ void row_dots_f32(float* dl, const float* d0, const float* d1, const float* o0,
+                                             const float* o1, int dim, int t) {
+#pragma unroll 4
+  for (int c = 2 * t; c < HD; c += 8) {
+    if (c >= dim) break;
+    const float2 a0 = *reinterpret_cast<const float2*>(d0 + c), b0 = *reinterpret_cast<const float2*>(o0 + c);
+    const float2 a1 = *reinterpret_cast<const float2*>(d1 + c), b1 = *reinterpret_cast<const float2*>(o1 + c);
+    dl[0] += a0.x * b0.x + a0.y * b0.y;
+    dl[1] += a1.x * b1.x + a1.y * b1.y;
   }
 }
 
@@ -237,13 +421,15 @@ __device__ __forceinline__ int col_token(int q, int tq) { return (q >> 1) * 8 + 
 // query's LSE and delta (a second offset stream: the token index).
 template <typename T, int NA, int HD, bool kInverse, bool kSide = false>
 struct Walk {
-  static constexpr int PPK = HD / 8;    // 16-byte pieces per staged token
-  static constexpr int TPI = 32 / PPK;  // tokens per copy instruction of the warp
+  using Lt = Layout<T, HD>;
+  using S = typename Lt::S;
+  static constexpr int PPK = HD / Lt::VEC;  // 16-byte pieces per staged token
+  static constexpr int TPI = 32 / PPK;      // tokens per copy instruction of the warp
   static constexpr int NS = kSide ? 2 : 1;
   const Params& p;
   const Rows<NA, kInverse>& rw;
   const AxisRange* u;
-  uint16_t* buf;
+  S* buf;
   const T *X, *Y;
   GroupStrides<NA> st[2];  // this lane's tensor, the token index (kSide)
   int lane, size, chunks;
@@ -256,46 +442,54 @@ struct Walk {
   int h;
 
   __device__ __forceinline__ Walk(const Params& p_, const Rows<NA, kInverse>& rw_, const int* g, const AxisRange* u_,
-                                  uint16_t* buf_, int lane_, const T* X_, const int64_t* xst, int xdim, const T* Y_,
+                                  S* buf_, int lane_, const T* X_, const int64_t* xst, int xdim, const T* Y_,
                                   const int64_t* yst, int ydim, float* side_ = nullptr, int64_t row0_ = 0,
                                   int h_ = 0, const int64_t* tst = nullptr)
       : p(p_), rw(rw_), u(u_), buf(buf_), X(X_), Y(Y_),
         st{GroupStrides<NA>(p_, xst, g, yst, lane_ >= CW), GroupStrides<NA>(p_, kSide ? tst : xst, g)},
-        lane(lane_), xin((lane_ % PPK) * 8 < xdim), yin((lane_ % PPK) * 8 < ydim), oc(u_, lane_ % CW, st),
+        lane(lane_), xin((lane_ % PPK) * Lt::VEC < xdim), yin((lane_ % PPK) * Lt::VEC < ydim), oc(u_, lane_ % CW, st),
         mc(u_, 2 * (lane_ % 4)), side(side_), row0(row0_), h(h_) {
     size = union_size<NA>(u);
     chunks = (size + CW - 1) / CW;
   }
-  __device__ __forceinline__ const uint16_t* tile(int ci) const { return buf + (ci & 1) * 2 * Layout<HD>::TILE; }
+  __device__ __forceinline__ const S* tile(int ci) const { return buf + (ci & 1) * 2 * Lt::TILE; }
   __device__ __forceinline__ const float* side_tile(int ci) const { return side + (ci & 1) * 2 * CW; }
 
   // Stages chunk ci (in walk order) into stage ci & 1; channels past a tensor's dim and
   // tokens past the union are zero-filled.
   __device__ __forceinline__ void issue(int ci) {
-    using Lt = Layout<HD>;
-    uint16_t* dst = buf + (ci & 1) * 2 * Lt::TILE;
+    S* dst = buf + (ci & 1) * 2 * Lt::TILE;
     // Source addresses stay inside the tensors: the cursors never leave the union, and a
     // lane whose channels lie past a head dim reads channel 0 (its copy is zero-filled).
-    const int e = (lane % PPK) * 8, left = size - ci * CW;
+    const int e = (lane % PPK) * Lt::VEC, left = size - ci * CW;
     const T* Xl = X + (xin ? e : 0);
     const T* Yl = Y + (yin ? e : 0);
+    if constexpr (Lt::kF32) {
+      // TF32: kept rolled (16 copies a tensor at head dim 128); unrolled, their shuffled
+      // offsets held at once made the dK/dV pass spill at head dim 128.
+#pragma unroll 1
+      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, Xl, Yl);
+    } else {
 #pragma unroll
-    for (int i = 0; i < CW / TPI; ++i) {
-      const int j = i * TPI + lane / PPK;
-      const int64_t ox = __shfl_sync(0xffffffffu, oc.o[0], j), oy = __shfl_sync(0xffffffffu, oc.o[0], CW + j);
-      const bool in = j < left;
-      cp_async16(dst + j * Lt::P + e, Xl + ox, in && xin);
-      cp_async16(dst + Lt::TILE + j * Lt::P + e, Yl + oy, in && yin);
-      if (kSide) {
-        const int64_t t = __shfl_sync(0xffffffffu, oc.o[NS - 1], j);
-        if (lane % PPK < 2) {  // the token's first two lanes: its LSE and its delta
-          const float* src = (lane % PPK == 0 ? p.lse : p.delta) + (row0 + t) * p.heads + h;
-          cp_async4(side + (ci & 1) * 2 * CW + (lane % PPK) * CW + j, src, in);
-        }
-      }
+      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, Xl, Yl);
     }
     oc.step(u, st);
     cp_async_commit();
+  }
+  // Copy instruction i of issue: chunk token j's piece e of X and Y (and its LSE and delta).
+  __device__ __forceinline__ void copy(S* dst, int ci, int i, int e, int left, const T* Xl, const T* Yl) {
+    const int j = i * TPI + lane / PPK;
+    const int64_t ox = __shfl_sync(0xffffffffu, oc.o[0], j), oy = __shfl_sync(0xffffffffu, oc.o[0], CW + j);
+    const bool in = j < left;
+    cp_async16(dst + j * Lt::P + e, Xl + ox, in && xin);
+    cp_async16(dst + Lt::TILE + j * Lt::P + e, Yl + oy, in && yin);
+    if (kSide) {
+      const int64_t t = __shfl_sync(0xffffffffu, oc.o[NS - 1], j);
+      if (lane % PPK < 2) {  // the token's first two lanes: its LSE and its delta
+        const float* src = (lane % PPK == 0 ? p.lse : p.delta) + (row0 + t) * p.heads + h;
+        cp_async4(side + (ci & 1) * 2 * CW + (lane % PPK) * CW + j, src, in);
+      }
+    }
   }
   // Chunk ci is in shared memory for the whole warp (chunk ci + 1 is on its way).
   __device__ __forceinline__ void arrive(int ci) {
@@ -326,16 +520,18 @@ struct Walk {
 
 // ------------------------------------------------------------------------- forward
 template <typename T, int NA, int HD, bool kDrop>
-__global__ void __launch_bounds__(kWarps * 32, fwd_blocks<HD, kDrop>()) forward_kernel(const Params p) {
+__global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, kDrop>())
+    forward_kernel(const Params p) {
 #if NATTN_TC_ENABLED
-  using Lt = Layout<HD>;
+  using Lt = Layout<T, HD>;
+  using S = typename Lt::S;
   constexpr int NT = Lt::NT;
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
-  uint16_t* buf = tc_smem + warp * (5 * Lt::TILE);  // 2 stages x (K, V), then the warp's Q rows
-  uint16_t* sQ = buf + 4 * Lt::TILE;
+  S* buf = reinterpret_cast<S*>(tc_smem) + warp * (5 * Lt::TILE);  // 2 stages x (K, V), then the warp's Q rows
+  S* sQ = buf + 4 * Lt::TILE;
   int g[3], L[3], first[3];
-  if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * kWarps + warp, g, L, first)) return;
+  if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * block_warps<T, HD>() + warp, g, L, first)) return;
   const Rows<NA, false> rw(p, first, L, lane);
   const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.groups;
   AxisRange u[3];
@@ -368,9 +564,14 @@ __global__ void __launch_bounds__(kWarps * 32, fwd_blocks<HD, kDrop>()) forward_
     for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   if (walk.chunks > 0) walk.issue(0);
+  if constexpr (Lt::kF32) {  // the Q rows (the group before chunk 0's) have landed: round them
+    if (walk.chunks > 0) cp_async_wait<1>();
+    else cp_async_wait<0>();
+    round_rows_tf32<HD>(sQ, lane);
+  }
   for (int ci = 0; ci < walk.chunks; ++ci) {
-    walk.arrive(ci);
-    const uint16_t* sK = walk.tile(ci);
+    walk.arrive(ci);  // (its __syncwarp also orders the rounding before any lane's reads)
+    const S* sK = walk.tile(ci);
     Cols cl;
     uint32_t ktok[4];
     walk.template take<kDrop>(cl, rmult, rpb != nullptr, ktok, g);
@@ -414,7 +615,7 @@ __global__ void __launch_bounds__(kWarps * 32, fwd_blocks<HD, kDrop>()) forward_
         l[e >> 1] += s[nt][e];  // the row sum (and so the LSE) without dropout
         if constexpr (kDrop) s[nt][e] = kept(keep, e >> 1, nt * 2 + (e & 1)) ? s[nt][e] : 0.f;
       }
-    unsigned pa[4];
+    unsigned pa[Lt::AREGS];
     pack_a<T>(pa, s);
     mma_rows<T, HD>(o, pa, sK + Lt::TILE, lane);
     __syncwarp();  // this stage is refilled two chunks on
@@ -434,16 +635,18 @@ __global__ void __launch_bounds__(kWarps * 32, fwd_blocks<HD, kDrop>()) forward_
 
 // --------------------------------------------------------------- backward: dQ + delta
 template <typename T, int NA, int HD, bool kDrop>
-__global__ void __launch_bounds__(kWarps * 32, dq_blocks<HD, kDrop>()) backward_dq_kernel(const Params p) {
+__global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kDrop>())
+    backward_dq_kernel(const Params p) {
 #if NATTN_TC_ENABLED
-  using Lt = Layout<HD>;
+  using Lt = Layout<T, HD>;
+  using S = typename Lt::S;
   constexpr int KT = Lt::KT, NT = Lt::NT;
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
-  uint16_t* buf = tc_smem + warp * (6 * Lt::TILE);  // 2 stages x (K, V), then the warp's Q and dO rows
-  uint16_t* sQ = buf + 4 * Lt::TILE;
+  S* buf = reinterpret_cast<S*>(tc_smem) + warp * (6 * Lt::TILE);  // 2 stages x (K, V), then the warp's Q and dO rows
+  S* sQ = buf + 4 * Lt::TILE;
   int g[3], L[3], first[3];
-  if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * kWarps + warp, g, L, first)) return;
+  if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * block_warps<T, HD>() + warp, g, L, first)) return;
   const Rows<NA, false> rw(p, first, L, lane);
   const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.groups;
   AxisRange u[3];
@@ -461,23 +664,30 @@ __global__ void __launch_bounds__(kWarps * 32, dq_blocks<HD, kDrop>()) backward_
     stage_rows<T, HD>(sQ + Lt::TILE, D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[0], g),
                       D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[1], g), p.dim_v, lane);
     cp_async_commit();
-    unsigned da[KT][4];
-    load_a<HD>(da, D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[0], g),
-               D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[1], g), p.dim_v, tq);
-    unsigned oa[KT][4];
-    load_a<HD>(oa, O + spatial_offset<NA>(p, p.out_s, rw.ig[0], g), O + spatial_offset<NA>(p, p.out_s, rw.ig[1], g),
-               p.dim_v, tq);
     // delta = rowsum(dO * O) - dLSE: this lane's channels of both rows, then its quad
     float dl[2] = {0.f, 0.f};
+    if constexpr (Lt::kF32) {
+      row_dots_f32<HD>(dl, D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[0], g),
+                       D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[1], g),
+                       O + spatial_offset<NA>(p, p.out_s, rw.ig[0], g), O + spatial_offset<NA>(p, p.out_s, rw.ig[1], g),
+                       p.dim_v, tq);
+    } else {
+      unsigned da[KT][4];
+      load_a<HD>(da, D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[0], g),
+                 D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[1], g), p.dim_v, tq);
+      unsigned oa[KT][4];
+      load_a<HD>(oa, O + spatial_offset<NA>(p, p.out_s, rw.ig[0], g), O + spatial_offset<NA>(p, p.out_s, rw.ig[1], g),
+                 p.dim_v, tq);
 #pragma unroll
-    for (int kt = 0; kt < KT; ++kt)
+      for (int kt = 0; kt < KT; ++kt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float d0, d1, o0, o1;
-        Mma<T>::unpack(da[kt][i], d0, d1);
-        Mma<T>::unpack(oa[kt][i], o0, o1);
-        dl[i & 1] += d0 * o0 + d1 * o1;
-      }
+        for (int i = 0; i < 4; ++i) {
+          float d0, d1, o0, o1;
+          Mma<T>::unpack(da[kt][i], d0, d1);
+          Mma<T>::unpack(oa[kt][i], o0, o1);
+          dl[i & 1] += d0 * o0 + d1 * o1;
+        }
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t row = (int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[r], g)) * p.heads + h;
@@ -505,9 +715,15 @@ __global__ void __launch_bounds__(kWarps * 32, dq_blocks<HD, kDrop>()) backward_
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[nt][e] = 0.f;
   if (walk.chunks > 0) walk.issue(0);
+  if constexpr (Lt::kF32) {  // the Q and dO rows (the group before chunk 0's) have landed: round them
+    if (walk.chunks > 0) cp_async_wait<1>();
+    else cp_async_wait<0>();
+    round_rows_tf32<HD>(sQ, lane);
+    round_rows_tf32<HD>(sQ + Lt::TILE, lane);
+  }
   for (int ci = 0; ci < walk.chunks; ++ci) {
     walk.arrive(ci);
-    const uint16_t* sK = walk.tile(ci);
+    const S* sK = walk.tile(ci);
     Cols cl;
     uint32_t ktok[4];
     walk.template take<kDrop>(cl, rmult, rpb != nullptr, ktok, g);
@@ -528,7 +744,7 @@ __global__ void __launch_bounds__(kWarps * 32, dq_blocks<HD, kDrop>()) backward_
         if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
         s[nt][e] = ok ? exp2f(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
       }
-    unsigned dsa[4];
+    unsigned dsa[Lt::AREGS];
     pack_a<T>(dsa, s);
     mma_rows<T, HD>(dq, dsa, sK, lane);
     __syncwarp();
@@ -541,29 +757,33 @@ __global__ void __launch_bounds__(kWarps * 32, dq_blocks<HD, kDrop>()) backward_
 }
 
 // ------------------------------------------------------ backward: dK, dV, dRPB per key
-template <int HD>
+template <typename T, int HD>
 constexpr int dkv_warp_bytes() {
-  return 6 * Layout<HD>::TILE * 2 + 2 * 2 * CW * 4;  // 2 stages x (Q, dO), own K, V; 2 stages x (lse, delta)
+  // 2 stages x (Q, dO), own K, V; 2 stages x (lse, delta)
+  return 6 * Layout<T, HD>::TILE * int(sizeof(typename Layout<T, HD>::S)) + 2 * 2 * CW * 4;
 }
 
 template <typename T, int NA, int HD, bool kDrop>
-__global__ void __launch_bounds__(kWarps * 32, dkv_blocks_as<HD, kDrop>()) backward_dkv_kernel(const Params p) {
+__global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, HD, kDrop>())
+    backward_dkv_kernel(const Params p) {
 #if NATTN_TC_ENABLED
-  using Lt = Layout<HD>;
-  constexpr int NT = Lt::NT;
+  using Lt = Layout<T, HD>;
+  using S = typename Lt::S;
+  constexpr int NT = Lt::NT, W = block_warps<T, HD>();
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
-  uint16_t* buf = tc_smem + warp * (6 * Lt::TILE);
-  uint16_t* sK = buf + 4 * Lt::TILE;  // the warp's K and V rows
-  float* sLD = reinterpret_cast<float*>(tc_smem + kWarps * 6 * Lt::TILE) + warp * 4 * CW;  // [stage][lse | delta]
-  float* drpb_smem = reinterpret_cast<float*>(tc_smem + kWarps * 6 * Lt::TILE) + kWarps * 4 * CW;
+  S* buf = reinterpret_cast<S*>(tc_smem) + warp * (6 * Lt::TILE);
+  S* sK = buf + 4 * Lt::TILE;  // the warp's K and V rows
+  float* past_tiles = reinterpret_cast<float*>(reinterpret_cast<S*>(tc_smem) + W * 6 * Lt::TILE);
+  float* sLD = past_tiles + warp * 4 * CW;  // [stage][lse | delta]
+  float* drpb_smem = past_tiles + W * 4 * CW;
   const int hkv = blockIdx.y, b = blockIdx.z;
   const bool stage_rpb = p.rpb != nullptr && p.rpb_in_smem;
   const int64_t smem_len = int64_t(p.groups) * p.rpb_head_size;
   if (stage_rpb) drpb_stage_begin(drpb_smem, smem_len);
   int g[3], L[3], first[3];
   // no early return: the block meets again at the dRPB flush
-  if (warp_box<NA>(p, p.box, int64_t(blockIdx.x) * kWarps + warp, g, L, first)) {
+  if (warp_box<NA>(p, p.box, int64_t(blockIdx.x) * W + warp, g, L, first)) {
     const Rows<NA, true> rw(p, first, L, lane);
     AxisRange u[3];
     box_union<NA, true>(p, p.box, first, L, u);
@@ -604,9 +824,17 @@ __global__ void __launch_bounds__(kWarps * 32, dkv_blocks_as<HD, kDrop>()) backw
       Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
                                        int64_t(b) * p.tokens, h, tst);
       if (walk.chunks > 0) walk.issue(0);
+      if constexpr (Lt::kF32) {  // first head: the own K and V rows (the group before) have landed: round them
+        if (hg == 0) {
+          if (walk.chunks > 0) cp_async_wait<1>();
+          else cp_async_wait<0>();
+          round_rows_tf32<HD>(sK, lane);
+          round_rows_tf32<HD>(sK + Lt::TILE, lane);
+        }
+      }
       for (int ci = 0; ci < walk.chunks; ++ci) {
         walk.arrive(ci);
-        const uint16_t* sQ = walk.tile(ci);
+        const S* sQ = walk.tile(ci);
         const float* sL = walk.side_tile(ci);
         Cols cl;
         uint32_t qtok[4];
@@ -636,7 +864,7 @@ __global__ void __launch_bounds__(kWarps * 32, dkv_blocks_as<HD, kDrop>()) backw
               else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
             }
           }
-        unsigned pa[4], dsa[4];
+        unsigned pa[Lt::AREGS], dsa[Lt::AREGS];
         pack_a<T>(pa, s);
         pack_a<T>(dsa, dp);
         mma_rows<T, HD>(dv, pa, sQ + Lt::TILE, lane);
@@ -666,14 +894,23 @@ bool allow_smem(K kernel, size_t bytes) {
   return true;
 }
 
-template <int HD>
-constexpr size_t fwd_smem_bytes() {
-  return size_t(kWarps) * 5 * Layout<HD>::TILE * 2;  // per warp: 2 stages x (K, V) + its Q rows
+// Bytes of one staged tile ([CW, HD] with padded rows; fp32 tiles take twice the 16-bit bytes).
+template <typename T, int HD>
+constexpr size_t tile_bytes() {
+  return size_t(Layout<T, HD>::TILE) * sizeof(typename Layout<T, HD>::S);
 }
 
-template <int HD>
+// 16-bit, 4 warps: 15 / 25 / 45 / 85 KiB at head dims 16 / 32 / 64 / 128; TF32 (block_warps):
+// 25 / 45 KiB (4 warps), 42.5 / 82.5 KiB (2 warps).
+template <typename T, int HD>
+constexpr size_t fwd_smem_bytes() {
+  return size_t(block_warps<T, HD>()) * 5 * tile_bytes<T, HD>();  // per warp: 2 stages x (K, V) + its Q rows
+}
+
+// 16-bit, 4 warps: 18 / 30 / 54 / 102 KiB; TF32: 30 / 54 KiB (4 warps), 51 / 99 KiB (2 warps).
+template <typename T, int HD>
 constexpr size_t dq_smem_bytes() {
-  return size_t(kWarps) * 6 * Layout<HD>::TILE * 2;  // per warp: 2 stages x (K, V) + its Q and dO rows
+  return size_t(block_warps<T, HD>()) * 6 * tile_bytes<T, HD>();  // per warp: 2 stages x (K, V) + its Q and dO rows
 }
 
 // Box shape: the measured fixed shapes (16, 4x4, 2x2x4) unless NATTN_TC_BOX=model asks for
@@ -693,11 +930,12 @@ void launch_forward_as(const Params& problem, cudaStream_t stream) {
   Params p = problem;
   set_box<NA>(p);
   const int64_t warps = num_warps<NA>(p, p.box);
-  const dim3 grid(unsigned((warps + kWarps - 1) / kWarps), unsigned(p.heads), unsigned(p.batch));
-  constexpr size_t smem = fwd_smem_bytes<HD>();
+  constexpr int W = block_warps<T, HD>();
+  const dim3 grid(unsigned((warps + W - 1) / W), unsigned(p.heads), unsigned(p.batch));
+  constexpr size_t smem = fwd_smem_bytes<T, HD>();
   static const bool allowed = allow_smem(forward_kernel<T, NA, HD, kDrop>, smem);
   (void)allowed;
-  forward_kernel<T, NA, HD, kDrop><<<grid, kWarps * 32, smem, stream>>>(p);
+  forward_kernel<T, NA, HD, kDrop><<<grid, W * 32, smem, stream>>>(p);
 }
 
 template <typename T, int NA, int HD, bool kDrop>
@@ -705,18 +943,20 @@ void launch_backward_as(const Params& problem, cudaStream_t stream) {
   Params p = problem;
   set_box<NA>(p);
   const int64_t warps = num_warps<NA>(p, p.box);
-  const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
-  constexpr size_t smem = dq_smem_bytes<HD>();
-  constexpr size_t dkv_max = size_t(kWarps) * dkv_warp_bytes<HD>() + size_t(kMaxDrpbSmemBytes);
+  constexpr int W = block_warps<T, HD>();
+  const unsigned blocks = unsigned((warps + W - 1) / W);
+  constexpr size_t smem = dq_smem_bytes<T, HD>();
+  // TF32 at head dim 128: 2 x 49.75 KiB + up to 48 KiB of dRPB = 147.5 KiB (an SM80 block may have 163)
+  constexpr size_t dkv_max = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(kMaxDrpbSmemBytes);
   static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem) &&
                               allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_max);
   (void)allowed;
-  backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), kWarps * 32, smem, stream>>>(p);
+  backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), W * 32, smem, stream>>>(p);
   Params pk = p;
   const int64_t rpb_bytes = drpb_stage_bytes(p);
   pk.rpb_in_smem = rpb_bytes > 0;
-  const size_t dkv_smem = size_t(kWarps) * dkv_warp_bytes<HD>() + size_t(rpb_bytes);
-  backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), kWarps * 32, dkv_smem, stream>>>(pk);
+  const size_t dkv_smem = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(rpb_bytes);
+  backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), W * 32, dkv_smem, stream>>>(pk);
 }
 
 // A call with attention dropout (Params::drop_rng) runs the kDrop instances.
