@@ -15,34 +15,11 @@
 #pragma once
 #include <stdint.h>
 
+#include "nattn/common/drop_keys.cuh"
 #include "nattn/common/philox.cuh"
 #include "nattn/common/registry.h"
 
 namespace nattn { namespace simt {
-
-// The Philox key and the two counter words that do not depend on the element, for one
-// (batch, query head), from the call's [seed, offset] in device memory (read by the kernel:
-// no host synchronisation, CUDA graphs capture the draw).
-struct DropKeys {
-  uint32_t k0, k1, c2, c3;
-
-  __device__ __forceinline__ void init(const Params& p, int b, int h) {
-    const uint64_t seed = uint64_t(__ldg(reinterpret_cast<const long long*>(p.drop_rng)));
-    const uint64_t offset = uint64_t(__ldg(reinterpret_cast<const long long*>(p.drop_rng) + 1));
-    k0 = uint32_t(seed);
-    k1 = uint32_t(seed >> 32);
-    c2 = uint32_t(h) + uint32_t(offset);
-    c3 = uint32_t(b) + uint32_t(offset >> 32);
-  }
-  // The four words of keys 4 kg .. 4 kg + 3 of query token `query`.
-  __device__ __forceinline__ philox::Words words(uint32_t query, uint32_t kg) const {
-    return philox::philox4x32(philox::Words{kg, query, c2, c3}, k0, k1);
-  }
-  // Whether (query, key) is kept (one Philox call).
-  __device__ __forceinline__ bool keep(uint32_t query, uint32_t key, uint32_t threshold) const {
-    return philox::word(words(query, key >> 2), key & 3u) >= threshold;
-  }
-};
 
 // The keep bits of one query's keys, walked in any order: the words of the last key group
 // drawn are kept, so a key of the same group costs no Philox call.

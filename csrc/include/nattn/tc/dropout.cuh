@@ -14,6 +14,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "nattn/common/drop_keys.cuh"
 #include "nattn/common/philox.cuh"
 #include "nattn/common/registry.h"
 
@@ -29,25 +30,6 @@ __device__ __forceinline__ uint32_t token_word(const Params& p, const int* c, co
   return t;
 }
 
-// One (batch, query head)'s Philox key and the two counter words that do not depend on the
-// element, from the call's [seed, offset] in device memory (read by the kernel: no host sync).
-struct DropHead {
-  uint32_t k0, k1, c2, c3;
-
-  __device__ __forceinline__ void init(const Params& p, int b, int h) {
-    const uint64_t seed = uint64_t(__ldg(reinterpret_cast<const long long*>(p.drop_rng)));
-    const uint64_t offset = uint64_t(__ldg(reinterpret_cast<const long long*>(p.drop_rng) + 1));
-    k0 = uint32_t(seed);
-    k1 = uint32_t(seed >> 32);
-    c2 = uint32_t(h) + uint32_t(offset);
-    c3 = uint32_t(b) + uint32_t(offset >> 32);
-  }
-  // The four words of keys 4 kg .. 4 kg + 3 of query token `query`.
-  __device__ __forceinline__ philox::Words words(uint32_t query, uint32_t kg) const {
-    return philox::philox4x32(philox::Words{kg, query, c2, c3}, k0, k1);
-  }
-};
-
 // The loops below are kept rolled (their operands rotate through registers instead of being
 // indexed): unrolled, the compiler interleaves the Philox calls and the registers they hold
 // at once spill next to the kernels' fragments.
@@ -55,7 +37,7 @@ struct DropHead {
 // Keep bits of a fragment whose rows are queries (forward, dQ pass) `qt[2]` and columns keys
 // `kt[4]`. Columns 0/1 (and 2/3) are consecutive tokens of the packed window union, mostly
 // consecutive keys of one Philox group: their second call is made only when it is not.
-__device__ __forceinline__ unsigned keep_bits_query_rows(const DropHead& d, const uint32_t* qt, const uint32_t* kt,
+__device__ __forceinline__ unsigned keep_bits_query_rows(const DropKeys& d, const uint32_t* qt, const uint32_t* kt,
                                                          uint32_t threshold) {
   unsigned bits = 0;
   uint32_t k0 = kt[0], k1 = kt[1], k2 = kt[2], k3 = kt[3];
@@ -77,7 +59,7 @@ __device__ __forceinline__ unsigned keep_bits_query_rows(const DropHead& d, cons
 }
 
 // Keep bits of a fragment whose rows are keys (dK/dV pass) `kt[2]` and columns queries `qt[4]`.
-__device__ __forceinline__ unsigned keep_bits_key_rows(const DropHead& d, const uint32_t* kt, const uint32_t* qt,
+__device__ __forceinline__ unsigned keep_bits_key_rows(const DropKeys& d, const uint32_t* kt, const uint32_t* qt,
                                                        uint32_t threshold) {
   unsigned bits = 0;
   uint32_t q0 = qt[0], q1 = qt[1], q2 = qt[2], q3 = qt[3];

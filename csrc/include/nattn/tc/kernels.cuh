@@ -126,29 +126,25 @@ constexpr int tf32_blocks() {
                                  : NATTN_TC_TF32_BLOCKS_HD128;
 }
 
-template <typename T, int HD, bool kDrop>
-constexpr int fwd_blocks() {
-  return tf32_blocks<T, HD, true>() ? tf32_blocks<T, HD, true>()
-         : !kDrop || HD > 64        ? query_blocks<HD>()
-         : HD <= 32                 ? NATTN_TC_DROPOUT_BLOCKS_HD32
-                                    : NATTN_TC_DROPOUT_FWD_BLOCKS;
+// A kernel's blocks per SM: the TF32 instances' bound, else the plain bound (`plain`) unless
+// dropout at head dims <= 64 lowers it (forward or backward passes' bound).
+template <typename T, int HD, bool kDrop, bool kForward>
+constexpr int blocks_as(int plain) {
+  return tf32_blocks<T, HD, kForward>() ? tf32_blocks<T, HD, kForward>()
+         : !kDrop || HD > 64            ? plain
+         : HD <= 32                     ? NATTN_TC_DROPOUT_BLOCKS_HD32
+         : kForward                     ? NATTN_TC_DROPOUT_FWD_BLOCKS
+                                        : NATTN_TC_DROPOUT_BWD_BLOCKS;
 }
 
 template <typename T, int HD, bool kDrop>
-constexpr int dq_blocks() {
-  return tf32_blocks<T, HD, false>() ? tf32_blocks<T, HD, false>()
-         : !kDrop || HD > 64         ? query_blocks<HD>()
-         : HD <= 32                  ? NATTN_TC_DROPOUT_BLOCKS_HD32
-                                     : NATTN_TC_DROPOUT_BWD_BLOCKS;
-}
+constexpr int fwd_blocks() { return blocks_as<T, HD, kDrop, true>(query_blocks<HD>()); }
 
 template <typename T, int HD, bool kDrop>
-constexpr int dkv_blocks_as() {
-  return tf32_blocks<T, HD, false>() ? tf32_blocks<T, HD, false>()
-         : !kDrop || HD > 64         ? dkv_blocks<HD>()
-         : HD <= 32                  ? NATTN_TC_DROPOUT_BLOCKS_HD32
-                                     : NATTN_TC_DROPOUT_BWD_BLOCKS;
-}
+constexpr int dq_blocks() { return blocks_as<T, HD, kDrop, false>(query_blocks<HD>()); }
+
+template <typename T, int HD, bool kDrop>
+constexpr int dkv_blocks_as() { return blocks_as<T, HD, kDrop, false>(dkv_blocks<HD>()); }
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -549,7 +545,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
   Walk<T, NA, HD, false> walk(p, rw, g, u, buf, lane, K, p.k_s, p.dim, V, p.v_s, p.dim_v);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
   const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
-  DropHead drop;
+  DropKeys drop;
   uint32_t qtok[2];  // dropout: the rows' query tokens
   if constexpr (kDrop) {
     drop.init(p, b, h);
@@ -701,7 +697,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
   Walk<T, NA, HD, false> walk(p, rw, g, u, buf, lane, K, p.k_s, p.dim, V, p.v_s, p.dim_v);
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
   const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
-  DropHead drop;
+  DropKeys drop;
   uint32_t qtok[2];  // dropout: the rows' query tokens
   if constexpr (kDrop) {
     drop.init(p, b, h);
@@ -819,7 +815,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, HD
       const T* Qb = head_base<const T>(p.q, p.q_s, b, h);
       const T* Db = head_base<const T>(p.grad_out, p.grad_out_s, b, h);
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
-      DropHead drop;  // the mask of query head h
+      DropKeys drop;  // the mask of query head h
       if constexpr (kDrop) drop.init(p, b, h);
       Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
                                        int64_t(b) * p.tokens, h, tst);
