@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = p.add_argument_group("what to run")
     run.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on CUDA, fp32 on CPU")
     run.add_argument("--backprop", action="store_true", help="also time forward+backward")
+    run.add_argument("--tf32", action="store_true",
+                     help="float32 problems: turn on PyTorch's TF32 switch "
+                          "(torch.set_float32_matmul_precision('high')) for every row; nattn then runs "
+                          "float32 on tensor cores (SM80+) and the check allows TF32's rounding")
     run.add_argument("--backend", action="append", default=[], metavar="NAME",
                      help="also time nattn with this backend (repeatable); nattn's automatic choice always runs")
     run.add_argument("--no-peers", action="store_true", help="skip the dense SDPA and flex rows")

@@ -186,10 +186,13 @@ def run(args, problems: List[Problem]) -> dict:
     from .cli import DTYPES
 
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if cuda else torch.float32)
+    if getattr(args, "tf32", False):
+        torch.set_float32_matmul_precision("high")
     if cuda:
         _configure_compile()
     rates = measure_rates(device, dtype)
-    header = (f"nattn.bench on {rates.device}, torch {torch.__version__}, {str(dtype).replace('torch.', '')}: "
+    header = (f"nattn.bench on {rates.device}, torch {torch.__version__}, {str(dtype).replace('torch.', '')}"
+              f"{' (TF32 on)' if dtype == torch.float32 and torch.get_float32_matmul_precision() != 'highest' else ''}: "
               f"copy {rates.copy_bytes_per_s / 1e12:.2f} TB/s, dense SDPA {rates.dense_flops_per_s / 1e12:.3g} TFLOP/s")
     print(header, flush=True)
     rows = build_rows(args, device)

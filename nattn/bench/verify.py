@@ -17,6 +17,8 @@ from .problems import Problem
 from .rows import FUNCS, Row, make_inputs
 
 TOLERANCE = {torch.float32: 3e-3, torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float64: 1e-9}
+# float32 through TF32 (10 mantissa bits, as fp16) when PyTorch's switch is on
+TF32_TOLERANCE = 1e-2
 
 
 @dataclass
@@ -64,4 +66,6 @@ def check(row: Row, small: Problem, device, dtype, ref=None, inputs=None) -> Che
         return Check(False, message="non-finite values")
     err = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
     tol = TOLERANCE.get(dtype, 3e-2)
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        tol = TF32_TOLERANCE
     return Check(err <= tol, err, "" if err <= tol else f"rel err {err:.2e} > {tol:.0e}")
