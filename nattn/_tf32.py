@@ -7,15 +7,10 @@ of torch >= 2.9, which also follows ``torch.backends.fp32_precision``) and
 ``torch.set_float32_matmul_precision("high")`` or ``("medium")`` all turn it on; PyTorch's
 default is off. On torch 2.14 ``matmul.fp32_precision`` reflects every one of those, while
 reading ``allow_tf32`` raises once the newer API has set the precision, so that is read first.
-
-Until the TF32 kernels have passed their GPU tests, they also need ``NATTN_TF32=1`` in the
-environment (read on every call): without it float32 runs the exact SIMT family whatever
-PyTorch's switch says.
 """
 
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -36,13 +31,7 @@ def _legacy() -> bool:
 
 
 def allowed() -> bool:
-    """Whether nattn's float32 calls use TF32 tensor cores now: PyTorch's switch, while the
-    kernels are opt-in (``NATTN_TF32=1``, see the module docstring)."""
-    return os.environ.get("NATTN_TF32") == "1" and torch_switch()
-
-
-def torch_switch() -> bool:
-    """Whether PyTorch's switch lets float32 matrix products use TF32 now."""
+    """Whether nattn's float32 calls use TF32 tensor cores now: PyTorch's switch."""
     if _precision is not None:
         try:
             precision = _precision("cuda", "matmul")

@@ -174,12 +174,25 @@ def _dropout_problem(dtype, p=0.3, rng_ptr=1 << 20):
     return fields
 
 
+def _simt_dropout_by_default() -> bool:
+    """Whether the loaded library runs the SIMT family's dropout without being asked: libraries
+    that still read the old opt-in variable NATTN_SIMT_DROPOUT, or predate SIMT dropout, do not."""
+    with open(LIB.path, "rb") as f:
+        return LIB.abi >= 4 and b"NATTN_SIMT_DROPOUT" not in f.read()
+
+
 def test_library_reports_its_dropout_families(monkeypatch):
-    """ABI 3: the tensor-core family runs attention dropout wherever it is compiled (an ABI 2
-    library, from before dropout, has none)."""
-    monkeypatch.delenv("NATTN_SIMT_DROPOUT", raising=False)  # the SIMT family's opt-in: below
-    tc = any(family == "tc" for family, _, _ in LIB.kernels)
-    assert LIB.dropout_families == ({"tc"} if tc and LIB.abi >= 3 else set())
+    """ABI 3: the tensor-core family runs attention dropout wherever it is compiled, and the
+    SIMT family everywhere else (an ABI 2 library, from before dropout, has none)."""
+    monkeypatch.delenv("NATTN_SIMT_DROPOUT", raising=False)
+    compiled = {family for family, _, _ in LIB.kernels}
+    if LIB.abi < 3:
+        expect = set()
+    elif _simt_dropout_by_default():
+        expect = compiled & {"tc", "simt"}
+    else:
+        expect = compiled & {"tc"}
+    assert LIB.dropout_families == expect
     assert kernel_table.ABI_PROBLEM_FIELDS[LIB.abi] == LIB.num_fields
 
 
@@ -211,72 +224,29 @@ def test_dropout_fields_are_checked():
 
 
 @needs_abi3
-def test_dropout_is_declined_where_the_simt_family_would_run(monkeypatch):
-    """float32 (and, without a GPU here, any dtype: no compute capability) would run the SIMT
-    family, which has no dropout: the call fails saying so, forward and backward."""
+def test_simt_dropout_runs_by_default(monkeypatch):
+    """Problems with dropout that the SIMT family runs (float32, and with NATTN_FAMILY=simt
+    every dtype) pass every check, forward and backward, whatever the old opt-in variable says;
+    the Hopper family's configuration listing accepts them (and lists nothing)."""
     if not any(family == "simt" and dt == "float32" for family, dt, _ in LIB.kernels):
         pytest.skip("this build has no float32 SIMT kernel")
-    monkeypatch.delenv("NATTN_SIMT_DROPOUT", raising=False)  # the SIMT family's opt-in: below
-    for fn in ("forward", "backward"):  # before the backward's buffers are checked
-        rc, msg = call(_dropout_problem(torch.float32), fn=fn)
-        assert rc == 2 and "dropout_p > 0 is not supported by the simt family" in msg and "float32 runs there" in msg
-    monkeypatch.setenv("NATTN_FAMILY", "simt")
-    if any(dt != "float32" for _, dt, _ in LIB.kernels):
-        dt = next(getattr(torch, dt) for _, dt, _ in LIB.kernels if dt != "float32")
-        rc, msg = call(_dropout_problem(dt))
-        assert rc == 2 and "NATTN_FAMILY=simt" in msg and "the tc family runs dropout" in msg
-    monkeypatch.delenv("NATTN_FAMILY")
-    if not torch.cuda.is_available() and any(dt != "float32" for _, dt, _ in LIB.kernels):
-        rc, msg = call(_dropout_problem(dt))
-        assert rc == 2 and "compute capability is unknown" in msg
-
-
-def _has_simt_dropout_switch() -> bool:
-    """Whether the loaded library reads NATTN_SIMT_DROPOUT (libraries built before the SIMT
-    family's dropout, such as an older nattn/_cuda/libnattn.so, ignore it)."""
-    with open(LIB.path, "rb") as f:
-        return b"NATTN_SIMT_DROPOUT" in f.read()
-
-
-@needs_abi3
-def test_simt_dropout_is_opt_in(monkeypatch):
-    """NATTN_SIMT_DROPOUT=1, read by libnattn on every call, lets the SIMT family run attention
-    dropout (its dropout kernels are not yet verified on a GPU): the library then lists "simt"
-    among its dropout families and takes a float32 dropout problem past every check, forward
-    and backward. Unset or any other value: exactly as before (no "simt", the call refused)."""
-    if not any(family == "simt" and dt == "float32" for family, dt, _ in LIB.kernels):
-        pytest.skip("this build has no float32 SIMT kernel")
-    if not _has_simt_dropout_switch():
-        pytest.skip(f"{LIB.path} predates NATTN_SIMT_DROPOUT: rebuild it")
+    if not _simt_dropout_by_default():
+        pytest.skip(f"{LIB.path} predates SIMT dropout by default: rebuild it")
     monkeypatch.delenv("NATTN_FAMILY", raising=False)
-    tc = any(family == "tc" for family, _, _ in LIB.kernels)
-    base = {"tc"} if tc else set()
-    for value in (None, "", "0", "yes", "true", " 1"):
+    for value in (None, "0", "1"):
         if value is None:
             monkeypatch.delenv("NATTN_SIMT_DROPOUT", raising=False)
         else:
             monkeypatch.setenv("NATTN_SIMT_DROPOUT", value)
-        assert LIB.dropout_families == base, value
-        assert CUDA.supports_dropout == tc
-        for fn in ("forward", "backward"):
-            rc, msg = call(_dropout_problem(torch.float32), fn=fn)
-            assert rc == 2 and "dropout_p > 0 is not supported by the simt family" in msg, (value, msg)
-        with pytest.raises(ValueError, match="not supported by the simt family"):
-            LIB.sm90_configs(_dropout_problem(torch.float32))
-    monkeypatch.setenv("NATTN_SIMT_DROPOUT", "1")
-    assert LIB.dropout_families == base | {"simt"}  # asked on every access
-    assert CUDA.supports_dropout
-    assert LIB.sm90_configs(_dropout_problem(torch.float32)) == []  # build_params accepts it
+        assert "simt" in LIB.dropout_families and CUDA.supports_dropout
+        assert LIB.sm90_configs(_dropout_problem(torch.float32)) == []  # build_params accepts it
+        if not torch.cuda.is_available():  # past every check: a GPU would launch with placeholder pointers
+            rc, msg = call(_dropout_problem(torch.float32))
+            assert rc == 3 and "device" in msg, (value, msg)
+        rc, msg = call(_dropout_problem(torch.float32), fn="backward")  # the backward's checks come next
+        assert rc == 1 and "grad_out pointer is null" in msg, (value, msg)
     monkeypatch.setenv("NATTN_FAMILY", "simt")  # 16-bit problems run the SIMT family too
     for dt in {dt for _, dt, _ in LIB.kernels} - {"float32"}:
-        LIB.sm90_configs(_dropout_problem(getattr(torch, dt)))
-    monkeypatch.delenv("NATTN_FAMILY")
-    if not torch.cuda.is_available():  # past every check: a GPU would launch with placeholder pointers
-        rc, msg = call(_dropout_problem(torch.float32))
-        assert rc == 3 and "device" in msg, msg
-    rc, msg = call(_dropout_problem(torch.float32), fn="backward")  # the backward's checks come next
-    assert rc == 1 and "grad_out pointer is null" in msg, msg
-    monkeypatch.delenv("NATTN_SIMT_DROPOUT")
-    assert LIB.dropout_families == base
-    rc, msg = call(_dropout_problem(torch.float32))
-    assert rc == 2 and "dropout_p > 0 is not supported by the simt family" in msg
+        LIB.sm90_configs(_dropout_problem(getattr(torch, dt)))  # accepted (no ValueError)
+        rc, msg = call(_dropout_problem(getattr(torch, dt)), fn="backward")
+        assert rc == 1 and "grad_out pointer is null" in msg, (dt, msg)

@@ -85,7 +85,7 @@ def test_abi_3_appends_the_dropout_fields():
     assert kernel_table.ABI_VERSION >= 3
     assert names[-4:-1] == ["dropout_threshold", "dropout_p_bits", "rng_ptr"]  # then ABI 4's allow_tf32
     assert F["rng_ptr"] == kernel_table.ABI_PROBLEM_FIELDS[3] - 1
-    assert kernel_table.DROPOUT_FAMILIES == ("tc",)
+    assert kernel_table.DROPOUT_FAMILIES == ("tc", "simt")
     header = kernel_table.problem_header()
     assert f"#define NATTN_ABI_VERSION {kernel_table.ABI_VERSION}" in header
     for name in names[-4:-1]:
@@ -209,9 +209,9 @@ def test_problems_the_tensor_core_family_cannot_run_are_declined(monkeypatch, dt
     (torch.float32, 8, (5, 2), None),
     (torch.bfloat16, 64, (8, 6), "simt"),
 ])
-def test_simt_dropout_opt_in_takes_what_the_tensor_core_family_cannot(monkeypatch, dtype, dim, capability,
-                                                                      family, families):
-    """A library that lists the SIMT family among its dropout families (NATTN_SIMT_DROPOUT=1)
+def test_simt_dropout_takes_what_the_tensor_core_family_cannot(monkeypatch, dtype, dim, capability,
+                                                                family, families):
+    """A library that lists the SIMT family among its dropout families (every current build)
     runs dropout for every problem it takes: the backend declines none of those above, the
     dispatch picks cuda and the modules take the fused path."""
     lib = FakeLibrary()

@@ -59,7 +59,6 @@ def _install(monkeypatch, lib, capability=(8, 0), tf32=False):
     monkeypatch.setattr(heuristics, "_capability_major", lambda index: capability[0])
     monkeypatch.setattr(cuda_backend, "_raw_stream", lambda device: 0)
     monkeypatch.delenv("NATTN_FAMILY", raising=False)
-    monkeypatch.delenv("NATTN_SIMT_DROPOUT", raising=False)
     set_tf32(monkeypatch, tf32)
     _call_cache.clear()
 
@@ -167,7 +166,7 @@ def _switch(code: str) -> bool:
         from nattn import _tf32
         m = torch.backends.cuda.matmul
         {code}
-        print(_tf32.torch_switch())
+        print(_tf32.allowed())
     """)
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, check=True)
     return out.stdout.strip().splitlines()[-1] == "True"
@@ -201,18 +200,7 @@ def test_the_fp32_precision_api(code, expect):
 
 def test_the_switch_in_this_process_matches_torch():
     """Without either API touched (the test suite never sets them in-process) it reads off."""
-    assert _tf32.torch_switch() is bool(torch.backends.cuda.matmul.allow_tf32) is False
-
-
-def test_tf32_kernels_are_opt_in_until_verified(monkeypatch):
-    """PyTorch's switch turns TF32 on only with NATTN_TF32=1 (the kernels await their GPU run)."""
-    monkeypatch.setattr(_tf32, "torch_switch", lambda: True)
-    monkeypatch.delenv("NATTN_TF32", raising=False)
-    assert _tf32.allowed() is False
-    monkeypatch.setenv("NATTN_TF32", "1")
-    assert _tf32.allowed() is True
-    monkeypatch.setattr(_tf32, "torch_switch", lambda: False)
-    assert _tf32.allowed() is False
+    assert _tf32.allowed() is bool(torch.backends.cuda.matmul.allow_tf32) is False
 
 
 # ------------------------------------------------------------------ dispatch decisions
@@ -321,20 +309,15 @@ def test_library_lists_its_tf32_instances():
 @needs_abi4
 def test_library_checks_allow_tf32(monkeypatch):
     """allow_tf32 must be 0 or 1 (checked before any device work, named in the message's
-    configuration); a float32 dropout call is refused naming TF32 when it would run SIMT."""
-    monkeypatch.delenv("NATTN_SIMT_DROPOUT", raising=False)
+    configuration); with or without TF32 and dropout a float32 call passes every check (the
+    tensor-core family, or the SIMT family, which runs dropout too)."""
     monkeypatch.delenv("NATTN_FAMILY", raising=False)
     fields, keep = _problem(allow=2)
     rc, msg = _call(fields)
     assert rc == 1 and "allow_tf32 must be 0 or 1, got 2" in msg and msg.endswith(" allow_tf32=2]"), msg
-    fields, keep = _problem(allow=0, p=0.3)
-    rc, msg = _call(fields)
-    assert rc == 2 and "float32 runs there unless the call allows TF32" in msg, msg
-    if not torch.cuda.is_available():  # with TF32 allowed the tensor-core family is asked about the GPU
-        fields, keep = _problem(allow=1, p=0.3)
-        rc, msg = _call(fields)
-        assert rc == 2 and "compute capability is unknown" in msg and "float32 with TF32" in msg, msg
-        for allow in (0, 1):  # without dropout: past every check (no GPU to launch on)
-            fields, keep = _problem(allow=allow)
-            rc, msg = _call(fields)
-            assert rc == 3 and "device" in msg, msg
+    if not torch.cuda.is_available():  # past every check: no GPU to launch on
+        for allow in (0, 1):
+            for p in (0.0, 0.3):
+                fields, keep = _problem(allow=allow, p=p)
+                rc, msg = _call(fields)
+                assert rc == 3 and "device" in msg, (allow, p, msg)

@@ -109,21 +109,9 @@ bool tc_allowed(int device) { return family_cap() >= kCapTc && device_cc(device)
 // The Hopper family's code is sm_90a: it runs on compute capability 9.0 exactly.
 bool sm90_allowed(int device) { return family_cap() >= kCapAny && device_cc(device) == 90; }
 
-// Attention dropout runs on the tensor-core family (kernel_table.DROPOUT_FAMILIES): a problem
-// with it never goes to the Hopper family, and fails where the SIMT family would run it unless
-// NATTN_SIMT_DROPOUT=1 (below).
-const char* const kSm90NoDropout = "dropout_p > 0 is not supported by the sm90 family (the tc family runs it)";
-
-// NATTN_SIMT_DROPOUT=1 lets the SIMT family run attention dropout (its kDrop kernel instances,
-// simt/kernels.cuh): problems with dropout that the tensor-core family does not take (float32
-// without TF32, GPUs before SM80, head dims above 128, NATTN_FAMILY=simt) then run there, and
-// nattn_dropout_families() names "simt". Opt-in until the SIMT dropout kernels are verified on
-// a GPU against the reference (tests/gpu/test_dropout_simt_gpu.py); without it such problems
-// fail as before. Read on every call (a getenv), like NATTN_FAMILY.
-bool simt_dropout_enabled() {
-  const char* s = getenv("NATTN_SIMT_DROPOUT");
-  return s && !strcmp(s, "1");
-}
+// Attention dropout runs on the tensor-core and SIMT families (kernel_table.DROPOUT_FAMILIES):
+// a problem with it never goes to the Hopper family.
+const char* const kSm90NoDropout = "dropout_p > 0 is not supported by the sm90 family (the tc and simt families run it)";
 
 // Smallest window (keys per query) from which the Hopper family runs a forward unless
 // NATTN_FAMILY says otherwise, per NA dim. Measured on the H200 (bf16, docs/dev/PERF.md):
@@ -378,24 +366,6 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
     const nattn::KernelEntry* tc = find_kernel("tc", int(pr.dtype), int(pr.na_dim), int(dim_max));
     if (tc) entry = tc;
   }
-  // The SIMT family would run it: it runs dropout only when opted in (simt_dropout_enabled).
-  if (dropout && strcmp(entry->family, "tc") && !simt_dropout_enabled()) {
-    char why[160];
-    const int cc = pr.dtype != 0 || tf32 ? device_cc(int(pr.device)) : 0;
-    if (pr.dtype == 0 && !tf32)
-      snprintf(why, sizeof why, "float32 runs there unless the call allows TF32 (allow_tf32 = 0)");
-    else if (family_cap() == kCapSimt)
-      snprintf(why, sizeof why, "NATTN_FAMILY=simt");
-    else if (cc < 80)
-      snprintf(why, sizeof why, cc ? "the device is compute capability %d.%d" : "the device's compute capability is unknown",
-               cc / 10, cc % 10);
-    else
-      snprintf(why, sizeof why, "no compiled tc kernel for this dtype, NA dim and head dim %lld", (long long)dim_max);
-    return fail(err, err_len, kNotCompiled, pr, what, "dropout_p > 0 is not supported by the simt family, which "
-                "would run this problem (%s); the tc family runs dropout: float16/bfloat16 (float32 with TF32 "
-                "allowed), head dims <= %d, SM80+",
-                why, kTcMaxHeadDim);
-  }
   memset(&p, 0, sizeof p);
   p.na_dim = int(pr.na_dim);
   p.dtype = int(pr.dtype);
@@ -644,10 +614,9 @@ NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* 
 }
 
 // The families of this build whose kernels run attention dropout (kernel_table.DROPOUT_FAMILIES
-// with compiled instances), ';'-separated: "tc", or "" (Python's cuda backend then declines
-// dropout, as it does with a library from before ABI 3, which lacks this function); with
-// NATTN_SIMT_DROPOUT=1 (read on every call) also "simt" ("tc;simt", or "simt" in a build
-// without the tensor-core family).
+// with compiled instances), ';'-separated: "tc;simt", "tc", "simt" or "" (Python's cuda backend
+// then declines dropout, as it does with a library from before ABI 3, which lacks this
+// function).
 NATTN_API const char* nattn_dropout_families() {
   bool tc = false, simt = false;
   for (int i = 0; i < nattn::kNumKernels; ++i) {
@@ -655,7 +624,6 @@ NATTN_API const char* nattn_dropout_families() {
     tc = tc || (f && !strcmp(f, "tc"));
     simt = simt || (f && !strcmp(f, "simt"));
   }
-  simt = simt && simt_dropout_enabled();
   return tc ? (simt ? "tc;simt" : "tc") : (simt ? "simt" : "");
 }
 

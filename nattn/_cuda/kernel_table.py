@@ -164,10 +164,9 @@ PROBLEM_FIELDS: Tuple[Tuple[str, int], ...] = (
     # instances, SM80+), 0 for the SIMT family's exact fp32; 0 with 16-bit inputs.
     ("allow_tf32", 1),
 )
-# Families whose kernels run attention dropout (the others decline a problem with it). The
-# SIMT family has dropout instances too, opt-in until verified on a GPU: libnattn runs them and
-# lists "simt" in nattn_dropout_families() only with NATTN_SIMT_DROPOUT=1 (src/api.cu).
-DROPOUT_FAMILIES = ("tc",)
+# Families whose kernels run attention dropout (the Hopper family declines a problem with it,
+# which then runs on the tensor-core family where it can, else on SIMT).
+DROPOUT_FAMILIES = ("tc", "simt")
 # The family whose float32 instances compute in TF32 (operands rounded to a 10-bit mantissa,
 # fp32 accumulation and softmax): libnattn runs them for a float32 call only when its
 # allow_tf32 field is 1 (PyTorch's torch.backends.cuda.matmul switch, read per call).

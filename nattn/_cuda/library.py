@@ -122,10 +122,11 @@ class Library:
 
     @property
     def dropout_families(self) -> set:
-        """The families whose kernels run attention dropout: {"tc"}, plus "simt" while
-        NATTN_SIMT_DROPOUT=1 is set (libnattn reads it on every call, so this asks the library
-        on every access); empty for builds before ABI 3, whose problem struct has no dropout
-        fields (the cuda backend then declines dropout)."""
+        """The families whose kernels run attention dropout: {"tc", "simt"} (those compiled;
+        older libraries list "simt" only while NATTN_SIMT_DROPOUT=1 is set, which they read on
+        every call, so this asks the library on every access); empty for builds
+        before ABI 3, whose problem struct has no dropout fields (the cuda backend then declines
+        dropout)."""
         fn = self._dropout_families
         return {f for f in fn().decode().split(";") if f} if fn is not None else set()
 

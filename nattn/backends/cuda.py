@@ -11,14 +11,15 @@ in the problem struct's ``allow_tf32`` (ABI 4): libnattn then runs the tensor-co
 TF32 instances (SM80+, head dims <= 128; float32 in and out, fp32 accumulation and softmax).
 A library from before ABI 4 reads the struct without that field and never runs TF32.
 
-Attention dropout (``dropout_p > 0``, docs/semantics.md) runs on the tensor-core family (ABI 3
-libraries, ``nattn_dropout_families``): the backend declares ``supports_dropout`` when the
-loaded library has it, declines the problems that family cannot run (fp32, head dims above 128,
-GPUs before SM80, a Hopper tile pair or split-KV named in the configuration) with the reason,
-and passes the threshold, ``dropout_p`` and the device pointer of the call's ``rng`` tensor in
-the problem struct (the kernels read seed and offset from device memory: no host sync). With
-``NATTN_SIMT_DROPOUT=1`` (opt-in until verified on a GPU) the library also lists the SIMT
-family, which runs dropout for every problem the tensor-core family does not take.
+Attention dropout (``dropout_p > 0``, docs/semantics.md) runs on the tensor-core family and,
+for every problem that family does not take (float32 without TF32, head dims above 128, GPUs
+before SM80), on the SIMT family (``nattn_dropout_families``; ABI 3 libraries): the backend
+declares ``supports_dropout`` when the loaded library has it and passes the threshold,
+``dropout_p`` and the device pointer of the call's ``rng`` tensor in the problem struct (the
+kernels read seed and offset from device memory: no host sync). An older library that lists
+only the tensor-core family (SIMT dropout was opt-in with ``NATTN_SIMT_DROPOUT=1`` before it
+was verified on a GPU) gets the problems that family cannot run declined with the reason; a Hopper tile pair or split-KV named in
+the configuration is declined with dropout either way.
 
 Imports cleanly without the compiled library: then every CUDA problem gets the reason
 "libnattn is not built", and the first automatic fallback of a CUDA tensor warns once.
@@ -57,9 +58,10 @@ _PTR_SLOTS = tuple(kernel_table.FIELD_OFFSETS[f"{n}_ptr"] for n in (
     "q", "k", "v", "out", "lse", "rpb", "grad_out", "grad_lse", "delta", "dq", "dk", "dv", "drpb"))
 _RNG_SLOT = kernel_table.FIELD_OFFSETS["rng_ptr"]
 _TF32_SLOT = kernel_table.FIELD_OFFSETS["allow_tf32"]
-# The family that runs attention dropout (kernel_table.DROPOUT_FAMILIES) and its limits.
+# The families that run attention dropout (kernel_table.DROPOUT_FAMILIES): the tensor-core one
+# with its limits, and the SIMT one everywhere else (older libraries list it only with
+# NATTN_SIMT_DROPOUT=1).
 _DROPOUT_FAMILY = "tc"
-# The family that runs it everywhere else when libnattn lists it (NATTN_SIMT_DROPOUT=1).
 _SIMT_DROPOUT_FAMILY = "simt"
 
 try:  # a raw cudaStream_t for a device index, ~10x cheaper than current_stream()
@@ -162,8 +164,8 @@ class CudaBackend(Backend):
     def _dropout_reasons(self, lib, q, v, params) -> List[str]:
         """Why libnattn cannot run this call's attention dropout: its tensor-core family does
         (float16/bfloat16, and float32 while torch allows TF32 (its TF32 instances, ABI 4), head
-        dims <= 128, SM80+; the SIMT and Hopper families decline it), and, when the library lists
-        the SIMT family (NATTN_SIMT_DROPOUT=1), every other problem."""
+        dims <= 128, SM80+) and, when the library lists the SIMT family (all current builds), every
+        other problem."""
         families = getattr(lib, "dropout_families", ())
         if _SIMT_DROPOUT_FAMILY in families:
             return []

@@ -1,9 +1,8 @@
-"""GPU tier: attention dropout on libnattn's SIMT family (opt-in: ``NATTN_SIMT_DROPOUT=1``)
-against the reference backend, the oracle of docs/semantics.md's "Attention dropout".
+"""GPU tier: attention dropout on libnattn's SIMT family against the reference backend, the
+oracle of docs/semantics.md's "Attention dropout".
 
-Every test sets ``NATTN_SIMT_DROPOUT=1`` and ``NATTN_FAMILY=simt`` (both read by libnattn on
-every call), so float16/bfloat16 problems run the SIMT kernels too, on any GPU (SM50 on: no
-tensor cores needed). Run with ``pytest -m gpu tests/gpu/test_dropout_simt_gpu.py -n 0``.
+Every test sets ``NATTN_FAMILY=simt`` (read by libnattn on every call), so float16/bfloat16
+problems run the SIMT kernels too, on any GPU (SM50 on: no tensor cores needed). Run with ``pytest -m gpu tests/gpu/test_dropout_simt_gpu.py -n 0``.
 
 - A sweep of random problems (float32, float16, bfloat16; 1-D/2-D/3-D; odd and even kernels,
   dilation, stride, causal, GQA, RPB, strided layouts, head dims up to 256; p in {0.1, 0.5,
@@ -14,7 +13,7 @@ tensor cores needed). Run with ``pytest -m gpu tests/gpu/test_dropout_simt_gpu.p
   1 / |window|, keys' values are one-hot by their window slot, and the backward's inputs are
   chosen so that the output, dq and dv hold single mask bits (or exact sums of them).
 - Bitwise reproducibility under ``torch.manual_seed``, the functional API with extra keys, and
-  the dispatch (cuda takes float32 dropout only while the variable is set).
+  the dispatch (cuda takes float32 and head-dim-256 dropout, which only the SIMT family runs).
 """
 
 import dataclasses
@@ -57,14 +56,14 @@ N_CASES = int(os.environ.get("NATTN_GPU_SIMT_DROPOUT_CASES", "150"))
 
 @pytest.fixture(autouse=True)
 def simt_dropout(monkeypatch):
-    """Opt libnattn's SIMT family into dropout and cap it at that family, for one test; the
-    call cache forgets the backend choices made under it (the functional API caches them)."""
-    monkeypatch.setenv("NATTN_SIMT_DROPOUT", "1")
+    """Cap libnattn at its SIMT family for one test; the call cache forgets the backend choices
+    made under it (the functional API caches them)."""
+    monkeypatch.delenv("NATTN_SIMT_DROPOUT", raising=False)  # older libraries' opt-in: not needed
     monkeypatch.setenv("NATTN_FAMILY", "simt")
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # the reference's fp32 exact
     _call_cache.clear()
     if "simt" not in _LIB.dropout_families:
-        pytest.skip("the loaded libnattn predates NATTN_SIMT_DROPOUT (no SIMT dropout): rebuild it")
+        pytest.skip("the loaded libnattn predates SIMT dropout by default: rebuild it")
     yield
     _call_cache.clear()
 
@@ -310,23 +309,19 @@ def test_bitwise_reproducible_and_matches_reference_with_extra_keys(case):
         check(f"grad {i}", gc, gr, 2 * tol)
 
 
-def test_dispatch_takes_cuda_only_while_opted_in(monkeypatch):
-    """float32 and head dim 256 with dropout run on cuda (its SIMT family) while
-    NATTN_SIMT_DROPOUT=1; without it, on the reference, and the library refuses them."""
+def test_dispatch_takes_what_only_the_simt_family_runs(monkeypatch):
+    """float32 without TF32 and head dim 256 with dropout run on cuda (its SIMT family) with
+    libnattn's default family choice, and agree with the reference under the same seed."""
+    monkeypatch.delenv("NATTN_FAMILY")
+    _call_cache.clear()
     q = torch.randn(1, 16, 16, 2, 32, device="cuda")
     params = normalize(q, q, q, 2, 5, dropout_p=0.2)
     q256 = torch.randn(1, 12, 12, 2, 256, device="cuda", dtype=torch.float16)
     p256 = normalize(q256, q256, q256, 2, 5, dropout_p=0.2)
     assert choose_na_backend(q, q, q, None, params) == "cuda"
     assert choose_na_backend(q256, q256, q256, None, p256) == "cuda"
-    torch.manual_seed(1)
-    out = nattn.na2d(q, q, q, 5, dropout_p=0.2)
-    torch.manual_seed(1)
-    check("na2d", out, nattn.na2d(q, q, q, 5, dropout_p=0.2, backend="reference"), TOL[torch.float32])
-    monkeypatch.delenv("NATTN_SIMT_DROPOUT")
-    _call_cache.clear()
-    assert "simt" not in _LIB.dropout_families
-    assert choose_na_backend(q, q, q, None, params) == "reference"
-    monkeypatch.delenv("NATTN_FAMILY")  # head dim 256: the SIMT family runs it on any GPU
-    with pytest.raises(RuntimeError, match="not supported by the simt family"):
-        CUDA.na_forward(q256, q256, q256, None, p256, rng=dropout.draw_rng("cuda"))
+    for x, tol in ((q, TOL[torch.float32]), (q256, TOL[torch.float16])):
+        torch.manual_seed(1)
+        out = nattn.na2d(x, x, x, 5, dropout_p=0.2)
+        torch.manual_seed(1)
+        check("na2d", out.float(), nattn.na2d(x, x, x, 5, dropout_p=0.2, backend="reference").float(), tol)

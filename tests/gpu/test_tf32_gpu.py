@@ -74,9 +74,8 @@ def tf32(on: bool):
 
 @pytest.fixture(autouse=True)
 def plain_environment(monkeypatch):
-    for name in ("NATTN_FAMILY", "NATTN_SIMT_DROPOUT", "NATTN_TC_BOX"):
+    for name in ("NATTN_FAMILY", "NATTN_TC_BOX"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NATTN_TF32", "1")  # the TF32 kernels' opt-in (nattn/_tf32.py)
     with tf32(False):
         yield
 

@@ -9,8 +9,8 @@
 // on. Offsets are 64-bit, so tensors past 2^31 elements are addressed correctly.
 //
 // Attention dropout (Params::drop_rng set; docs/semantics.md) is a second instance of each
-// kernel (kDrop), opt-in in libnattn until verified on a GPU (NATTN_SIMT_DROPOUT=1, src/api.cu):
-// the forward's row sum and LSE use the unmasked P while the P that meets V is masked, its
+// kernel (kDrop), run for the problems with dropout that the tensor-core family does not take
+// (float32 without TF32, GPUs before SM80, head dims above 128): the forward's row sum and LSE use the unmasked P while the P that meets V is masked, its
 // 1 / (1 - p) folded into the output's row factor; the dQ pass forms dS = P (m dP / (1 - p) -
 // delta), delta = rowsum(dO * O) - dLSE with the dropped O; the dK/dV pass adds m P dO to dV
 // (scaled by 1 / (1 - p) at the store) and the same dS to dK and dRPB. The keep bits m come
@@ -502,8 +502,7 @@ void launch_backward_as(const Params& p, cudaStream_t stream) {
                                           pk.rpb_in_smem ? size_t(smem) : 0, stream>>>(pk);
 }
 
-// A call with attention dropout (Params::drop_rng; libnattn passes one here only with
-// NATTN_SIMT_DROPOUT=1) runs the kDrop instances.
+// A call with attention dropout (Params::drop_rng) runs the kDrop instances.
 template <typename T, int NA, int HD>
 void launch_forward(const Params& p, cudaStream_t stream) {
   if (p.drop_rng) launch_forward_as<T, NA, HD, true>(p, stream);
