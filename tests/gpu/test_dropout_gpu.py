@@ -10,7 +10,7 @@ outside those tolerances, so the comparison pins the mask of every pass; the for
 also read back exactly (uniform weights, one-hot values) and compared bit for bit with
 nattn/dropout.py's, with its keep fraction. Besides: bitwise reproducibility under
 ``torch.manual_seed``, a different seed giving a different output, ``dropout_p = 0`` bitwise
-equal to the plain call, CUDA-graph capture, dispatch (cuda chosen, fp32 declined) and the
+equal to the plain call, CUDA-graph capture, dispatch (cuda chosen; float32 and head dim 256 on its SIMT family) and the
 modules' fused path.
 """
 
@@ -266,17 +266,19 @@ def test_cuda_graph_capture_replays_fresh_masks():
     assert not torch.equal(seen[0], seen[1]), "two replays drew the same mask"
 
 
-def test_dispatch_takes_cuda_and_declines_what_tc_cannot_run(monkeypatch):
+def test_dispatch_takes_cuda_and_declines_hopper_configurations(monkeypatch):
+    """fp16, float32 (TF32 off: the SIMT family) and head dim 256 (SIMT too) with dropout all
+    go to cuda; a named Hopper configuration, or the Hopper family forced, declines it."""
     q = torch.randn(1, 16, 16, 2, 32, device="cuda", dtype=torch.float16)
     params = normalize(q, q, q, 2, 5, dropout_p=0.2)
     assert choose_na_backend(q, q, q, None, params) == "cuda"
     q32 = q.float()
     p32 = normalize(q32, q32, q32, 2, 5, dropout_p=0.2)
-    assert choose_na_backend(q32, q32, q32, None, p32) == "reference"
-    assert any("tensor-core family" in r for r in CUDA.na_not_supported_reasons(q32, q32, q32, None, p32, True))
+    assert choose_na_backend(q32, q32, q32, None, p32) == "cuda"
+    assert CUDA.na_not_supported_reasons(q32, q32, q32, None, p32, True) == []
     q256 = torch.randn(1, 16, 16, 2, 256, device="cuda", dtype=torch.float16)
     p256 = normalize(q256, q256, q256, 2, 5, dropout_p=0.2)
-    assert choose_na_backend(q256, q256, q256, None, p256) == "reference"
+    assert choose_na_backend(q256, q256, q256, None, p256) == "cuda"
     with pytest.raises(nattn.backends.NoBackendError, match="sm90 family"):
         nattn.na2d(q, q, q, 5, dropout_p=0.2, backend="cuda:kv=2")
     # libnattn itself declines a forced Hopper family (names the reason) on 9.0 GPUs

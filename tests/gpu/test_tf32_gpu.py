@@ -15,8 +15,8 @@ are compared with the reference backend run in float64 on copies of the inputs:
 * switch off: the tight float32 tolerance of test_cuda_vs_reference.py, and bit for bit the
   output of NATTN_FAMILY=simt (the SIMT family, as before this feature).
 
-Besides: attention dropout with TF32 (the TF32 instances run it; switch off, the call is
-declined), the switch flipped between calls in one process, determinism of the forward, the
+Besides: attention dropout with TF32 (the TF32 instances run it; switch off, the SIMT family
+does, exactly), the switch flipped between calls in one process, determinism of the forward, the
 largest shared-memory configuration (head dim 128 with a staged dRPB table), and (compute
 capability 9.0) that NATTN_FAMILY=sm90 still runs float32 on the tensor-core family.
 """
@@ -227,15 +227,15 @@ def test_largest_shared_memory_configuration():
 @pytest.mark.parametrize("i", range(12))
 def test_tf32_dropout_matches_float64_reference(i, p):
     """Attention dropout runs on the TF32 instances: the same mask as the reference's (global
-    indices, common/philox.cuh), TF32 tolerances. With the switch off the call is declined."""
+    indices, common/philox.cuh), TF32 tolerances. With the switch off the SIMT family runs it
+    (float32 tolerances)."""
     case = sweep(12, 97531)[i]
     t, _ = inputs(case)
     q, k, v = (t[n].detach() for n in ("query", "key", "value"))
     rpb = t["rpb"].detach() if "rpb" in t else None
     params = normalize(q, k, v, len(case.spatial), case.kernel, case.stride, case.dilation, case.causal,
                        case.scale, rpb, dropout_p=p)
-    reasons = CUDA.na_not_supported_reasons(q, k, v, rpb, params, True)
-    assert len(reasons) == 1 and "TF32 off" in reasons[0], reasons
+    assert CUDA.na_not_supported_reasons(q, k, v, rpb, params, True) == []
     rng = dropout.draw_rng("cuda")
     g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
     g_out = torch.randn(*q.shape[:-1], v.shape[-1], generator=g, device="cuda")
@@ -254,21 +254,29 @@ def test_tf32_dropout_matches_float64_reference(i, p):
             assert gc is None
             continue
         check(name, gc, gr, 2 * TOL_TF32)
+    out_exact, _ = CUDA.na_forward(q, k, v, rpb, params, rng=rng)  # switch off: the SIMT family
+    check("out (TF32 off)", out_exact, out64, 5e-5)  # dropout scales the terms: test_dropout_simt_gpu.py
 
 
-def test_dispatch_follows_the_switch():
-    """A float32 dropout call goes to cuda with TF32 on and falls back with it off; the call
-    cache keys the choice by the switch, so flipping it between calls works."""
+def test_dispatch_follows_the_switch(monkeypatch):
+    """A float32 dropout call goes to cuda with TF32 on (the TF32 instances) and off (the SIMT
+    family); the call cache keys the choice by the switch, so flipping it between calls runs
+    the exact kernels again, bit for bit those of NATTN_FAMILY=simt."""
     _call_cache.clear()
     q = torch.randn(1, 24, 24, 2, 32, device="cuda")
     params = normalize(q, q, q, 2, 7, dropout_p=0.2)
-    assert choose_na_backend(q, q, q, None, params) == "reference"
+    assert choose_na_backend(q, q, q, None, params) == "cuda"
     with tf32(True):
         assert choose_na_backend(q, q, q, None, params) == "cuda"
         torch.manual_seed(0)
-        nattn.na2d(q, q, q, 7, dropout_p=0.2)  # the functional call, cached under the switch
+        fast = nattn.na2d(q, q, q, 7, dropout_p=0.2)  # the functional call, cached under the switch
     torch.manual_seed(0)
-    nattn.na2d(q, q, q, 7, dropout_p=0.2)  # switch off: not the cached cuda choice (it would raise)
+    exact = nattn.na2d(q, q, q, 7, dropout_p=0.2)  # switch off: not the cached TF32 choice
+    monkeypatch.setenv("NATTN_FAMILY", "simt")
+    _call_cache.clear()
+    torch.manual_seed(0)
+    assert torch.equal(exact, nattn.na2d(q, q, q, 7, dropout_p=0.2))
+    assert not torch.equal(fast, exact)
 
 
 @pytest.mark.skipif(torch.cuda.get_device_capability() != (9, 0), reason="needs compute capability 9.0")
