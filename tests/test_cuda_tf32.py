@@ -205,23 +205,25 @@ def test_the_switch_in_this_process_matches_torch():
 
 # ------------------------------------------------------------------ dispatch decisions
 def test_backend_order_follows_the_switch(lib, monkeypatch):
-    """A float32 window between the SIMT and tensor-core limits goes to flex first with TF32
-    off (SIMT kernels) and to cuda first with it on (TF32 kernels); head dims above 128 and
-    GPUs before SM80 stay on the SIMT limit."""
-    from nattn.backends.heuristics import SIMT_MAX_WINDOW, TC_MAX_WINDOW, na_auto_order
-    order = ["cuda", "flex", "reference"]
-    assert SIMT_MAX_WINDOW < 13 * 13 <= TC_MAX_WINDOW
+    """With TF32 off float32 runs SIMT against flex's exact fp32 matmuls (SIMT_FP32_MAX_WINDOW);
+    with it on the TF32 kernels against flex in TF32 (TC_MAX_WINDOW), while head dims above
+    128 and GPUs before SM80 take the SIMT limit of 16-bit problems (SIMT_MAX_WINDOW)."""
+    from nattn.backends.heuristics import SIMT_FP32_MAX_WINDOW, SIMT_MAX_WINDOW, TC_MAX_WINDOW, na_auto_order
+    order, flex_first = ["cuda", "flex", "reference"], ["flex", "cuda", "reference"]
+    assert SIMT_MAX_WINDOW < 13 * 13 <= TC_MAX_WINDOW < 25 * 25 <= SIMT_FP32_MAX_WINDOW < 33 * 33
     with FakeTensorMode():
-        q, wide = fake(1, 16, 16, 2, 64), fake(1, 16, 16, 2, 256)
-        params = normalize(q, q, q, 2, 13)
-        assert na_auto_order(order, q, params) == ["flex", "cuda", "reference"]
+        q, wide = fake(1, 40, 40, 2, 64), fake(1, 40, 40, 2, 256)
+        p13, p25, p33 = (normalize(q, q, q, 2, k) for k in (13, 25, 33))
+        assert [na_auto_order(order, q, p) for p in (p13, p25, p33)] == [order, order, flex_first]
+        assert na_auto_order(order, wide, p13) == order  # exact fp32 on SIMT either way
         set_tf32(monkeypatch, True)
         assert heuristics.runs_tensor_cores(q) and not heuristics.runs_tensor_cores(wide)
-        assert na_auto_order(order, q, params) == order
-        assert na_auto_order(order, wide, params) == ["flex", "cuda", "reference"]
-        assert not heuristics.runs_hopper(q, params)  # the Hopper family has no float32
+        assert [na_auto_order(order, q, p) for p in (p13, p25, p33)] == [order, flex_first, flex_first]
+        assert na_auto_order(order, wide, p13) == flex_first
+        assert not heuristics.runs_hopper(q, p13)  # the Hopper family has no float32
         monkeypatch.setattr(heuristics, "_capability_major", lambda index: 7)
         assert not heuristics.runs_tensor_cores(q)
+        assert na_auto_order(order, q, p13) == flex_first  # SIMT beside flex in TF32
 
 
 def test_call_cache_and_tuner_keys_follow_the_switch(monkeypatch):

@@ -1,7 +1,8 @@
 """Automatic backend order: small windows go to the cuda kernels first, large ones to flex.
 
-The window limit depends on the kernel family libnattn would run: SIMT (fp32) or tensor
-cores (fp16/bf16, head dim <= 128, SM80+)."""
+The window limit depends on the kernel family libnattn would run: SIMT (float32 without TF32,
+against flex's exact fp32 matmuls; 16-bit problems it takes) or tensor cores (fp16/bf16, head
+dim <= 128, SM80+)."""
 
 from types import SimpleNamespace
 
@@ -9,7 +10,7 @@ import torch
 
 from nattn.backends import AUTO_ORDER, choose_na_backend
 from nattn.backends import heuristics
-from nattn.backends.heuristics import SIMT_MAX_WINDOW, TC_MAX_WINDOW, na_auto_order
+from nattn.backends.heuristics import SIMT_FP32_MAX_WINDOW, SIMT_MAX_WINDOW, TC_MAX_WINDOW, na_auto_order
 from nattn.params import NAParams
 
 
@@ -22,13 +23,18 @@ CUDA_Q = SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32, shape
 ORDER = ["cuda", "flex", "reference"]
 
 
-def test_small_window_prefers_cuda():
+def test_small_window_prefers_cuda(monkeypatch):
+    monkeypatch.setattr(heuristics, "_tf32_allowed", lambda: False)
     assert na_auto_order(ORDER, CUDA_Q, params((7, 7))) == ORDER
+    # float32 without TF32: flex's exact fp32 matmuls lose to SIMT up to SIMT_FP32_MAX_WINDOW
+    assert SIMT_MAX_WINDOW < 13 * 13 < 5 * 7 * 7 < 25 * 25 <= SIMT_FP32_MAX_WINDOW < 33 * 33
+    for window in ((13, 13), (5, 7, 7), (25, 25)):
+        assert na_auto_order(ORDER, CUDA_Q, params(window)) == ORDER, window
 
 
-def test_large_window_prefers_flex():
-    assert 80 * 80 > SIMT_MAX_WINDOW and 13 * 13 > SIMT_MAX_WINDOW
-    assert na_auto_order(ORDER, CUDA_Q, params((13, 13))) == ["flex", "cuda", "reference"]
+def test_large_window_prefers_flex(monkeypatch):
+    monkeypatch.setattr(heuristics, "_tf32_allowed", lambda: False)
+    assert na_auto_order(ORDER, CUDA_Q, params((33, 33))) == ["flex", "cuda", "reference"]
     assert na_auto_order(ORDER, CUDA_Q, params((80, 80))) == ["flex", "cuda", "reference"]
     assert na_auto_order(ORDER, CUDA_Q, params((2048,))) == ["flex", "cuda", "reference"]
 

@@ -15,10 +15,16 @@ import torch
 
 from ..params import NAParams
 
-# fp32 without TF32 (and head dims > 128, or GPUs before SM80) run the SIMT kernels. Measured on the
-# H200: they win at 49 keys (DiNAT 7x7: 0.34 ms vs 0.49 ms flex forward); flex wins from
-# 169 keys on (13x13 at D=64: 1.15 vs 2.16 ms) and by 30x at 2048+ keys. 100 splits that.
+# 16-bit problems with head dims > 128, or on GPUs before SM80, run the SIMT kernels. Measured on
+# the H200 (bf16): they win at 49 keys (DiNAT 7x7: 0.34 ms vs 0.49 ms flex forward); flex wins
+# from 169 keys on (13x13 at D=64: 1.15 vs 2.16 ms) and by 30x at 2048+ keys. 100 splits that.
 SIMT_MAX_WINDOW = 100
+# float32 without TF32 runs the SIMT kernels too, and flex then runs exact fp32 matmuls, which
+# are slower still. Measured on the H200 (torch 2.11, forward, ms, SIMT vs flex; PERF.md tenth
+# session): 169 keys (128x128 B4 H8 D64) 5.44 vs 13.07, 245 (16x32x32, 5x7x7) 3.65 vs 13.12,
+# 1024 (1-D 8192 D128) 8.91 vs 7.11, 1089 (128x128 B1 H8 D64) 8.24 vs 7.22: the ratio crosses 1
+# near 850 keys.
+SIMT_FP32_MAX_WINDOW = 800
 # fp16/bf16 with head dims <= 128 on SM80+ run the tensor-core kernels. Measured on the
 # H200 against nattn's flex backend (forward / forward+backward, ms; PERF.md, third session):
 # 49 keys 0.16 / 0.70 vs 0.57 / 1.86; 169 keys (13x13) 0.45 / 2.10 vs 1.29 / 4.04; 245 keys
@@ -118,6 +124,12 @@ def runs_hopper(q, params: NAParams, v=None) -> bool:
     return minimum is not None and params.window_size >= minimum
 
 
+def _tf32_allowed() -> bool:
+    """PyTorch's TF32 switch (nattn/_tf32.py): with it off flex runs float32 in exact fp32 too."""
+    from .. import _tf32
+    return _tf32.allowed()
+
+
 def _tf32_runs(q) -> bool:
     """A float32 call that libnattn would run on its TF32 kernels: torch allows TF32 now
     (nattn/_tf32.py) and the loaded library has them (ABI 4)."""
@@ -146,7 +158,12 @@ def na_auto_order(order: Sequence[str], q, params: NAParams, v=None) -> List[str
     if q.device.type == "cuda" and "cuda" in order and "flex" in order:
         if runs_hopper(q, params, v):
             return order  # cuda first: its Hopper family beats flex on every window it takes
-        limit = TC_MAX_WINDOW if runs_tensor_cores(q, v) else SIMT_MAX_WINDOW
+        if runs_tensor_cores(q, v):
+            limit = TC_MAX_WINDOW
+        elif getattr(q, "dtype", None) == torch.float32 and not _tf32_allowed():
+            limit = SIMT_FP32_MAX_WINDOW
+        else:
+            limit = SIMT_MAX_WINDOW
         if params.window_size > limit:
             order.remove("flex")
             order.insert(order.index("cuda"), "flex")

@@ -29,6 +29,7 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
         torch.cuda.synchronize()
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
         assert all(torch.isfinite(g).all() for g in grads), str(case)
+        print(f"case done: {case}", flush=True)  # a sanitizer run cut short still says how far it got
     # A 64-query pair (several CTAs per SM, the RPB table staged in shared memory) on
     # hundreds of query boxes.
     q, k, v = (torch.randn(8, 40, 40, 2, 32, device="cuda", dtype=torch.bfloat16) for _ in range(3))
