@@ -226,9 +226,9 @@ def na1d(
             The mask comes from Philox keyed by a seed and an offset drawn from the default
             generator of the inputs' device, so ``torch.manual_seed`` reproduces it, forward
             and backward (docs/semantics.md, "Attention dropout"). Only backends with dropout
-            run it: ``"reference"``, and ``"cuda"`` on libnattn's tensor-core family (float16/
-            bfloat16, head dims <= 128, SM80+); ``"flex"`` declines it. 0 (the
-            default) changes nothing and draws nothing.
+            run it: ``"reference"`` and ``"cuda"`` (libnattn's tensor-core and SIMT families;
+            not the Hopper family, so such calls run the tensor-core kernels on an H100/H200
+            too); ``"flex"`` declines it. 0 (the default) changes nothing and draws nothing.
 
     Returns:
         ``out`` ``[B, X, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -326,9 +326,9 @@ def na2d(
             The mask comes from Philox keyed by a seed and an offset drawn from the default
             generator of the inputs' device, so ``torch.manual_seed`` reproduces it, forward
             and backward (docs/semantics.md, "Attention dropout"). Only backends with dropout
-            run it: ``"reference"``, and ``"cuda"`` on libnattn's tensor-core family (float16/
-            bfloat16, head dims <= 128, SM80+); ``"flex"`` declines it. 0 (the
-            default) changes nothing and draws nothing.
+            run it: ``"reference"`` and ``"cuda"`` (libnattn's tensor-core and SIMT families;
+            not the Hopper family, so such calls run the tensor-core kernels on an H100/H200
+            too); ``"flex"`` declines it. 0 (the default) changes nothing and draws nothing.
 
     Returns:
         ``out`` ``[B, X, Y, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
@@ -426,9 +426,9 @@ def na3d(
             The mask comes from Philox keyed by a seed and an offset drawn from the default
             generator of the inputs' device, so ``torch.manual_seed`` reproduces it, forward
             and backward (docs/semantics.md, "Attention dropout"). Only backends with dropout
-            run it: ``"reference"``, and ``"cuda"`` on libnattn's tensor-core family (float16/
-            bfloat16, head dims <= 128, SM80+); ``"flex"`` declines it. 0 (the
-            default) changes nothing and draws nothing.
+            run it: ``"reference"`` and ``"cuda"`` (libnattn's tensor-core and SIMT families;
+            not the Hopper family, so such calls run the tensor-core kernels on an H100/H200
+            too); ``"flex"`` declines it. 0 (the default) changes nothing and draws nothing.
 
     Returns:
         ``out`` ``[B, X, Y, Z, H, D_v]`` in the dtype of ``query``; with ``return_lse=True`` the
