@@ -238,24 +238,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         row[r].rpb += (p.kernel[a] - 1 + jc) * rpb_mult[a];
       }
     }
-    // Query boxes whose every query sees every key of this warpgroup need no mask: the
-    // inverse ranges only grow with the key, so the extreme keys decide.
+    // Query boxes whose every query sees every key of this warpgroup need no mask.
     int full_lo[3], full_hi[3];
-#pragma unroll
-    for (int a = 0; a < NA; ++a) {
-      int first = tile.q0[a], last = tile.q0[a] + RB::extent(a) - 1;
-      if (a == 0) {
-        first = tile.q0[0] + cw * (RB::extent(0) / 2);
-        last = first + RB::extent(0) / 2 - 1;
-      }
-      first = nattn_min(first, tile.len[a] - 1);
-      last = nattn_min(last, tile.len[a] - 1);
-      const bool c = p.causal[a] != 0;
-      const AxisRange inf = key_inverse(first, tile.len[a], p.kernel[a], p.stride[a], c);
-      const AxisRange inl = key_inverse(last, tile.len[a], p.kernel[a], p.stride[a], c);
-      full_lo[a] = inl.start;
-      full_hi[a] = inf.start + inf.count - 1;
-    }
+    unmasked_boxes<NA, RB, true, true>(p, tile, cw, full_lo, full_hi);
 
     float dk[HD / 2], dv[HD / 2];
 #pragma unroll

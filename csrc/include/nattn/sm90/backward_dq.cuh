@@ -87,22 +87,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_load<kRank>(smem + S::kQ + cb * R::kBlockBytes, &map_q, rows_full, c);
       tma_load<kRank>(smem + S::kDo + cb * R::kBlockBytes, &map_do, rows_full, c);
     }
-    for (int k = 0; k < tile.tiles; ++k) {
-      const int s = k % S::kStages;
-      if (k >= S::kStages) mbar_wait(empty + s, ((k / S::kStages) - 1) & 1);
-      int origin[3];
-      key_origin<NA, KB>(tile, k, origin);
-      mbar_expect_tx(k_full + s, C::kBytes);
-      for (int cb = 0; cb < C::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
-        tma_load<kRank>(smem + S::kK + s * C::kBytes + cb * C::kBlockBytes, &map_k, k_full + s, c);
-      }
-      mbar_expect_tx(v_full + s, C::kBytes);
-      for (int cb = 0; cb < C::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
-        tma_load<kRank>(smem + S::kV + s * C::kBytes + cb * C::kBlockBytes, &map_v, v_full + s, c);
-      }
-    }
+    produce_kv_ring<NA, HD, KB, C, S::kStages>(p, tile, h_kv, b, smem + S::kK, smem + S::kV, &map_k, &map_v,
+                                              k_full, v_full, empty);
     return;
   }
 
@@ -139,23 +125,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     lse2[r] = row_ok[r] ? lse_log2(p.lse[idx]) : INFINITY;  // no probability for padding rows
     dlt[r] = row_ok[r] ? p.delta[idx] : 0.f;
   }
-  // Key boxes inside every window of this warpgroup's queries need no mask (forward.cuh).
+  // Key boxes inside every window of this warpgroup's queries need no mask.
   int full_lo[3], full_hi[3];
-#pragma unroll
-  for (int a = 0; a < NA; ++a) {
-    int first = tile.q0[a], last = tile.q0[a] + QB::extent(a) - 1;
-    if (a == 0) {
-      first = tile.q0[0] + cw * (QB::extent(0) / 2);
-      last = first + QB::extent(0) / 2 - 1;
-    }
-    first = nattn_min(first, tile.len[a] - 1);
-    last = nattn_min(last, tile.len[a] - 1);
-    const bool c = p.causal[a] != 0;
-    const AxisRange wf = query_window(first, tile.len[a], p.kernel[a], p.stride[a], c);
-    const AxisRange wl = query_window(last, tile.len[a], p.kernel[a], p.stride[a], c);
-    full_lo[a] = wl.start;
-    full_hi[a] = wf.start + wf.count - 1;
-  }
+  unmasked_boxes<NA, QB, false, true>(p, tile, cw, full_lo, full_hi);
 
   float dq[HD / 2];
 #pragma unroll

@@ -93,6 +93,34 @@ __device__ __forceinline__ void box_coords(const Params& p, const CtaTile& t, co
   c[NA + 1] = batch;
 }
 
+// The producer's walk over a CTA's key boxes (the forward and the dQ pass): key and value box
+// k into ring slot k % STAGES, one bulk tensor copy per channel block each, once the consumers
+// have released the slot (its "empty" mbarrier); completions on the slot's full mbarriers.
+template <int NA, int HD, class KB, class C, int STAGES>
+__device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& tile, int h_kv, int b,
+                                                unsigned char* k_ring, unsigned char* v_ring,
+                                                const CUtensorMap* map_k, const CUtensorMap* map_v,
+                                                uint64_t* k_full, uint64_t* v_full, uint64_t* empty) {
+  constexpr int kRank = NA + 2;
+  int c[5];
+  for (int k = 0; k < tile.tiles; ++k) {
+    const int s = k % STAGES;
+    if (k >= STAGES) mbar_wait(empty + s, ((k / STAGES) - 1) & 1);
+    int origin[3];
+    key_origin<NA, KB>(tile, k, origin);
+    mbar_expect_tx(k_full + s, C::kBytes);
+    for (int cb = 0; cb < C::kBlocks; ++cb) {
+      box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
+      tma_load<kRank>(k_ring + s * C::kBytes + cb * C::kBlockBytes, map_k, k_full + s, c);
+    }
+    mbar_expect_tx(v_full + s, C::kBytes);
+    for (int cb = 0; cb < C::kBlocks; ++cb) {
+      box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
+      tma_load<kRank>(v_ring + s * C::kBytes + cb * C::kBlockBytes, map_v, v_full + s, c);
+    }
+  }
+}
+
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, HD>::kMinBlocks)
     forward_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
@@ -161,22 +189,8 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       box_coords<NA>(p, tile, tile.q0, h * HD + cb * R::kChannels, b, c);
       tma_load<kRank>(smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
     }
-    for (int k = 0; k < tile.tiles; ++k) {
-      const int s = k % S::kStages;
-      if (k >= S::kStages) mbar_wait(empty + s, ((k / S::kStages) - 1) & 1);
-      int origin[3];
-      key_origin<NA, KB>(tile, k, origin);
-      mbar_expect_tx(k_full + s, C::kBytes);
-      for (int cb = 0; cb < C::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
-        tma_load<kRank>(smem + S::kK + s * C::kBytes + cb * C::kBlockBytes, &map_k, k_full + s, c);
-      }
-      mbar_expect_tx(v_full + s, C::kBytes);
-      for (int cb = 0; cb < C::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
-        tma_load<kRank>(smem + S::kV + s * C::kBytes + cb * C::kBlockBytes, &map_v, v_full + s, c);
-      }
-    }
+    produce_kv_ring<NA, HD, KB, C, S::kStages>(p, tile, h_kv, b, smem + S::kK, smem + S::kV, &map_k, &map_v,
+                                              k_full, v_full, empty);
     return;
   }
 
@@ -216,24 +230,9 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       row[r].rpb += (p.kernel[a] - 1 - ic) * rpb_mult[a];
     }
   }
-  // Key boxes inside the window of every query of this warpgroup need no mask: the
-  // windows' bounds only grow with the query, so the extreme queries decide.
+  // Key boxes inside the window of every query of this warpgroup need no mask.
   int full_lo[3], full_hi[3];
-#pragma unroll
-  for (int a = 0; a < NA; ++a) {
-    int first = tile.q0[a], last = tile.q0[a] + QB::extent(a) - 1;
-    if (kPair && a == 0) {
-      first = tile.q0[0] + cw * (QB::extent(0) / 2);
-      last = first + QB::extent(0) / 2 - 1;
-    }
-    first = nattn_min(first, tile.len[a] - 1);
-    last = nattn_min(last, tile.len[a] - 1);
-    const bool c = p.causal[a] != 0;
-    const AxisRange wf = query_window(first, tile.len[a], p.kernel[a], p.stride[a], c);
-    const AxisRange wl = query_window(last, tile.len[a], p.kernel[a], p.stride[a], c);
-    full_lo[a] = wl.start;
-    full_hi[a] = wf.start + wf.count - 1;
-  }
+  unmasked_boxes<NA, QB, false, kPair>(p, tile, cw, full_lo, full_hi);
 
   float o[HD / 2];
 #pragma unroll

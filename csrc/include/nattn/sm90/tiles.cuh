@@ -168,4 +168,30 @@ NATTN_HD bool box_row_offset(const Params& p, const CtaTile& t, const int* first
   return ok;
 }
 
+// The boxes on the other side that need no mask for one warpgroup's rows of the CTA's box RB
+// (its q0 and len): key boxes inside the window of every query row, or (kInverse, the dK/dV
+// pass) query boxes inside the inverse neighbourhood of every key row. Windows and inverse
+// ranges only grow with the position, so the extreme rows decide. kHalves: two warpgroups
+// split the box along axis 0 and warpgroup cw has the half cw. Inclusive bounds per axis.
+template <int NA, class RB, bool kInverse, bool kHalves>
+__device__ __forceinline__ void unmasked_boxes(const Params& p, const CtaTile& tile, int cw, int* lo, int* hi) {
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    int first = tile.q0[a], last = tile.q0[a] + RB::extent(a) - 1;
+    if (kHalves && a == 0) {
+      first = tile.q0[0] + cw * (RB::extent(0) / 2);
+      last = first + RB::extent(0) / 2 - 1;
+    }
+    first = nattn_min(first, tile.len[a] - 1);
+    last = nattn_min(last, tile.len[a] - 1);
+    const bool c = p.causal[a] != 0;
+    const AxisRange rf = kInverse ? key_inverse(first, tile.len[a], p.kernel[a], p.stride[a], c)
+                                  : query_window(first, tile.len[a], p.kernel[a], p.stride[a], c);
+    const AxisRange rl = kInverse ? key_inverse(last, tile.len[a], p.kernel[a], p.stride[a], c)
+                                  : query_window(last, tile.len[a], p.kernel[a], p.stride[a], c);
+    lo[a] = rl.start;
+    hi[a] = rf.start + rf.count - 1;
+  }
+}
+
 }  }  // namespace nattn::sm90
