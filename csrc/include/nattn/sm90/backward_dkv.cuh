@@ -371,6 +371,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t pa[kNq / 16][4], da[kNq / 16][4];
 #pragma unroll
       for (int i = 0; i < kNq / 2; i += 2) pa[i / 8][(i % 8) / 2] = pack2<T>(st[i], st[i + 1]);
+      // dS^T = P^T (dP^T - delta), packed as dK's A operand; at head dim 128 with P^T back from
+      // its 16-bit copy (an fp32 one would not fit in registers next to dK and dV).
+      auto ds_packed = [&]() {
+#pragma unroll
+        for (int i = 0; i < kNq / 2; i += 2) {
+          const float2 pr = HD >= 128 ? unpack2<T>(pa[i / 8][(i % 8) / 2]) : make_float2(st[i], st[i + 1]);
+          const int col = 8 * (i / 4) + 2 * t4;
+          dpt[i] = pr.x * (dpt[i] - ld[kNq + col]);
+          dpt[i + 1] = pr.y * (dpt[i + 1] - ld[kNq + col + 1]);
+        }
+#pragma unroll
+        for (int i = 0; i < kNq / 2; i += 2) da[i / 8][(i % 8) / 2] = pack2<T>(dpt[i], dpt[i + 1]);
+      };
+      // With dP^T in (!late_dp), dS^T before dV's product is issued: read while a product
+      // was in flight, the S^T / dP^T accumulators made ptxas serialize every wgmma of the
+      // kernel (C7514); dV's and dK's products then run back to back.
+      if (!late_dp) ds_packed();
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dv, pa[kk], C::mn_major(do_tile, kk), 1);
@@ -379,19 +396,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (late_dp) {
         wgmma_wait<0>();
         fence_regs(dpt);
-      }
-      // dS^T = P^T (dP^T - delta); at head dim 128 with P^T back from its 16-bit copy (an
-      // fp32 one would not fit in registers next to dK and dV).
-#pragma unroll
-      for (int i = 0; i < kNq / 2; i += 2) {
-        const float2 pr = HD >= 128 ? unpack2<T>(pa[i / 8][(i % 8) / 2]) : make_float2(st[i], st[i + 1]);
-        const int col = 8 * (i / 4) + 2 * t4;
-        dpt[i] = pr.x * (dpt[i] - ld[kNq + col]);
-        dpt[i + 1] = pr.y * (dpt[i + 1] - ld[kNq + col + 1]);
+        ds_packed();
       }
       mbar_arrive(ld_empty + s);  // this thread's reads of the LSE / delta rows are done
-#pragma unroll
-      for (int i = 0; i < kNq / 2; i += 2) da[i / 8][(i % 8) / 2] = pack2<T>(dpt[i], dpt[i + 1]);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dk, da[kk], C::mn_major(q_tile, kk), 1);
