@@ -1,0 +1,45 @@
+"""Forward (and forward + backward) times of named bench problems with the loaded libnattn, for
+A/B comparisons of two builds: run it once per library (NATTN_LIBRARY picks one), alternating,
+in the same device call (bf16, ms, triton do_bench medians):
+
+    NATTN_LIBRARY=old.so python benchmarks/library_ab.py old flux-2d-w80,mid-2d-k13 [bwd]
+    NATTN_LIBRARY=new.so python benchmarks/library_ab.py new flux-2d-w80,mid-2d-k13 [bwd]
+
+Problems are the names of `python -m nattn.bench --suite tuning` (the anchors and more).
+"""
+
+import sys
+
+import torch
+from triton.testing import do_bench
+
+import nattn
+from nattn.bench.problems import TUNING
+
+FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+
+
+def main(tag: str, names: str, bwd: bool) -> None:
+    for name in names.split(","):
+        p = next((x for x in TUNING if x.name == name), None)
+        if p is None:
+            sys.exit(f"unknown problem {name!r}; known: {[x.name for x in TUNING]}")
+        q, k, v = (torch.randn(p.batch, *p.spatial, p.heads, p.dim, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=bwd) for _ in range(3))
+
+        def f():
+            return FUNCS[p.na_dim](q, k, v, p.kernel, dilation=p.dilation, stride=p.stride, is_causal=p.causal,
+                                   backend="cuda")
+
+        with torch.no_grad():
+            line = f"{tag:6s} {name:18s} fwd {do_bench(f, warmup=50, rep=300):8.3f}"
+        if bwd:
+            g = torch.randn_like(q)
+            line += f"  f+b {do_bench(lambda: f().backward(g), warmup=30, rep=300):8.3f}"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2], len(sys.argv) > 3 and sys.argv[3] == "bwd")
