@@ -57,14 +57,10 @@ def neighborhood_attention(
     """
     if dropout_p.__class__ is not float or dropout_p != 0.0:  # the default costs one test
         dropout_p = check_dropout_p(dropout_p)
-        if dropout_p:
-            return _na_with_dropout(
-                query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys,
-                additional_values, rpb, backend, return_lse, na_dim, tune, deterministic, dropout_p)
     if torch.compiler.is_compiling():  # the op chooses when it runs (backends/deferred.py)
         params = normalize(
             query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
-            rpb, additional_keys, additional_values,
+            rpb, additional_keys, additional_values, dropout_p,
         )
         grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, rpb))
         name = deferred.spec(backend, tune, deterministic, grads)
@@ -72,25 +68,38 @@ def neighborhood_attention(
     else:
         params, name = _checked_and_chosen(
             query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
-            rpb, additional_keys, additional_values, backend, tune, deterministic)
+            rpb, additional_keys, additional_values, backend, tune, deterministic, dropout_p)
         impl = get_backend(name)
-    if impl is not None and impl.composite:  # differentiable as it is
+    # Attention dropout: one [seed, offset] draw from the default generator of the inputs'
+    # device (nattn/dropout.py) feeds the NA part and, for keys numbered from N (the spatial
+    # tokens) on, the extra keys; only backends with supports_dropout run it (the choice
+    # above; docs/semantics.md, "Attention dropout").
+    rng = draw_rng(query.device) if dropout_p else None
+    if impl is not None and impl.composite and rng is None:  # differentiable as it is
         out, lse = impl.na_composite(query, key, value, rpb, params)
     elif impl is not None and eager_ok(query, key, value, rpb):  # no custom-op dispatch cost (nattn/_eager.py)
         if records_graph(query, key, value, rpb):
-            out, lse = na_function().apply(query, key, value, rpb, params, name)
-        else:  # inference: no autograd Function either
+            if rng is None:
+                out, lse = na_function().apply(query, key, value, rpb, params, name)
+            else:
+                out, lse = NADropoutFunction.apply(query, key, value, rpb, rng, params, name)
+        elif rng is None:  # inference: no autograd Function either
             out, lse = na_forward_only(impl, query, key, value, rpb, params)
+        else:
+            out, lse = na_dropout_forward_only(impl, query, key, value, rpb, rng, params)
     else:
         out, lse = ops.na_forward(
             query, key, value, rpb, list(params.kernel_size), list(params.stride),
             list(params.dilation), list(params.is_causal), params.scale, name,
+            *(() if rng is None else (params.dropout_p, rng)),
         )
     if additional_keys is not None:
         b, heads = query.shape[0], query.shape[-2]
         q_flat = query.reshape(b, -1, heads, query.shape[-1])
-        # The extra keys go to the fastest dense backend, whichever NA backend was named.
-        extra_out, extra_lse = _dense(q_flat, additional_keys, additional_values, False, params.scale, None)
+        # The extra keys go to the fastest dense backend, whichever NA backend was named; with
+        # dropout, extra key j is key N + j of the call's mask (N spatial tokens).
+        extra_out, extra_lse = _dense(q_flat, additional_keys, additional_values, False, params.scale, None,
+                                      dropout_p, rng, q_flat.shape[1])
         out, lse = merge_attentions(
             [out, extra_out.reshape(out.shape)], [lse, extra_lse.reshape(lse.shape)]
         )
@@ -117,48 +126,6 @@ def _checked_and_chosen(query, key, value, na_dim, kernel_size, stride, dilation
     name = choose_na_backend(query, key, value, rpb, params, backend, tune, deterministic)
     _call_cache.put(sig, (params, name))
     return params, name
-
-
-def _na_with_dropout(query, key, value, kernel_size, stride, dilation, is_causal, scale, additional_keys,
-                     additional_values, rpb, backend, return_lse, na_dim, tune, deterministic, dropout_p):
-    """neighborhood_attention with attention dropout (``dropout_p > 0``, checked): one
-    ``[seed, offset]`` draw from the default generator of the inputs' device (nattn/dropout.py)
-    feeds the NA part and, for keys numbered from N (the spatial tokens) on, the extra keys;
-    only backends with ``supports_dropout`` run it (docs/semantics.md, "Attention dropout")."""
-    if torch.compiler.is_compiling():  # the op chooses when it runs (backends/deferred.py)
-        params = normalize(
-            query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
-            rpb, additional_keys, additional_values, dropout_p,
-        )
-        grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, rpb))
-        name = deferred.spec(backend, tune, deterministic, grads)
-        impl = None
-    else:
-        params, name = _checked_and_chosen(
-            query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,
-            rpb, additional_keys, additional_values, backend, tune, deterministic, dropout_p)
-        impl = get_backend(name)
-    rng = draw_rng(query.device)
-    if impl is not None and eager_ok(query, key, value, rpb):
-        if records_graph(query, key, value, rpb):
-            out, lse = NADropoutFunction.apply(query, key, value, rpb, rng, params, name)
-        else:
-            out, lse = na_dropout_forward_only(impl, query, key, value, rpb, rng, params)
-    else:
-        out, lse = ops.na_forward(
-            query, key, value, rpb, list(params.kernel_size), list(params.stride),
-            list(params.dilation), list(params.is_causal), params.scale, name, params.dropout_p, rng,
-        )
-    if additional_keys is not None:
-        b, heads = query.shape[0], query.shape[-2]
-        q_flat = query.reshape(b, -1, heads, query.shape[-1])
-        # Extra key j is key N + j of the call's mask (N spatial tokens).
-        extra_out, extra_lse = _dense_with_dropout(
-            q_flat, additional_keys, additional_values, False, params.scale, None, dropout_p, rng, q_flat.shape[1])
-        out, lse = merge_attentions(
-            [out, extra_out.reshape(out.shape)], [lse, extra_lse.reshape(lse.shape)]
-        )
-    return (out, lse) if return_lse else out
 
 
 def na1d(
@@ -460,28 +427,22 @@ def na3d(
     )
 
 
-def _dense(q, k, v, is_causal, scale, backend):
+def _dense(q, k, v, is_causal, scale, backend, dropout_p=0.0, rng=None, key_offset=0):
+    """Dense attention through the chosen backend; with dropout (``rng`` given) its keys are
+    numbered from ``key_offset`` in the call's mask."""
+    drop = () if rng is None else (dropout_p, rng, key_offset)
     if torch.compiler.is_compiling():  # the op chooses when it runs (backends/deferred.py)
-        return ops.attention_forward(q, k, v, is_causal, scale, deferred.spec(backend, None, None, None))
-    name = choose_dense_backend(q, k, v, is_causal, backend)
-    if eager_ok(q, k, v):
-        if not records_graph(q, k, v):
-            return dense_forward_only(name, q, k, v, is_causal, scale)
-        return dense_function().apply(q, k, v, is_causal, scale, name)
-    return ops.attention_forward(q, k, v, is_causal, scale, name)
-
-
-def _dense_with_dropout(q, k, v, is_causal, scale, backend, dropout_p, rng, key_offset):
-    """_dense with attention dropout: keys numbered from ``key_offset`` in the call's mask."""
-    if torch.compiler.is_compiling():
-        return ops.attention_forward(q, k, v, is_causal, scale, deferred.spec(backend, None, None, None),
-                                     dropout_p, rng, key_offset)
-    name = choose_dense_backend(q, k, v, is_causal, backend, dropout_p)
+        return ops.attention_forward(q, k, v, is_causal, scale, deferred.spec(backend, None, None, None), *drop)
+    name = choose_dense_backend(q, k, v, is_causal, backend, *drop[:1])
     if eager_ok(q, k, v, rng):
+        if rng is None:
+            if not records_graph(q, k, v):
+                return dense_forward_only(name, q, k, v, is_causal, scale)
+            return dense_function().apply(q, k, v, is_causal, scale, name)
         if not records_graph(q, k, v):
             return dense_dropout_forward_only(name, q, k, v, is_causal, scale, dropout_p, rng, key_offset)
         return DenseDropoutFunction.apply(q, k, v, rng, is_causal, scale, name, dropout_p, key_offset)
-    return ops.attention_forward(q, k, v, is_causal, scale, name, dropout_p, rng, key_offset)
+    return ops.attention_forward(q, k, v, is_causal, scale, name, *drop)
 
 
 def attention(

@@ -311,7 +311,10 @@ def test_zero_dropout_changes_nothing(monkeypatch):
         raise AssertionError("a call without dropout reached the dropout path")
 
     monkeypatch.setattr(nattn.functional, "draw_rng", fail)
-    monkeypatch.setattr(nattn.functional, "_na_with_dropout", fail)
+    monkeypatch.setattr(nattn.functional, "na_dropout_forward_only", fail)
+    monkeypatch.setattr(nattn.functional.NADropoutFunction, "apply", fail)
+    monkeypatch.setattr(nattn.functional, "dense_dropout_forward_only", fail)
+    monkeypatch.setattr(nattn.functional.DenseDropoutFunction, "apply", fail)
     state = torch.get_rng_state()
     out = FUNCS[2](t["query"], t["key"], t["value"], case.kernel, stride=case.stride, dilation=case.dilation,
                    is_causal=case.causal, scale=case.scale, additional_keys=t.get("additional_keys"),
