@@ -32,3 +32,13 @@ def test_missing_instructions_and_local_memory_fail():
     problems, _ = sass_check.check(dump(GOOD, "UTMALDG.4D", "HGMMA.64x128x16.F32.BF16", "@P1 STL [R1], R2"))
     assert any("local memory" in p for p in problems)
     assert sass_check.check(dump("_ZN5nattn2tc1kEv", "HMMA"))[0] == ["no sm90 kernel found in the library"]
+
+
+def test_serialized_warpgroup_mmas_fail():
+    """A wait after every HGMMA (ptxas C7514) fails; one wait per group of products passes."""
+    mma, wait = "HGMMA.64x128x16.F32.BF16", "WARPGROUP.DEPBAR.LE gsb0, 0x0"
+    grouped = dump(GOOD, "UTMALDG.4D", mma, mma, mma, mma, wait)
+    assert sass_check.check(grouped) == ([], 1)
+    serialized = dump(GOOD, "UTMALDG.4D", mma, wait, mma, wait, mma, wait)
+    problems, _ = sass_check.check(serialized)
+    assert len(problems) == 1 and "wgmma serialized (3 waits for 3 HGMMA" in problems[0]

@@ -1,7 +1,9 @@
 """Checks the Hopper family's machine code in a built libnattn: every sm90 attention kernel
 (forward, dQ and dK/dV passes) must use the warpgroup MMA (HGMMA) and the bulk tensor copy
-engine (UTMALDG), and no sm90 kernel (the backward's delta and dQ-conversion helpers included) may touch
-local memory (LDL/STL: spilled registers or a register array indexed at run time).
+engine (UTMALDG), no sm90 kernel (the backward's delta and dQ-conversion helpers included) may touch
+local memory (LDL/STL: spilled registers or a register array indexed at run time), and no
+kernel may wait on the warpgroup MMAs after each one (as many WARPGROUP.DEPBAR as HGMMA: ptxas
+serialized them, warning C7514, because accumulators were read while a product was in flight).
 
     python csrc/tools/check_sm90_sass.py build/libnattn.so
     python csrc/tools/check_sm90_sass.py --find     # where cuobjdump is, exit 1 if nowhere
@@ -75,6 +77,9 @@ def check(sass: str):
         for op in FORBIDDEN:
             if op in ops:
                 problems.append(f"{name}: uses local memory ({op})")
+        mmas, waits = len(re.findall(r"\bHGMMA\b", text)), len(re.findall(r"\bWARPGROUP\.DEPBAR\b", text))
+        if mmas and waits * 2 > mmas:  # the kernels wait once per group of products, not per product
+            problems.append(f"{name}: wgmma serialized ({waits} waits for {mmas} HGMMA; ptxas C7514)")
     if n == 0:
         problems.append("no sm90 kernel found in the library")
     return problems, n
@@ -95,7 +100,8 @@ def main(argv):
     for p in problems:
         print("ERROR:", p)
     if not problems:
-        print(f"   sm90 SASS: {n} kernels use {' and '.join(REQUIRED)}, none touches local memory")
+        print(f"   sm90 SASS: {n} kernels use {' and '.join(REQUIRED)}, none touches local memory or "
+              "serializes its HGMMA")
     return 1 if problems else 0
 
 
