@@ -1,7 +1,11 @@
-"""One sm90 forward per named anchor problem, for Nsight Compute:
+"""One sm90 forward (with --backward: forward + backward) per named anchor problem, for Nsight
+Compute:
 
     NATTN_FAMILY=sm90 ncu --clock-control none -k regex:forward_kernel --section SpeedOfLight \\
         --section WarpStateStats --section ComputeWorkloadAnalysis python3 benchmarks/sm90_profile.py hunyuan-3d
+    NATTN_FAMILY=sm90 ncu ... -k regex:backward_dkv_kernel ... python3 benchmarks/sm90_profile.py --backward flux-2d-w80
+
+(benchmarks/ncu_stalls.py summarises where the warps wait.)
 """
 
 import sys
@@ -13,10 +17,13 @@ from nattn.bench import ANCHORS
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 
-for name in sys.argv[1:]:
+backward = "--backward" in sys.argv[1:]
+for name in (a for a in sys.argv[1:] if a != "--backward"):
     p = next(x for x in ANCHORS if x.name == name)
-    q, k, v = (torch.randn(p.batch, *p.spatial, p.heads, p.dim, device="cuda", dtype=torch.bfloat16)
-               for _ in range(3))
-    with torch.no_grad():
-        FUNCS[p.na_dim](q, k, v, p.kernel, dilation=p.dilation, stride=p.stride, backend="cuda")
+    q, k, v = (torch.randn(p.batch, *p.spatial, p.heads, p.dim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=backward) for _ in range(3))
+    with torch.set_grad_enabled(backward):
+        out = FUNCS[p.na_dim](q, k, v, p.kernel, dilation=p.dilation, stride=p.stride, backend="cuda")
+    if backward:
+        out.backward(torch.randn_like(out))
     torch.cuda.synchronize()

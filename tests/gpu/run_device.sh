@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|optimize|qkav] ...
+#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|optimize|qkav|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -61,6 +61,17 @@ fi
 if [[ $what == *optimize* ]]; then  # every configuration per tuning-suite problem, GPU time (nattn.bench --optimize)
   timeout ${OPTIMIZE_TIMEOUT:-300} python3 -m nattn.bench --suite tuning --optimize --cuda-graphs 2>&1 \
     | tee "$OUT/optimize.txt" | tail -25
+fi
+if [[ $what == *ncu* ]]; then  # where the sm90 kernels' warps wait (NCU_PROBLEM, default flux GNA)
+  prob=${NCU_PROBLEM:-flux-2d-w80-s16}
+  for k in ${NCU_KERNELS:-forward_kernel backward_dq_kernel backward_dkv_kernel}; do
+    NATTN_FAMILY=sm90 timeout ${NCU_TIMEOUT:-200} ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+      --section SourceCounters -k regex:$k -c 1 -f -o "$OUT/$k" python3 benchmarks/sm90_profile.py --backward "$prob" \
+      > "$OUT/${k}_ncu.log" 2>&1
+    ncu -i "$OUT/$k.ncu-rep" --page source --csv --print-source sass > "$OUT/${k}_source.csv" 2>&1
+    ncu -i "$OUT/$k.ncu-rep" --page details > "$OUT/${k}_details.txt" 2>&1
+    python3 benchmarks/ncu_stalls.py "$OUT/${k}_source.csv" --top 12 2>&1 | head -36
+  done
 fi
 if [[ $what == *qkav* ]]; then  # the unfused ops: window kernels vs plain PyTorch vs the fused op
   timeout 120 python3 benchmarks/qk_av_gpu.py 2>&1 | tee "$OUT/qkav.txt"
