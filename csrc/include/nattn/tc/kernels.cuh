@@ -71,6 +71,21 @@ using namespace nattn::tiling;
 #define NATTN_TC_DKV_BLOCKS_HD32 NATTN_TC_DKV_BLOCKS
 #endif
 
+// Shared-memory stages of a warp's chunk ring: chunk ci is staged kTcStages - 1 chunks ahead of
+// its products, hiding that much of the copy latency (a tuning build may try 3: per warp one
+// more K/V pair of tiles, and with the backward's LSE/delta rows).
+#ifndef NATTN_TC_STAGES
+#define NATTN_TC_STAGES 2
+#endif
+constexpr int kTcStages = NATTN_TC_STAGES;
+static_assert(kTcStages >= 2 && kTcStages <= 4, "NATTN_TC_STAGES: 2, 3 or 4");
+
+// The ring slot of chunk ci (ci >= 0).
+__device__ __forceinline__ int tc_stage(int ci) {
+  if constexpr (kTcStages == 2) return ci & 1;
+  else return int(unsigned(ci) % unsigned(kTcStages));
+}
+
 // The dropout instances (kDrop) hold the mask's Philox state besides the fragments: at head
 // dims <= 64 they run fewer blocks per SM (more registers a thread) so that they do not spill
 // (ptxas -v, sm_80: 4 blocks spilled every pass, 3 the dQ and dK/dV passes at head dim 64).
@@ -409,8 +424,9 @@ struct Cols {
 __device__ __forceinline__ int col_token(int q, int tq) { return (q >> 1) * 8 + 2 * tq + (q & 1); }
 
 // One box's walk over its window union, packed (common/tiling.cuh): chunk ci's tokens of two
-// tensors X and Y (K and V, or Q and dO for the inverse walk) are staged into stage ci & 1
-// of the warp's buffer with cp.async, one chunk ahead of the one computed. Lane l keeps the
+// tensors X and Y (K and V, or Q and dO for the inverse walk) are staged into slot
+// tc_stage(ci) of the warp's buffer with cp.async, kTcStages - 1 chunks ahead of the one
+// computed. Lane l keeps the
 // offset of chunk token l % 16 in X (lanes 0-15) or Y (lanes 16-31) with a cursor stepping a
 // chunk at a time; the copying lanes fetch the offsets they need with shuffles. A second
 // cursor per lane walks its fragment columns. With kSide, the inverse walk also stages each
@@ -448,13 +464,37 @@ struct Walk {
     size = union_size<NA>(u);
     chunks = (size + CW - 1) / CW;
   }
-  __device__ __forceinline__ const S* tile(int ci) const { return buf + (ci & 1) * 2 * Lt::TILE; }
-  __device__ __forceinline__ const float* side_tile(int ci) const { return side + (ci & 1) * 2 * CW; }
+  __device__ __forceinline__ const S* tile(int ci) const { return buf + tc_stage(ci) * 2 * Lt::TILE; }
+  __device__ __forceinline__ const float* side_tile(int ci) const { return side + tc_stage(ci) * 2 * CW; }
 
-  // Stages chunk ci (in walk order) into stage ci & 1; channels past a tensor's dim and
+  // The chunks staged before the first one is computed (after the rows' own copy group):
+  // chunk 0, and with more stages the next ones, an empty group for each missing chunk so
+  // that every later wait counts the same number of groups.
+  __device__ __forceinline__ void prologue() {
+    if constexpr (kTcStages == 2) {
+      if (chunks > 0) issue(0);
+    } else {
+#pragma unroll 1
+      for (int ci = 0; ci < kTcStages - 1; ++ci) {
+        if (ci < chunks) issue(ci);
+        else cp_async_commit();
+      }
+    }
+  }
+  // Waits for the rows' own copy group (issued before prologue()).
+  __device__ __forceinline__ void wait_rows() const {
+    if constexpr (kTcStages == 2) {
+      if (chunks > 0) cp_async_wait<1>();
+      else cp_async_wait<0>();
+    } else {
+      cp_async_wait<kTcStages - 1>();
+    }
+  }
+
+  // Stages chunk ci (in walk order) into slot tc_stage(ci); channels past a tensor's dim and
   // tokens past the union are zero-filled.
   __device__ __forceinline__ void issue(int ci) {
-    S* dst = buf + (ci & 1) * 2 * Lt::TILE;
+    S* dst = buf + tc_stage(ci) * 2 * Lt::TILE;
     // Source addresses stay inside the tensors: the cursors never leave the union, and a
     // lane whose channels lie past a head dim reads channel 0 (its copy is zero-filled).
     const int e = (lane % PPK) * Lt::VEC, left = size - ci * CW;
@@ -483,17 +523,25 @@ struct Walk {
       const int64_t t = __shfl_sync(0xffffffffu, oc.o[NS - 1], j);
       if (lane % PPK < 2) {  // the token's first two lanes: its LSE and its delta
         const float* src = (lane % PPK == 0 ? p.lse : p.delta) + (row0 + t) * p.heads + h;
-        cp_async4(side + (ci & 1) * 2 * CW + (lane % PPK) * CW + j, src, in);
+        cp_async4(side + tc_stage(ci) * 2 * CW + (lane % PPK) * CW + j, src, in);
       }
     }
   }
-  // Chunk ci is in shared memory for the whole warp (chunk ci + 1 is on its way).
+  // Chunk ci is in shared memory for the whole warp (the next kTcStages - 1 are on their way).
+  // Its slot's previous chunk was released by every lane's __syncwarp at the end of that
+  // chunk's products.
   __device__ __forceinline__ void arrive(int ci) {
-    if (ci + 1 < chunks) {
-      issue(ci + 1);
-      cp_async_wait<1>();
+    if constexpr (kTcStages == 2) {
+      if (ci + 1 < chunks) {
+        issue(ci + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
     } else {
-      cp_async_wait<0>();
+      if (ci + kTcStages - 1 < chunks) issue(ci + kTcStages - 1);
+      else cp_async_commit();  // an empty group: the wait below counts the same groups
+      cp_async_wait<kTcStages - 1>();
     }
     __syncwarp();
   }
@@ -524,8 +572,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
   constexpr int NT = Lt::NT;
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
-  S* buf = reinterpret_cast<S*>(tc_smem) + warp * (5 * Lt::TILE);  // 2 stages x (K, V), then the warp's Q rows
-  S* sQ = buf + 4 * Lt::TILE;
+  S* buf = reinterpret_cast<S*>(tc_smem) + warp * ((2 * kTcStages + 1) * Lt::TILE);  // stages x (K, V), its Q rows
+  S* sQ = buf + 2 * kTcStages * Lt::TILE;
   int g[3], L[3], first[3];
   if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * block_warps<T, HD>() + warp, g, L, first)) return;
   const Rows<NA, false> rw(p, first, L, lane);
@@ -559,10 +607,9 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  if (walk.chunks > 0) walk.issue(0);
+  walk.prologue();
   if constexpr (Lt::kF32) {  // the Q rows (the group before chunk 0's) have landed: round them
-    if (walk.chunks > 0) cp_async_wait<1>();
-    else cp_async_wait<0>();
+    walk.wait_rows();
     round_rows_tf32<HD>(sQ, lane);
   }
   for (int ci = 0; ci < walk.chunks; ++ci) {
@@ -614,7 +661,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
     unsigned pa[Lt::AREGS];
     pack_a<T>(pa, s);
     mma_rows<T, HD>(o, pa, sK + Lt::TILE, lane);
-    __syncwarp();  // this stage is refilled two chunks on
+    __syncwarp();  // this slot is refilled kTcStages chunks on
   }
   cp_async_wait<0>();  // no copy may land after the block's shared memory is gone
   const float l0 = quad_sum(l[0]), l1 = quad_sum(l[1]);
@@ -639,8 +686,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
   constexpr int KT = Lt::KT, NT = Lt::NT;
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
-  S* buf = reinterpret_cast<S*>(tc_smem) + warp * (6 * Lt::TILE);  // 2 stages x (K, V), then the warp's Q and dO rows
-  S* sQ = buf + 4 * Lt::TILE;
+  S* buf = reinterpret_cast<S*>(tc_smem) + warp * ((2 * kTcStages + 2) * Lt::TILE);  // stages x (K, V), its Q, dO
+  S* sQ = buf + 2 * kTcStages * Lt::TILE;
   int g[3], L[3], first[3];
   if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * block_warps<T, HD>() + warp, g, L, first)) return;
   const Rows<NA, false> rw(p, first, L, lane);
@@ -710,10 +757,9 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[nt][e] = 0.f;
-  if (walk.chunks > 0) walk.issue(0);
+  walk.prologue();
   if constexpr (Lt::kF32) {  // the Q and dO rows (the group before chunk 0's) have landed: round them
-    if (walk.chunks > 0) cp_async_wait<1>();
-    else cp_async_wait<0>();
+    walk.wait_rows();
     round_rows_tf32<HD>(sQ, lane);
     round_rows_tf32<HD>(sQ + Lt::TILE, lane);
   }
@@ -755,8 +801,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
 // ------------------------------------------------------ backward: dK, dV, dRPB per key
 template <typename T, int HD>
 constexpr int dkv_warp_bytes() {
-  // 2 stages x (Q, dO), own K, V; 2 stages x (lse, delta)
-  return 6 * Layout<T, HD>::TILE * int(sizeof(typename Layout<T, HD>::S)) + 2 * 2 * CW * 4;
+  // stages x (Q, dO), own K, V; stages x (lse, delta)
+  return (2 * kTcStages + 2) * Layout<T, HD>::TILE * int(sizeof(typename Layout<T, HD>::S)) + kTcStages * 2 * CW * 4;
 }
 
 template <typename T, int NA, int HD, bool kDrop>
@@ -768,11 +814,11 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, HD
   constexpr int NT = Lt::NT, W = block_warps<T, HD>();
   extern __shared__ __align__(16) uint16_t tc_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
-  S* buf = reinterpret_cast<S*>(tc_smem) + warp * (6 * Lt::TILE);
-  S* sK = buf + 4 * Lt::TILE;  // the warp's K and V rows
-  float* past_tiles = reinterpret_cast<float*>(reinterpret_cast<S*>(tc_smem) + W * 6 * Lt::TILE);
-  float* sLD = past_tiles + warp * 4 * CW;  // [stage][lse | delta]
-  float* drpb_smem = past_tiles + W * 4 * CW;
+  S* buf = reinterpret_cast<S*>(tc_smem) + warp * ((2 * kTcStages + 2) * Lt::TILE);
+  S* sK = buf + 2 * kTcStages * Lt::TILE;  // the warp's K and V rows
+  float* past_tiles = reinterpret_cast<float*>(reinterpret_cast<S*>(tc_smem) + W * (2 * kTcStages + 2) * Lt::TILE);
+  float* sLD = past_tiles + warp * kTcStages * 2 * CW;  // [stage][lse | delta]
+  float* drpb_smem = past_tiles + W * kTcStages * 2 * CW;
   const int hkv = blockIdx.y, b = blockIdx.z;
   const bool stage_rpb = p.rpb != nullptr && p.rpb_in_smem;
   const int64_t smem_len = int64_t(p.groups) * p.rpb_head_size;
@@ -819,11 +865,10 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, HD
       if constexpr (kDrop) drop.init(p, b, h);
       Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
                                        int64_t(b) * p.tokens, h, tst);
-      if (walk.chunks > 0) walk.issue(0);
+      walk.prologue();
       if constexpr (Lt::kF32) {  // first head: the own K and V rows (the group before) have landed: round them
         if (hg == 0) {
-          if (walk.chunks > 0) cp_async_wait<1>();
-          else cp_async_wait<0>();
+          walk.wait_rows();
           round_rows_tf32<HD>(sK, lane);
           round_rows_tf32<HD>(sK + Lt::TILE, lane);
         }
@@ -896,17 +941,17 @@ constexpr size_t tile_bytes() {
   return size_t(Layout<T, HD>::TILE) * sizeof(typename Layout<T, HD>::S);
 }
 
-// 16-bit, 4 warps: 15 / 25 / 45 / 85 KiB at head dims 16 / 32 / 64 / 128; TF32 (block_warps):
+// With 2 stages (NATTN_TC_STAGES), 16-bit, 4 warps: 15 / 25 / 45 / 85 KiB at head dims 16 / 32 / 64 / 128; TF32 (block_warps):
 // 25 / 45 KiB (4 warps), 42.5 / 82.5 KiB (2 warps).
 template <typename T, int HD>
 constexpr size_t fwd_smem_bytes() {
-  return size_t(block_warps<T, HD>()) * 5 * tile_bytes<T, HD>();  // per warp: 2 stages x (K, V) + its Q rows
+  return size_t(block_warps<T, HD>()) * (2 * kTcStages + 1) * tile_bytes<T, HD>();  // per warp: stages x (K, V) + its Q rows
 }
 
-// 16-bit, 4 warps: 18 / 30 / 54 / 102 KiB; TF32: 30 / 54 KiB (4 warps), 51 / 99 KiB (2 warps).
+// With 2 stages, 16-bit, 4 warps: 18 / 30 / 54 / 102 KiB; TF32: 30 / 54 KiB (4 warps), 51 / 99 KiB (2 warps).
 template <typename T, int HD>
 constexpr size_t dq_smem_bytes() {
-  return size_t(block_warps<T, HD>()) * 6 * tile_bytes<T, HD>();  // per warp: 2 stages x (K, V) + its Q and dO rows
+  return size_t(block_warps<T, HD>()) * (2 * kTcStages + 2) * tile_bytes<T, HD>();  // stages x (K, V) + its Q, dO
 }
 
 // Box shape: the measured fixed shapes (16, 4x4, 2x2x4) unless NATTN_TC_BOX=model asks for
