@@ -16,8 +16,9 @@ import torch
 from ..params import NAParams
 
 # 16-bit problems with head dims > 128, or on GPUs before SM80, run the SIMT kernels. Measured on
-# the H200 (bf16): they win at 49 keys (DiNAT 7x7: 0.34 ms vs 0.49 ms flex forward); flex wins
-# from 169 keys on (13x13 at D=64: 1.15 vs 2.16 ms) and by 30x at 2048+ keys. 100 splits that.
+# the H200 (third session, flex at 16-bit / TF32 speed): they win at 49 keys (DiNAT 7x7: 0.34 ms
+# vs 0.49 ms flex forward); flex wins from 169 keys on (13x13 at D=64: 1.15 vs 2.16 ms) and by
+# 30x at 2048+ keys. 100 splits that.
 SIMT_MAX_WINDOW = 100
 # float32 without TF32 runs the SIMT kernels too, and flex then runs exact fp32 matmuls, which
 # are slower still. Measured on the H200 (torch 2.11, forward, ms, SIMT vs flex; PERF.md tenth
