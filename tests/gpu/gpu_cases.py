@@ -115,3 +115,33 @@ def rel_err(got, want):
     """Relative L2 error ``|got - want| / |want|`` in float64."""
     got, want = got.double(), want.double()
     return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def check(name, got, want, tol):
+    """got matches want within a relative L2 error of tol, with no NaN or infinity."""
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{name}: non-finite values from the cuda backend"
+    err = rel_err(got, want)
+    assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
+
+
+def detached_inputs(case: GpuCase):
+    """q, k, v (in the case's layout, detached) and the RPB table or None."""
+    t, _ = make_inputs(case)
+    q, k, v = (t[n].detach() for n in ("query", "key", "value"))
+    rpb = t["rpb"].detach() if "rpb" in t else None
+    return q, k, v, rpb
+
+
+def dropout_params(case: GpuCase, q, k, v, rpb, p: float):
+    """The case's normalized NA parameters with dropout_p = p."""
+    from nattn.params import normalize
+    return normalize(q, k, v, len(case.spatial), case.kernel, case.stride, case.dilation, case.causal,
+                     case.scale, rpb, dropout_p=p)
+
+
+def run_backend(backend, q, k, v, rpb, params, rng, g_out, g_lse):
+    """A backend's forward and backward of one call with the given dropout draw ``rng``."""
+    out, lse = backend.na_forward(q, k, v, rpb, params, rng=rng)
+    grads = backend.na_backward(q, k, v, rpb, out, lse, g_out, g_lse, params, rng=rng)
+    return out, lse, grads

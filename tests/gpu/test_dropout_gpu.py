@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nattn  # noqa: E402
-from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
+from gpu_cases import GpuCase, check, detached_inputs, dropout_params, make_inputs, rel_err, run_backend  # noqa: E402
 from nattn import dropout  # noqa: E402
 from nattn.backends import BACKENDS, choose_na_backend  # noqa: E402
 from nattn.params import normalize  # noqa: E402
@@ -80,35 +80,9 @@ CASES = sweep(N_CASES, 4321)
 WIDE_CASES = sweep(int(os.environ.get("NATTN_GPU_DROPOUT_WIDE_CASES", "24")), 8765, wide=True)
 
 
-def tensors(case):
-    """q, k, v (in the case's layout, detached) and the RPB table or None."""
-    t, _ = make_inputs(case)
-    q, k, v = (t[n].detach() for n in ("query", "key", "value"))
-    rpb = t["rpb"].detach() if "rpb" in t else None
-    return q, k, v, rpb
-
-
-def params_of(case, q, k, v, rpb, p):
-    return normalize(q, k, v, len(case.spatial), case.kernel, case.stride, case.dilation, case.causal,
-                     case.scale, rpb, dropout_p=p)
-
-
-def run_backend(backend, q, k, v, rpb, params, rng, g_out, g_lse):
-    out, lse = backend.na_forward(q, k, v, rpb, params, rng=rng)
-    grads = backend.na_backward(q, k, v, rpb, out, lse, g_out, g_lse, params, rng=rng)
-    return out, lse, grads
-
-
-def check(name, got, want, tol):
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{name}: non-finite values from the cuda backend"
-    err = rel_err(got, want)
-    assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
-
-
 def compare(case, p):
-    q, k, v, rpb = tensors(case)
-    params = params_of(case, q, k, v, rpb, p)
+    q, k, v, rpb = detached_inputs(case)
+    params = dropout_params(case, q, k, v, rpb, p)
     assert CUDA.na_not_supported_reasons(q, k, v, rpb, params, True) == [], "cuda declined a tc problem"
     rng = dropout.draw_rng(q.device)
     g = torch.Generator(device="cuda").manual_seed(case.seed + 1)

@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nattn  # noqa: E402
-from gpu_cases import HEAD_DIMS, GpuCase, make_inputs, rel_err  # noqa: E402
+from gpu_cases import (HEAD_DIMS, GpuCase, check, detached_inputs, dropout_params, make_inputs,  # noqa: E402
+                       rel_err, run_backend)
 from nattn import _call_cache, dropout  # noqa: E402
 from nattn._cuda import library  # noqa: E402
 from nattn.backends import BACKENDS, choose_na_backend  # noqa: E402
@@ -93,35 +94,10 @@ def sweep(count, seed):
 CASES = sweep(N_CASES, 5791)
 
 
-def tensors(case):
-    t, _ = make_inputs(case)
-    q, k, v = (t[n].detach() for n in ("query", "key", "value"))
-    rpb = t["rpb"].detach() if "rpb" in t else None
-    return q, k, v, rpb
-
-
-def params_of(case, q, k, v, rpb, p):
-    return normalize(q, k, v, len(case.spatial), case.kernel, case.stride, case.dilation, case.causal,
-                     case.scale, rpb, dropout_p=p)
-
-
-def run_backend(backend, q, k, v, rpb, params, rng, g_out, g_lse):
-    out, lse = backend.na_forward(q, k, v, rpb, params, rng=rng)
-    grads = backend.na_backward(q, k, v, rpb, out, lse, g_out, g_lse, params, rng=rng)
-    return out, lse, grads
-
-
-def check(name, got, want, tol):
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{name}: non-finite values from the cuda backend"
-    err = rel_err(got, want)
-    assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
-
-
 @pytest.mark.parametrize("case,p", CASES, ids=[f"{i}-p{p}-{c}" for i, (c, p) in enumerate(CASES)])
 def test_simt_dropout_matches_reference(case, p):
-    q, k, v, rpb = tensors(case)
-    params = params_of(case, q, k, v, rpb, p)
+    q, k, v, rpb = detached_inputs(case)
+    params = dropout_params(case, q, k, v, rpb, p)
     assert CUDA.na_not_supported_reasons(q, k, v, rpb, params, True) == [], "cuda declined a SIMT dropout problem"
     rng = dropout.draw_rng(q.device)
     g = torch.Generator(device="cuda").manual_seed(case.seed + 1)

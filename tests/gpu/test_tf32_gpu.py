@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nattn  # noqa: E402
-from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
+from gpu_cases import GpuCase, check, make_inputs, rel_err  # noqa: E402
 from nattn import _call_cache, _tf32, dropout  # noqa: E402
 from nattn._cuda import library  # noqa: E402
 from nattn.backends import BACKENDS, choose_na_backend, heuristics  # noqa: E402
@@ -138,13 +138,6 @@ def reference64(case, t, names):
     """The reference backend in float64 on copies of the float32 inputs."""
     t64 = {n: t[n].detach().double().requires_grad_(True) for n in names}
     return forward_backward(case, t64, names, "reference")
-
-
-def check(name, got, want, tol):
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{name}: non-finite values from the cuda backend"
-    err = rel_err(got, want)
-    assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
 
 
 def check_all(case, names, got, want, tol, tol_lse):
