@@ -42,9 +42,12 @@ class GpuCase:
                 f"-x{self.extra}-rpb{int(self.rpb)}-{self.layout}")
 
 
-def random_case(rng: random.Random, na_dim: int, wide: bool = False) -> GpuCase:
-    # wide: kernels large enough that a warp's window union spans several staged chunks
-    # along the last axis and many lines (the tiled kernels' multi-chunk paths)
+def random_case(rng: random.Random, na_dim: int, wide: bool = False, dtypes=DTYPES, head_dims=HEAD_DIMS,
+                extras=(0, 0, 0, 5)) -> GpuCase:
+    """A problem with every window feature (odd and even kernels, dilation, stride, causal,
+    RPB), GQA, strided layouts, drawn from ``dtypes``, ``head_dims`` and ``extras`` (extra
+    keys). wide: kernels large enough that a warp's window union spans several staged chunks
+    along the last axis and many lines (the tiled kernels' multi-chunk paths)."""
     max_tokens = {1: 3000, 2: 3000, 3: 4000} if wide else {1: 700, 2: 900, 3: 1200}
     max_kernel = {1: 90, 2: 25, 3: 15} if wide else {1: 21, 2: 9, 3: 5}
     spatial, kernel, stride, dilation, causal, rpb = random_window(
@@ -53,13 +56,13 @@ def random_case(rng: random.Random, na_dim: int, wide: bool = False) -> GpuCase:
     )
     heads_kv = rng.choice([1, 1, 2, 3])
     heads = heads_kv * rng.choice([1, 1, 2, 4])
-    dim = rng.choice(HEAD_DIMS)
-    dim_v = dim if rng.random() < 0.7 else rng.choice(HEAD_DIMS)
+    dim = rng.choice(head_dims)
+    dim_v = dim if rng.random() < 0.7 else rng.choice(head_dims)
     return GpuCase(
         spatial=spatial, kernel=kernel, stride=stride,
         dilation=dilation, causal=causal, batch=rng.choice([1, 2, 3]),
         heads=heads, heads_kv=heads_kv, dim=dim, dim_v=dim_v,
-        extra=rng.choice([0, 0, 0, 5]), rpb=rpb, dtype=rng.choice(DTYPES),
+        extra=rng.choice(extras), rpb=rpb, dtype=rng.choice(dtypes),
         layout=rng.choice(["plain", "plain", "fused", "heads_major"]),
         scale=rng.choice([None, None, 0.2]), seed=rng.randint(0, 2**31),
     )
@@ -145,3 +148,26 @@ def run_backend(backend, q, k, v, rpb, params, rng, g_out, g_lse):
     out, lse = backend.na_forward(q, k, v, rpb, params, rng=rng)
     grads = backend.na_backward(q, k, v, rpb, out, lse, g_out, g_lse, params, rng=rng)
     return out, lse, grads
+
+
+def functional_call(case: GpuCase, t, p: float, backend="cuda"):
+    """``(out, lse)`` of the functional NA call of ``case`` on inputs ``t`` with dropout_p = p."""
+    import nattn
+    return {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}[len(case.spatial)](
+        t["query"], t["key"], t["value"], case.kernel, stride=case.stride, dilation=case.dilation,
+        is_causal=case.causal, scale=case.scale, additional_keys=t.get("additional_keys"),
+        additional_values=t.get("additional_values"), rpb=t.get("rpb"), backend=backend, return_lse=True,
+        dropout_p=p)
+
+
+def seeded_forward_backward(case: GpuCase, p: float, seed: int, backend="cuda"):
+    """Output, LSE and input gradients of functional_call after ``torch.manual_seed(seed)``
+    (the dropout draw), with output gradients from the case's seed."""
+    t, leaves = make_inputs(case)
+    torch.manual_seed(seed)
+    out, lse = functional_call(case, t, p, backend)
+    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
+    g_out = torch.randn(out.shape, generator=g, device="cuda").to(out.dtype)
+    g_lse = torch.randn(lse.shape, generator=g, device="cuda")
+    grads = torch.autograd.grad([out, lse], leaves, [g_out, g_lse])
+    return out.detach(), lse.detach(), grads

@@ -24,14 +24,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nattn  # noqa: E402
-from gpu_cases import GpuCase, check, detached_inputs, dropout_params, make_inputs, rel_err, run_backend  # noqa: E402
+from gpu_cases import (check, detached_inputs, dropout_params, functional_call, make_inputs,  # noqa: E402
+                       random_case, rel_err, run_backend, seeded_forward_backward)
 from nattn import dropout  # noqa: E402
 from nattn.backends import BACKENDS, choose_na_backend  # noqa: E402
 from nattn.params import normalize  # noqa: E402
 from nattn.windows import WindowTable  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from cases import random_window  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -51,29 +50,11 @@ TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 N_CASES = int(os.environ.get("NATTN_GPU_DROPOUT_CASES", "300"))
 
 
-def random_dropout_case(rng: random.Random, na_dim: int, wide: bool = False) -> GpuCase:
-    """A problem the tensor-core family takes: fp16/bf16, head dims <= 128; every window
-    feature (odd and even kernels, dilation, stride, causal, RPB), GQA, strided layouts."""
-    max_tokens = {1: 3000, 2: 3000, 3: 4000} if wide else {1: 700, 2: 900, 3: 1200}
-    max_kernel = {1: 90, 2: 25, 3: 15} if wide else {1: 21, 2: 9, 3: 5}
-    spatial, kernel, stride, dilation, causal, rpb = random_window(
-        rng, na_dim, max_tokens[na_dim], max_kernel[na_dim], [1, 1, 1, 2, 3],
-        lambda r, kd: kd + r.choice([0, 1, 3, 7, r.randint(0, 40)]), causal_p=0.25, rpb_p=0.3,
-    )
-    heads_kv = rng.choice([1, 1, 2, 3])
-    dim = rng.choice(HEAD_DIMS)
-    return GpuCase(
-        spatial=spatial, kernel=kernel, stride=stride, dilation=dilation, causal=causal,
-        batch=rng.choice([1, 2, 3]), heads=heads_kv * rng.choice([1, 1, 2, 4]), heads_kv=heads_kv,
-        dim=dim, dim_v=dim if rng.random() < 0.7 else rng.choice(HEAD_DIMS), extra=0, rpb=rpb,
-        dtype=rng.choice(DTYPES), layout=rng.choice(["plain", "plain", "fused", "heads_major"]),
-        scale=rng.choice([None, None, 0.2]), seed=rng.randint(0, 2**31),
-    )
-
-
 def sweep(count, seed, wide=False):
     rng = random.Random(seed)
-    return [(random_dropout_case(rng, 1 + i % 3, wide), PS[i % len(PS)]) for i in range(count)]
+    # problems the tensor-core family takes: fp16/bf16, head dims <= 128
+    return [(random_case(rng, 1 + i % 3, wide, DTYPES, HEAD_DIMS, extras=(0,)), PS[i % len(PS)])
+            for i in range(count)]
 
 
 CASES = sweep(N_CASES, 4321)
@@ -150,25 +131,6 @@ def test_forward_mask_is_the_philox_mask(dtype, p, dilation):
     assert abs(frac - (1 - p)) < 0.01, f"kept fraction {frac:.4f}, expected {1 - p}"
 
 
-def _functional(case, t, p, backend="cuda"):
-    return FUNCS[len(case.spatial)](
-        t["query"], t["key"], t["value"], case.kernel, stride=case.stride, dilation=case.dilation,
-        is_causal=case.causal, scale=case.scale, additional_keys=t.get("additional_keys"),
-        additional_values=t.get("additional_values"), rpb=t.get("rpb"), backend=backend, return_lse=True,
-        dropout_p=p)
-
-
-def _forward_backward(case, p, seed, backend="cuda"):
-    t, leaves = make_inputs(case)
-    torch.manual_seed(seed)
-    out, lse = _functional(case, t, p, backend)
-    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
-    g_out = torch.randn(out.shape, generator=g, device="cuda").to(out.dtype)
-    g_lse = torch.randn(lse.shape, generator=g, device="cuda")
-    grads = torch.autograd.grad([out, lse], leaves, [g_out, g_lse])
-    return out.detach(), lse.detach(), grads
-
-
 REPRO_CASES = [c for c, _ in sweep(12, 2468)]
 
 
@@ -178,7 +140,7 @@ def test_bitwise_reproducible_under_manual_seed(case):
     adds it with atomics); another seed changes the output; with extra keys too."""
     case = dataclasses.replace(case, extra=case.seed % 2 * 5)
     p = 0.5
-    a, b = _forward_backward(case, p, 7), _forward_backward(case, p, 7)
+    a, b = seeded_forward_backward(case, p, 7), seeded_forward_backward(case, p, 7)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     n_exact = len(a[2]) - (1 if case.rpb else 0)  # the RPB's gradient is the last leaf
     for i, (ga, gb) in enumerate(zip(a[2], b[2])):
@@ -186,7 +148,7 @@ def test_bitwise_reproducible_under_manual_seed(case):
             assert torch.equal(ga, gb), f"gradient {i} differs between two seeded runs"
         else:
             check(f"grad {i}", ga, gb, 1e-5)
-    c = _forward_backward(case, p, 8)
+    c = seeded_forward_backward(case, p, 8)
     assert not torch.equal(a[0], c[0]), "another seed drew the same mask"
     assert rel_err(c[0], a[0]) > 0.05, "another seed changed the output too little for p = 0.5"
 
@@ -197,7 +159,7 @@ def test_functional_matches_reference_under_the_same_seed(case):
     reference under the same torch.manual_seed: the same rng, so the same attention."""
     case = dataclasses.replace(case, extra=5)
     p = 0.3
-    (o_c, l_c, g_c), (o_r, l_r, g_r) = _forward_backward(case, p, 11), _forward_backward(case, p, 11, "reference")
+    (o_c, l_c, g_c), (o_r, l_r, g_r) = seeded_forward_backward(case, p, 11), seeded_forward_backward(case, p, 11, "reference")
     tol = TOL[case.dtype]
     check("out", o_c, o_r, tol)
     check("lse", l_c, l_r, 1e-4)
@@ -214,7 +176,7 @@ def test_zero_dropout_is_the_plain_call(case):
                                      dilation=case.dilation, is_causal=case.causal, scale=case.scale,
                                      rpb=t.get("rpb"), backend="cuda", return_lse=True)
         state = torch.cuda.get_rng_state()
-        b = _functional(case, t, 0.0)
+        b = functional_call(case, t, 0.0)
         assert torch.equal(state, torch.cuda.get_rng_state()), "dropout_p = 0 drew random numbers"
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 

@@ -26,16 +26,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nattn  # noqa: E402
-from gpu_cases import (HEAD_DIMS, GpuCase, check, detached_inputs, dropout_params, make_inputs,  # noqa: E402
-                       rel_err, run_backend)
+from gpu_cases import (check, detached_inputs, dropout_params, random_case, rel_err, run_backend,  # noqa: E402
+                       seeded_forward_backward)
 from nattn import _call_cache, dropout  # noqa: E402
 from nattn._cuda import library  # noqa: E402
 from nattn.backends import BACKENDS, choose_na_backend  # noqa: E402
 from nattn.params import normalize  # noqa: E402
 from nattn.windows import WindowTable  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from cases import random_window  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -45,7 +43,6 @@ if _LIB is None or _LIB.abi < 3:
     pytest.skip("the loaded libnattn has no attention dropout: rebuild it (ABI 3+)", allow_module_level=True)
 
 CUDA, REF = BACKENDS["cuda"], BACKENDS["reference"]
-FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 PS = (0.1, 0.5, 0.9)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Relative L2 error allowed (test_cuda_vs_reference.py's; float32 a little wider: dropout's
@@ -69,26 +66,10 @@ def simt_dropout(monkeypatch):
     _call_cache.clear()
 
 
-def random_simt_case(rng: random.Random, na_dim: int) -> GpuCase:
-    """A problem with every window feature, GQA, strided layouts, every dtype and head dim."""
-    spatial, kernel, stride, dilation, causal, rpb = random_window(
-        rng, na_dim, {1: 600, 2: 700, 3: 900}[na_dim], {1: 21, 2: 9, 3: 5}[na_dim], [1, 1, 1, 2, 3],
-        lambda r, kd: kd + r.choice([0, 1, 3, 7, r.randint(0, 40)]), causal_p=0.25, rpb_p=0.3,
-    )
-    heads_kv = rng.choice([1, 1, 2, 3])
-    dim = rng.choice(HEAD_DIMS)
-    return GpuCase(
-        spatial=spatial, kernel=kernel, stride=stride, dilation=dilation, causal=causal,
-        batch=rng.choice([1, 2, 3]), heads=heads_kv * rng.choice([1, 1, 2, 4]), heads_kv=heads_kv,
-        dim=dim, dim_v=dim if rng.random() < 0.7 else rng.choice(HEAD_DIMS), extra=0, rpb=rpb,
-        dtype=rng.choice(DTYPES), layout=rng.choice(["plain", "plain", "fused", "heads_major"]),
-        scale=rng.choice([None, None, 0.2]), seed=rng.randint(0, 2**31),
-    )
-
-
 def sweep(count, seed):
     rng = random.Random(seed)
-    return [(random_simt_case(rng, 1 + i % 3), PS[i % len(PS)]) for i in range(count)]
+    # every dtype and head dim (the SIMT family takes them all), no extra keys
+    return [(random_case(rng, 1 + i % 3, dtypes=DTYPES, extras=(0,)), PS[i % len(PS)]) for i in range(count)]
 
 
 CASES = sweep(N_CASES, 5791)
@@ -240,25 +221,6 @@ def test_every_pass_draws_the_philox_mask(problem, p, dtype):
 
 
 # ------------------------------------------------------------------ the functional API
-def _functional(case, t, p, backend="cuda"):
-    return FUNCS[len(case.spatial)](
-        t["query"], t["key"], t["value"], case.kernel, stride=case.stride, dilation=case.dilation,
-        is_causal=case.causal, scale=case.scale, additional_keys=t.get("additional_keys"),
-        additional_values=t.get("additional_values"), rpb=t.get("rpb"), backend=backend, return_lse=True,
-        dropout_p=p)
-
-
-def _forward_backward(case, p, seed, backend="cuda"):
-    t, leaves = make_inputs(case)
-    torch.manual_seed(seed)
-    out, lse = _functional(case, t, p, backend)
-    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
-    g_out = torch.randn(out.shape, generator=g, device="cuda").to(out.dtype)
-    g_lse = torch.randn(lse.shape, generator=g, device="cuda")
-    grads = torch.autograd.grad([out, lse], leaves, [g_out, g_lse])
-    return out.detach(), lse.detach(), grads
-
-
 REPRO_CASES = [c for c, _ in sweep(9, 1357)]
 
 
@@ -269,15 +231,15 @@ def test_bitwise_reproducible_and_matches_reference_with_extra_keys(case):
     on the reference under the same seed agree."""
     case = dataclasses.replace(case, extra=5)
     p = 0.5
-    a, b2 = _forward_backward(case, p, 7), _forward_backward(case, p, 7)
+    a, b2 = seeded_forward_backward(case, p, 7), seeded_forward_backward(case, p, 7)
     assert torch.equal(a[0], b2[0]) and torch.equal(a[1], b2[1])
     n_exact = len(a[2]) - (1 if case.rpb else 0)  # the RPB's gradient is the last leaf
     for i, (ga, gb) in enumerate(zip(a[2], b2[2])):
         if i < n_exact:
             assert torch.equal(ga, gb), f"gradient {i} differs between two seeded runs"
-    c = _forward_backward(case, p, 8)
+    c = seeded_forward_backward(case, p, 8)
     assert not torch.equal(a[0], c[0]), "another seed drew the same mask"
-    r = _forward_backward(case, p, 7, "reference")
+    r = seeded_forward_backward(case, p, 7, "reference")
     tol = TOL[case.dtype]
     check("out", a[0], r[0], tol)
     check("lse", a[1], r[1], 1e-5 if case.dtype == torch.float32 else 1e-4)

@@ -31,14 +31,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nattn  # noqa: E402
-from gpu_cases import GpuCase, check, make_inputs, rel_err  # noqa: E402
+from gpu_cases import GpuCase, check, make_inputs, random_case, rel_err  # noqa: E402
 from nattn import _call_cache, _tf32, dropout  # noqa: E402
 from nattn._cuda import library  # noqa: E402
 from nattn.backends import BACKENDS, choose_na_backend, heuristics  # noqa: E402
 from nattn.params import normalize  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from cases import random_window  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -80,28 +78,10 @@ def plain_environment(monkeypatch):
         yield
 
 
-def random_tf32_case(rng: random.Random, na_dim: int, wide: bool = False) -> GpuCase:
-    """A float32 problem the TF32 instances take: D and D_v <= 128, every window feature."""
-    max_tokens = {1: 3000, 2: 3000, 3: 4000} if wide else {1: 700, 2: 900, 3: 1200}
-    max_kernel = {1: 90, 2: 25, 3: 15} if wide else {1: 21, 2: 9, 3: 5}
-    spatial, kernel, stride, dilation, causal, rpb = random_window(
-        rng, na_dim, max_tokens[na_dim], max_kernel[na_dim], [1, 1, 1, 2, 3],
-        lambda r, kd: kd + r.choice([0, 1, 3, 7, r.randint(0, 40)]), causal_p=0.25, rpb_p=0.3,
-    )
-    heads_kv = rng.choice([1, 1, 2, 3])
-    dim = rng.choice(HEAD_DIMS)
-    return GpuCase(
-        spatial=spatial, kernel=kernel, stride=stride, dilation=dilation, causal=causal,
-        batch=rng.choice([1, 2, 3]), heads=heads_kv * rng.choice([1, 1, 2, 4]), heads_kv=heads_kv,
-        dim=dim, dim_v=dim if rng.random() < 0.7 else rng.choice(HEAD_DIMS), extra=rng.choice([0, 0, 0, 5]),
-        rpb=rpb, dtype=torch.float32, layout=rng.choice(["plain", "plain", "fused", "heads_major"]),
-        scale=rng.choice([None, None, 0.2]), seed=rng.randint(0, 2**31),
-    )
-
-
 def sweep(count, seed, wide=False):
     rng = random.Random(seed)
-    return [random_tf32_case(rng, 1 + i % 3, wide) for i in range(count)]
+    # float32 problems the TF32 instances take: D and D_v <= 128
+    return [random_case(rng, 1 + i % 3, wide, (torch.float32,), HEAD_DIMS) for i in range(count)]
 
 
 CASES = sweep(N_CASES, 1357)
