@@ -17,24 +17,14 @@ from nattn.backends import BACKENDS, choose_na_backend
 from nattn.backends import cuda as cuda_backend
 from nattn.params import normalize
 
+import fake_library
+
 CUDA = BACKENDS["cuda"]
-
-
-class FakeLibrary:
-    """What Library exposes to the backend: the compiled kernel list."""
-
-    def __init__(self, head_dims=(16, 32, 64, 128, 256)):
-        self.path = "/fake/libnattn.so"
-        self.kernels = {("simt", dt, nd): list(head_dims)
-                        for dt in kernel_table.DTYPES for nd in (1, 2, 3)}
 
 
 @pytest.fixture
 def fake_lib(monkeypatch):
-    monkeypatch.setitem(library._state, "lib", FakeLibrary())
-    monkeypatch.setitem(library._state, "tried", True)
-    monkeypatch.setitem(library._state, "error", None)
-    monkeypatch.setattr(CUDA, "_arch_ok", {0: None})
+    fake_library.install(monkeypatch, fake_library.FakeLibrary())
     yield
 
 

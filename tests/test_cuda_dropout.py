@@ -18,44 +18,28 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import nattn
 from nattn import _call_cache, dropout
 from nattn._cuda import kernel_table, library
-from nattn.backends import AUTO_ORDER, BACKENDS, NoBackendError, choose_na_backend, heuristics, na_reasons
+from nattn.backends import AUTO_ORDER, BACKENDS, NoBackendError, choose_na_backend, na_reasons
 from nattn.backends import cuda as cuda_backend
 from nattn.backends.base import DROPOUT_REASON
 from nattn.backends.reference import ReferenceBackend
 from nattn.nn import NeighborhoodAttention2D
 from nattn.params import normalize
 
+import fake_library
+
 CUDA = BACKENDS["cuda"]
 F = kernel_table.FIELD_OFFSETS
 MODULE = importlib.import_module("nattn.nn.neighborhood_attention")
 
 
-class FakeLibrary:
+def FakeLibrary(dropout=True):
     """The loaded library as the backend sees it: SIMT for everything, the tensor-core family
     for 16-bit inputs up to head dim 128, and (``dropout=True``) attention dropout there."""
-
-    def __init__(self, dropout=True):
-        self.path = "/fake/libnattn.so"
-        self.kernels = {("simt", dt, nd): [16, 32, 64, 128, 256] for dt in kernel_table.DTYPES for nd in (1, 2, 3)}
-        self.kernels.update({("tc", dt, nd): [16, 32, 64, 128] for dt in ("float16", "bfloat16") for nd in (1, 2, 3)})
-        if dropout:
-            self.dropout_families = {"tc"}
-        self.calls = []
-
-    def _record(self, fields, n, scale, stream, err, err_len):
-        self.calls.append(list(fields)[:n])  # what the library reads
-        return 0
-
-    forward = backward = _record
+    return fake_library.FakeLibrary(tc=True, dropout={"tc"} if dropout else None)
 
 
 def _install(monkeypatch, lib, capability=(8, 0)):
-    monkeypatch.setitem(library._state, "lib", lib)
-    monkeypatch.setitem(library._state, "tried", True)
-    monkeypatch.setitem(library._state, "error", None)
-    monkeypatch.setattr(CUDA, "_arch_ok", {0: None})
-    monkeypatch.setattr(heuristics, "_capability", lambda index: capability)
-    monkeypatch.delenv("NATTN_FAMILY", raising=False)
+    fake_library.install_on_gpu(monkeypatch, lib, capability)
     _call_cache.clear()
 
 

@@ -23,42 +23,21 @@ from nattn.backends import BACKENDS, NoBackendError, autotune, choose_na_backend
 from nattn.backends import cuda as cuda_backend
 from nattn.params import normalize
 
+import fake_library
+
 CUDA = BACKENDS["cuda"]
 F = kernel_table.FIELD_OFFSETS
 
 
-class FakeLibrary:
+def FakeLibrary(abi=kernel_table.ABI_VERSION, tf32_dims=(16, 32, 64, 128)):
     """The loaded library as the backend sees it: SIMT for everything, the tensor-core family
     for every dtype up to head dim 128 (its float32 rows: TF32, ``tf32``) with dropout; ``abi``
     3 makes it a library from before allow_tf32 (a prefix of the struct, no TF32)."""
-
-    def __init__(self, abi=kernel_table.ABI_VERSION, tf32_dims=(16, 32, 64, 128)):
-        self.path = "/fake/libnattn.so"
-        self.abi, self.num_fields = abi, kernel_table.ABI_PROBLEM_FIELDS[abi]
-        self.kernels = {("simt", dt, nd): [16, 32, 64, 128, 256] for dt in kernel_table.DTYPES for nd in (1, 2, 3)}
-        self.kernels.update({("tc", dt, nd): [16, 32, 64, 128] for dt in ("float16", "bfloat16") for nd in (1, 2, 3)})
-        if tf32_dims:
-            self.kernels.update({("tc", "float32", nd): list(tf32_dims) for nd in (1, 2, 3)})
-        self.tf32 = {nd: list(tf32_dims) for nd in (1, 2, 3)} if abi >= 4 and tf32_dims else {}
-        self.dropout_families = {"tc"}
-        self.calls = []
-
-    def _record(self, fields, n, scale, stream, err, err_len):
-        self.calls.append(list(fields)[:n])  # what the library reads
-        return 0
-
-    forward = backward = _record
+    return fake_library.FakeLibrary(tc=True, tf32_dims=tf32_dims, dropout={"tc"}, abi=abi)
 
 
 def _install(monkeypatch, lib, capability=(8, 0), tf32=False):
-    monkeypatch.setitem(library._state, "lib", lib)
-    monkeypatch.setitem(library._state, "tried", True)
-    monkeypatch.setitem(library._state, "error", None)
-    monkeypatch.setattr(CUDA, "_arch_ok", {0: None})
-    monkeypatch.setattr(heuristics, "_capability", lambda index: capability)
-    monkeypatch.setattr(heuristics, "_capability_major", lambda index: capability[0])
-    monkeypatch.setattr(cuda_backend, "_raw_stream", lambda device: 0)
-    monkeypatch.delenv("NATTN_FAMILY", raising=False)
+    fake_library.install_on_gpu(monkeypatch, lib, capability)
     set_tf32(monkeypatch, tf32)
     _call_cache.clear()
 
