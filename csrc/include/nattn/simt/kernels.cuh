@@ -190,6 +190,21 @@ NATTN_HD AxisStrides token_strides(const int* spatial) {
   return t;
 }
 
+// The cursor of a query's window keys (forward, dQ pass): K and V offsets, and with dropout
+// the keys' token indices (the mask's words) as a third stream.
+template <int NA, bool kDrop>
+__device__ __forceinline__ BoxCursor<NA, kDrop ? 3 : 2> key_cursor(const Params& p, const AxisRange* win,
+                                                                  const int* g, const int* ig) {
+  const AxisStrides ks = axis_strides(p.k_s), vs = axis_strides(p.v_s);
+  AxisStrides ts;
+  const int64_t* strides[kDrop ? 3 : 2] = {ks.s, vs.s};
+  if constexpr (kDrop) {
+    ts = token_strides<NA>(p.spatial);
+    strides[2] = ts.s;
+  }
+  return BoxCursor<NA, kDrop ? 3 : 2>(win, g, p, strides, +1, ig);
+}
+
 // Query windows (forward, dQ) per axis.
 template <int NA>
 __device__ __forceinline__ void query_windows(int64_t qi, const Params& p, int* c, int* g, int* ig,
@@ -228,14 +243,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params p) {
   for (int i = 0; i < C; ++i) q[i] *= p.scale_log2;  // logits in log2 units
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
 
-  const AxisStrides ks = axis_strides(p.k_s), vs = axis_strides(p.v_s);
-  AxisStrides ts;  // dropout: a third offset stream, the keys' token indices (the mask's words)
-  const int64_t* strides[kDrop ? 3 : 2] = {ks.s, vs.s};
-  if constexpr (kDrop) {
-    ts = token_strides<NA>(p.spatial);
-    strides[2] = ts.s;
-  }
-  BoxCursor<NA, kDrop ? 3 : 2> cur(win, g, p, strides, +1, ig);
+  BoxCursor<NA, kDrop ? 3 : 2> cur = key_cursor<NA, kDrop>(p, win, g, ig);
   const int total = box_size<NA>(win);
   QueryDrop drop;
   if constexpr (kDrop) drop.init(p, b, h, uint32_t(qi));
@@ -326,14 +334,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
   const T* K = head_base<const T>(p.k, p.k_s, b, hkv) + ch;
   const T* V = head_base<const T>(p.v, p.v_s, b, hkv) + ch;
   const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
-  const AxisStrides ks = axis_strides(p.k_s), vs = axis_strides(p.v_s);
-  AxisStrides ts;  // dropout: a third offset stream, the keys' token indices (the mask's words)
-  const int64_t* strides[kDrop ? 3 : 2] = {ks.s, vs.s};
-  if constexpr (kDrop) {
-    ts = token_strides<NA>(p.spatial);
-    strides[2] = ts.s;
-  }
-  BoxCursor<NA, kDrop ? 3 : 2> cur(win, g, p, strides, +1, ig);
+  BoxCursor<NA, kDrop ? 3 : 2> cur = key_cursor<NA, kDrop>(p, win, g, ig);
   const int total = box_size<NA>(win);
   QueryDrop drop;
   if constexpr (kDrop) drop.init(p, b, h, uint32_t(qi));
