@@ -433,7 +433,7 @@ def _dense(q, k, v, is_causal, scale, backend, dropout_p=0.0, rng=None, key_offs
     drop = () if rng is None else (dropout_p, rng, key_offset)
     if torch.compiler.is_compiling():  # the op chooses when it runs (backends/deferred.py)
         return ops.attention_forward(q, k, v, is_causal, scale, deferred.spec(backend, None, None, None), *drop)
-    name = choose_dense_backend(q, k, v, is_causal, backend, *drop[:1])
+    name = choose_dense_backend(q, k, v, is_causal, backend, dropout_p)
     if eager_ok(q, k, v, rng):
         if rng is None:
             if not records_graph(q, k, v):
