@@ -4,7 +4,7 @@
 nvidia-smi, when an nvcc is there; no CUDA build at all on a machine without one).
 ``NATTN_CUDA_ARCH=none`` forces a pure-Python install; build_backend/nattn_archs.py
 decides. Other knobs: ``NATTN_N_WORKERS`` (parallel compile jobs),
-``NATTN_DTYPES`` / ``NATTN_HEAD_DIMS`` / ``NATTN_NA_DIMS`` (developer subsets of the
+``NATTN_DTYPES`` / ``NATTN_HEAD_DIMS`` / ``NATTN_NA_DIMS`` / ``NATTN_FAMILIES`` (developer subsets of the
 kernel table), ``CUDACXX`` (which nvcc: e.g. CUDA 11.8 for sm_50). The torch-free
 ``libnattn.so`` and ``build_config.json`` land in ``nattn/_cuda/``.
 """
@@ -52,7 +52,7 @@ class CMakeBuild(build_ext):
             "cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
             f"-DNATTN_CUDA_ARCH={ARCHS}", f"-DPython3_EXECUTABLE={sys.executable}",
         ]
-        for var in ("NATTN_DTYPES", "NATTN_HEAD_DIMS", "NATTN_NA_DIMS"):
+        for var in ("NATTN_DTYPES", "NATTN_HEAD_DIMS", "NATTN_NA_DIMS", "NATTN_FAMILIES"):
             args.append(f"-D{var}={os.environ.get(var, '')}")
         if shutil.which("ninja"):
             args += ["-G", "Ninja"]

@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from nattn._cuda import kernel_table as kt
 
 
@@ -115,3 +117,14 @@ def test_wgmma_wrappers_are_current():
     import subprocess, sys, os
     tool = os.path.join(os.path.dirname(__file__), "..", "csrc", "tools", "gen_wgmma.py")
     assert subprocess.run([sys.executable, tool, "--check"]).returncode == 0
+
+
+def test_families_subset():
+    """NATTN_FAMILIES keeps the named families (and simt, the library's fallback) only, and
+    names what it accepts otherwise."""
+    tc = kt.instances("bfloat16", "32;64", "2;3", "9.0", "tc")
+    assert {i.family for i in tc} == {"tc", "simt"}
+    assert {i.family for i in kt.instances(families="tc;sm90")} == {"simt", "tc", "sm90"}
+    assert len(kt.instances()) == len(kt.instances(families="simt,tc,sm90"))
+    with pytest.raises(ValueError, match="simt"):
+        kt.instances(families="tensorcore")

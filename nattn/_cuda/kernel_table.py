@@ -269,15 +269,19 @@ def _arch_list(archs: str) -> List[str]:
     return [a.strip() for a in archs.replace(",", ";").split(";") if a.strip()]
 
 
-def instances(dtypes: str = "", head_dims: str = "", na_dims: str = "", archs: str = "") -> List[Instance]:
-    """Every instance to compile, optionally restricted (NATTN_DTYPES / HEAD_DIMS / NA_DIMS).
+def instances(dtypes: str = "", head_dims: str = "", na_dims: str = "", archs: str = "",
+              families: str = "") -> List[Instance]:
+    """Every instance to compile, optionally restricted (NATTN_DTYPES / HEAD_DIMS / NA_DIMS /
+    FAMILIES; simt is always kept).
 
     ``archs`` ("8.0;9.0") drops families whose arch-specific code none of them runs; empty
     keeps every family (the table as a whole, e.g. for tests)."""
     wanted = set(_arch_list(archs))
+    # simt stays in every build: libnattn falls back to it for whatever the others decline.
+    keep = set(_subset(families, [f.name for f in FAMILIES], str)) | {"simt"}
     out = []
     for fam in FAMILIES:
-        if wanted and fam.only_archs and not wanted & set(fam.only_archs):
+        if fam.name not in keep or (wanted and fam.only_archs and not wanted & set(fam.only_archs)):
             continue
         for dt in _subset(dtypes, DTYPES, str):
             for nd in _subset(na_dims, fam.na_dims, int):
@@ -416,11 +420,12 @@ def main(argv=None) -> None:
     ap.add_argument("--dtypes", default=os.environ.get("NATTN_DTYPES", ""))
     ap.add_argument("--head-dims", default=os.environ.get("NATTN_HEAD_DIMS", ""))
     ap.add_argument("--na-dims", default=os.environ.get("NATTN_NA_DIMS", ""))
+    ap.add_argument("--families", default=os.environ.get("NATTN_FAMILIES", ""))
     ap.add_argument("--config", help="also write the build configuration JSON here")
     ap.add_argument("--archs", default="", help="archs recorded in the configuration")
     ap.add_argument("--toolkit", default="", help="CUDA toolkit version recorded")
     a = ap.parse_args(argv)
-    insts = instances(a.dtypes, a.head_dims, a.na_dims, a.archs)
+    insts = instances(a.dtypes, a.head_dims, a.na_dims, a.archs, a.families)
     windows = window_instances(a.dtypes, a.na_dims)
     sources = generate(a.out, insts, windows)
     if a.config:

@@ -70,6 +70,7 @@ if [[ $what == *ncu* ]]; then  # where the sm90 kernels' warps wait (NCU_PROBLEM
       > "$OUT/${k}_ncu.log" 2>&1
     ncu -i "$OUT/$k.ncu-rep" --page source --csv --print-source sass > "$OUT/${k}_source.csv" 2>&1
     ncu -i "$OUT/$k.ncu-rep" --page details > "$OUT/${k}_details.txt" 2>&1
+    rm -f "$OUT/$k.ncu-rep"  # the device tool returns a limited number of files: keep the text
     python3 benchmarks/ncu_stalls.py "$OUT/${k}_source.csv" --top 12 2>&1 | head -36
   done
 fi

@@ -147,12 +147,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_load<kRank>(smem + S::kK + cb * R::kBlockBytes, &map_k, kv_full, c);
         tma_load<kRank>(smem + S::kV + cb * R::kBlockBytes, &map_v, kv_full, c);
       }
-      for (int it = 0; it < steps; ++it) {
+      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
+    for (int it = 0; it < steps; ++it, walk.next(tile)) {
         const int s = it % S::kStages;
         if (it >= S::kStages) mbar_wait(empty + s, ((it / S::kStages) - 1) & 1);
-        const int h = h_kv * p.groups + it / tile.tiles;
-        int origin[3];
-        key_origin<NA, CB>(tile, it % tile.tiles, origin);
+        const int h = h_kv * p.groups + walk.pass;
+        const int* origin = walk.origin;
         mbar_expect_tx(qd_full + s, 2 * C::kBytes);
         for (int cb = 0; cb < C::kBlocks; ++cb) {
           box_coords<NA>(p, tile, origin, h * HD + cb * C::kChannels, b, c);
@@ -161,12 +161,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else if (warp == 1) {  // LSE (log2 units; +inf for padding: no probability) and delta
-      for (int it = 0; it < steps; ++it) {
+      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
+    for (int it = 0; it < steps; ++it, walk.next(tile)) {
         const int s = it % S::kStages;
         if (it >= S::kStages) mbar_wait(ld_empty + s, ((it / S::kStages) - 1) & 1);
-        const int h = h_kv * p.groups + it / tile.tiles;
-        int origin[3];
-        key_origin<NA, CB>(tile, it % tile.tiles, origin);
+        const int h = h_kv * p.groups + walk.pass;
+        const int* origin = walk.origin;
         float* ld = reinterpret_cast<float*>(smem + S::kLd) + s * 2 * kNq;
         for (int col = lane; col < kNq; col += 32) {
           int64_t token;
@@ -179,10 +179,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if (DQ_ATOMIC && warp == 2 && lane == 0) {  // the dQ writer: each step's staged
       using St = DqStage<HD>;                           // dQ into Params::dq_accum
-      for (int it = 0; it < steps; ++it) {
-        const int h = h_kv * p.groups + it / tile.tiles;
-        int origin[3], c[5];
-        key_origin<NA, CB>(tile, it % tile.tiles, origin);
+      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
+    for (int it = 0; it < steps; ++it, walk.next(tile)) {
+        const int h = h_kv * p.groups + walk.pass;
+        const int* origin = walk.origin;
+        int c[5];
         for (int cw = 0; cw < 2; ++cw) {
           mbar_wait(dq_full + cw, it & 1);
           const unsigned char* stage = smem + S::kDqStage + cw * St::kBytes;
@@ -299,9 +300,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive(dq_full + cw);
     };
 
-    for (int it = 0; it < steps; ++it) {
+    BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
+    for (int it = 0; it < steps; ++it, walk.next(tile)) {
       const int s = it % S::kStages, phase = (it / S::kStages) & 1;
-      const int hg = it / tile.tiles, h = h_kv * p.groups + hg;
+      const int hg = walk.pass, h = h_kv * p.groups + hg;
       const unsigned char* q_tile = smem + S::kQ + s * C::kBytes;
       const unsigned char* do_tile = smem + S::kDo + s * C::kBytes;
       const float* ld = reinterpret_cast<const float*>(smem + S::kLd) + s * 2 * kNq;
@@ -326,8 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(dpt);
       mbar_wait(ld_full + s, phase);
 
-      int origin[3] = {0, 0, 0};
-      key_origin<NA, CB>(tile, it % tile.tiles, origin);
+      const int* origin = walk.origin;
       bool full = true;
 #pragma unroll
       for (int a = 0; a < NA; ++a)

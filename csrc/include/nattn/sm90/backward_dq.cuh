@@ -137,7 +137,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const unsigned char* do_tile = smem + S::kDo;
   mbar_wait(rows_full, 0);
 
-  for (int k = 0; k < tile.tiles; ++k) {
+  BoxWalk<NA, KB> walk(tile);
+  for (int k = 0; k < tile.tiles; ++k, walk.next(tile)) {
     const int s = k % S::kStages, phase = (k / S::kStages) & 1;
     const unsigned char* k_tile = smem + S::kK + s * C::kBytes;
     const unsigned char* v_tile = smem + S::kV + s * C::kBytes;
@@ -157,8 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(dp);
 
     // P (masked unless the box is inside every window), then dS = P (dP - delta) in sc.
-    int origin[3] = {0, 0, 0};
-    key_origin<NA, KB>(tile, k, origin);
+    const int* origin = walk.origin;
     bool full = true;
 #pragma unroll
     for (int a = 0; a < NA; ++a)

@@ -103,19 +103,18 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
                                                 uint64_t* k_full, uint64_t* v_full, uint64_t* empty) {
   constexpr int kRank = NA + 2;
   int c[5];
-  for (int k = 0; k < tile.tiles; ++k) {
+  BoxWalk<NA, KB> walk(tile);
+  for (int k = 0; k < tile.tiles; ++k, walk.next(tile)) {
     const int s = k % STAGES;
     if (k >= STAGES) mbar_wait(empty + s, ((k / STAGES) - 1) & 1);
-    int origin[3];
-    key_origin<NA, KB>(tile, k, origin);
     mbar_expect_tx(k_full + s, C::kBytes);
     for (int cb = 0; cb < C::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
+      box_coords<NA>(p, tile, walk.origin, h_kv * HD + cb * C::kChannels, b, c);
       tma_load<kRank>(k_ring + s * C::kBytes + cb * C::kBlockBytes, map_k, k_full + s, c);
     }
     mbar_expect_tx(v_full + s, C::kBytes);
     for (int cb = 0; cb < C::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, origin, h_kv * HD + cb * C::kChannels, b, c);
+      box_coords<NA>(p, tile, walk.origin, h_kv * HD + cb * C::kChannels, b, c);
       tma_load<kRank>(v_ring + s * C::kBytes + cb * C::kBlockBytes, map_v, v_full + s, c);
     }
   }
@@ -262,10 +261,11 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     wgmma_commit();
   };
   // Scale, mask (boxes not inside every window), bias; online softmax: sc becomes P in
-  // fp32, m and l move on, and alpha is the factor O must be rescaled by.
-  auto softmax = [&](int k, float (&sc)[kNk / 2], float (&alpha)[2]) {
-    int origin[3] = {0, 0, 0};
-    key_origin<NA, KB>(tile, k, origin);
+  // fp32, m and l move on, and alpha is the factor O must be rescaled by. Called once per
+  // key box, in order: `walk` moves on to the next box.
+  BoxWalk<NA, KB> walk(tile);
+  auto softmax = [&](float (&sc)[kNk / 2], float (&alpha)[2]) {
+    const int* origin = walk.origin;
     bool full = true;
 #pragma unroll
     for (int a = 0; a < NA; ++a)
@@ -293,6 +293,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     } else {
       mask_box<NA, KB>(sc, row, origin, t4, pre, bias, mx);
     }
+    walk.next(tile);
     float m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -336,7 +337,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       issue_s(k, sc);
       wgmma_wait<0>();
       fence_regs(sc);
-      softmax(k, sc, alpha);
+      softmax(sc, alpha);
       if (k > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
         for (int i = 0; i < HD / 2; ++i) o[i] *= alpha[(i / 2) % 2];
@@ -352,7 +353,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   issue_s(0, sc);
   wgmma_wait<0>();
   fence_regs(sc);
-  softmax(0, sc, alpha);
+  softmax(sc, alpha);
   pack_p(sc, pa);
   if (kPair && cw == 1 && tile.tiles > 1) named_arrive(their_turn, 256);  // warpgroup 0 goes first
   for (int k = 1; k < tile.tiles; ++k) {
@@ -362,7 +363,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     if (kPair && (cw == 0 || k + 1 < tile.tiles)) named_arrive(their_turn, 256);
     wgmma_wait<1>();  // S of box k is in; P_{k-1} V_{k-1} may still run
     fence_regs(sc);
-    softmax(k, sc, alpha);
+    softmax(sc, alpha);
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
