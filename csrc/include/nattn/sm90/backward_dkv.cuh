@@ -284,8 +284,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kQueryRows / 16; ++kk)
         wgmma_ss_tt<T, HD / 2>(dq, Ds::mn_major(tiles + (kk / 4) * Ds::kBytes, kk % 4),
-                               smem_desc<R::kRowBytes>(k_part + 16 * kk * R::kRowBytes, R::kBlockBytes,
-                                                       8 * R::kRowBytes),
+                               smem_desc<R::kRowBytes>(k_part, R::kBlockBytes, 8 * R::kRowBytes,
+                                                       16 * kk * R::kRowBytes),
                                kk > 0);
       wgmma_commit();
       wgmma_wait<0>();

@@ -290,6 +290,8 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       }
 #pragma unroll
       for (int i = 0; i < kNk / 2; ++i) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], sc[i]);
+    } else if (fold) {
+      mask_box_plain<NA, KB>(sc, row, origin, t4, mx);
     } else {
       mask_box<NA, KB>(sc, row, origin, t4, pre, bias, mx);
     }

@@ -130,15 +130,18 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][M]) {
 // leading and stride byte offsets (all in 16-byte units), and the swizzle mode of the
 // canonical layout. Tiles here start on 1024-byte boundaries, so the base offset is 0.
 //   swizzle bytes 128 -> mode 1, 64 -> 2, 32 -> 3.
+// The operand starts `offset` bytes (a multiple of 16) into `tile`: added to the encoded
+// tile address, so that a loop over k-steps encodes the tile once and adds a constant per
+// product (re-encoding tile + offset cost seven uniform instructions per wgmma). Shared
+// addresses stay below 2^18 bytes, so the 14-bit address field never carries over.
 template <int SWIZZLE_BYTES>
-__device__ __forceinline__ uint64_t smem_desc(const void* tile, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+__device__ __forceinline__ uint64_t smem_desc(const void* tile, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                              uint32_t offset = 0) {
   static_assert(SWIZZLE_BYTES == 128 || SWIZZLE_BYTES == 64 || SWIZZLE_BYTES == 32, "swizzle");
-  constexpr uint64_t mode = SWIZZLE_BYTES == 128 ? 1 : SWIZZLE_BYTES == 64 ? 2 : 3;
-  uint64_t d = (uint64_t(smem_u32(tile)) & 0x3FFFF) >> 4;
-  d |= uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16;
-  d |= uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32;
-  d |= mode << 62;
-  return d;
+  constexpr uint32_t mode = SWIZZLE_BYTES == 128 ? 1 : SWIZZLE_BYTES == 64 ? 2 : 3;
+  const uint32_t base = ((smem_u32(tile) >> 4) & 0x3FFF) | (((lbo_bytes >> 4) & 0x3FFF) << 16);
+  const uint32_t hi = ((sbo_bytes >> 4) & 0x3FFF) | (mode << 30);
+  return (uint64_t(hi) << 32) | (base + (offset >> 4));
 }
 
 // ---------------------------------------------------------------- registers, barriers

@@ -30,13 +30,13 @@ struct TileSmem {
   // reduction (K-major): A of Q K^T, or its B (the rows are then the N columns).
   static __device__ __forceinline__ uint64_t k_major(const unsigned char* tile, int row0, int kk) {
     const int cb = (kk * 16) / 64, within = ((kk * 16) % 64) * 2;
-    return smem_desc<kRowBytes>(tile + cb * kBlockBytes + row0 * kRowBytes + within, 16, 8 * kRowBytes);
+    return smem_desc<kRowBytes>(tile, 16, 8 * kRowBytes, cb * kBlockBytes + row0 * kRowBytes + within);
   }
 
   // The operand "rows 16 kk .. 16 kk + 15, all HD channels" with the rows as the reduction
   // (MN-major B): V of P V, K of dS K, Q or dO of the dK / dV products.
   static __device__ __forceinline__ uint64_t mn_major(const unsigned char* tile, int kk) {
-    return smem_desc<kRowBytes>(tile + kk * 16 * kRowBytes, kBlockBytes, 8 * kRowBytes);
+    return smem_desc<kRowBytes>(tile, kBlockBytes, 8 * kRowBytes, kk * 16 * kRowBytes);
   }
 };
 
