@@ -5,7 +5,8 @@ the tensor-core kernels' warp walk (boxes, window unions, lines, chunks, masks, 
 and checks that every query keeps exactly its window and every key exactly its inverse;
 csrc/tests/window_ops_check.cu runs the unfused window ops' per-element code (dot, sum,
 inverse sum) against a brute-force scatter over random windows; csrc/tests/sm90_rows_check.cu
-checks that the Hopper family's query boxes and their rows cover every token exactly once;
+checks that the Hopper family's query boxes and their rows cover every token exactly once and
+that its kernels' box walk (BoxWalk) visits the boxes the step index decodes to;
 csrc/tests/sm90_box_mask_check.cu checks its one-bit-per-group window masks against direct
 coordinate tests
 (the output, and split-KV's box-local partial rows, are written through that mapping)."""

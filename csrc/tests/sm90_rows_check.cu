@@ -4,7 +4,10 @@
 // dilation group) cover every token exactly once. The forward writes its output and LSE
 // per valid row, and split-KV's partial rows (box-local slots) are mapped back to tokens
 // by split_kv_merge.cuh with the same decode: a gap or an overlap would leave an output
-// row unwritten or written twice. Prints "ok <checks>" or the first mismatch (exit 1).
+// row unwritten or written twice. Also: the kernels' box walk (BoxWalk: each step's box
+// origin advanced like an odometer, and the pass count) visits the same boxes, in the same
+// order, as decoding the step index directly, for the forward's and the dK/dV pass's tiles.
+// Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -18,8 +21,8 @@ using namespace nattn::sm90;
 #define NATTN_CHECK_SEED 0x243f6a8885a308d3ull
 #include "host_rng.h"
 
-template <int NA, class QB>
-static int check(long long& checks) {
+template <int NA>
+static Params random_problem() {
   Params p = {};
   p.na_dim = NA;
   p.tokens = 1;
@@ -32,6 +35,59 @@ static int check(long long& checks) {
     p.causal[a] = rnd(0, 3) == 0;
     p.tokens *= p.spatial[a];
   }
+  return p;
+}
+
+// Step it of a walk over t's boxes of shape B, decoded directly: pass it / tiles, then the
+// box index's digits per axis, last axis fastest.
+template <int NA, class B>
+static void decoded(const CtaTile& t, int it, int* origin, int& pass) {
+  pass = it / t.tiles;
+  int k = it % t.tiles;
+  for (int a = NA - 1; a >= 0; --a) {
+    origin[a] = t.lo[a] + (k % t.nk[a]) * B::extent(a);
+    k /= t.nk[a];
+  }
+}
+
+template <int NA, class B>
+static int walk_matches(const Params& p, const CtaTile& t, const char* what, long long& checks) {
+  BoxWalk<NA, B> walk(t);
+  for (int it = 0; it < 3 * t.tiles; ++it, walk.next(t)) {  // three passes (GQA: query heads)
+    int origin[3], pass;
+    decoded<NA, B>(t, it, origin, pass);
+    ++checks;
+    bool same = walk.pass == pass;
+    for (int a = 0; a < NA; ++a) same = same && walk.origin[a] == origin[a];
+    if (!same) {
+      printf("%s walk: step %d of %d boxes is pass %d origin %d,%d,%d, expected pass %d origin %d,%d,%d "
+             "(na %d, spatial %d,%d,%d)\n", what, it, t.tiles, walk.pass, walk.origin[0], walk.origin[1],
+             walk.origin[2], pass, origin[0], NA > 1 ? origin[1] : 0, NA > 2 ? origin[2] : 0, NA, p.spatial[0],
+             p.spatial[1], p.spatial[2]);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+// The forward / dQ pass (query box QB walking key boxes KB) and the dK/dV pass (key box QB
+// walking query boxes KB) of a random problem.
+template <int NA, class QB, class KB>
+static int check_walk(long long& checks) {
+  const Params p = random_problem<NA>();
+  for (int64_t box = 0; box < num_cta_tiles<QB>(p); ++box) {
+    CtaTile tile;
+    if (cta_tile<NA, QB, KB>(p, box, tile) && walk_matches<NA, KB>(p, tile, "forward", checks)) return 1;
+    if (cta_tile_inverse<NA, QB, KB>(p, box, tile) && tile.tiles > 0 &&
+        walk_matches<NA, KB>(p, tile, "dK/dV", checks))
+      return 1;
+  }
+  return 0;
+}
+
+template <int NA, class QB>
+static int check(long long& checks) {
+  const Params p = random_problem<NA>();
   std::vector<int> seen(p.tokens, 0);
   const int64_t boxes = num_cta_tiles<QB>(p);
   for (int64_t box = 0; box < boxes; ++box) {
@@ -68,6 +124,10 @@ int main() {
         check<2, Box<8, 16, 1>>(checks) || check<2, Box<8, 8, 1>>(checks) ||
         check<3, Box<2, 8, 8>>(checks) || check<3, Box<4, 4, 8>>(checks) || check<3, Box<4, 8, 4>>(checks) ||
         check<3, Box<2, 4, 8>>(checks))
+      return 1;
+    if (check_walk<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) || check_walk<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
+        check_walk<2, Box<8, 8, 1>, Box<7, 16, 1>>(checks) || check_walk<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks) ||
+        check_walk<3, Box<4, 4, 8>, Box<2, 4, 16>>(checks) || check_walk<3, Box<2, 4, 8>, Box<1, 5, 16>>(checks))
       return 1;
   }
   printf("ok %lld\n", checks);
