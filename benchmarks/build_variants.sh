@@ -7,7 +7,7 @@
 #        q32x5="-DNATTN_TC_QUERY_BLOCKS_HD32=5"
 # Env: NATTN_CUDA_ARCH (default 9.0), NATTN_DTYPES (default bfloat16), NATTN_HEAD_DIMS and
 # NATTN_NA_DIMS (default all; e.g. "32;64" and "2;3" for the DiNAT-size problems), NATTN_FAMILIES
-# (default all; "tc" times the tensor-core family alone in a fraction of the build), NATTN_N_WORKERS.
+# (default all; "tc": the tensor-core family, with simt, in a fraction of the build), NATTN_N_WORKERS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ARCH=${NATTN_CUDA_ARCH:-9.0}

@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_load<kRank>(smem + S::kK + cb * R::kBlockBytes, &map_k, kv_full, c);
         tma_load<kRank>(smem + S::kV + cb * R::kBlockBytes, &map_v, kv_full, c);
       }
-      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
-    for (int it = 0; it < steps; ++it, walk.next(tile)) {
+      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
+      for (int it = 0; it < steps; ++it, walk.next(tile)) {
         const int s = it % S::kStages;
         if (it >= S::kStages) mbar_wait(empty + s, ((it / S::kStages) - 1) & 1);
         const int h = h_kv * p.groups + walk.pass;
@@ -161,8 +161,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else if (warp == 1) {  // LSE (log2 units; +inf for padding: no probability) and delta
-      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
-    for (int it = 0; it < steps; ++it, walk.next(tile)) {
+      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
+      for (int it = 0; it < steps; ++it, walk.next(tile)) {
         const int s = it % S::kStages;
         if (it >= S::kStages) mbar_wait(ld_empty + s, ((it / S::kStages) - 1) & 1);
         const int h = h_kv * p.groups + walk.pass;
@@ -179,8 +179,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if (DQ_ATOMIC && warp == 2 && lane == 0) {  // the dQ writer: each step's staged
       using St = DqStage<HD>;                           // dQ into Params::dq_accum
-      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
-    for (int it = 0; it < steps; ++it, walk.next(tile)) {
+      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
+      for (int it = 0; it < steps; ++it, walk.next(tile)) {
         const int h = h_kv * p.groups + walk.pass;
         const int* origin = walk.origin;
         int c[5];
