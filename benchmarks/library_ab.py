@@ -5,7 +5,9 @@ in the same device call (bf16, ms, triton do_bench medians):
     NATTN_LIBRARY=old.so python benchmarks/library_ab.py old flux-2d-w80,mid-2d-k13 [bwd]
     NATTN_LIBRARY=new.so python benchmarks/library_ab.py new flux-2d-w80,mid-2d-k13 [bwd]
 
-Problems are the names of `python -m nattn.bench --suite tuning` (the anchors and more).
+Problems are the names of `python -m nattn.bench --suite tuning` (the anchors and more). A
+problem the library declines (NATTN_FAMILY / NATTN_SM90_TILE force a family or tile pair) prints
+the reason and the run goes on. `bash tests/gpu/run_device.sh ab` and `... crossover` run it.
 """
 
 import sys
@@ -31,11 +33,14 @@ def main(tag: str, names: str, bwd: bool) -> None:
             return FUNCS[p.na_dim](q, k, v, p.kernel, dilation=p.dilation, stride=p.stride, is_causal=p.causal,
                                    backend="cuda")
 
-        with torch.no_grad():
-            line = f"{tag:6s} {name:18s} fwd {do_bench(f, warmup=50, rep=300):8.3f}"
-        if bwd:
-            g = torch.randn_like(q)
-            line += f"  f+b {do_bench(lambda: f().backward(g), warmup=30, rep=300):8.3f}"
+        try:
+            with torch.no_grad():
+                line = f"{tag:6s} {name:18s} fwd {do_bench(f, warmup=50, rep=300):8.3f}"
+            if bwd:
+                g = torch.randn_like(q)
+                line += f"  f+b {do_bench(lambda: f().backward(g), warmup=30, rep=300):8.3f}"
+        except (RuntimeError, ValueError) as e:  # a forced family or tile pair that declines the problem
+            line = f"{tag:6s} {name:18s} declined: {str(e).splitlines()[0][:160]}"
         print(line, flush=True)
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|optimize|qkav|ncu] ...
+#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|ab|crossover|optimize|qkav|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
 # benchmarks/{kernel_split,host_overhead}.py; variants: the tuning builds in variants/*.so
-# (benchmarks/build_variants.sh).
+# (benchmarks/build_variants.sh); ab: libraries side by side; crossover: sm90 tile pairs
+# against the default choice.
 set -uo pipefail
 # pytest runs with -n 0: one process for the one GPU (pyproject's addopts ask pytest-xdist for
 # one worker per core; the device image has pytest-xdist, so -p no:xdist would fail on -n).
@@ -92,9 +93,41 @@ if [[ $what == *models* ]]; then  # timm models end to end beside Swin-T / ConvN
   timeout ${MODELS_TIMEOUT:-560} python3 -m nattn.bench --suite models ${MODELS_ARGS:-} 2>&1 | grep -v Warning \
     | tee "$OUT/models.md" | tail -16
 fi
+# Libraries side by side (benchmarks/library_ab.py, bf16, fwd and fwd + bwd), two rounds
+# alternating between them. ab: AB_LIBS="tag=path ..." (a path ending in .xz is unpacked:
+# the 100 MiB libraries travel compressed), AB_PROBLEMS; variants: every variants/*.so.
+ab_rounds() {  # ab_rounds PROBLEMS tag=path ...
+  local problems=$1; shift
+  for round in 1 2; do
+    for spec in "$@"; do
+      local tag=${spec%%=*} lib=${spec#*=}
+      if [[ $lib == *.xz ]]; then
+        python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+          "$lib" "/tmp/ab_$tag.so" && lib=/tmp/ab_$tag.so
+      fi
+      NATTN_LIBRARY=$(realpath "$lib") timeout 200 python3 benchmarks/library_ab.py "$tag" "$problems" bwd 2>&1 \
+        | grep -v "^ \|^Traceback" | tee -a "$OUT/ab.txt"
+    done
+  done
+}
+AB_DEFAULT=flux-2d-w80,flux-2d-w80-s16,hunyuan-3d,hunyuan-3d-s16,1d-32k-w2048,dinat-s1-2d,mid-2d-k13,video-3d
+if [[ $what =~ (^|[^a-z])ab([^a-z]|$) ]]; then
+  ab_rounds "${AB_PROBLEMS:-$AB_DEFAULT}" ${AB_LIBS:-lib=nattn/_cuda/libnattn.so}
+fi
 if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
-  for lib in variants/*.so; do
-    NATTN_LIBRARY=$PWD/$lib timeout 120 python3 benchmarks/cuda_anchors.py --cuda-only \
-      --only dinat-s1-2d,dinat-s2-dil4,mid-2d-k13,video-3d 2>&1 | tee -a "$OUT/bench.md"
+  specs=()
+  for lib in variants/*.so; do specs+=("$(basename "$lib" .so)=$lib"); done
+  ab_rounds "${AB_PROBLEMS:-dinat-s1-2d,mid-2d-k13,video-3d,video-b1-k7}" "${specs[@]}"
+fi
+# sm90 against the default choice on small and mid windows: each tile pair forced
+# (NATTN_FAMILY=sm90 NATTN_SM90_TILE; pairs of another NA dim or head dim are declined and
+# say so), for moving the forward's sm90 thresholds (src/api.cu, kSm90MinWindow).
+if [[ $what == *crossover* ]]; then
+  probs=${CROSS_PROBLEMS:-dinat-s1-2d,mid-2d-k13,2d-64-k33-d32,video-3d,video-b1-k7,3d-causal-t}
+  timeout 120 python3 benchmarks/library_ab.py default "$probs" 2>&1 | tee -a "$OUT/crossover.txt"
+  for t in $(python3 -c "from nattn._cuda.kernel_table import SM90_TILES, Instance
+print(' '.join(Instance('sm90', 'bfloat16', n, 64, t).tile_name for n, t in SM90_TILES if n > 1))"); do
+    NATTN_FAMILY=sm90 NATTN_SM90_TILE=$t timeout 120 python3 benchmarks/library_ab.py "$t" "$probs" 2>&1 \
+      | grep -v declined | tee -a "$OUT/crossover.txt"
   done
 fi
