@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!cta_tile_inverse<NA, RB, CB>(p, blockIdx.x, tile)) return;  // uniform over the CTA
   const int h_kv = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wg = threadIdx.x / 128;
+  const int wg = warpgroup_index();
   const int steps = tile.tiles * p.groups;  // (query head, query box) pairs
   const bool stage_rpb = p.rpb != nullptr && p.rpb_in_smem;
   const int64_t rpb_len = int64_t(p.groups) * p.rpb_head_size;

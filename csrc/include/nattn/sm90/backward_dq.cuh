@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int h = blockIdx.y, b = blockIdx.z;
   const int h_kv = h / p.groups;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wg = threadIdx.x / 128;
+  const int wg = warpgroup_index();
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&map_q);

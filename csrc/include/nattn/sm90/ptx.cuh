@@ -144,6 +144,14 @@ __device__ __forceinline__ uint64_t smem_desc(const void* tile, uint32_t lbo_byt
   return (uint64_t(hi) << 32) | (base + (offset >> 4));
 }
 
+// ---------------------------------------------------------------- warpgroups
+// The thread's warpgroup, as a value the compiler knows is the same across the warp (a
+// shuffle from lane 0, as CUTLASS's canonical_warp_group_idx): what depends on it (the
+// wgmma descriptors of a warpgroup's rows, barrier ids) is then computed in uniform
+// registers. From threadIdx.x / 128 directly, ptxas built those descriptors in vector
+// registers and moved each into uniform ones for its product (two R2UR per wgmma).
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0); }
+
 // ---------------------------------------------------------------- registers, barriers
 template <int REGS>
 __device__ __forceinline__ void regs_dealloc() {
