@@ -47,8 +47,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using R = typename S::Rows;
   using C = typename S::Cols;
   constexpr int kRank = NA + 2;
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* rows_full = bars;
   uint64_t* k_full = bars + 1;

@@ -144,6 +144,17 @@ __device__ __forceinline__ uint64_t smem_desc(const void* tile, uint32_t lbo_byt
   return (uint64_t(hi) << 32) | (base + (offset >> 4));
 }
 
+// ---------------------------------------------------------------- shared memory
+// The block's dynamic shared memory from its first 1024-byte boundary (the 128-byte swizzle
+// of TMA and wgmma tiles repeats every 1024 bytes; launches ask for 1024 bytes more). An
+// offset from the shared array itself, not a rounded integer: the compiler then knows the
+// pointers stay in shared memory and emits shared loads and stores (LDS / STS) instead of
+// generic ones.
+__device__ __forceinline__ unsigned char* aligned_smem() {
+  extern __shared__ unsigned char smem_raw[];
+  return smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+}
+
 // ---------------------------------------------------------------- warpgroups
 // The thread's warpgroup, as a value the compiler knows is the same across the warp (a
 // shuffle from lane 0, as CUTLASS's canonical_warp_group_idx): what depends on it (the
