@@ -95,6 +95,60 @@ def test_results_persist_in_the_cache_file(two_backends, tmp_path):
     assert choose_na_backend(q, k, v, None, p) == "fast" and slow.calls == before
 
 
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", ""])
+def test_a_corrupt_cache_file_is_ignored_with_a_warning_and_rewritten(two_backends, tmp_path, content):
+    path = tmp_path / "tune.json"
+    path.write_text(content)
+    autotune.enable(True, cache_path=str(path))
+    q, k, v, p = problem()
+    with pytest.warns(RuntimeWarning, match="unreadable cache file"):
+        assert choose_na_backend(q, k, v, None, p) == "fast"
+    saved = json.loads(path.read_text())
+    assert [e["backend"] for e in saved.values()] == ["fast"]
+
+
+def test_saving_keeps_what_other_processes_wrote(two_backends, tmp_path):
+    """Entries another process wrote after this one loaded the file survive this one's save;
+    this process's own entries win on the same signature."""
+    path = tmp_path / "tune.json"
+    q, k, v, p = problem()
+    autotune.results()  # loaded (empty) before the other process writes
+    other = {"another-signature": {"backend": "slow", "ms": {"slow": 1.0}}}
+    path.write_text(json.dumps(other))
+    choose_na_backend(q, k, v, None, p)
+    saved = json.loads(path.read_text())
+    assert saved["another-signature"] == other["another-signature"]
+    assert sorted(e["backend"] for e in saved.values()) == ["fast", "slow"]
+
+
+def _save_entries(path, worker, count, barrier):
+    """One tuning process: ``count`` saves, each adding one signature of its own."""
+    autotune._state["path"], autotune._state["results"] = path, {}
+    barrier.wait()
+    for i in range(count):
+        autotune._state["results"][f"w{worker}-{i}"] = {"backend": "fast", "ms": {"fast": float(i)}}
+        autotune._save()
+
+
+def test_concurrent_processes_lose_no_entries(tmp_path):
+    """Several processes saving at once: the file stays valid JSON and holds every entry."""
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("needs the fork start method")
+    ctx = multiprocessing.get_context("fork")
+    path, workers, count = str(tmp_path / "tune.json"), 3, 25
+    barrier = ctx.Barrier(workers)
+    procs = [ctx.Process(target=_save_entries, args=(path, w, count, barrier)) for w in range(workers)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    saved = json.loads(open(path).read())
+    assert set(saved) == {f"w{w}-{i}" for w in range(workers) for i in range(count)}
+
+
 def test_the_warm_up_is_not_timed_and_the_best_repeat_counts(two_backends):
     """A huge first call (compilation) is not timed, and the minimum over the repeats counts:
     slow's mean (or a timed first call) would lose to fast, its best repeat wins."""

@@ -16,7 +16,8 @@ kernel_config.py).
 Off by default; on per call (``tune=True`` on the functional API and the modules), per block
 (``with nattn.autotune():``) or per process (``NATTN_AUTOTUNE=1`` or ``enable()``).
 ``NATTN_AUTOTUNE_CACHE=path.json`` keeps the results across processes (keyed by device name and
-library build; written atomically). Never tunes inside ``torch.compile`` or while a CUDA graph is
+library build; merged with other processes' entries under a lock and written atomically; an
+unreadable file is ignored with a warning and rewritten). Never tunes inside ``torch.compile`` or while a CUDA graph is
 being captured (the heuristic order decides there), and never times the reference backend when
 another backend can run the problem (it is the slow fallback by design).
 """
@@ -32,6 +33,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
@@ -97,25 +99,59 @@ def errors() -> Dict[str, str]:
     return _state["errors"]
 
 
-def _load(path: Optional[str]) -> Dict[str, dict]:
-    if not path or not os.path.exists(path):
-        return {}
+def _read(path: str) -> Optional[Dict[str, dict]]:
+    """The cache file's entries; None when it cannot be read as one JSON object."""
     try:
         with open(path) as f:
             data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):  # a corrupt cache is re-measured, never fatal
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _load(path: Optional[str]) -> Dict[str, dict]:
+    if not path or not os.path.exists(path):
         return {}
+    data = _read(path)
+    if data is None:  # a corrupt cache is re-measured (and rewritten), never fatal
+        warnings.warn(f"nattn.autotune: ignoring the unreadable cache file {path} (not a JSON object); "
+                      f"its problems are measured again and the file is rewritten", RuntimeWarning, stacklevel=2)
+        return {}
+    return data
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """An exclusive lock on ``path + ".lock"`` (POSIX advisory lock; without fcntl, none)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: the atomic replace alone (another process's entry may be lost)
+        yield
+        return
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _save() -> None:
+    """Writes this process's results into the cache file, merged with the entries other
+    processes wrote since it was loaded (ours win on the same signature), under a lock and
+    through an atomic replace: concurrent tuners neither lose each other's results nor ever
+    read half a file."""
     path = _state["path"]
     if not path:
         return
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(_state["results"], f, indent=1, sort_keys=True)
-    os.replace(tmp, path)  # atomic: concurrent processes never read half a file
+    with _locked(path):
+        merged = _read(path) if os.path.exists(path) else None
+        merged = dict(merged or {})
+        merged.update(_state["results"])
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(merged, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
 
 
 @functools.lru_cache(maxsize=None)
