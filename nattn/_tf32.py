@@ -11,7 +11,6 @@ reading ``allow_tf32`` raises once the newer API has set the precision, so that 
 
 from __future__ import annotations
 
-
 import torch
 
 # torch >= 2.9: the resolved precision of CUDA matmuls ("tf32", "ieee", or "none": never set).

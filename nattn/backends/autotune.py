@@ -17,9 +17,10 @@ Off by default; on per call (``tune=True`` on the functional API and the modules
 (``with nattn.autotune():``) or per process (``NATTN_AUTOTUNE=1`` or ``enable()``).
 ``NATTN_AUTOTUNE_CACHE=path.json`` keeps the results across processes (keyed by device name and
 library build; merged with other processes' entries under a lock and written atomically; an
-unreadable file is ignored with a warning and rewritten). Never tunes inside ``torch.compile`` or while a CUDA graph is
-being captured (the heuristic order decides there), and never times the reference backend when
-another backend can run the problem (it is the slow fallback by design).
+unreadable file is ignored with a warning and rewritten). Never tunes inside ``torch.compile``
+or while a CUDA graph is being captured (the heuristic order decides there), and never times
+the reference backend when another backend can run the problem (it is the slow fallback by
+design).
 """
 
 from __future__ import annotations
@@ -145,8 +146,7 @@ def _save() -> None:
     if not path:
         return
     with _locked(path):
-        merged = _read(path) if os.path.exists(path) else None
-        merged = dict(merged or {})
+        merged = _read(path) or {}  # None for a missing or unreadable file
         merged.update(_state["results"])
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:

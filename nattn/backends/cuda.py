@@ -18,8 +18,8 @@ declares ``supports_dropout`` when the loaded library has it and passes the thre
 ``dropout_p`` and the device pointer of the call's ``rng`` tensor in the problem struct (the
 kernels read seed and offset from device memory: no host sync). An older library that lists
 only the tensor-core family (SIMT dropout was opt-in with ``NATTN_SIMT_DROPOUT=1`` before it
-was verified on a GPU) gets the problems that family cannot run declined with the reason; a Hopper tile pair or split-KV named in
-the configuration is declined with dropout either way.
+was verified on a GPU) gets the problems that family cannot run declined with the reason; a
+Hopper tile pair or split-KV named in the configuration is declined with dropout either way.
 
 Imports cleanly without the compiled library: then every CUDA problem gets the reason
 "libnattn is not built", and the first automatic fallback of a CUDA tensor warns once.

@@ -98,14 +98,18 @@ fi
 # the 100 MiB libraries travel compressed), AB_PROBLEMS; variants: every variants/*.so.
 ab_rounds() {  # ab_rounds PROBLEMS tag=path ...
   local problems=$1; shift
+  local libs=()
+  for spec in "$@"; do  # unpacked once, before the rounds
+    local tag=${spec%%=*} lib=${spec#*=}
+    if [[ $lib == *.xz ]]; then
+      python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+        "$lib" "/tmp/ab_$tag.so" && lib=/tmp/ab_$tag.so
+    fi
+    libs+=("$tag=$(realpath "$lib")")
+  done
   for round in 1 2; do
-    for spec in "$@"; do
-      local tag=${spec%%=*} lib=${spec#*=}
-      if [[ $lib == *.xz ]]; then
-        python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
-          "$lib" "/tmp/ab_$tag.so" && lib=/tmp/ab_$tag.so
-      fi
-      NATTN_LIBRARY=$(realpath "$lib") timeout 200 python3 benchmarks/library_ab.py "$tag" "$problems" bwd 2>&1 \
+    for spec in "${libs[@]}"; do
+      NATTN_LIBRARY=${spec#*=} timeout 200 python3 benchmarks/library_ab.py "${spec%%=*}" "$problems" bwd 2>&1 \
         | grep -v "^ \|^Traceback" | tee -a "$OUT/ab.txt"
     done
   done
