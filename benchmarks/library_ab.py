@@ -5,27 +5,40 @@ in the same device call (bf16, ms, triton do_bench medians):
     NATTN_LIBRARY=old.so python benchmarks/library_ab.py old flux-2d-w80,mid-2d-k13 [bwd]
     NATTN_LIBRARY=new.so python benchmarks/library_ab.py new flux-2d-w80,mid-2d-k13 [bwd]
 
-Problems are the names of `python -m nattn.bench --suite tuning` (the anchors and more). A
+Problems are the names of `python -m nattn.bench --suite tuning` (the anchors and more) or ad-hoc
+shapes written `SPATIAL-kKERNEL-bB-hH-dD`, e.g. `16x32x32-k3x5x5-b2-h8-d64`. A
 problem the library declines (NATTN_FAMILY / NATTN_SM90_TILE force a family or tile pair) prints
 the reason and the run goes on. `bash tests/gpu/run_device.sh ab` and `... crossover` run it.
 """
 
+import re
 import sys
 
 import torch
 from triton.testing import do_bench
 
 import nattn
-from nattn.bench.problems import TUNING
+from nattn.bench.problems import TUNING, Problem
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+AD_HOC = re.compile(r"(\d+(?:x\d+)*)-k(\d+(?:x\d+)*)-b(\d+)-h(\d+)-d(\d+)")
+
+
+def problem(name: str) -> Problem:
+    """A tuning-suite problem by name, or an ad-hoc one from its shape."""
+    p = next((x for x in TUNING if x.name == name), None)
+    if p is not None:
+        return p
+    m = AD_HOC.fullmatch(name)
+    if m is None:
+        sys.exit(f"unknown problem {name!r}; known: {[x.name for x in TUNING]} or SPATIAL-kKERNEL-bB-hH-dD")
+    dims = lambda s: tuple(int(x) for x in s.split("x"))  # noqa: E731
+    return Problem(name, dims(m[1]), int(m[3]), int(m[4]), int(m[5]), dims(m[2]))
 
 
 def main(tag: str, names: str, bwd: bool) -> None:
     for name in names.split(","):
-        p = next((x for x in TUNING if x.name == name), None)
-        if p is None:
-            sys.exit(f"unknown problem {name!r}; known: {[x.name for x in TUNING]}")
+        p = problem(name)
         q, k, v = (torch.randn(p.batch, *p.spatial, p.heads, p.dim, device="cuda", dtype=torch.bfloat16,
                                requires_grad=bwd) for _ in range(3))
 
@@ -35,12 +48,12 @@ def main(tag: str, names: str, bwd: bool) -> None:
 
         try:
             with torch.no_grad():
-                line = f"{tag:6s} {name:18s} fwd {do_bench(f, warmup=50, rep=300):8.3f}"
+                line = f"{tag:6s} {name:26s} fwd {do_bench(f, warmup=50, rep=300):8.3f}"
             if bwd:
                 g = torch.randn_like(q)
                 line += f"  f+b {do_bench(lambda: f().backward(g), warmup=30, rep=300):8.3f}"
         except (RuntimeError, ValueError) as e:  # a forced family or tile pair that declines the problem
-            line = f"{tag:6s} {name:18s} declined: {str(e).splitlines()[0][:160]}"
+            line = f"{tag:6s} {name:26s} declined: {str(e).splitlines()[0][:160]}"
         print(line, flush=True)
 
 

@@ -129,16 +129,21 @@ const char* const kSm90NoDropout = "dropout_p > 0 is not supported by the sm90 f
 // CTAs per SM) also beat tc at 7x7 (DiNAT 56^2 0.138 vs 0.151 ms, dilation 4 on 28^2 0.071
 // vs 0.079, batch 1 0.012 vs 0.016; 14^2 with 12 heads 0.072 vs 0.068), so 2-D problems at
 // head dim <= 32 run sm90 from kSm90MinWindow2dSmallHead keys.
-constexpr int64_t kSm90MinWindow[3] = {128, 150, 1000};
+// Twelfth session (after the plain mask, BoxWalk and LDS/STS: PERF.md, twelfth session): in
+// 3-D sm90 now wins from 3x7x7 (147 keys; 16x32x32 B2 H8 D64: 0.290 vs 0.301 ms; 5x7x7 0.327
+// vs 0.429, at head dim 128 0.394 vs 0.885) and still loses at 3x5x5 (0.241 vs 0.201).
+constexpr int64_t kSm90MinWindow[3] = {128, 150, 128};
 constexpr int64_t kSm90MinWindow2dSmallHead = 49;
 constexpr int kSm90SmallHeadDim = 32;
 // Head dims above 128 (256): the tensor-core family stops at 128, so the Hopper forward's
 // alternative is the SIMT family (CUDA cores), and it runs at any window (its GPU sweep passed
 // in the eighth session: 2800 random forward cases with NATTN_FAMILY=sm90, head dim 256 among them).
 constexpr int kTcMaxHeadDim = 128;
-// The backward's (its pairs are 128-token / 64-token boxes): forward + backward crossover
-// against tc measured at the old forward thresholds (PERF.md fifth session).
-constexpr int64_t kSm90MinWindowBackward[3] = {128, 1000, 4000};
+// The backward's (its pairs are 128-token / 64-token boxes), from forward + backward times
+// against tc (PERF.md, twelfth session; bf16, ms): 2-D 13x13 1.79 vs 2.08, 21x21 1.35 vs 1.97,
+// 7x7 loses (0.96 vs 0.70); 3-D 3x7x7 1.33 vs 1.47, 5x7x7 1.69 vs 2.05, causal 8x17x17 3.9 vs
+// 15.2 (tc's backward walks the causal window's whole box), 3x5x5 loses (1.27 vs 1.07).
+constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
 
 // Keys the Hopper family walks per query with a (query box, key box) pair: per axis, the
 // union of a query box's windows (the window plus the leaders' spread: blocks of `stride`
