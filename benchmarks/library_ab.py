@@ -6,7 +6,7 @@ in the same device call (bf16, ms, triton do_bench medians):
     NATTN_LIBRARY=new.so python benchmarks/library_ab.py new flux-2d-w80,mid-2d-k13 [bwd]
 
 Problems are the names of `python -m nattn.bench --suite tuning` (the anchors and more) or ad-hoc
-shapes written `SPATIAL-kKERNEL-bB-hH-dD`, e.g. `16x32x32-k3x5x5-b2-h8-d64`. A
+shapes written `SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]`, e.g. `16x32x32-k3x5x5-b2-h8-d64`. A
 problem the library declines (NATTN_FAMILY / NATTN_SM90_TILE force a family or tile pair) prints
 the reason and the run goes on. `bash tests/gpu/run_device.sh ab` and `... crossover` run it.
 """
@@ -21,7 +21,7 @@ import nattn
 from nattn.bench.problems import TUNING, Problem
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
-AD_HOC = re.compile(r"(\d+(?:x\d+)*)-k(\d+(?:x\d+)*)-b(\d+)-h(\d+)-d(\d+)")
+AD_HOC = re.compile(r"(\d+(?:x\d+)*)-k(\d+(?:x\d+)*)-b(\d+)-h(\d+)-d(\d+)(?:-dil(\d+(?:x\d+)*))?")
 
 
 def problem(name: str) -> Problem:
@@ -31,9 +31,11 @@ def problem(name: str) -> Problem:
         return p
     m = AD_HOC.fullmatch(name)
     if m is None:
-        sys.exit(f"unknown problem {name!r}; known: {[x.name for x in TUNING]} or SPATIAL-kKERNEL-bB-hH-dD")
+        sys.exit(f"unknown problem {name!r}; known: {[x.name for x in TUNING]} or SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]")
     dims = lambda s: tuple(int(x) for x in s.split("x"))  # noqa: E731
-    return Problem(name, dims(m[1]), int(m[3]), int(m[4]), int(m[5]), dims(m[2]))
+    spatial = dims(m[1])
+    dilation = dims(m[6]) if m[6] else (1,) * len(spatial)
+    return Problem(name, spatial, int(m[3]), int(m[4]), int(m[5]), dims(m[2]), dilation=dilation)
 
 
 def main(tag: str, names: str, bwd: bool) -> None:

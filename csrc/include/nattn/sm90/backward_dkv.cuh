@@ -343,12 +343,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         int lo0[3], hi0[3], lo1[3], hi1[3];
 #pragma unroll
         for (int a = 0; a < NA; ++a) lo0[a] = lo_of(0, a), hi0[a] = hi_of(0, a), lo1[a] = lo_of(1, a), hi1[a] = hi_of(1, a);
-        const BoxMask<NA, CB> m0(lo0, hi0, origin, t4), m1(lo1, hi1, origin, t4);
+        const RowPairMask<NA, CB> mask(lo0, hi0, lo1, hi1, origin, t4);
 #pragma unroll
         for (int i = 0; i < kNq / 2; ++i) {
           const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
-          const bool in = (i / 2) % 2 ? m1.in(i) : m0.in(i);
-          st[i] = in ? fast_exp2(fmaf(st[i], p.scale_log2, -ld[col])) : 0.f;
+          st[i] = mask.in(i) ? fast_exp2(fmaf(st[i], p.scale_log2, -ld[col])) : 0.f;
         }
       } else {  // RPB: the general test (padding key rows excluded: they would reach dRPB)
         const float* rpb = p.rpb + int64_t(h) * p.rpb_head_size;

@@ -169,12 +169,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         sc[i] = fast_exp2(fmaf(sc[i], p.scale_log2, -lse2[r])) * (dp[i] - dlt[r]);
       }
     } else if (!has_rpb) {
-      const BoxMask<NA, KB> m0(row[0].lo, row[0].hi, origin, t4), m1(row[1].lo, row[1].hi, origin, t4);
+      const RowPairMask<NA, KB> mask(row[0].lo, row[0].hi, row[1].lo, row[1].hi, origin, t4);
 #pragma unroll
       for (int i = 0; i < kNk / 2; ++i) {
         const int r = (i / 2) % 2;
-        const bool in = r ? m1.in(i) : m0.in(i);
-        sc[i] = in ? fast_exp2(fmaf(sc[i], p.scale_log2, -lse2[r])) * (dp[i] - dlt[r]) : 0.f;
+        sc[i] = mask.in(i) ? fast_exp2(fmaf(sc[i], p.scale_log2, -lse2[r])) * (dp[i] - dlt[r]) : 0.f;
       }
     } else {
 #pragma unroll
