@@ -106,19 +106,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int qr = cw * kWgRows + wr + g4 + 8 * r;
-    row_ok[r] = true;
     row[r].rpb = h * int(p.rpb_head_size);
+    row_ok[r] = row_window<NA, QB>(p, tile.q0, tile.len, qr, rpb_mult, row[r]);
     int64_t token;
-#pragma unroll
-    for (int a = 0; a < NA; ++a) {
-      const int i = tile.q0[a] + QB::offset(qr, a);
-      row_ok[r] = row_ok[r] && i < tile.len[a];
-      const int ic = nattn_min(i, tile.len[a] - 1);
-      const AxisRange w = query_window(ic, tile.len[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
-      row[r].lo[a] = w.start;
-      row[r].hi[a] = w.start + w.count - 1;
-      row[r].rpb += (p.kernel[a] - 1 - ic) * rpb_mult[a];
-    }
     box_row_token<NA, QB>(p, tile, tile.q0, qr, token);
     const int64_t idx = (int64_t(b) * p.tokens + token) * p.heads + h;
     lse2[r] = row_ok[r] ? lse_log2(p.lse[idx]) : INFINITY;  // no probability for padding rows

@@ -214,19 +214,8 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   bool row_ok[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int qr = cw * kWgRows + wr + g4 + 8 * r;
-    row_ok[r] = true;
     row[r].rpb = kPair ? h * int(p.rpb_head_size) : 0;  // 64-query CTAs: the head's table only
-#pragma unroll
-    for (int a = 0; a < NA; ++a) {
-      const int i = tile.q0[a] + QB::offset(qr, a);
-      row_ok[r] = row_ok[r] && i < tile.len[a];
-      const int ic = nattn_min(i, tile.len[a] - 1);
-      const AxisRange w = query_window(ic, tile.len[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
-      row[r].lo[a] = w.start;
-      row[r].hi[a] = w.start + w.count - 1;
-      row[r].rpb += (p.kernel[a] - 1 - ic) * rpb_mult[a];
-    }
+    row_ok[r] = row_window<NA, QB>(p, tile.q0, tile.len, cw * kWgRows + wr + g4 + 8 * r, rpb_mult, row[r]);
   }
   // Key boxes inside the window of every query of this warpgroup need no mask.
   int full_lo[3], full_hi[3];

@@ -9,6 +9,7 @@
 #pragma once
 #include <math.h>
 
+#include "nattn/common/registry.h"
 #include "nattn/common/window.cuh"
 #include "nattn/sm90/box_mask.cuh"
 
@@ -21,6 +22,26 @@ struct RowWindow {
   int lo[3], hi[3];  // inclusive, group coordinates
   int rpb;           // the row's part of the RPB index (head included for global tables)
 };
+
+// Query row `qr` of a box at q0 (axes of len[a] tokens, group coordinates): its window into
+// row.lo / row.hi, its part of the RPB index added to row.rpb (which comes in holding the
+// head's base), and whether it is a real query (padding rows take the last query's window).
+template <int NA, class QB>
+__device__ __forceinline__ bool row_window(const Params& p, const int* q0, const int* len, int qr,
+                                           const int* rpb_mult, RowWindow& row) {
+  bool ok = true;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    const int i = q0[a] + QB::offset(qr, a);
+    ok = ok && i < len[a];
+    const int ic = nattn_min(i, len[a] - 1);
+    const AxisRange w = query_window(ic, len[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
+    row.lo[a] = w.start;
+    row.hi[a] = w.start + w.count - 1;
+    row.rpb += (p.kernel[a] - 1 - ic) * rpb_mult[a];
+  }
+  return ok;
+}
 
 // The RPB a mask adds (table null: none): index = row part + sum of key coordinate x mult.
 // The table is global memory (128-query CTAs) or the head's copy in shared memory.
