@@ -563,6 +563,32 @@ struct Walk {
 };
 
 // ------------------------------------------------------------------------- forward
+// A warp's walk over the keys of its query rows' windows (forward and dQ pass), with what
+// their scores need besides: the head's RPB table and the rows' part of its index and, with
+// dropout, the head's key stream and the rows' query tokens.
+template <typename T, int NA, int HD, bool kDrop>
+struct RowWalk {
+  Walk<T, NA, HD, false> walk;
+  const float* rpb;
+  int rrow[2];
+  DropKeys drop;
+  uint32_t qtok[2];
+
+  __device__ __forceinline__ RowWalk(const Params& p, const Rows<NA, false>& rw, const int* g, const AxisRange* u,
+                                     typename Layout<T, HD>::S* buf, int lane, int b, int h, int hkv,
+                                     const int* rmult)
+      : walk(p, rw, g, u, buf, lane, head_base<const T>(p.k, p.k_s, b, hkv), p.k_s, p.dim,
+             head_base<const T>(p.v, p.v_s, b, hkv), p.v_s, p.dim_v),
+        rpb(p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr),
+        rrow{rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)} {
+    if constexpr (kDrop) {
+      drop.init(p, b, h);
+      qtok[0] = token_word<NA>(p, rw.ig[0], g);
+      qtok[1] = token_word<NA>(p, rw.ig[1], g);
+    }
+  }
+};
+
 template <typename T, int NA, int HD, bool kDrop>
 __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, kDrop>())
     forward_kernel(const Params p) {
@@ -588,18 +614,9 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
                       p.dim, lane);
     cp_async_commit();  // completes with the first chunk (groups retire in order)
   }
-  const T* K = head_base<const T>(p.k, p.k_s, b, hkv);
-  const T* V = head_base<const T>(p.v, p.v_s, b, hkv);
-  Walk<T, NA, HD, false> walk(p, rw, g, u, buf, lane, K, p.k_s, p.dim, V, p.v_s, p.dim_v);
-  const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
-  const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
-  DropKeys drop;
-  uint32_t qtok[2];  // dropout: the rows' query tokens
-  if constexpr (kDrop) {
-    drop.init(p, b, h);
-    qtok[0] = token_word<NA>(p, rw.ig[0], g);
-    qtok[1] = token_word<NA>(p, rw.ig[1], g);
-  }
+  RowWalk<T, NA, HD, kDrop> keys(p, rw, g, u, buf, lane, b, h, hkv, rmult);
+  auto& walk = keys.walk;
+  const float* rpb = keys.rpb;
 
   float o[NT][4];
 #pragma unroll
@@ -619,7 +636,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
     uint32_t ktok[4];
     walk.template take<kDrop>(cl, rmult, rpb != nullptr, ktok, g);
     unsigned keep = 0;
-    if constexpr (kDrop) keep = keep_bits_query_rows(drop, qtok, ktok, p.drop_threshold);
+    if constexpr (kDrop) keep = keep_bits_query_rows(keys.drop, keys.qtok, ktok, p.drop_threshold);
     float s[2][4];
     mma_tiles_t<T, HD>(s, sQ, sK, lane);
     float mx[2] = {-INFINITY, -INFINITY};
@@ -630,7 +647,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
         const int r = e >> 1, q = nt * 2 + (e & 1);
         const bool ok = cl.ok[r][q];
         float v = s[nt][e] * p.scale_log2;
-        if (rpb && ok) v += rpb[rpb_index<false>(rrow[r], cl.rpb[q])] * kLog2e;
+        if (rpb && ok) v += rpb[rpb_index<false>(keys.rrow[r], cl.rpb[q])] * kLog2e;
         s[nt][e] = ok ? v : -INFINITY;
         mx[r] = fmaxf(mx[r], s[nt][e]);
       }
@@ -739,18 +756,9 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
       if (tq == 0 && rw.ok[r]) p.delta[row] = delta[r];
     }
   }
-  const T* K = head_base<const T>(p.k, p.k_s, b, hkv);
-  const T* V = head_base<const T>(p.v, p.v_s, b, hkv);
-  Walk<T, NA, HD, false> walk(p, rw, g, u, buf, lane, K, p.k_s, p.dim, V, p.v_s, p.dim_v);
-  const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
-  const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
-  DropKeys drop;
-  uint32_t qtok[2];  // dropout: the rows' query tokens
-  if constexpr (kDrop) {
-    drop.init(p, b, h);
-    qtok[0] = token_word<NA>(p, rw.ig[0], g);
-    qtok[1] = token_word<NA>(p, rw.ig[1], g);
-  }
+  RowWalk<T, NA, HD, kDrop> keys(p, rw, g, u, buf, lane, b, h, hkv, rmult);
+  auto& walk = keys.walk;
+  const float* rpb = keys.rpb;
 
   float dq[NT][4];
 #pragma unroll
@@ -770,7 +778,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
     uint32_t ktok[4];
     walk.template take<kDrop>(cl, rmult, rpb != nullptr, ktok, g);
     unsigned keep = 0;
-    if constexpr (kDrop) keep = keep_bits_query_rows(drop, qtok, ktok, p.drop_threshold);
+    if constexpr (kDrop) keep = keep_bits_query_rows(keys.drop, keys.qtok, ktok, p.drop_threshold);
     float s[2][4], dp[2][4];
     mma_tiles_t<T, HD>(s, sQ, sK, lane);
     mma_tiles_t<T, HD>(dp, sQ + Lt::TILE, sK + Lt::TILE, lane);
@@ -781,7 +789,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
         const int r = e >> 1, q = nt * 2 + (e & 1);
         const bool ok = rw.ok[r] && cl.ok[r][q];
         float v = s[nt][e] * p.scale_log2;
-        if (rpb && ok) v += rpb[rpb_index<false>(rrow[r], cl.rpb[q])] * kLog2e;
+        if (rpb && ok) v += rpb[rpb_index<false>(keys.rrow[r], cl.rpb[q])] * kLog2e;
         float dpe = dp[nt][e];
         if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
         s[nt][e] = ok ? exp2f(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
