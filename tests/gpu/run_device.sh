@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|ab|crossover|optimize|qkav|ncu] ...
+#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|ab|crossover|familyab|optimize|qkav|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
 # benchmarks/{kernel_split,host_overhead}.py; variants: the tuning builds in variants/*.so
 # (benchmarks/build_variants.sh); ab: libraries side by side; crossover: sm90 tile pairs
-# against the default choice.
+# against the default choice; familyab: the default against NATTN_FAMILY=sm90, fwd and f+b.
 set -uo pipefail
 # pytest runs with -n 0: one process for the one GPU (pyproject's addopts ask pytest-xdist for
 # one worker per core; the device image has pytest-xdist, so -p no:xdist would fail on -n).
@@ -122,6 +122,16 @@ if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
   specs=()
   for lib in variants/*.so; do specs+=("$(basename "$lib" .so)=$lib"); done
   ab_rounds "${AB_PROBLEMS:-dinat-s1-2d,mid-2d-k13,video-3d,video-b1-k7}" "${specs[@]}"
+fi
+# The default choice against NATTN_FAMILY=sm90 (its default pair), forward and forward +
+# backward, for moving the dispatch thresholds (src/api.cu: kSm90MinWindow*). FB_PROBLEMS:
+# bench names or ad-hoc shapes (benchmarks/library_ab.py: SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]).
+if [[ $what == *familyab* ]]; then
+  probs=${FB_PROBLEMS:-56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,28x28-k7x7-b32-h8-d64-dil2x2,56x56-k9x9-b32-h4-d64,16x32x32-k3x7x7-b2-h8-d64}
+  for fam in default sm90; do
+    NATTN_FAMILY=$([[ $fam == sm90 ]] && echo sm90) timeout 200 python3 benchmarks/library_ab.py $fam "$probs" bwd 2>&1 \
+      | grep -v "^ \|^Traceback" | tee -a "$OUT/familyab.txt"
+  done
 fi
 # sm90 against the default choice on small and mid windows: each tile pair forced
 # (NATTN_FAMILY=sm90 NATTN_SM90_TILE; pairs of another NA dim or head dim are declined and
