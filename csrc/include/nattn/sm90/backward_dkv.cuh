@@ -326,6 +326,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(st);
       fence_regs(dpt);
       mbar_wait(ld_full + s, phase);
+      // The LSE (log2) of the lane's query columns col(i) = 8 (i / 4) + 2 t4 + i % 2, in 8-byte
+      // loads once per step (per score, the masked paths loaded each of them twice); not in
+      // 3-D at head dim 128, where the 16 registers made the kernel spill.
+      constexpr bool kPreload = !(NA == 3 && HD >= 128);
+      float2 lse_c[kNq / 8];
+      if constexpr (kPreload) {
+#pragma unroll
+        for (int j = 0; j < kNq / 8; ++j) lse_c[j] = *reinterpret_cast<const float2*>(ld + 8 * j + 2 * t4);
+      }
+      auto lse_of = [&](int i) {
+        if constexpr (kPreload) return i % 2 ? lse_c[i / 4].y : lse_c[i / 4].x;
+        else return ld[8 * (i / 4) + 2 * t4 + i % 2];
+      };
 
       const int* origin = walk.origin;
       bool full = true;
@@ -335,20 +348,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       // P^T first, so that dV += P^T dO runs while dS^T is computed.
       if (full && !has_rpb) {
 #pragma unroll
-        for (int i = 0; i < kNq / 2; ++i) {
-          const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
-          st[i] = fast_exp2(fmaf(st[i], p.scale_log2, -ld[col]));
-        }
+        for (int i = 0; i < kNq / 2; ++i) st[i] = fast_exp2(fmaf(st[i], p.scale_log2, -lse_of(i)));
       } else if (!has_rpb) {  // padding key rows need no mask here: they are never stored
         int lo0[3], hi0[3], lo1[3], hi1[3];
 #pragma unroll
         for (int a = 0; a < NA; ++a) lo0[a] = lo_of(0, a), hi0[a] = hi_of(0, a), lo1[a] = lo_of(1, a), hi1[a] = hi_of(1, a);
         const RowPairMask<NA, CB> mask(lo0, hi0, lo1, hi1, origin, t4);
 #pragma unroll
-        for (int i = 0; i < kNq / 2; ++i) {
-          const int col = 8 * (i / 4) + 2 * t4 + (i % 2);
-          st[i] = mask.in(i) ? fast_exp2(fmaf(st[i], p.scale_log2, -ld[col])) : 0.f;
-        }
+        for (int i = 0; i < kNq / 2; ++i) st[i] = mask.in(i) ? fast_exp2(fmaf(st[i], p.scale_log2, -lse_of(i))) : 0.f;
       } else {  // RPB: the general test (padding key rows excluded: they would reach dRPB)
         const float* rpb = p.rpb + int64_t(h) * p.rpb_head_size;
 #pragma unroll
@@ -364,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             ridx -= q * rpb_mult[a];
           }
           const float x = st[i] * p.scale_log2 + (in ? __ldg(rpb + ridx) * kLog2e : 0.f);
-          st[i] = in ? fast_exp2(x - ld[col]) : 0.f;
+          st[i] = in ? fast_exp2(x - lse_of(i)) : 0.f;
         }
       }
       uint32_t pa[kNq / 16][4], da[kNq / 16][4];
@@ -376,9 +383,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kNq / 2; i += 2) {
           const float2 pr = HD >= 128 ? unpack2<T>(pa[i / 8][(i % 8) / 2]) : make_float2(st[i], st[i + 1]);
-          const int col = 8 * (i / 4) + 2 * t4;
-          dpt[i] = pr.x * (dpt[i] - ld[kNq + col]);
-          dpt[i + 1] = pr.y * (dpt[i + 1] - ld[kNq + col + 1]);
+          const float2 dl = *reinterpret_cast<const float2*>(ld + kNq + 8 * (i / 4) + 2 * t4);  // delta
+          dpt[i] = pr.x * (dpt[i] - dl.x);
+          dpt[i + 1] = pr.y * (dpt[i + 1] - dl.y);
         }
 #pragma unroll
         for (int i = 0; i < kNq / 2; i += 2) da[i / 8][(i % 8) / 2] = pack2<T>(dpt[i], dpt[i + 1]);
