@@ -115,6 +115,23 @@ def test_sm90_configs_list_the_tile_pairs():
         assert all("256" in c["declined"] for c in declined)
 
 
+@pytest.mark.parametrize("spatial, kernel, head_dim, pair", [
+    ((16, 48, 48), (7, 9, 9), 64, "q4x4x8_k2x4x16"),    # measured 0.370 vs 0.424 ms for q2x8x8_k2x8x8
+    ((8, 64, 64), (5, 9, 9), 64, "q4x4x8_k2x4x16"),     # 0.319 vs 0.389, equal key counts
+    ((30, 48, 80), (18, 24, 24), 128, "q2x8x8_k2x8x8"),  # 46.9 vs 49.0 ms for q4x4x8_k2x4x16
+    ((30, 48, 80), (18, 24, 24), 64, "q2x8x8_k2x8x8"),   # above the deep boxes' window limit
+    ((16, 32, 32), (3, 11, 11), 128, "q2x8x8_k2x8x8"),  # 0.484 vs 0.611
+])
+def test_sm90_default_3d_pair(spatial, kernel, head_dim, pair):
+    """The default 3-D pair: boxes four frames deep win at head dims <= 64 below 4096 keys
+    (timed on the H200), the 2x8x8 box at head dim 128 and on larger windows."""
+    if head_dim not in LIB.kernels.get(("sm90", "bfloat16", 3), ()):
+        pytest.skip("this build has no bf16 3-D sm90 kernels at this head dim")
+    q = torch.empty(1, *spatial, 2, head_dim, dtype=torch.bfloat16, device="meta")
+    configs = CUDA.sm90_configs(q, q, q, normalize(q, q, q, 3, kernel))
+    assert [c["name"] for c in configs if c["default"]] == [pair]
+
+
 def test_bench_dry_run_prints_the_configurations(capsys):
     """On the library's own (dtype, NA dim, head dim), and on one it has no kernel for."""
     from nattn.bench.__main__ import main

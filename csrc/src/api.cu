@@ -134,6 +134,12 @@ const char* const kSm90NoDropout = "dropout_p > 0 is not supported by the sm90 f
 // vs 0.429, at head dim 128 0.394 vs 0.885) and still loses at 3x5x5 (0.241 vs 0.201).
 constexpr int64_t kSm90MinWindow[3] = {128, 150, 128};
 constexpr int64_t kSm90MinWindow2dSmallHead = 49;
+// Thirteenth session (PERF.md; 2-D forward at head dims 64 and 128, ms): without dilation,
+// stride or causality sm90 wins from 7x7 too (56x56 B32: 7x7 0.161 vs 0.197, 9x9 0.185 vs
+// 0.238, 11x11 0.244 vs 0.309, 7x7 at head dim 128 0.161 vs 0.197; 112x112 7x7 0.163 vs
+// 0.200; 28x28 and 14x14 tie), while with dilation tc stays ahead (56x56 7x7 dilation 2:
+// 0.191 vs 0.205; 28x28 9x9 dilation 3: 0.156 vs 0.250; dilation 4: 0.098 vs 0.167).
+constexpr int64_t kSm90MinWindow2dPlain = 49;
 constexpr int kSm90SmallHeadDim = 32;
 // Head dims above 128 (256): the tensor-core family stops at 128, so the Hopper forward's
 // alternative is the SIMT family (CUDA cores), and it runs at any window (its GPU sweep passed
@@ -158,9 +164,20 @@ constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
 // 0.335 vs 0.379 ms).
 constexpr double kSm90SmallQueryCost[3] = {1.3, 1.0, 1.5};
 constexpr double kSm90SmallQueryCost2dSmallHead = 0.6;
+// 3-D query boxes four frames deep (4x4x8) at head dims <= 64 count 0.85x below
+// kSm90DeepBoxMaxWindow keys. Thirteenth session (PERF.md, forward ms, bf16): at equal or
+// slightly smaller key counts they beat the 2x8x8 box by 13-22% (16x48x48 7x9x9 D64: 0.370
+// vs 0.424 with 6% fewer keys; 8x64x64 5x9x9: 0.319 vs 0.389 with equal keys; 16x32x32
+// 7x7x7: 0.382-0.401 vs 0.492) while at head dim 128 they lose (HunyuanVideo's 18x24x24:
+// 49.0 vs 46.9 with 4% fewer keys; 12x40x40 9x15x15 1.55 vs 1.37).
+constexpr double kSm90DeepBoxCost = 0.85;
+constexpr int64_t kSm90DeepBoxMaxWindow = 4096;
 double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
   double keys = 1;
   int kbox_size = 1, qbox_size = 1;
+  int64_t window = 1;
+  for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
+  if (p.na_dim == 3 && e.head_dim <= 64 && e.qbox[0] >= 4 && window < kSm90DeepBoxMaxWindow) keys = kSm90DeepBoxCost;
   for (int a = 0; a < p.na_dim; ++a) {
     const int d = p.dilation[a], s = p.stride[a], k = p.kernel[a];
     const int len = (p.spatial[a] + d - 1) / d;
@@ -302,11 +319,19 @@ bool split_by_default(const nattn::Params& p, int device) {
   return sms > 0 && ctas * kDefaultSplits <= sms;
 }
 
+// No dilation, stride or causality on any axis (kSm90MinWindow2dPlain).
+bool plain_2d_window(const nattn::Params& p) {
+  for (int a = 0; a < p.na_dim; ++a)
+    if (p.dilation[a] != 1 || p.stride[a] != 1 || p.causal[a]) return false;
+  return true;
+}
+
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   const int64_t window = window_keys(p);
   if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
   if (!backward && p.na_dim == 2 && p.dim <= kSm90SmallHeadDim && p.dim_v <= kSm90SmallHeadDim)
     return window >= kSm90MinWindow2dSmallHead;
+  if (!backward && p.na_dim == 2 && plain_2d_window(p)) return window >= kSm90MinWindow2dPlain;
   return window >= (backward ? kSm90MinWindowBackward : kSm90MinWindow)[p.na_dim - 1];
 }
 
