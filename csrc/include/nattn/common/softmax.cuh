@@ -13,6 +13,14 @@ __device__ __forceinline__ float lse_log2(float lse) {
   return lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
 }
 
+// 2^x in one MUFU op (flush-to-zero; exp2f adds a denormal-range fix-up around it, which
+// probabilities below 2^-126 do not need).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 1 / l for the output and the natural-log LSE from a row's running max m (log2 units)
 // and sum l: 0 and -inf when nothing finite was seen.
 __device__ __forceinline__ float inv_row_sum(float l) { return l > 0.f ? 1.f / l : 0.f; }

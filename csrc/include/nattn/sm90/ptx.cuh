@@ -5,6 +5,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "nattn/common/softmax.cuh"
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define NATTN_SM90_ENABLED 1
 #else
@@ -249,13 +251,6 @@ __device__ __forceinline__ void red_add2(float* p, float a, float b) {
 #if NATTN_SM90_ENABLED
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 #endif
-}
-
-// 2^x in one MUFU op (flush-to-zero; exp2f adds a denormal-range fix-up around it).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

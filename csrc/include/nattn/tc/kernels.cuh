@@ -657,7 +657,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
     for (int r = 0; r < 2; ++r) {
       const float mn = fmaxf(m[r], quad_max(mx[r]));
       ref[r] = mn == -INFINITY ? 0.f : mn;
-      corr[r] = exp2f(m[r] - ref[r]);  // 0 while nothing was seen, 1 while the max holds
+      corr[r] = fast_exp2(m[r] - ref[r]);  // 0 while nothing was seen, 1 while the max holds
       m[r] = mn;
       l[r] *= corr[r];
     }
@@ -671,7 +671,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2f(s[nt][e] - ref[e >> 1]);
+        s[nt][e] = fast_exp2(s[nt][e] - ref[e >> 1]);
         l[e >> 1] += s[nt][e];  // the row sum (and so the LSE) without dropout
         if constexpr (kDrop) s[nt][e] = kept(keep, e >> 1, nt * 2 + (e & 1)) ? s[nt][e] : 0.f;
       }
@@ -792,7 +792,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
         if (rpb && ok) v += rpb[rpb_index<false>(keys.rrow[r], cl.rpb[q])] * kLog2e;
         float dpe = dp[nt][e];
         if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
-        s[nt][e] = ok ? exp2f(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
+        s[nt][e] = ok ? fast_exp2(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
       }
     unsigned dsa[Lt::AREGS];
     pack_a<T>(dsa, s);
@@ -893,26 +893,46 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, HD
         float s[2][4], dp[2][4];
         mma_tiles_t<T, HD>(s, sK, sQ, lane);                          // S^T: keys x queries
         mma_tiles_t<T, HD>(dp, sK + Lt::TILE, sQ + Lt::TILE, lane);   // dP^T
+        // The LSE (log2 units) and delta of the lane's 4 query columns, read once per chunk:
+        // read per score, dRPB's shared-memory atomics made the compiler reload them.
+        float lse2[4], delta[4];
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+        for (int q = 0; q < 4; ++q) {
+          lse2[q] = lse_log2(sL[col_token(q, tq)]);
+          delta[q] = sL[CW + col_token(q, tq)];
+        }
+        // P^T and dS^T in place of S^T and dP^T. Instantiated with and without RPB (a uniform
+        // branch per chunk): without it no score carries the bias load or dRPB atomics.
+        auto scores = [&](auto with_rpb) {
+          constexpr bool kRpb = decltype(with_rpb)::value;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1, q = nt * 2 + (e & 1), j = col_token(q, tq);
-            const bool ok = rw.ok[r] && cl.ok[r][q];
-            const int ridx = rpb_index<true>(rrow[r], cl.rpb[q]);
-            float v = s[nt][e] * p.scale_log2;
-            if (rpb && ok) v += rpb[ridx] * kLog2e;
-            const float pr = ok ? exp2f(v - lse_log2(sL[j])) : 0.f;
-            float dpe = dp[nt][e];
-            if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
-            const float ds = pr * (dpe - sL[CW + j]);
-            s[nt][e] = kDrop && !kept(keep, r, q) ? 0.f : pr;  // dV takes the masked P (1 / (1 - p) at the store)
-            dp[nt][e] = ds;
-            if (rpb && ok) {  // one address space per branch: no generic atomics
-              if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, ds);
-              else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int r = e >> 1, q = nt * 2 + (e & 1);
+              const bool ok = rw.ok[r] && cl.ok[r][q];
+              float v = s[nt][e] * p.scale_log2;
+              int ridx = 0;
+              if constexpr (kRpb) {
+                ridx = rpb_index<true>(rrow[r], cl.rpb[q]);
+                if (ok) v += rpb[ridx] * kLog2e;
+              }
+              const float pr = ok ? fast_exp2(v - lse2[q]) : 0.f;
+              float dpe = dp[nt][e];
+              if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
+              const float ds = pr * (dpe - delta[q]);
+              s[nt][e] = kDrop && !kept(keep, r, q) ? 0.f : pr;  // dV takes the masked P (1 / (1 - p) at the store)
+              dp[nt][e] = ds;
+              if constexpr (kRpb) {
+                if (ok) {  // one address space per branch: no generic atomics
+                  if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, ds);
+                  else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
+                }
+              }
             }
-          }
+        };
+        if (rpb) scores(std::true_type{});
+        else scores(std::false_type{});
         unsigned pa[Lt::AREGS], dsa[Lt::AREGS];
         pack_a<T>(pa, s);
         pack_a<T>(dsa, dp);
