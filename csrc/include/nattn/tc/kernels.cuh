@@ -67,8 +67,11 @@ using namespace nattn::tiling;
 #ifndef NATTN_TC_DKV_BLOCKS  // dK/dV
 #define NATTN_TC_DKV_BLOCKS 3
 #endif
-#ifndef NATTN_TC_DKV_BLOCKS_HD32  // dK/dV at head dims <= 32
-#define NATTN_TC_DKV_BLOCKS_HD32 NATTN_TC_DKV_BLOCKS
+#ifndef NATTN_TC_DKV_BLOCKS_HD32  // dK/dV at head dims <= 32, 16-bit, 1-D and 2-D (fits 128 registers)
+#define NATTN_TC_DKV_BLOCKS_HD32 4
+#endif
+#ifndef NATTN_TC_DKV_BLOCKS_HD32_OTHER  // the same in 3-D and TF32 (4 blocks spilled 20 bytes there)
+#define NATTN_TC_DKV_BLOCKS_HD32_OTHER NATTN_TC_DKV_BLOCKS
 #endif
 
 // Shared-memory stages of a warp's chunk ring: chunk ci is staged kTcStages - 1 chunks ahead of
@@ -123,14 +126,17 @@ constexpr int query_blocks() {
   return HD <= 32 ? NATTN_TC_QUERY_BLOCKS_HD32 : HD <= 64 ? NATTN_TC_QUERY_BLOCKS : 1;
 }
 
-template <int HD>
-constexpr int dkv_blocks() {
-  return HD <= 32 ? NATTN_TC_DKV_BLOCKS_HD32 : HD <= 64 ? NATTN_TC_DKV_BLOCKS : 2;
-}
-
 template <typename T>
 constexpr bool is_tf32() {
   return std::is_same<T, float>::value;
+}
+
+template <typename T, int NA, int HD>
+constexpr int dkv_blocks() {
+  return HD > 64   ? 2
+         : HD > 32 ? NATTN_TC_DKV_BLOCKS
+         : NA <= 2 && !is_tf32<T>() ? NATTN_TC_DKV_BLOCKS_HD32
+                                    : NATTN_TC_DKV_BLOCKS_HD32_OTHER;
 }
 
 // The TF32 instances' blocks per SM at head dims >= 64 (0: the 16-bit instances' bounds).
@@ -158,8 +164,8 @@ constexpr int fwd_blocks() { return blocks_as<T, HD, kDrop, true>(query_blocks<H
 template <typename T, int HD, bool kDrop>
 constexpr int dq_blocks() { return blocks_as<T, HD, kDrop, false>(query_blocks<HD>()); }
 
-template <typename T, int HD, bool kDrop>
-constexpr int dkv_blocks_as() { return blocks_as<T, HD, kDrop, false>(dkv_blocks<HD>()); }
+template <typename T, int NA, int HD, bool kDrop>
+constexpr int dkv_blocks_as() { return blocks_as<T, HD, kDrop, false>(dkv_blocks<T, NA, HD>()); }
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -814,7 +820,7 @@ constexpr int dkv_warp_bytes() {
 }
 
 template <typename T, int NA, int HD, bool kDrop>
-__global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, HD, kDrop>())
+__global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA, HD, kDrop>())
     backward_dkv_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<T, HD>;
