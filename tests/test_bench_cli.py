@@ -4,6 +4,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from nattn.bench import ANCHORS, SMOKE
 from nattn.bench.__main__ import main
@@ -192,3 +193,22 @@ def test_models_suite_flags_are_checked(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse(argv)
     assert message in capsys.readouterr().err
+
+
+def test_model_step_time_is_the_median_window(monkeypatch):
+    """step_ms: three warm-up calls, then `repeats` windows of `iters` calls; the result is the
+    median window's mean (a fake clock: each call advances it by the current window's cost)."""
+    from nattn.bench import models
+
+    clock = [0.0]
+    costs = iter([0.001] * 3 + [0.010] * 4 + [0.050] * 4 + [0.020] * 4)  # warm-up, then 3 windows
+    calls = []
+
+    def fn():
+        calls.append(1)
+        clock[0] += next(costs)
+
+    monkeypatch.setattr(models.time, "perf_counter", lambda: clock[0])
+    ms = models.step_ms(fn, torch.device("cpu"), iters=4, repeats=3)
+    assert len(calls) == 3 + 3 * 4
+    assert ms == pytest.approx(20.0)

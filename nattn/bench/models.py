@@ -5,7 +5,8 @@ eager and under ``torch.compile``, in one process.
 A training step is forward, cross-entropy, backward and an SGD step; inference is a forward
 under ``torch.no_grad``. On CUDA: bf16 autocast and channels-last inputs (what a user trains
 with); on the CPU: fp32. Times are CUDA-event (or wall-clock on the CPU) means over
-``--iters`` steps after three warm-up steps (which absorb compilation).
+``--iters`` steps after three warm-up steps (which absorb compilation); on CUDA, the median of
+five such windows after at least a second of warm-up steps.
 """
 
 from __future__ import annotations
@@ -47,24 +48,41 @@ def steps(model, x, y, device, graphs: bool = False):
     return train, infer
 
 
-def step_ms(fn, device, iters: int) -> float:
-    """Mean milliseconds of ``fn`` over ``iters`` calls after three warm-up calls (CUDA
-    events on CUDA, wall clock on the CPU)."""
-    for _ in range(3):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / iters
+def step_ms(fn, device, iters: int, repeats: int = 1, warmup_s: float = 0.0) -> float:
+    """Milliseconds per call of ``fn``: the median over ``repeats`` windows of ``iters`` calls
+    (each window's mean; CUDA events on CUDA, wall clock on the CPU), after three warm-up
+    calls and then more until ``warmup_s`` seconds have passed (an idle GPU's clocks take a
+    while to ramp up; one short window read 30% apart between runs of the same model)."""
     t = time.perf_counter()
-    for _ in range(iters):
+    done = 0
+    while done < 3 or time.perf_counter() - t < warmup_s:
         fn()
-    return (time.perf_counter() - t) / iters * 1e3
+        done += 1
+        if device.type == "cuda" and done >= 3:
+            torch.cuda.synchronize()
+    windows = []
+    for _ in range(max(1, repeats)):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            windows.append(start.elapsed_time(end) / iters)
+        else:
+            t = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            windows.append((time.perf_counter() - t) / iters * 1e3)
+    return sorted(windows)[len(windows) // 2]
+
+
+# On CUDA each (model, mode) is timed as the median of this many windows of ``--iters`` steps,
+# after at least this many seconds of warm-up steps.
+CUDA_REPEATS = 5
+CUDA_WARMUP_S = 1.0
 
 
 def measure(name: str, mode: str, batch: int, size: int, iters: int, device: torch.device,
@@ -91,9 +109,11 @@ def measure(name: str, mode: str, batch: int, size: int, iters: int, device: tor
     train, infer = steps(run, x, y, device, graphs=mode == "cudagraphs")
     out = {}
     model.eval()
-    out["infer"] = batch / step_ms(infer, device, iters) * 1e3
+    cuda = device.type == "cuda"
+    repeats, warmup_s = (CUDA_REPEATS, CUDA_WARMUP_S) if cuda else (1, 0.0)
+    out["infer"] = batch / step_ms(infer, device, iters, repeats, warmup_s) * 1e3
     model.train()
-    out["train"] = batch / step_ms(train, device, iters) * 1e3
+    out["train"] = batch / step_ms(train, device, iters, repeats, warmup_s) * 1e3
     return out
 
 
