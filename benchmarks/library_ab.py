@@ -2,8 +2,12 @@
 A/B comparisons of two builds: run it once per library (NATTN_LIBRARY picks one), alternating,
 in the same device call (bf16, ms, triton do_bench medians):
 
-    NATTN_LIBRARY=old.so python benchmarks/library_ab.py old flux-2d-w80,mid-2d-k13 [bwd]
-    NATTN_LIBRARY=new.so python benchmarks/library_ab.py new flux-2d-w80,mid-2d-k13 [bwd]
+    NATTN_LIBRARY=old.so python benchmarks/library_ab.py old flux-2d-w80,mid-2d-k13 [bwd] [graphs]
+    NATTN_LIBRARY=new.so python benchmarks/library_ab.py new flux-2d-w80,mid-2d-k13 [bwd] [graphs]
+
+`graphs`: the GPU's time (CUDA-graph replays, the bench's `median_ms`) instead of wall time;
+small problems' forward + backward are host-bound (their wall times swung 20-50% between
+rounds on the H200 machine) and need it.
 
 Problems are the names of `python -m nattn.bench --suite tuning` (the anchors and more) or ad-hoc
 shapes written `SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]`, e.g. `16x32x32-k3x5x5-b2-h8-d64`. A
@@ -19,6 +23,7 @@ from triton.testing import do_bench
 
 import nattn
 from nattn.bench.problems import TUNING, Problem
+from nattn.bench.timing import median_ms
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 AD_HOC = re.compile(r"(\d+(?:x\d+)*)-k(\d+(?:x\d+)*)-b(\d+)-h(\d+)-d(\d+)(?:-dil(\d+(?:x\d+)*))?")
@@ -38,7 +43,8 @@ def problem(name: str) -> Problem:
     return Problem(name, spatial, int(m[3]), int(m[4]), int(m[5]), dims(m[2]), dilation=dilation)
 
 
-def main(tag: str, names: str, bwd: bool) -> None:
+def main(tag: str, names: str, bwd: bool, graphs: bool = False) -> None:
+    device = torch.device("cuda")
     for name in names.split(","):
         p = problem(name)
         q, k, v = (torch.randn(p.batch, *p.spatial, p.heads, p.dim, device="cuda", dtype=torch.bfloat16,
@@ -48,12 +54,24 @@ def main(tag: str, names: str, bwd: bool) -> None:
             return FUNCS[p.na_dim](q, k, v, p.kernel, dilation=p.dilation, stride=p.stride, is_causal=p.causal,
                                    backend="cuda")
 
-        try:
+        def fwd():
             with torch.no_grad():
-                line = f"{tag:6s} {name:26s} fwd {do_bench(f, warmup=50, rep=300):8.3f}"
+                f()
+
+        try:
+            if graphs:
+                ms = median_ms(fwd, [()], device, graphs=True)
+            else:
+                with torch.no_grad():
+                    ms = do_bench(f, warmup=50, rep=300)
+            line = f"{tag:6s} {name:26s} fwd {ms:8.3f}"
             if bwd:
                 g = torch.randn_like(q)
-                line += f"  f+b {do_bench(lambda: f().backward(g), warmup=30, rep=300):8.3f}"
+                if graphs:
+                    ms = median_ms(lambda: torch.autograd.grad(f(), (q, k, v), g), [()], device, graphs=True)
+                else:
+                    ms = do_bench(lambda: f().backward(g), warmup=30, rep=300)
+                line += f"  f+b {ms:8.3f}"
         except (RuntimeError, ValueError) as e:  # a forced family or tile pair that declines the problem
             line = f"{tag:6s} {name:26s} declined: {str(e).splitlines()[0][:160]}"
         print(line, flush=True)
@@ -62,4 +80,7 @@ def main(tag: str, names: str, bwd: bool) -> None:
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2], len(sys.argv) > 3 and sys.argv[3] == "bwd")
+    flags = set(sys.argv[3:])
+    if flags - {"bwd", "graphs"}:
+        sys.exit(f"unknown flags {sorted(flags - {'bwd', 'graphs'})}; accepted: bwd, graphs")
+    main(sys.argv[1], sys.argv[2], "bwd" in flags, "graphs" in flags)

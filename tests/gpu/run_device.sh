@@ -97,7 +97,8 @@ if [[ $what == *models* ]]; then  # timm models end to end beside Swin-T / ConvN
 fi
 # Libraries side by side (benchmarks/library_ab.py, bf16, fwd and fwd + bwd), two rounds
 # alternating between them. ab: AB_LIBS="tag=path ..." (a path ending in .xz is unpacked:
-# the 100 MiB libraries travel compressed), AB_PROBLEMS; variants: every variants/*.so.
+# the 100 MiB libraries travel compressed), AB_PROBLEMS, AB_ARGS=graphs (GPU time: small
+# problems' wall times are host-bound); variants: every variants/*.so.
 ab_rounds() {  # ab_rounds PROBLEMS tag=path ...
   local problems=$1; shift
   local libs=()
@@ -111,7 +112,7 @@ ab_rounds() {  # ab_rounds PROBLEMS tag=path ...
   done
   for round in 1 2; do
     for spec in "${libs[@]}"; do
-      NATTN_LIBRARY=${spec#*=} timeout 200 python3 benchmarks/library_ab.py "${spec%%=*}" "$problems" bwd 2>&1 \
+      NATTN_LIBRARY=${spec#*=} timeout 200 python3 benchmarks/library_ab.py "${spec%%=*}" "$problems" bwd ${AB_ARGS:-} 2>&1 \
         | grep -v "^ \|^Traceback" | tee -a "$OUT/ab.txt"
     done
   done
