@@ -151,6 +151,13 @@ constexpr int kTcMaxHeadDim = 128;
 // 15.2 (tc's backward walks the causal window's whole box), 3x5x5 loses (1.27 vs 1.07).
 constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
 
+// Keys in a query's window (the product of the kernel sizes).
+int64_t window_keys(const nattn::Params& p) {
+  int64_t window = 1;
+  for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
+  return window;
+}
+
 // Keys the Hopper family walks per query with a (query box, key box) pair: per axis, the
 // union of a query box's windows (the window plus the leaders' spread: blocks of `stride`
 // queries share a window) rounded up to whole key boxes. 64-key boxes count 15% more (a
@@ -175,9 +182,8 @@ constexpr int64_t kSm90DeepBoxMaxWindow = 4096;
 double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
   double keys = 1;
   int kbox_size = 1, qbox_size = 1;
-  int64_t window = 1;
-  for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
-  if (p.na_dim == 3 && e.head_dim <= 64 && e.qbox[0] >= 4 && window < kSm90DeepBoxMaxWindow) keys = kSm90DeepBoxCost;
+  if (p.na_dim == 3 && e.head_dim <= 64 && e.qbox[0] >= 4 && window_keys(p) < kSm90DeepBoxMaxWindow)
+    keys = kSm90DeepBoxCost;
   for (int a = 0; a < p.na_dim; ++a) {
     const int d = p.dilation[a], s = p.stride[a], k = p.kernel[a];
     const int len = (p.spatial[a] + d - 1) / d;
@@ -294,13 +300,6 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   }
   if (!first) *why = "no compiled sm90 backward for this dtype, NA dim and head dim";
   return first;
-}
-
-// Keys in a query's window (the product of the kernel sizes).
-int64_t window_keys(const nattn::Params& p) {
-  int64_t window = 1;
-  for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
-  return window;
 }
 
 // Split-KV by default (a call that leaves kv_splits at 0): a forward whose 128-query boxes
