@@ -1,7 +1,9 @@
 """Per-kernel GPU time of one cuda-backend forward+backward on the anchor problems (bf16):
 which of libnattn's passes (forward, dQ, dK/dV) the time goes to, from torch.profiler.
 
-    python benchmarks/kernel_split.py [--only dinat-s1-2d,video-3d] [--iters 20]
+    python benchmarks/kernel_split.py [--only dinat-s1-2d,video-3d] [--iters 20] [--rpb]
+
+--rpb adds a relative positional bias with its gradient (NAT / DiNAT layers have one).
 """
 
 import argparse
@@ -13,15 +15,19 @@ import nattn
 from cuda_anchors import ANCHORS, FUNCS, LARGE
 
 
-def split(anchor, iters):
+def split(anchor, iters, with_rpb=False):
     name, spatial, b, h, d, kernel, dil = anchor
     na = FUNCS[len(spatial)]
     q, k, v = (torch.randn(b, *spatial, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     g = torch.randn(b, *spatial, h, d, device="cuda", dtype=torch.bfloat16)
+    rpb = None
+    if with_rpb:
+        rpb = torch.randn(h, *(2 * w - 1 for w in kernel), device="cuda", requires_grad=True)
+        name += " (RPB)"
 
     def step():
-        na(q, k, v, kernel, dilation=dil, backend="cuda").backward(g)
+        na(q, k, v, kernel, dilation=dil, rpb=rpb, backend="cuda").backward(g)
 
     for _ in range(3):
         step()
@@ -46,11 +52,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rpb", action="store_true", help="with a relative positional bias (and its gradient)")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     for anchor in ANCHORS:
         if (not only and anchor[0] not in LARGE) or anchor[0] in only:
-            split(anchor, args.iters)
+            split(anchor, args.iters, args.rpb)
 
 
 if __name__ == "__main__":

@@ -47,38 +47,47 @@ static void coords(const Params& p, long long t, int* c) {
   for (int a = p.na_dim - 1; a >= 0; --a) { c[a] = int(t % p.spatial[a]); t /= p.spatial[a]; }
 }
 
-// The packed walk's token f of a union, by divisions (what the cursors keep by counters).
+// The packed walk's token f of a union, by divisions (what UnionIndex finds by multiply-highs).
 template <int NA>
 static void check_coords(const AxisRange* u, int f, const int* c) {
   for (int a = NA - 1; a >= 0; --a) {
-    CHECK(c[a] == u[a].start + f % u[a].count, "cursor axis %d at %d, want %d", a, c[a], u[a].start + f % u[a].count);
+    CHECK(c[a] == u[a].start + f % u[a].count, "union index axis %d at %d, want %d", a, c[a], u[a].start + f % u[a].count);
     f /= u[a].count;
   }
 }
 
-// The kernels' copy cursors: lane l keeps chunk token l % 16 (a chunk per step) with its
-// offset in one of two tensors of different strides (lanes 0-15 the first, 16-31 the
-// second: K and V) and the token index (the LSE/delta rows of the inverse walk).
+// The kernels' staging: per chunk, lane l finds chunk token l % 16 (past the union: its last
+// token, a valid address) and its offset in one of two tensors of different strides (lanes
+// 0-15 the first, 16-31 the second: K and V) and its token index (the LSE/delta rows of the
+// inverse walk).
 template <int NA>
 static void check_staging(const Params& p, const AxisRange* u, const int* g, const int64_t* s) {
   const int size = union_size<NA>(u), chunks = (size + kChunk - 1) / kChunk;
+  const UnionIndex<NA> ui(u);
   int64_t s2[5] = {0, 0, 0, 0, 0};
   for (int a = 0; a < NA; ++a) s2[1 + a] = s[1 + a] * 3 + 7 * (a + 1);  // a strided view
   for (int lane = 0; lane < 32; ++lane) {
     const GroupStrides<NA> st[2] = {GroupStrides<NA>(p, s, g, s2, lane >= kChunk), GroupStrides<NA>(p, s, g)};
     const GroupStrides<NA> direct(p, lane >= kChunk ? s2 : s, g);
-    OffsetCursor<NA, 2, kChunk> oc(u, lane % kChunk, st);
-    for (int ci = 0; ci < chunks; ++ci, oc.step(u, st)) {
-      const int f = ci * kChunk + lane % kChunk;
-      CHECK(oc.f == f, "copy cursor at %d, want %d", oc.f, f);
+    for (int ci = 0; ci < chunks; ++ci) {
+      const int f = ci * kChunk + lane % kChunk, fc = nattn_min(f, size - 1);
+      int c[3];
+      ui.coords(fc, c);
       for (int a = 0; a < NA; ++a)  // even past the union's end: its addresses stay valid
-        CHECK(unsigned(oc.c[a] - u[a].start) < unsigned(u[a].count), "copy cursor left the union at %d", f);
-      CHECK(oc.o[0] == direct.at(oc.c), "copy cursor offset drifted at %d (lane %d)", f, lane);
-      if (f >= size) continue;
-      check_coords<NA>(u, f, oc.c);
-      CHECK(oc.o[0] == direct.at(oc.c), "copy cursor offset drifted at %d (lane %d)", f, lane);
-      CHECK(oc.o[1] == token_index<NA>(p, oc.c, g), "copy cursor token index drifted at %d", f);
+        CHECK(unsigned(c[a] - u[a].start) < unsigned(u[a].count), "staged token left the union at %d", f);
+      check_coords<NA>(u, fc, c);
+      CHECK(st[0].at(c) == direct.at(c), "staging offset wrong at %d (lane %d)", f, lane);
+      CHECK(st[1].at(c) == token_index<NA>(p, c, g), "staging token index wrong at %d", f);
     }
+  }
+}
+
+// FixedDivisor against division, exhaustively over the divisors and numerators the walk meets.
+static void check_divisor() {
+  for (int n = 1; n <= 2100; ++n) {
+    const FixedDivisor d(n);
+    const int top = n <= 64 ? (1 << 20) : (1 << 16);
+    for (int x = 0; x < top; x += (x < 4096 ? 1 : 7)) CHECK(int(d.div(unsigned(x))) == x / n, "%d / %d", x, n);
   }
 }
 
@@ -116,17 +125,16 @@ static void check_problem(const Params& p, const int* box) {
       const int rrow = rpb_row_part<NA, kInverse>(p, ig, rmult);
       const GroupStrides<NA> ts(p, s, g);
       // the kernels' column walk: lane class tq holds chunk columns col(q, tq), q = 0..3
+      const UnionIndex<NA> ui(u);
       for (int tq = 0; tq < 4; ++tq) {
-        UnionCursor<NA> mc(u, 2 * tq);
         for (int ci = 0; ci < chunks; ++ci)
           for (int q = 0; q < 4; ++q) {
             const int j = (q >> 1) * 8 + 2 * tq + (q & 1), f = ci * kChunk + j;
-            CHECK(mc.f == f, "column cursor at %d, want %d", mc.f, f);
-            if (f < size) check_coords<NA>(u, f, mc.c);
-            const bool ok = f < size && in_window<NA>(win, mc.c);
-            const int col_rpb = rpb_dot<NA>(mc.c, rmult);
-            int c[3] = {mc.c[0], mc.c[1], mc.c[2]};
-            mc.step(u, (q & 1) ? 7 : 1);
+            int c[3];
+            ui.coords(f, c);
+            if (f < size) check_coords<NA>(u, f, c);
+            const bool ok = f < size && in_window<NA>(win, c);
+            const int col_rpb = rpb_dot<NA>(c, rmult);
             if (!ok) continue;
             const long long other = ts.at(c);
             CHECK(other >= 0 && other < N, "partner token %lld out of range", other);
@@ -214,6 +222,7 @@ static void check_model_boxes() {
 
 int main() {
   check_model_boxes();
+  check_divisor();
   for (int i = 0; i < 60; ++i) {
     random_problem<1>();
     random_problem<2>();

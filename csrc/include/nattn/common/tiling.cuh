@@ -154,45 +154,49 @@ NATTN_HD int union_size(const AxisRange* u) {
   return n;
 }
 
-// Carries a last-axis overflow of union coordinates c into the leading axes, once per line
-// end crossed; past the union's end they start over. moved(a, n) hears of each move of n
-// tokens along axis a (negative when an axis rewinds), for cursors that keep offsets.
-template <int NA, typename Moved>
-NATTN_HD void carry_lines(int* c, const AxisRange* u, Moved moved) {
-  constexpr int A = NA - 1;
-  while (c[A] >= u[A].start + u[A].count) {
-    c[A] -= u[A].count;
-    moved(A, -u[A].count);
+// floor(x / n) for a divisor fixed per warp: umulhi(x, floor((2^32 - 1) / n) + 1) is exact
+// while x * n < 2^32 (the error of the rounded-up reciprocal, under x / 2^32, stays below the
+// 1 / n gap to the next integer). The tc family's unions (windows <= 400 keys) keep
+// size * extent below 2^28.
+struct FixedDivisor {
+  unsigned n, magic;
+  NATTN_HD explicit FixedDivisor(int n_ = 1) : n(unsigned(n_)), magic(n_ > 1 ? 0xffffffffu / unsigned(n_) + 1u : 0u) {}
+  NATTN_HD unsigned div(unsigned x) const {
+#ifdef __CUDA_ARCH__
+    const unsigned hi = __umulhi(x, magic);
+#else
+    const unsigned hi = unsigned((unsigned long long)x * magic >> 32);
+#endif
+    return n == 1 ? x : hi;
+  }
+};
+
+// The union's packed index f -> group coordinates c (row-major, the last axis fastest), by
+// multiplications: no cursor, no carries across line ends, no branches. Past the union's end
+// (f >= size) the coordinates lie outside it; callers mask those tokens.
+template <int NA>
+struct UnionIndex {
+  int start[3];
+  FixedDivisor ext[3];
+
+  NATTN_HD explicit UnionIndex(const AxisRange* u) {
 #pragma unroll
-    for (int a = A - 1; a >= 0; --a) {
-      ++c[a];
-      moved(a, 1);
-      if (c[a] < u[a].start + u[a].count) break;
-      c[a] = u[a].start;
-      moved(a, -u[a].count);
+    for (int a = 0; a < 3; ++a) {
+      start[a] = a < NA ? u[a].start : 0;
+      ext[a] = FixedDivisor(a < NA ? u[a].count : 1);
     }
   }
-}
-
-// One token of the packed walk: its group coordinates c, kept by counters (no divisions),
-// and its packed index f (past the union when f >= union_size).
-template <int NA>
-struct UnionCursor {
-  int c[3], f;
-
-  // The cursor at packed index f0 (a small offset: it is reached by stepping).
-  NATTN_HD UnionCursor(const AxisRange* u, int f0) : f(0) {
+  NATTN_HD void coords(int f, int* c) const {
+    unsigned q = unsigned(f);
 #pragma unroll
-    for (int a = 0; a < 3; ++a) c[a] = a < NA ? u[a].start : 0;
-    if (union_size<NA>(u) > 0) step(u, f0);
-    else f = f0;
-  }
-  // Moves d >= 0 tokens on. Past the union's end the coordinates wrap (f tells).
-  NATTN_HD void step(const AxisRange* u, int d) {
-    constexpr int A = NA - 1;
-    f += d;
-    c[A] += d;
-    if (NA > 1) carry_lines<NA>(c, u, [](int, int) {});
+    for (int a = NA - 1; a > 0; --a) {
+      const unsigned d = ext[a].div(q);
+      c[a] = start[a] + int(q - d * ext[a].n);
+      q = d;
+    }
+    c[0] = start[0] + int(q);
+#pragma unroll
+    for (int a = NA; a < 3; ++a) c[a] = 0;
   }
 };
 
@@ -250,55 +254,6 @@ struct GroupStrides {
 #pragma unroll
     for (int a = 0; a < NA; ++a) o += int64_t(c[a]) * step(a);
     return o;
-  }
-};
-
-// A UnionCursor that moves a fixed D tokens at a time and also keeps its token's element
-// offsets in NS tensors, by additions: the per-stream increment of a step along the last
-// axis is kept, the rest (line ends) is read from the strides when a line end is crossed.
-// Its coordinates never leave the union (they wrap past its end; f tells), so copies
-// predicated off still get an address inside the tensor.
-template <int NA, int NS, int D>
-struct OffsetCursor {
-  int c[3], f;
-  int64_t o[NS], inc[NS];
-
-  NATTN_HD OffsetCursor(const AxisRange* u, int f0, const GroupStrides<NA>* s) : f(0) {
-#pragma unroll
-    for (int a = 0; a < 3; ++a) c[a] = a < NA ? u[a].start : 0;
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      o[i] = s[i].at(c);
-      inc[i] = D * s[i].step(NA - 1);
-    }
-    if (union_size<NA>(u) > 0) move(u, f0, s);
-    else f = f0;
-  }
-  NATTN_HD void step(const AxisRange* u, const GroupStrides<NA>* s) {
-    constexpr int A = NA - 1;
-    f += D;
-    c[A] += D;
-#pragma unroll
-    for (int i = 0; i < NS; ++i) o[i] += inc[i];
-    if (c[A] >= u[A].start + u[A].count) wrap(u, s);
-  }
-
- private:
-  NATTN_HD void move(const AxisRange* u, int d, const GroupStrides<NA>* s) {  // any d >= 0
-    constexpr int A = NA - 1;
-    f += d;
-    c[A] += d;
-#pragma unroll
-    for (int i = 0; i < NS; ++i) o[i] += d * s[i].step(A);
-    wrap(u, s);
-  }
-  // Line ends: past the union's end the coordinates start over, so the offsets always
-  // address union tokens.
-  NATTN_HD void wrap(const AxisRange* u, const GroupStrides<NA>* s) {
-    carry_lines<NA>(c, u, [&](int a, int n) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) o[i] += n * s[i].step(a);
-    });
   }
 };
 

@@ -432,11 +432,13 @@ __device__ __forceinline__ int col_token(int q, int tq) { return (q >> 1) * 8 + 
 // One box's walk over its window union, packed (common/tiling.cuh): chunk ci's tokens of two
 // tensors X and Y (K and V, or Q and dO for the inverse walk) are staged into slot
 // tc_stage(ci) of the warp's buffer with cp.async, kTcStages - 1 chunks ahead of the one
-// computed. Lane l keeps the
-// offset of chunk token l % 16 in X (lanes 0-15) or Y (lanes 16-31) with a cursor stepping a
-// chunk at a time; the copying lanes fetch the offsets they need with shuffles. A second
-// cursor per lane walks its fragment columns. With kSide, the inverse walk also stages each
-// query's LSE and delta (a second offset stream: the token index).
+// computed. Per chunk, lane l finds the coordinates of chunk token l % 16 (UnionIndex: two
+// multiply-highs in 3-D, none in 1-D) and its offset in X (lanes 0-15) or Y (lanes 16-31);
+// the copying lanes fetch the offsets they need with shuffles. Its fragment columns' coordinates
+// come the same way. (Cursors stepping along the union with carries across line ends cost
+// ~200 integer instructions a chunk, Nsight Compute, PERF.md thirteenth session.) With kSide,
+// the inverse walk also stages each query's LSE and delta (a second offset stream: the token
+// index).
 template <typename T, int NA, int HD, bool kInverse, bool kSide = false>
 struct Walk {
   using Lt = Layout<T, HD>;
@@ -452,8 +454,7 @@ struct Walk {
   GroupStrides<NA> st[2];  // this lane's tensor, the token index (kSide)
   int lane, size, chunks;
   bool xin, yin;           // this lane's channels lie within X's / Y's head dim
-  OffsetCursor<NA, NS, CW> oc;
-  UnionCursor<NA> mc;
+  UnionIndex<NA> ui;
   // kSide: LSE/delta rows (b, token, h) of the staged queries, into side[stage][lse 16 | delta 16]
   float* side;
   int64_t row0;
@@ -465,8 +466,8 @@ struct Walk {
                                   int h_ = 0, const int64_t* tst = nullptr)
       : p(p_), rw(rw_), u(u_), buf(buf_), X(X_), Y(Y_),
         st{GroupStrides<NA>(p_, xst, g, yst, lane_ >= CW), GroupStrides<NA>(p_, kSide ? tst : xst, g)},
-        lane(lane_), xin((lane_ % PPK) * Lt::VEC < xdim), yin((lane_ % PPK) * Lt::VEC < ydim), oc(u_, lane_ % CW, st),
-        mc(u_, 2 * (lane_ % 4)), side(side_), row0(row0_), h(h_) {
+        lane(lane_), xin((lane_ % PPK) * Lt::VEC < xdim), yin((lane_ % PPK) * Lt::VEC < ydim), ui(u_),
+        side(side_), row0(row0_), h(h_) {
     size = union_size<NA>(u);
     chunks = (size + CW - 1) / CW;
   }
@@ -506,27 +507,34 @@ struct Walk {
     const int e = (lane % PPK) * Lt::VEC, left = size - ci * CW;
     const T* Xl = X + (xin ? e : 0);
     const T* Yl = Y + (yin ? e : 0);
+    // This lane's token (past the union: its last token, so that copies predicated off still
+    // get an address inside the tensor) and its offsets.
+    int c[3];
+    ui.coords(nattn_min(ci * CW + lane % CW, size - 1), c);
+    int64_t o[NS];
+#pragma unroll
+    for (int s = 0; s < NS; ++s) o[s] = st[s].at(c);
     if constexpr (Lt::kF32) {
       // TF32: kept rolled (16 copies a tensor at head dim 128); unrolled, their shuffled
       // offsets held at once made the dK/dV pass spill at head dim 128.
 #pragma unroll 1
-      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, Xl, Yl);
+      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, Xl, Yl, o);
     } else {
 #pragma unroll
-      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, Xl, Yl);
+      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, Xl, Yl, o);
     }
-    oc.step(u, st);
     cp_async_commit();
   }
   // Copy instruction i of issue: chunk token j's piece e of X and Y (and its LSE and delta).
-  __device__ __forceinline__ void copy(S* dst, int ci, int i, int e, int left, const T* Xl, const T* Yl) {
+  __device__ __forceinline__ void copy(S* dst, int ci, int i, int e, int left, const T* Xl, const T* Yl,
+                                       const int64_t* o) {
     const int j = i * TPI + lane / PPK;
-    const int64_t ox = __shfl_sync(0xffffffffu, oc.o[0], j), oy = __shfl_sync(0xffffffffu, oc.o[0], CW + j);
+    const int64_t ox = __shfl_sync(0xffffffffu, o[0], j), oy = __shfl_sync(0xffffffffu, o[0], CW + j);
     const bool in = j < left;
     cp_async16(dst + j * Lt::P + e, Xl + ox, in && xin);
     cp_async16(dst + Lt::TILE + j * Lt::P + e, Yl + oy, in && yin);
     if (kSide) {
-      const int64_t t = __shfl_sync(0xffffffffu, oc.o[NS - 1], j);
+      const int64_t t = __shfl_sync(0xffffffffu, o[NS - 1], j);
       if (lane % PPK < 2) {  // the token's first two lanes: its LSE and its delta
         const float* src = (lane % PPK == 0 ? p.lse : p.delta) + (row0 + t) * p.heads + h;
         cp_async4(side + tc_stage(ci) * 2 * CW + (lane % PPK) * CW + j, src, in);
@@ -551,19 +559,21 @@ struct Walk {
     }
     __syncwarp();
   }
-  // The computed chunk's columns (then moves on to the next chunk); with kTok also their
-  // token indices mod 2^32 (dropout's mask words; g: the box's dilation group).
+  // Chunk ci's columns (the lane's 4 fragment columns); with kTok also their token indices
+  // mod 2^32 (dropout's mask words; g: the box's dilation group).
   template <bool kTok = false>
-  __device__ __forceinline__ void take(Cols& cl, const int* rmult, bool rpb, uint32_t* tok = nullptr,
+  __device__ __forceinline__ void take(int ci, Cols& cl, const int* rmult, bool rpb, uint32_t* tok = nullptr,
                                        const int* g = nullptr) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const bool in = mc.f < size;
+      const int f = ci * CW + col_token(q, lane % 4);
+      const bool in = f < size;
+      int c[3];
+      ui.coords(f, c);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) cl.ok[r][q] = in && in_window<NA>(rw.win[r], mc.c);
-      cl.rpb[q] = rpb ? rpb_dot<NA>(mc.c, rmult) : 0;
-      if constexpr (kTok) tok[q] = token_word<NA>(p, mc.c, g);
-      mc.step(u, (q & 1) ? 7 : 1);
+      for (int r = 0; r < 2; ++r) cl.ok[r][q] = in && in_window<NA>(rw.win[r], c);
+      cl.rpb[q] = rpb ? rpb_dot<NA>(c, rmult) : 0;
+      if constexpr (kTok) tok[q] = token_word<NA>(p, c, g);
     }
   }
 };
@@ -640,23 +650,33 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
     const S* sK = walk.tile(ci);
     Cols cl;
     uint32_t ktok[4];
-    walk.template take<kDrop>(cl, rmult, rpb != nullptr, ktok, g);
+    walk.template take<kDrop>(ci, cl, rmult, rpb != nullptr, ktok, g);
     unsigned keep = 0;
     if constexpr (kDrop) keep = keep_bits_query_rows(keys.drop, keys.qtok, ktok, p.drop_threshold);
     float s[2][4];
     mma_tiles_t<T, HD>(s, sQ, sK, lane);
     float mx[2] = {-INFINITY, -INFINITY};
+    // Instantiated with and without RPB (a uniform branch per chunk): without it no score
+    // carries the bias load's predicated address math.
+    auto scores = [&](auto with_rpb) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, q = nt * 2 + (e & 1);
-        const bool ok = cl.ok[r][q];
-        float v = s[nt][e] * p.scale_log2;
-        if (rpb && ok) v += rpb[rpb_index<false>(keys.rrow[r], cl.rpb[q])] * kLog2e;
-        s[nt][e] = ok ? v : -INFINITY;
-        mx[r] = fmaxf(mx[r], s[nt][e]);
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, q = nt * 2 + (e & 1);
+          const bool ok = cl.ok[r][q];
+          float v = s[nt][e] * p.scale_log2;
+          if constexpr (decltype(with_rpb)::value) {
+            // unconditional (entry 0 outside the window, whose score is masked below): a
+            // conditional load compiled to a branch per score
+            v += rpb[ok ? rpb_index<false>(keys.rrow[r], cl.rpb[q]) : 0] * kLog2e;
+          }
+          s[nt][e] = ok ? v : -INFINITY;
+          mx[r] = fmaxf(mx[r], s[nt][e]);
+        }
+    };
+    if (rpb) scores(std::true_type{});
+    else scores(std::false_type{});
     float ref[2];
     float corr[2];
 #pragma unroll
@@ -782,24 +802,30 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
     const S* sK = walk.tile(ci);
     Cols cl;
     uint32_t ktok[4];
-    walk.template take<kDrop>(cl, rmult, rpb != nullptr, ktok, g);
+    walk.template take<kDrop>(ci, cl, rmult, rpb != nullptr, ktok, g);
     unsigned keep = 0;
     if constexpr (kDrop) keep = keep_bits_query_rows(keys.drop, keys.qtok, ktok, p.drop_threshold);
     float s[2][4], dp[2][4];
     mma_tiles_t<T, HD>(s, sQ, sK, lane);
     mma_tiles_t<T, HD>(dp, sQ + Lt::TILE, sK + Lt::TILE, lane);
+    auto scores = [&](auto with_rpb) {  // with and without RPB, as in the forward
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, q = nt * 2 + (e & 1);
-        const bool ok = rw.ok[r] && cl.ok[r][q];
-        float v = s[nt][e] * p.scale_log2;
-        if (rpb && ok) v += rpb[rpb_index<false>(keys.rrow[r], cl.rpb[q])] * kLog2e;
-        float dpe = dp[nt][e];
-        if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
-        s[nt][e] = ok ? fast_exp2(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, q = nt * 2 + (e & 1);
+          const bool ok = rw.ok[r] && cl.ok[r][q];
+          float v = s[nt][e] * p.scale_log2;
+          if constexpr (decltype(with_rpb)::value) {
+            v += rpb[ok ? rpb_index<false>(keys.rrow[r], cl.rpb[q]) : 0] * kLog2e;  // as in the forward
+          }
+          float dpe = dp[nt][e];
+          if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
+          s[nt][e] = ok ? fast_exp2(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
+        }
+    };
+    if (rpb) scores(std::true_type{});
+    else scores(std::false_type{});
     unsigned dsa[Lt::AREGS];
     pack_a<T>(dsa, s);
     mma_rows<T, HD>(dq, dsa, sK, lane);
@@ -893,7 +919,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
         const float* sL = walk.side_tile(ci);
         Cols cl;
         uint32_t qtok[4];
-        walk.template take<kDrop>(cl, rmult, rpb != nullptr, qtok, g);
+        walk.template take<kDrop>(ci, cl, rmult, rpb != nullptr, qtok, g);
         unsigned keep = 0;
         if constexpr (kDrop) keep = keep_bits_key_rows(drop, ktok, qtok, p.drop_threshold);
         float s[2][4], dp[2][4];
@@ -921,7 +947,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
               int ridx = 0;
               if constexpr (kRpb) {
                 ridx = rpb_index<true>(rrow[r], cl.rpb[q]);
-                if (ok) v += rpb[ridx] * kLog2e;
+                v += rpb[ok ? ridx : 0] * kLog2e;  // as in the forward: no branch per score
               }
               const float pr = ok ? fast_exp2(v - lse2[q]) : 0.f;
               float dpe = dp[nt][e];
