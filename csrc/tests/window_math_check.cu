@@ -70,9 +70,21 @@ static int check_cursor(long long& checks) {
 
 int main() {
   long long checks = 0;
-  for (int it = 0; it < 3000; ++it) {
-    const int k = rnd(2, 12), s = rnd(1, k), len_g = k + rnd(0, 30);
-    const bool causal = rnd(0, 1);
+  // every (k, s, len_g, causal) up to k = 13, len_g = k + 40, then random larger ones
+  for (int it = 0; it < 13 * 13 * 41 * 2 + 3000; ++it) {
+    int k, s, len_g;
+    bool causal;
+    if (it < 13 * 13 * 41 * 2) {
+      int r = it;
+      k = 1 + r % 13; r /= 13;
+      s = 1 + r % 13; r /= 13;
+      len_g = k + r % 41; r /= 41;
+      causal = r != 0;
+      if (s > k) continue;
+    } else {
+      k = rnd(2, 40); s = rnd(1, k); len_g = k + rnd(0, 90);
+      causal = rnd(0, 1);
+    }
     for (int ig = 0; ig < len_g; ++ig) {
       const AxisRange w = query_window(ig, len_g, k, s, causal);
       for (int jg = -1; jg <= len_g; ++jg) {

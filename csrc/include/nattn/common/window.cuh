@@ -25,24 +25,37 @@ NATTN_HD AxisRange query_window(int ig, int len_g, int k, int s, bool causal) {
   return {centre - left, k};  // shifts inward at the borders, never shrinks
 }
 
-// Queries [start, start + count) (group coordinates) whose window holds key jg.
-// Window start and end are non-decreasing in the query, so the set is one range:
-// two binary searches find it.
+// The first query whose window centre (start + k / 2) is >= t, without causality: the centre
+// is the query's stride-block leader (block + s / 2) clamped to [k / 2, len_g - 1 - right], so
+// past the clamps it is the first block >= t - s / 2. (Needs len_g >= k, 1 <= s <= k: the
+// argument checks guarantee both.)
+NATTN_HD int first_centre_at_least(int t, int len_g, int k, int s) {
+  const int left = k / 2, right = k / 2 + k % 2 - 1;
+  if (t <= left) return 0;
+  if (t > len_g - 1 - right) return len_g;
+  const int need = t - s / 2;  // block(i) >= need
+  if (need <= 0) return 0;
+  return nattn_min(len_g, s == 1 ? need : (need + s - 1) / s * s);
+}
+
+// Queries [start, start + count) (group coordinates) whose window holds key jg. Window start
+// and end are non-decreasing in the query, so the set is one range; closed forms (a binary
+// search over query_window cost the backward's key rows ~1000 instructions a warp).
 NATTN_HD AxisRange key_inverse(int jg, int len_g, int k, int s, bool causal) {
-  int lo = 0, hi = len_g;  // first query whose window end >= jg
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    const AxisRange w = query_window(mid, len_g, k, s, causal);
-    if (w.start + w.count - 1 >= jg) hi = mid; else lo = mid + 1;
+  if (causal) {
+    // start(i) <= jg <= i: from jg to the first query whose window starts past jg, i.e. whose
+    // leader min(block + s - 1, len_g - 1) reaches jg + k
+    int end = len_g;
+    if (jg + k <= len_g - 1) {
+      const int need = jg + k - s + 1;  // block(i) >= need (> 0: s <= k)
+      end = nattn_min(len_g, s == 1 ? need : (need + s - 1) / s * s);
+    }
+    return {jg, end - jg};
   }
-  const int first = lo;
-  lo = first; hi = len_g;  // first query whose window start > jg
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    const AxisRange w = query_window(mid, len_g, k, s, causal);
-    if (w.start > jg) hi = mid; else lo = mid + 1;
-  }
-  return {first, lo - first};
+  const int left = k / 2;
+  const int first = first_centre_at_least(jg - k + 1 + left, len_g, k, s);  // window end >= jg
+  const int end = first_centre_at_least(jg + 1 + left, len_g, k, s);        // window start > jg
+  return {first, end - first};
 }
 
 // Number of tokens of dilation group g along an axis of length len: ceil((len - g) / d).

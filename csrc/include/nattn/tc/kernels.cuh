@@ -437,8 +437,8 @@ __device__ __forceinline__ int col_token(int q, int tq) { return (q >> 1) * 8 + 
 // the copying lanes fetch the offsets they need with shuffles. Its fragment columns' coordinates
 // come the same way. (Cursors stepping along the union with carries across line ends cost
 // ~200 integer instructions a chunk, Nsight Compute, PERF.md thirteenth session.) With kSide,
-// the inverse walk also stages each query's LSE and delta (a second offset stream: the token
-// index).
+// the inverse walk also stages each query's LSE and delta (a second offset stream: the row of
+// the [B, N, H] LSE / delta, `rst` the per-axis row strides).
 template <typename T, int NA, int HD, bool kInverse, bool kSide = false>
 struct Walk {
   using Lt = Layout<T, HD>;
@@ -451,23 +451,23 @@ struct Walk {
   const AxisRange* u;
   S* buf;
   const T *X, *Y;
-  GroupStrides<NA> st[2];  // this lane's tensor, the token index (kSide)
+  GroupStrides<NA> st[2];  // this lane's tensor, the LSE / delta row (kSide)
   int lane, size, chunks;
   bool xin, yin;           // this lane's channels lie within X's / Y's head dim
   UnionIndex<NA> ui;
-  // kSide: LSE/delta rows (b, token, h) of the staged queries, into side[stage][lse 16 | delta 16]
+  // kSide: LSE/delta rows (b, token, h) of the staged queries, into side[stage][lse 16 | delta 16];
+  // side_src: this lane's tensor (LSE for piece 0 of a token, delta for piece 1) at row (b, 0, h)
   float* side;
-  int64_t row0;
-  int h;
+  const float* side_src;
 
   __device__ __forceinline__ Walk(const Params& p_, const Rows<NA, kInverse>& rw_, const int* g, const AxisRange* u_,
                                   S* buf_, int lane_, const T* X_, const int64_t* xst, int xdim, const T* Y_,
                                   const int64_t* yst, int ydim, float* side_ = nullptr, int64_t row0_ = 0,
-                                  int h_ = 0, const int64_t* tst = nullptr)
+                                  int h_ = 0, const int64_t* rst = nullptr)
       : p(p_), rw(rw_), u(u_), buf(buf_), X(X_), Y(Y_),
-        st{GroupStrides<NA>(p_, xst, g, yst, lane_ >= CW), GroupStrides<NA>(p_, kSide ? tst : xst, g)},
+        st{GroupStrides<NA>(p_, xst, g, yst, lane_ >= CW), GroupStrides<NA>(p_, kSide ? rst : xst, g)},
         lane(lane_), xin((lane_ % PPK) * Lt::VEC < xdim), yin((lane_ % PPK) * Lt::VEC < ydim), ui(u_),
-        side(side_), row0(row0_), h(h_) {
+        side(side_), side_src(kSide ? (lane_ % PPK == 0 ? p_.lse : p_.delta) + row0_ * p_.heads + h_ : nullptr) {
     size = union_size<NA>(u);
     chunks = (size + CW - 1) / CW;
   }
@@ -534,11 +534,9 @@ struct Walk {
     cp_async16(dst + j * Lt::P + e, Xl + ox, in && xin);
     cp_async16(dst + Lt::TILE + j * Lt::P + e, Yl + oy, in && yin);
     if (kSide) {
-      const int64_t t = __shfl_sync(0xffffffffu, o[NS - 1], j);
-      if (lane % PPK < 2) {  // the token's first two lanes: its LSE and its delta
-        const float* src = (lane % PPK == 0 ? p.lse : p.delta) + (row0 + t) * p.heads + h;
-        cp_async4(side + tc_stage(ci) * 2 * CW + (lane % PPK) * CW + j, src, in);
-      }
+      const int64_t row = __shfl_sync(0xffffffffu, o[NS - 1], j);
+      if (lane % PPK < 2)  // the token's first two lanes: its LSE and its delta
+        cp_async4(side + tc_stage(ci) * 2 * CW + (lane % PPK) * CW + j, side_src + row, in);
     }
   }
   // Chunk ci is in shared memory for the whole warp (the next kTcStages - 1 are on their way).
@@ -889,8 +887,10 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
         dv[nt][e] = 0.f;
       }
     const int rrow[2] = {rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)};
-    int64_t tst[4];
-    token_strides<NA>(p, tst);
+    int64_t rst[4];  // row strides of the [B, N, H] LSE and delta: the token strides times H
+    token_strides<NA>(p, rst);
+#pragma unroll
+    for (int a = 0; a < NA; ++a) rst[1 + a] *= p.heads;
     uint32_t ktok[2];  // dropout: the rows' key tokens
     if constexpr (kDrop) {
       ktok[0] = token_word<NA>(p, rw.ig[0], g);
@@ -904,7 +904,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       DropKeys drop;  // the mask of query head h
       if constexpr (kDrop) drop.init(p, b, h);
       Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
-                                       int64_t(b) * p.tokens, h, tst);
+                                       int64_t(b) * p.tokens, h, rst);
       walk.prologue();
       if constexpr (Lt::kF32) {  // first head: the own K and V rows (the group before) have landed: round them
         if (hg == 0) {
