@@ -267,3 +267,16 @@ def test_simt_dropout_runs_by_default(monkeypatch):
         LIB.sm90_configs(_dropout_problem(getattr(torch, dt)))  # accepted (no ValueError)
         rc, msg = call(_dropout_problem(getattr(torch, dt)), fn="backward")
         assert rc == 1 and "grad_out pointer is null" in msg, (dt, msg)
+
+
+def test_sm90_backward_minimum_by_head_dim():
+    """The backward's sm90 minimum window (timed on the H200 against tc's faster passes): 2-D
+    at head dims <= 32 and 3-D at <= 64 from 400 keys, else the per-NA-dim minimum; the
+    Python dispatch reads the same table."""
+    if not hasattr(LIB, "sm90_min_window_backward_head") or not LIB.sm90_min_window_backward_head:
+        pytest.skip("this build predates the per-head-dim backward minimum")
+    table, per_dim = LIB.sm90_min_window_backward_head, LIB.sm90_min_window_backward
+    assert table[(2, 32)] == table[(3, 32)] == table[(3, 64)] == 400
+    assert table[(2, 64)] == table[(2, 128)] == per_dim[2]
+    assert table[(1, 32)] == per_dim[1] and table[(3, 128)] == per_dim[3]
+    assert all(per_dim[n] < 400 for n in (1, 2, 3))

@@ -150,6 +150,21 @@ constexpr int kTcMaxHeadDim = 128;
 // 7x7 loses (0.96 vs 0.70); 3-D 3x7x7 1.33 vs 1.47, 5x7x7 1.69 vs 2.05, causal 8x17x17 3.9 vs
 // 15.2 (tc's backward walks the causal window's whole box), 3x5x5 loses (1.27 vs 1.07).
 constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
+// Fourteenth session (PERF.md; tc's passes 20-30% faster: no binary searches, no cursors),
+// backward = forward + backward minus forward, GPU time, ms, tc vs sm90: 2-D at head dim 32
+// 13x13 0.34 vs 0.45 (28x28) and 0.59 vs 0.72 (56x56), 15x15 0.70 vs 0.78, 17x17 0.85 vs
+// 0.92, 21x21 0.61 vs 0.56; 3-D at head dims 32 / 64 3x7x7 0.75 vs 0.83, 5x7x7 1.08 vs 1.13,
+// 7x7x7 1.36 vs 1.44, 5x9x9 1.68 vs 1.51, 7x9x9 2.20 vs 1.93; 2-D 13x13 at head dim 64 and
+// 3-D 5x7x7 at 128 stay sm90's (1.14 vs 1.05, 0.95 vs 0.74). So the backward of 2-D windows
+// at head dims <= 32 and of 3-D ones at head dims <= 64 runs sm90 from 400 keys.
+constexpr int64_t kSm90MinWindowBackwardSmallHead = 400;
+constexpr int kSm90BackwardSmallHeadDim[3] = {0, 32, 64};
+
+// The backward's minimum window for a head dim (the larger of D and D_v).
+int64_t sm90_min_window_backward(int na_dim, int64_t head_dim) {
+  if (head_dim > 0 && head_dim <= kSm90BackwardSmallHeadDim[na_dim - 1]) return kSm90MinWindowBackwardSmallHead;
+  return kSm90MinWindowBackward[na_dim - 1];
+}
 
 // Keys in a query's window (the product of the kernel sizes).
 int64_t window_keys(const nattn::Params& p) {
@@ -331,7 +346,8 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
   if (!backward && p.na_dim == 2 && p.dim <= kSm90SmallHeadDim && p.dim_v <= kSm90SmallHeadDim)
     return window >= kSm90MinWindow2dSmallHead;
   if (!backward && p.na_dim == 2 && plain_2d_window(p)) return window >= kSm90MinWindow2dPlain;
-  return window >= (backward ? kSm90MinWindowBackward : kSm90MinWindow)[p.na_dim - 1];
+  if (backward) return window >= sm90_min_window_backward(p.na_dim, p.dim > p.dim_v ? p.dim : p.dim_v);
+  return window >= kSm90MinWindow[p.na_dim - 1];
 }
 
 // Validates the problem and fills the kernel parameters. `backward` adds the
@@ -595,6 +611,12 @@ NATTN_API int64_t nattn_sm90_min_window_head(int64_t na_dim, int64_t head_dim) {
 // The same for the backward.
 NATTN_API int64_t nattn_sm90_min_window_backward(int64_t na_dim) {
   return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindowBackward[na_dim - 1] : -1;
+}
+
+// The backward's for a head dim (D == D_v): 2-D at head dims <= 32 and 3-D at <= 64 start
+// later (kSm90MinWindowBackwardSmallHead).
+NATTN_API int64_t nattn_sm90_min_window_backward_head(int64_t na_dim, int64_t head_dim) {
+  return na_dim >= 1 && na_dim <= 3 ? sm90_min_window_backward(int(na_dim), head_dim) : -1;
 }
 
 // Whether this build has the Hopper family's backward for a dtype code, NA dim and head dim

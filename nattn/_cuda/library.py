@@ -73,6 +73,13 @@ class Library:
             fn.restype = ctypes.c_int64
             fn.argtypes = [ctypes.c_int64]
             self.sm90_min_window_backward = {n: fn(n) for n in (1, 2, 3)}
+        # ... per (NA dim, head dim) where the head dim moves it (older builds: per NA dim)
+        self.sm90_min_window_backward_head = {}
+        if hasattr(lib, "nattn_sm90_min_window_backward_head"):
+            fn = lib.nattn_sm90_min_window_backward_head
+            fn.restype = ctypes.c_int64
+            fn.argtypes = [ctypes.c_int64, ctypes.c_int64]
+            self.sm90_min_window_backward_head = {(n, d): fn(n, d) for n in (1, 2, 3) for d in (32, 64, 128, 256)}
         # (dtype, na_dim, head_dim) with a Hopper backward (none: older builds)
         self.sm90_backward = set()
         if hasattr(lib, "nattn_sm90_has_backward"):

@@ -86,7 +86,7 @@ def _sm90_min_window(dtype_name: str, na_dim: int, backward: bool = False, head_
     if lib is None or ("sm90", dtype_name, na_dim) not in lib.kernels:
         return None
     if backward:
-        return lib.sm90_min_window_backward.get(na_dim)
+        return lib.sm90_min_window_backward_head.get((na_dim, head_dim), lib.sm90_min_window_backward.get(na_dim))
     return lib.sm90_min_window_head.get((na_dim, head_dim), lib.sm90_min_window.get(na_dim))
 
 
