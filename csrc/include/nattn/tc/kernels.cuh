@@ -738,16 +738,34 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
   int rmult[3];
   rpb_mults<NA>(p, rmult);
 
-  float delta[2], lse2[2];
+  // The rows' LSE and dLSE first, and dO and O for delta after chunk 0's copies are issued:
+  // their global-load latencies overlap the staging (Nsight Compute, PERF.md fourteenth
+  // session: waiting on them was ~15% of this pass's stall samples at DiNAT's 7x7).
+  float lse_in[2], dlse[2];
+  int64_t row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row[r] = (int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[r], g)) * p.heads + h;
+    lse_in[r] = rw.ok[r] ? p.lse[row[r]] : 0.f;
+    dlse[r] = p.grad_lse && rw.ok[r] ? p.grad_lse[row[r]] : 0.f;
+  }
+  const T* D = head_base<const T>(p.grad_out, p.grad_out_s, b, h);
   {
     const T* Q = head_base<const T>(p.q, p.q_s, b, h);
-    const T* D = head_base<const T>(p.grad_out, p.grad_out_s, b, h);
-    const T* O = head_base<const T>(p.out, p.out_s, b, h);
     stage_rows<T, HD>(sQ, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
                       p.dim, lane);
     stage_rows<T, HD>(sQ + Lt::TILE, D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[0], g),
                       D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[1], g), p.dim_v, lane);
     cp_async_commit();
+  }
+  RowWalk<T, NA, HD, kDrop> keys(p, rw, g, u, buf, lane, b, h, hkv, rmult);
+  auto& walk = keys.walk;
+  const float* rpb = keys.rpb;
+  walk.prologue();
+
+  float delta[2], lse2[2];
+  {
+    const T* O = head_base<const T>(p.out, p.out_s, b, h);
     // delta = rowsum(dO * O) - dLSE: this lane's channels of both rows, then its quad
     float dl[2] = {0.f, 0.f};
     if constexpr (Lt::kF32) {
@@ -774,22 +792,17 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int64_t row = (int64_t(b) * p.tokens + token_index<NA>(p, rw.ig[r], g)) * p.heads + h;
-      delta[r] = quad_sum(dl[r]) - (p.grad_lse && rw.ok[r] ? p.grad_lse[row] : 0.f);
-      lse2[r] = rw.ok[r] ? lse_log2(p.lse[row]) : 0.f;
-      if (tq == 0 && rw.ok[r]) p.delta[row] = delta[r];
+      delta[r] = quad_sum(dl[r]) - dlse[r];
+      lse2[r] = rw.ok[r] ? lse_log2(lse_in[r]) : 0.f;
+      if (tq == 0 && rw.ok[r]) p.delta[row[r]] = delta[r];
     }
   }
-  RowWalk<T, NA, HD, kDrop> keys(p, rw, g, u, buf, lane, b, h, hkv, rmult);
-  auto& walk = keys.walk;
-  const float* rpb = keys.rpb;
 
   float dq[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[nt][e] = 0.f;
-  walk.prologue();
   if constexpr (Lt::kF32) {  // the Q and dO rows (the group before chunk 0's) have landed: round them
     walk.wait_rows();
     round_rows_tf32<HD>(sQ, lane);
