@@ -26,6 +26,21 @@ def library_path() -> Optional[str]:
     return here if os.path.isfile(here) else None
 
 
+_NA_DIMS = [(n,) for n in (1, 2, 3)]
+_NA_HEAD_DIMS = [(n, d) for n in (1, 2, 3) for d in (32, 64, 128, 256)]
+
+
+def _int_table(lib, name: str, args: list) -> dict:
+    """``{args: lib.name(*args)}`` for an int64 export taking int64s (single arguments keyed
+    bare); empty when this build has no such export."""
+    if not hasattr(lib, name):
+        return {}
+    fn = getattr(lib, name)
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int64] * len(args[0])
+    return {(a[0] if len(a) == 1 else a): fn(*a) for a in args}
+
+
 class Library:
     """The loaded library with typed entry points and its compiled kernel list."""
 
@@ -53,33 +68,14 @@ class Library:
             fn.restype = ctypes.c_int
         self.forward = lib.nattn_forward
         self.backward = lib.nattn_backward
-        # Per NA dim, the window from which a forward runs the Hopper family (none: older builds).
-        self.sm90_min_window = {}
-        if hasattr(lib, "nattn_sm90_min_window"):
-            lib.nattn_sm90_min_window.restype = ctypes.c_int64
-            lib.nattn_sm90_min_window.argtypes = [ctypes.c_int64]
-            self.sm90_min_window = {n: lib.nattn_sm90_min_window(n) for n in (1, 2, 3)}
-        # ... per (NA dim, head dim) where the head dim moves it (older builds: per NA dim)
-        self.sm90_min_window_head = {}
-        if hasattr(lib, "nattn_sm90_min_window_head"):
-            fn = lib.nattn_sm90_min_window_head
-            fn.restype = ctypes.c_int64
-            fn.argtypes = [ctypes.c_int64, ctypes.c_int64]
-            self.sm90_min_window_head = {(n, d): fn(n, d) for n in (1, 2, 3) for d in (32, 64, 128, 256)}
-        # ... and a backward (older builds: the forward's)
-        self.sm90_min_window_backward = dict(self.sm90_min_window)
-        if hasattr(lib, "nattn_sm90_min_window_backward"):
-            fn = lib.nattn_sm90_min_window_backward
-            fn.restype = ctypes.c_int64
-            fn.argtypes = [ctypes.c_int64]
-            self.sm90_min_window_backward = {n: fn(n) for n in (1, 2, 3)}
-        # ... per (NA dim, head dim) where the head dim moves it (older builds: per NA dim)
-        self.sm90_min_window_backward_head = {}
-        if hasattr(lib, "nattn_sm90_min_window_backward_head"):
-            fn = lib.nattn_sm90_min_window_backward_head
-            fn.restype = ctypes.c_int64
-            fn.argtypes = [ctypes.c_int64, ctypes.c_int64]
-            self.sm90_min_window_backward_head = {(n, d): fn(n, d) for n in (1, 2, 3) for d in (32, 64, 128, 256)}
+        # Per NA dim, the window from which a forward runs the Hopper family, then per (NA
+        # dim, head dim) where the head dim moves it, and the same for a backward (older
+        # builds lack some: empty tables, and a backward falls back to the forward's).
+        self.sm90_min_window = _int_table(lib, "nattn_sm90_min_window", _NA_DIMS)
+        self.sm90_min_window_head = _int_table(lib, "nattn_sm90_min_window_head", _NA_HEAD_DIMS)
+        self.sm90_min_window_backward = (_int_table(lib, "nattn_sm90_min_window_backward", _NA_DIMS)
+                                         or dict(self.sm90_min_window))
+        self.sm90_min_window_backward_head = _int_table(lib, "nattn_sm90_min_window_backward_head", _NA_HEAD_DIMS)
         # (dtype, na_dim, head_dim) with a Hopper backward (none: older builds)
         self.sm90_backward = set()
         if hasattr(lib, "nattn_sm90_has_backward"):

@@ -429,6 +429,25 @@ struct Cols {
 
 __device__ __forceinline__ int col_token(int q, int tq) { return (q >> 1) * 8 + 2 * tq + (q & 1); }
 
+// f(nt, e, r, q) for each of a lane's 8 score elements: n-tile nt, fragment element e, row r
+// (0: lane / 4, 1: lane / 4 + 8) and column q (col_token's index).
+template <typename F>
+__device__ __forceinline__ void for_each_score(F&& f) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(nt, e, e >> 1, nt * 2 + (e & 1));
+}
+
+// The score loops run in two instances, with and without RPB (std::true_type / false_type:
+// a uniform branch per chunk), so that a call without RPB carries no bias loads or dRPB
+// atomics.
+template <typename F>
+__device__ __forceinline__ void rpb_instanced(bool rpb, F&& f) {
+  if (rpb) f(std::true_type{});
+  else f(std::false_type{});
+}
+
 // One box's walk over its window union, packed (common/tiling.cuh): chunk ci's tokens of two
 // tensors X and Y (K and V, or Q and dO for the inverse walk) are staged into slot
 // tc_stage(ci) of the warp's buffer with cp.async, kTcStages - 1 chunks ahead of the one
@@ -654,27 +673,19 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
     float s[2][4];
     mma_tiles_t<T, HD>(s, sQ, sK, lane);
     float mx[2] = {-INFINITY, -INFINITY};
-    // Instantiated with and without RPB (a uniform branch per chunk): without it no score
-    // carries the bias load's predicated address math.
-    auto scores = [&](auto with_rpb) {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1, q = nt * 2 + (e & 1);
-          const bool ok = cl.ok[r][q];
-          float v = s[nt][e] * p.scale_log2;
-          if constexpr (decltype(with_rpb)::value) {
-            // unconditional (entry 0 outside the window, whose score is masked below): a
-            // conditional load compiled to a branch per score
-            v += rpb[ok ? rpb_index<false>(keys.rrow[r], cl.rpb[q]) : 0] * kLog2e;
-          }
-          s[nt][e] = ok ? v : -INFINITY;
-          mx[r] = fmaxf(mx[r], s[nt][e]);
+    rpb_instanced(rpb != nullptr, [&](auto with_rpb) {
+      for_each_score([&](int nt, int e, int r, int q) {
+        const bool ok = cl.ok[r][q];
+        float v = s[nt][e] * p.scale_log2;
+        if constexpr (decltype(with_rpb)::value) {
+          // unconditional (entry 0 outside the window, whose score is masked below): a
+          // conditional load compiled to a branch per score
+          v += rpb[ok ? rpb_index<false>(keys.rrow[r], cl.rpb[q]) : 0] * kLog2e;
         }
-    };
-    if (rpb) scores(std::true_type{});
-    else scores(std::false_type{});
+        s[nt][e] = ok ? v : -INFINITY;
+        mx[r] = fmaxf(mx[r], s[nt][e]);
+      });
+    });
     float ref[2];
     float corr[2];
 #pragma unroll
@@ -819,24 +830,18 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
     float s[2][4], dp[2][4];
     mma_tiles_t<T, HD>(s, sQ, sK, lane);
     mma_tiles_t<T, HD>(dp, sQ + Lt::TILE, sK + Lt::TILE, lane);
-    auto scores = [&](auto with_rpb) {  // with and without RPB, as in the forward
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1, q = nt * 2 + (e & 1);
-          const bool ok = rw.ok[r] && cl.ok[r][q];
-          float v = s[nt][e] * p.scale_log2;
-          if constexpr (decltype(with_rpb)::value) {
-            v += rpb[ok ? rpb_index<false>(keys.rrow[r], cl.rpb[q]) : 0] * kLog2e;  // as in the forward
-          }
-          float dpe = dp[nt][e];
-          if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
-          s[nt][e] = ok ? fast_exp2(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
+    rpb_instanced(rpb != nullptr, [&](auto with_rpb) {
+      for_each_score([&](int nt, int e, int r, int q) {
+        const bool ok = rw.ok[r] && cl.ok[r][q];
+        float v = s[nt][e] * p.scale_log2;
+        if constexpr (decltype(with_rpb)::value) {
+          v += rpb[ok ? rpb_index<false>(keys.rrow[r], cl.rpb[q]) : 0] * kLog2e;  // as in the forward
         }
-    };
-    if (rpb) scores(std::true_type{});
-    else scores(std::false_type{});
+        float dpe = dp[nt][e];
+        if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
+        s[nt][e] = ok ? fast_exp2(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
+      });
+    });
     unsigned dsa[Lt::AREGS];
     pack_a<T>(dsa, s);
     mma_rows<T, HD>(dq, dsa, sK, lane);
@@ -946,38 +951,32 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
           lse2[q] = lse_log2(sL[col_token(q, tq)]);
           delta[q] = sL[CW + col_token(q, tq)];
         }
-        // P^T and dS^T in place of S^T and dP^T. Instantiated with and without RPB (a uniform
-        // branch per chunk): without it no score carries the bias load or dRPB atomics.
-        auto scores = [&](auto with_rpb) {
+        // P^T and dS^T in place of S^T and dP^T (rpb_instanced: no bias loads or dRPB atomics
+        // without RPB).
+        rpb_instanced(rpb != nullptr, [&](auto with_rpb) {
           constexpr bool kRpb = decltype(with_rpb)::value;
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int r = e >> 1, q = nt * 2 + (e & 1);
-              const bool ok = rw.ok[r] && cl.ok[r][q];
-              float v = s[nt][e] * p.scale_log2;
-              int ridx = 0;
-              if constexpr (kRpb) {
-                ridx = rpb_index<true>(rrow[r], cl.rpb[q]);
-                v += rpb[ok ? ridx : 0] * kLog2e;  // as in the forward: no branch per score
-              }
-              const float pr = ok ? fast_exp2(v - lse2[q]) : 0.f;
-              float dpe = dp[nt][e];
-              if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
-              const float ds = pr * (dpe - delta[q]);
-              s[nt][e] = kDrop && !kept(keep, r, q) ? 0.f : pr;  // dV takes the masked P (1 / (1 - p) at the store)
-              dp[nt][e] = ds;
-              if constexpr (kRpb) {
-                if (ok) {  // one address space per branch: no generic atomics
-                  if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, ds);
-                  else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
-                }
+          for_each_score([&](int nt, int e, int r, int q) {
+            const bool ok = rw.ok[r] && cl.ok[r][q];
+            float v = s[nt][e] * p.scale_log2;
+            int ridx = 0;
+            if constexpr (kRpb) {
+              ridx = rpb_index<true>(rrow[r], cl.rpb[q]);
+              v += rpb[ok ? ridx : 0] * kLog2e;  // as in the forward: no branch per score
+            }
+            const float pr = ok ? fast_exp2(v - lse2[q]) : 0.f;
+            float dpe = dp[nt][e];
+            if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
+            const float ds = pr * (dpe - delta[q]);
+            s[nt][e] = kDrop && !kept(keep, r, q) ? 0.f : pr;  // dV takes the masked P (1 / (1 - p) at the store)
+            dp[nt][e] = ds;
+            if constexpr (kRpb) {
+              if (ok) {  // one address space per branch: no generic atomics
+                if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, ds);
+                else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
               }
             }
-        };
-        if (rpb) scores(std::true_type{});
-        else scores(std::false_type{});
+          });
+        });
         unsigned pa[Lt::AREGS], dsa[Lt::AREGS];
         pack_a<T>(pa, s);
         pack_a<T>(dsa, dp);
