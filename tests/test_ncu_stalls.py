@@ -43,3 +43,18 @@ def test_opcodes_and_a_file_without_samples(tmp_path):
         assert "no header with a sampling column" in str(e)
     else:
         raise AssertionError("a page without samples must be refused")
+
+
+def test_setup_split(tmp_path):
+    """--once: instructions executed at most once per warp (4 warps here) against the loop's."""
+    path = tmp_path / "exec.csv"
+    path.write_text('"# Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"\n'
+                    '"0x0","LDG.E R2, desc[UR4][R4.64] ;","60","4"\n'
+                    '"0x10","IMAD R3, R2, R2, RZ ;","10","4"\n'
+                    '"0x20","HMMA.16816.F32.BF16 R8, R12, R16, R8 ;","30","28"\n'
+                    '"0x30","EXIT ;","0","0"\n')
+    rows = ncu_stalls.read(str(path), with_executed=True)
+    assert [e for _, _, e in rows] == [4, 4, 28, 0]
+    text = ncu_stalls.setup_split(rows, 4)
+    assert "22.2% of the instructions (2 per unit), 70.0% of the samples" in text
+    assert ncu_stalls.read(str(path))[0] == ("LDG.E R2, desc[UR4][R4.64] ;", 60.0)  # default: pairs
