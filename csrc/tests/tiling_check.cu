@@ -199,6 +199,8 @@ static void random_problem() {
     box[NA - 1] = left;
     for (int a = NA; a < 3; ++a) box[a] = 1;
   }
+  for (int a = 0; a < 3; ++a)  // warp_box / lane_token split token indices with shifts
+    CHECK(box[a] > 0 && (box[a] & (box[a] - 1)) == 0 && (1 << box_shift(box[a])) == box[a], "box %d", box[a]);
   check_problem<NA, false>(p, box);
   check_problem<NA, true>(p, box);
 }

@@ -62,21 +62,38 @@ inline int64_t num_warps(const Params& p, const int* box) {
   return n;
 }
 
+// log2 of a box extent: every box is a power of two per axis (fixed_box, model_box), so the
+// kernels split token indices with shifts and masks instead of divisions.
+NATTN_HD int box_shift(int bx) {
+#ifdef __CUDA_ARCH__
+  return __ffs(bx) - 1;
+#else
+  int s = 0;
+  while ((1 << s) < bx) ++s;
+  return s;
+#endif
+}
+
 // Which box a warp serves: per axis its dilation group g, group length L and first
 // group coordinate. False when the warp has no token (past the grid, or a short group).
+// 32-bit unsigned arithmetic (w < 2^31: the launch's grid.x times its warps), one division
+// per axis without dilation (they were ~20 signed / 64-bit divisions of a warp's setup).
 template <int NA>
-NATTN_HD bool warp_box(const Params& p, const int* box, int64_t w, int* g, int* L, int* first) {
+NATTN_HD bool warp_box(const Params& p, const int* box, int64_t w64, int* g, int* L, int* first) {
+  unsigned w = unsigned(w64);
   bool ok = true;
 #pragma unroll
   for (int a = NA - 1; a >= 0; --a) {
-    const int d = p.dilation[a], m = (p.spatial[a] + d - 1) / d, bx = box[a];
-    const int nt = (m + bx - 1) / bx;
-    const int64_t per = int64_t(nt) * d;
-    const int idx = int(w % per);
-    w /= per;
-    g[a] = idx / nt;
-    first[a] = (idx % nt) * bx;
-    L[a] = group_len(p.spatial[a], g[a], d);
+    const unsigned d = unsigned(p.dilation[a]), sh = unsigned(box_shift(box[a]));
+    const unsigned m = d == 1 ? unsigned(p.spatial[a]) : (unsigned(p.spatial[a]) + d - 1) / d;
+    const unsigned nt = (m + (1u << sh) - 1) >> sh;  // boxes along the longest group
+    const unsigned per = nt * d;
+    const unsigned q = w / per, idx = w - q * per;
+    w = q;
+    const unsigned gi = d == 1 ? 0u : idx / nt;
+    g[a] = int(gi);
+    first[a] = int((idx - gi * nt) << sh);
+    L[a] = group_len(p.spatial[a], g[a], p.dilation[a]);
     ok = ok && first[a] < L[a];
   }
   return ok && w == 0;
@@ -88,9 +105,9 @@ NATTN_HD bool lane_token(const int* box, int t, const int* first, const int* L, 
   bool ok = true;
 #pragma unroll
   for (int a = NA - 1; a >= 0; --a) {
-    const int bx = box[a];
-    const int c = first[a] + t % bx;
-    t /= bx;
+    const int sh = box_shift(box[a]);
+    const int c = first[a] + (t & ((1 << sh) - 1));
+    t >>= sh;
     ok = ok && c < L[a];
     ig[a] = c < L[a] ? c : L[a] - 1;
   }
