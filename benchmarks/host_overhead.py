@@ -5,10 +5,16 @@ autograd and the launches cost. Also prints the top functions of a cProfile run.
     python benchmarks/host_overhead.py [--backend cuda] [--profile]
     python benchmarks/host_overhead.py --null     # nattn's Python alone, on any machine
     python benchmarks/host_overhead.py --compiled # the same calls inside torch.compile'd functions
+    python benchmarks/host_overhead.py --baseline # also torch's own SDPA on the same tensors
 
 ``--null`` registers a backend whose kernels do nothing (it returns empty tensors) and runs on
 the CPU: what is left is nattn's own Python (argument checks, dispatch, packing) plus torch's
 autograd bookkeeping.
+
+``--baseline`` also times ``torch.nn.functional.scaled_dot_product_attention`` on the same
+tensors (heads moved to dim 1, no copies), forward and forward + backward: what one autograd
+attention call costs on this host with torch's own op, the platform's part of the numbers
+above (a CUDA backward hands its work to autograd's device thread once per ``backward()``).
 """
 
 import argparse
@@ -69,6 +75,8 @@ def main():
     ap.add_argument("--null", action="store_true", help="a do-nothing backend on the CPU: nattn's Python alone")
     ap.add_argument("--compiled", action="store_true",
                     help="call through torch.compile (the custom ops' path: what compiled models pay)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also time torch's scaled_dot_product_attention on the same tensors")
     args = ap.parse_args()
     device, dtype = "cuda", torch.bfloat16
     if args.null:
@@ -97,6 +105,20 @@ def main():
 
     print(f"backend {args.backend}{' (compiled)' if args.compiled else ''}: forward {per_call(fwd):.1f} us, forward+backward {per_call(fwd_bwd):.1f} us "
           "(wall per call, kernels negligible)")
+    if args.baseline:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        heads_first = [t.flatten(1, 2).transpose(1, 2) for t in (q, k, v)]  # [B, H, N, D] views
+        g_first = g.flatten(1, 2).transpose(1, 2)
+
+        def sdpa_fwd():
+            with torch.no_grad():
+                sdpa(*heads_first)
+
+        def sdpa_fwd_bwd():
+            sdpa(*heads_first).backward(g_first)
+
+        print(f"torch sdpa (baseline): forward {per_call(sdpa_fwd):.1f} us, forward+backward "
+              f"{per_call(sdpa_fwd_bwd):.1f} us")
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

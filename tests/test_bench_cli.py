@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 
 import pytest
 import torch
@@ -212,3 +213,18 @@ def test_model_step_time_is_the_median_window(monkeypatch):
     ms = models.step_ms(fn, torch.device("cpu"), iters=4, repeats=3)
     assert len(calls) == 3 + 3 * 4
     assert ms == pytest.approx(20.0)
+
+
+def test_host_overhead_baseline_runs_on_the_cpu():
+    """benchmarks/host_overhead.py --null --baseline: nattn's Python with a do-nothing backend
+    and torch's SDPA on the same tensors, each a forward and a forward + backward per call (the
+    numbers are the host's; only that both are measured is checked)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "host_overhead.py"), "--null", "--baseline"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line for line in run.stdout.splitlines() if "forward+backward" in line]
+    assert len(lines) == 2 and lines[0].startswith("backend null:") and lines[1].startswith("torch sdpa (baseline):")
