@@ -467,7 +467,6 @@ struct Walk {
   static constexpr int NS = kSide ? 2 : 1;
   const Params& p;
   const Rows<NA, kInverse>& rw;
-  const AxisRange* u;
   S* buf;
   const T *X, *Y;
   GroupStrides<NA> st[2];  // this lane's tensor, the LSE / delta row (kSide)
@@ -483,11 +482,11 @@ struct Walk {
                                   S* buf_, int lane_, const T* X_, const int64_t* xst, int xdim, const T* Y_,
                                   const int64_t* yst, int ydim, float* side_ = nullptr, int64_t row0_ = 0,
                                   int h_ = 0, const int64_t* rst = nullptr)
-      : p(p_), rw(rw_), u(u_), buf(buf_), X(X_), Y(Y_),
+      : p(p_), rw(rw_), buf(buf_), X(X_), Y(Y_),
         st{GroupStrides<NA>(p_, xst, g, yst, lane_ >= CW), GroupStrides<NA>(p_, kSide ? rst : xst, g)},
         lane(lane_), xin((lane_ % PPK) * Lt::VEC < xdim), yin((lane_ % PPK) * Lt::VEC < ydim), ui(u_),
         side(side_), side_src(kSide ? (lane_ % PPK == 0 ? p_.lse : p_.delta) + row0_ * p_.heads + h_ : nullptr) {
-    size = union_size<NA>(u);
+    size = union_size<NA>(u_);
     chunks = (size + CW - 1) / CW;
   }
   __device__ __forceinline__ const S* tile(int ci) const { return buf + tc_stage(ci) * 2 * Lt::TILE; }
