@@ -48,11 +48,29 @@ def steps(model, x, y, device, graphs: bool = False):
     return train, infer
 
 
+def _window_ms(fn, device, iters: int) -> float:
+    """Mean milliseconds of ``fn`` over one window of ``iters`` calls (CUDA events on CUDA,
+    wall clock on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / iters
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t) / iters * 1e3
+
+
 def step_ms(fn, device, iters: int, repeats: int = 1, warmup_s: float = 0.0) -> float:
     """Milliseconds per call of ``fn``: the median over ``repeats`` windows of ``iters`` calls
-    (each window's mean; CUDA events on CUDA, wall clock on the CPU), after three warm-up
-    calls and then more until ``warmup_s`` seconds have passed (an idle GPU's clocks take a
-    while to ramp up; one short window read 30% apart between runs of the same model)."""
+    (each window's mean, `_window_ms`), after three warm-up calls and then more until
+    ``warmup_s`` seconds have passed (an idle GPU's clocks take a while to ramp up; one short
+    window read 30% apart between runs of the same model)."""
     t = time.perf_counter()
     done = 0
     while done < 3 or time.perf_counter() - t < warmup_s:
@@ -60,23 +78,8 @@ def step_ms(fn, device, iters: int, repeats: int = 1, warmup_s: float = 0.0) -> 
         done += 1
         if device.type == "cuda" and done >= 3:
             torch.cuda.synchronize()
-    windows = []
-    for _ in range(max(1, repeats)):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            windows.append(start.elapsed_time(end) / iters)
-        else:
-            t = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            windows.append((time.perf_counter() - t) / iters * 1e3)
-    return sorted(windows)[len(windows) // 2]
+    windows = sorted(_window_ms(fn, device, iters) for _ in range(max(1, repeats)))
+    return windows[len(windows) // 2]
 
 
 # On CUDA each (model, mode) is timed as the median of this many windows of ``--iters`` steps,
