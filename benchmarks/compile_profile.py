@@ -26,20 +26,40 @@ def timed(fn, iters):
     return step_ms(fn, torch.device("cuda"), iters)
 
 
+def _is_kernel(e) -> bool:
+    """A GPU activity (kernel, memcpy, memset), not a CPU op with its children's device time."""
+    return str(getattr(e, "device_type", "")).endswith("CUDA")
+
+
+# Runtime calls that make the host wait for the GPU: one per step is the loss read or the
+# timer; one per layer makes the step the sum of host and GPU time instead of the larger.
+_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+               "cudaMemcpy", "cudaMemcpyAsync")
+
+
 def top_kernels(fn, n):
+    """One profiled step: its wall time beside the GPU's busy time (kernels, copies), the top
+    GPU activities, the top CPU ops by their own time, and the host-blocking runtime calls."""
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
         fn()
         torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        cuda_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        rows.append((cuda_us, e.count, e.key))
-    kernels = sorted((r for r in rows if r[0] > 0), reverse=True)
-    total = sum(r[0] for r in kernels if not r[2].startswith(("aten::", "nattn::", "cuda", "Torch", "autograd",
-                                                                 "Optimizer", "CompiledFunction")))
-    print(f"  device time of listed kernels: {total / 1e3:.2f} ms")
+        wall = (time.perf_counter() - t) * 1e3
+    events = prof.key_averages()
+    kernels = sorted(((e.self_device_time_total, e.count, e.key) for e in events if _is_kernel(e)), reverse=True)
+    busy = sum(k[0] for k in kernels) / 1e3
+    print(f"  profiled step: {wall:.2f} ms wall, GPU busy {busy:.2f} ms ({busy / wall:.0%}; the rest the GPU"
+          " waits for the host)")
     for us, count, key in kernels[:n]:
         print(f"  {us / 1e3:9.3f} ms  {count:5d}x  {key[:110]}")
+    cpu = sorted(((e.self_cpu_time_total, e.count, e.key) for e in events if not _is_kernel(e)), reverse=True)
+    print(f"  host: top ops by their own CPU time")
+    for us, count, key in cpu[:n]:
+        print(f"  {us / 1e3:9.3f} ms  {count:5d}x  {key[:110]}")
+    syncs = [(e.key, e.count, e.self_cpu_time_total) for e in events if e.key.startswith(_SYNC_CALLS)]
+    for key, count, us in syncs:
+        print(f"  host waits: {key} {count}x, {us / 1e3:.3f} ms")
 
 
 def main():

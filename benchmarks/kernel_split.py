@@ -26,8 +26,10 @@ def split(anchor, iters, with_rpb=False):
         rpb = torch.randn(h, *(2 * w - 1 for w in kernel), device="cuda", requires_grad=True)
         name += " (RPB)"
 
-    def step():
-        na(q, k, v, kernel, dilation=dil, rpb=rpb, backend="cuda").backward(g)
+    leaves = [t for t in (q, k, v, rpb) if t is not None]
+
+    def step():  # autograd.grad: no accumulation into .grad (an add kernel per input otherwise)
+        torch.autograd.grad(na(q, k, v, kernel, dilation=dil, rpb=rpb, backend="cuda"), leaves, g)
 
     for _ in range(3):
         step()
