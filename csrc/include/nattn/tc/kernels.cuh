@@ -448,6 +448,15 @@ __device__ __forceinline__ void rpb_instanced(bool rpb, F&& f) {
   else f(std::false_type{});
 }
 
+// Where a score loop reads the bias table: none, global memory, or a copy in shared memory.
+enum BiasAt : int { kNoBias = 0, kBiasGlobal = 1, kBiasShared = 2 };
+template <typename F>
+__device__ __forceinline__ void bias_instanced(int at, F&& f) {
+  if (at == kBiasShared) f(std::integral_constant<int, kBiasShared>{});
+  else if (at == kBiasGlobal) f(std::integral_constant<int, kBiasGlobal>{});
+  else f(std::integral_constant<int, kNoBias>{});
+}
+
 // One box's walk over its window union, packed (common/tiling.cuh): chunk ci's tokens of two
 // tensors X and Y (K and V, or Q and dO for the inverse walk) are staged into slot
 // tc_stage(ci) of the warp's buffer with cp.async, kTcStages - 1 chunks ahead of the one
@@ -877,6 +886,14 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
   const int hkv = blockIdx.y, b = blockIdx.z;
   const bool stage_rpb = p.rpb != nullptr && p.rpb_in_smem;
   const int64_t smem_len = int64_t(p.groups) * p.rpb_head_size;
+  // p.rpb_in_smem == 2: the bias table of the KV head's query heads is copied beside dRPB's,
+  // so the score loop reads it from shared memory (32-bit addresses, shorter latency).
+  const bool stage_bias = stage_rpb && p.rpb_in_smem == 2;
+  float* const bias_smem = drpb_smem + smem_len;
+  if (stage_bias) {
+    const float* src = p.rpb + int64_t(hkv) * smem_len;
+    for (int64_t i = threadIdx.x; i < smem_len; i += blockDim.x) bias_smem[i] = src[i];
+  }
   if (stage_rpb) drpb_stage_begin(drpb_smem, smem_len);
   int g[3], L[3], first[3];
   // no early return: the block meets again at the dRPB flush
@@ -918,6 +935,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       const T* Qb = head_base<const T>(p.q, p.q_s, b, h);
       const T* Db = head_base<const T>(p.grad_out, p.grad_out_s, b, h);
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
+      const float* const bias_head = bias_smem + hg * p.rpb_head_size;
+      const int bias_at = !rpb ? kNoBias : stage_bias ? kBiasShared : kBiasGlobal;
       DropKeys drop;  // the mask of query head h
       if constexpr (kDrop) drop.init(p, b, h);
       Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
@@ -950,17 +969,19 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
           lse2[q] = lse_log2(sL[col_token(q, tq)]);
           delta[q] = sL[CW + col_token(q, tq)];
         }
-        // P^T and dS^T in place of S^T and dP^T (rpb_instanced: no bias loads or dRPB atomics
-        // without RPB).
-        rpb_instanced(rpb != nullptr, [&](auto with_rpb) {
-          constexpr bool kRpb = decltype(with_rpb)::value;
+        // P^T and dS^T in place of S^T and dP^T (bias_instanced: no bias loads or dRPB atomics
+        // without RPB; the bias from shared memory where it is staged).
+        bias_instanced(bias_at, [&](auto at) {
+          constexpr bool kRpb = decltype(at)::value != kNoBias;
           for_each_score([&](int nt, int e, int r, int q) {
             const bool ok = rw.ok[r] && cl.ok[r][q];
             float v = s[nt][e] * p.scale_log2;
             int ridx = 0;
             if constexpr (kRpb) {
               ridx = rpb_index<true>(rrow[r], cl.rpb[q]);
-              v += rpb[ok ? ridx : 0] * kLog2e;  // as in the forward: no branch per score
+              // as in the forward: no branch per score
+              if constexpr (decltype(at)::value == kBiasShared) v += bias_head[ok ? ridx : 0] * kLog2e;
+              else v += rpb[ok ? ridx : 0] * kLog2e;
             }
             const float pr = ok ? fast_exp2(v - lse2[q]) : 0.f;
             float dpe = dp[nt][e];
@@ -1005,6 +1026,11 @@ bool allow_smem(K kernel, size_t bytes) {
   if (bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   return true;
 }
+
+// Largest bias table (all query heads of a KV head) the dK/dV pass copies into shared memory:
+// 4096 floats, e.g. one head's table of a 2-D window up to 32x32 or a 3-D one up to 8x8x8.
+// (The dQ pass reads the table from global memory: a per-warp copy measured slower.)
+constexpr int64_t kStagedBiasBytes = 16 * 1024;
 
 // Bytes of one staged tile ([CW, HD] with padded rows; fp32 tiles take twice the 16-bit bytes).
 template <typename T, int HD>
@@ -1060,14 +1086,19 @@ void launch_backward_as(const Params& problem, cudaStream_t stream) {
   constexpr size_t smem = dq_smem_bytes<T, HD>();
   // TF32 at head dim 128: 2 x 49.75 KiB + up to 48 KiB of dRPB = 147.5 KiB (an SM80 block may have 163)
   constexpr size_t dkv_max = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(kMaxDrpbSmemBytes);
+  // Room for the staged bias table where it keeps the block within an SM80's 163 KiB.
+  constexpr size_t bias_room = dkv_max + size_t(kStagedBiasBytes) <= size_t(163 * 1024) ? kStagedBiasBytes : 0;
   static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem) &&
-                              allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_max);
+                              allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_max + bias_room);
   (void)allowed;
   backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), W * 32, smem, stream>>>(p);
   Params pk = p;
   const int64_t rpb_bytes = drpb_stage_bytes(p);
-  pk.rpb_in_smem = rpb_bytes > 0;
-  const size_t dkv_smem = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(rpb_bytes);
+  // dRPB staged when its table fits (rpb_in_smem 1), and the bias table beside it (2) when
+  // that fits too.
+  const bool bias_fits = rpb_bytes > 0 && rpb_bytes <= int64_t(bias_room);
+  pk.rpb_in_smem = rpb_bytes > 0 ? (bias_fits ? 2 : 1) : 0;
+  const size_t dkv_smem = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(rpb_bytes) * size_t(pk.rpb_in_smem);
   backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), W * 32, dkv_smem, stream>>>(pk);
 }
 
