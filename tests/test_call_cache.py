@@ -57,3 +57,33 @@ def test_uncacheable_arguments_and_tuning_skip_the_cache():
         nattn.na2d(q, k, v, 3)
     assert not _call_cache._CACHE
     assert _call_cache.key((q,), (object(),)) is None
+
+
+def test_op_keys_tell_apart_what_a_compiled_call_chooses_by():
+    """The ops of compiled calls key their choice on the backend string, the normalized
+    params and the tensors (``op_key``): each of those alone changes the key."""
+    from nattn.backends import deferred
+    from nattn.params import NAParams
+
+    q, k, v = qkv()
+    params = NAParams((3, 3), (1, 1), (1, 1), (False, False), 8 ** -0.5)
+    spec = deferred.spec(None, None, None, False)
+    base = _call_cache.op_key((q, k, v, None), spec, params)
+    assert base == _call_cache.op_key((q.clone(), k, v, None), spec, params)
+    others = [
+        _call_cache.op_key((q, k, v, None), deferred.spec(None, None, True, False), params),
+        _call_cache.op_key((q, k, v, None), spec, NAParams((3, 3), (1, 1), (2, 2), (False, False), 8 ** -0.5)),
+        _call_cache.op_key((q, k, v, None), spec, NAParams((3, 3), (1, 1), (1, 1), (True, False), 8 ** -0.5)),
+        _call_cache.op_key((q.transpose(1, 2), k, v, None), spec, params),
+        _call_cache.op_key((q.double(), k, v, None), spec, params),
+        _call_cache.op_key((q, k, v, torch.zeros(2, 5, 5)), spec, params),
+    ]
+    with torch.no_grad():
+        others.append(_call_cache.op_key((q, k, v, None), spec, params))
+    assert all(o is not None and o != base for o in others)
+    assert len(set(others)) == len(others)
+    assert _call_cache.op_key((torch.nn.Parameter(q).as_subclass(_Sub), k, v, None), spec, params) is None
+
+
+class _Sub(torch.Tensor):
+    pass

@@ -46,9 +46,7 @@ def resolve_na(name: str, q, k, v, rpb, params) -> str:
     requested, tune, deterministic, grads = _fields(name)
     # Choices are remembered per signature with the eager calls' (nattn/_call_cache.py); the
     # tuner keeps its own cache of measured choices.
-    sig = None if autotune.active(q, tune) else _call_cache.key(
-        (q, k, v, rpb),
-        (name, params.kernel_size, params.stride, params.dilation, params.is_causal, params.scale, params.dropout_p))
+    sig = None if autotune.active(q, tune) else _call_cache.op_key((q, k, v, rpb), name, params)
     hit = _call_cache.get(sig)
     if hit is not None:
         return hit[0]
