@@ -60,7 +60,7 @@ def key(tensors, args) -> Optional[tuple]:
 def op_key(tensors, name: str, params) -> Optional[tuple]:
     """The signature of a compiled call's op (nattn/backends/deferred.py): its arguments are
     normalized already (``params``, a frozen NAParams, and the backend string), so only the
-    tensors need describing (half the cost of ``key``, paid on every op call)."""
+    tensors need describing (~half the cost of ``key``, paid on every op call)."""
     try:
         return (name, params, tuple(_meta(t) for t in tensors), torch.is_grad_enabled(),
                 torch.are_deterministic_algorithms_enabled(), _tf32.allowed())
