@@ -890,9 +890,9 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
   // so the score loop reads it from shared memory (32-bit addresses, shorter latency).
   const bool stage_bias = stage_rpb && p.rpb_in_smem == 2;
   float* const bias_smem = drpb_smem + smem_len;
-  if (stage_bias) {
+  if (stage_bias) {  // pre-scaled to log2 units: the score's FFMA adds it
     const float* src = p.rpb + int64_t(hkv) * smem_len;
-    for (int64_t i = threadIdx.x; i < smem_len; i += blockDim.x) bias_smem[i] = src[i];
+    for (int64_t i = threadIdx.x; i < smem_len; i += blockDim.x) bias_smem[i] = src[i] * kLog2e;
   }
   if (stage_rpb) drpb_stage_begin(drpb_smem, smem_len);
   int g[3], L[3], first[3];
@@ -935,7 +935,10 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       const T* Qb = head_base<const T>(p.q, p.q_s, b, h);
       const T* Db = head_base<const T>(p.grad_out, p.grad_out_s, b, h);
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
+      // The staged tables of head h: the instance reading the bias from shared memory adds
+      // dRPB there too (a staged bias implies a staged dRPB), from per-head bases.
       const float* const bias_head = bias_smem + hg * p.rpb_head_size;
+      float* const drpb_head = drpb_smem + hg * p.rpb_head_size;
       const int bias_at = !rpb ? kNoBias : stage_bias ? kBiasShared : kBiasGlobal;
       DropKeys drop;  // the mask of query head h
       if constexpr (kDrop) drop.init(p, b, h);
@@ -973,14 +976,16 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
         // without RPB; the bias from shared memory where it is staged).
         bias_instanced(bias_at, [&](auto at) {
           constexpr bool kRpb = decltype(at)::value != kNoBias;
+          constexpr bool kShared = decltype(at)::value == kBiasShared;
           for_each_score([&](int nt, int e, int r, int q) {
             const bool ok = rw.ok[r] && cl.ok[r][q];
             float v = s[nt][e] * p.scale_log2;
             int ridx = 0;
             if constexpr (kRpb) {
               ridx = rpb_index<true>(rrow[r], cl.rpb[q]);
-              // as in the forward: no branch per score
-              if constexpr (decltype(at)::value == kBiasShared) v += bias_head[ok ? ridx : 0] * kLog2e;
+              // as in the forward: no branch per score (the same rounding either way: the
+              // staged copy holds the product with kLog2e)
+              if constexpr (kShared) v = fmaf(s[nt][e], p.scale_log2, bias_head[ok ? ridx : 0]);
               else v += rpb[ok ? ridx : 0] * kLog2e;
             }
             const float pr = ok ? fast_exp2(v - lse2[q]) : 0.f;
@@ -991,7 +996,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
             dp[nt][e] = ds;
             if constexpr (kRpb) {
               if (ok) {  // one address space per branch: no generic atomics
-                if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, ds);
+                if constexpr (kShared) atomicAdd(drpb_head + ridx, ds);
+                else if (stage_rpb) atomicAdd(drpb_head + ridx, ds);
                 else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
               }
             }
