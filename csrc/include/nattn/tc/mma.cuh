@@ -17,7 +17,7 @@
 //   C 16x8 : as above, {c0,c1} = (g, 2t..2t+1), {c2,c3} = (g+8, 2t..)
 // Here a C fragment's columns (2t, 2t+1) are not the A fragment's (t, t+4): the kernels
 // reuse it as A by ordering the product's k dimension so that A column t is C column 2t and
-// A column t + 4 is C column 2t + 1 (tc/kernels.cuh, mma_rows), and read B's rows in that order.
+// A column t + 4 is C column 2t + 1 (tc/fragments.cuh, mma_rows), and read B's rows in that order.
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>

@@ -1,0 +1,250 @@
+// A warp's rows and its walk over the union of their windows (or inverse windows): the
+// chunk ring of staged tokens, each chunk's column tokens, masks and RPB parts, and the
+// score-loop helpers (for_each_score, the RPB / bias instances).
+#pragma once
+#include "nattn/common/registry.h"
+#include "nattn/common/tiling.cuh"
+#include "nattn/common/window.cuh"
+#include "nattn/tc/config.cuh"
+#include "nattn/tc/dropout.cuh"
+#include "nattn/tc/fragments.cuh"
+
+namespace nattn { namespace tc {
+
+// The two rows a lane holds in the accumulator fragments: their tokens (group
+// coordinates), windows (or inverse windows) and whether they are real.
+template <int NA, bool kInverse>
+struct Rows {
+  int ig[2][3];
+  AxisRange win[2][3];
+  bool ok[2];
+
+  __device__ __forceinline__ Rows(const Params& p, const int* first, const int* L, int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ok[r] = lane_token<NA>(p.box, lane / 4 + 8 * r, first, L, ig[r]);
+#pragma unroll
+      for (int a = 0; a < NA; ++a) {
+        const bool c = p.causal[a] != 0;
+        win[r][a] = kInverse ? key_inverse(ig[r][a], L[a], p.kernel[a], p.stride[a], c)
+                             : query_window(ig[r][a], L[a], p.kernel[a], p.stride[a], c);
+      }
+    }
+  }
+  // Row r's part of the RPB index (tiling::rpb_index adds a column's part).
+  __device__ __forceinline__ int rpb_part(const Params& p, const int* rmult, int r) const {
+    return rpb_row_part<NA, kInverse>(p, ig[r], rmult);
+  }
+};
+
+// The columns a lane holds in the score fragments: chunk tokens 2tq, 2tq + 1, 8 + 2tq and
+// 9 + 2tq (column q = 2 * n-tile + odd), whether each lies in the window of each of the
+// lane's two rows, and their RPB column parts.
+struct Cols {
+  bool ok[2][4];
+  int rpb[4];
+};
+
+__device__ __forceinline__ int col_token(int q, int tq) { return (q >> 1) * 8 + 2 * tq + (q & 1); }
+
+// f(nt, e, r, q) for each of a lane's 8 score elements: n-tile nt, fragment element e, row r
+// (0: lane / 4, 1: lane / 4 + 8) and column q (col_token's index).
+template <typename F>
+__device__ __forceinline__ void for_each_score(F&& f) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(nt, e, e >> 1, nt * 2 + (e & 1));
+}
+
+// The score loops run in two instances, with and without RPB (std::true_type / false_type:
+// a uniform branch per chunk), so that a call without RPB carries no bias loads or dRPB
+// atomics.
+template <typename F>
+__device__ __forceinline__ void rpb_instanced(bool rpb, F&& f) {
+  if (rpb) f(std::true_type{});
+  else f(std::false_type{});
+}
+
+// Where a score loop reads the bias table: none, global memory, or a copy in shared memory.
+enum BiasAt : int { kNoBias = 0, kBiasGlobal = 1, kBiasShared = 2 };
+template <typename F>
+__device__ __forceinline__ void bias_instanced(int at, F&& f) {
+  if (at == kBiasShared) f(std::integral_constant<int, kBiasShared>{});
+  else if (at == kBiasGlobal) f(std::integral_constant<int, kBiasGlobal>{});
+  else f(std::integral_constant<int, kNoBias>{});
+}
+
+// One box's walk over its window union, packed (common/tiling.cuh): chunk ci's tokens of two
+// tensors X and Y (K and V, or Q and dO for the inverse walk) are staged into slot
+// tc_stage(ci) of the warp's buffer with cp.async, kTcStages - 1 chunks ahead of the one
+// computed. Per chunk, lane l finds the coordinates of chunk token l % 16 (UnionIndex: two
+// multiply-highs in 3-D, none in 1-D) and its offset in X (lanes 0-15) or Y (lanes 16-31);
+// the copying lanes fetch the offsets they need with shuffles. Its fragment columns' coordinates
+// come the same way. (Cursors stepping along the union with carries across line ends cost
+// ~200 integer instructions a chunk, Nsight Compute, PERF.md thirteenth session.) With kSide,
+// the inverse walk also stages each query's LSE and delta (a second offset stream: the row of
+// the [B, N, H] LSE / delta, `rst` the per-axis row strides).
+template <typename T, int NA, int HD, bool kInverse, bool kSide = false>
+struct Walk {
+  using Lt = Layout<T, HD>;
+  using S = typename Lt::S;
+  static constexpr int PPK = HD / Lt::VEC;  // 16-byte pieces per staged token
+  static constexpr int TPI = 32 / PPK;      // tokens per copy instruction of the warp
+  static constexpr int NS = kSide ? 2 : 1;
+  const Params& p;
+  const Rows<NA, kInverse>& rw;
+  S* buf;
+  const T *X, *Y;
+  GroupStrides<NA> st[2];  // this lane's tensor, the LSE / delta row (kSide)
+  int lane, size, chunks;
+  bool xin, yin;           // this lane's channels lie within X's / Y's head dim
+  UnionIndex<NA> ui;
+  // kSide: LSE/delta rows (b, token, h) of the staged queries, into side[stage][lse 16 | delta 16];
+  // side_src: this lane's tensor (LSE for piece 0 of a token, delta for piece 1) at row (b, 0, h)
+  float* side;
+  const float* side_src;
+
+  __device__ __forceinline__ Walk(const Params& p_, const Rows<NA, kInverse>& rw_, const int* g, const AxisRange* u_,
+                                  S* buf_, int lane_, const T* X_, const int64_t* xst, int xdim, const T* Y_,
+                                  const int64_t* yst, int ydim, float* side_ = nullptr, int64_t row0_ = 0,
+                                  int h_ = 0, const int64_t* rst = nullptr)
+      : p(p_), rw(rw_), buf(buf_), X(X_), Y(Y_),
+        st{GroupStrides<NA>(p_, xst, g, yst, lane_ >= CW), GroupStrides<NA>(p_, kSide ? rst : xst, g)},
+        lane(lane_), xin((lane_ % PPK) * Lt::VEC < xdim), yin((lane_ % PPK) * Lt::VEC < ydim), ui(u_),
+        side(side_), side_src(kSide ? (lane_ % PPK == 0 ? p_.lse : p_.delta) + row0_ * p_.heads + h_ : nullptr) {
+    size = union_size<NA>(u_);
+    chunks = (size + CW - 1) / CW;
+  }
+  __device__ __forceinline__ const S* tile(int ci) const { return buf + tc_stage(ci) * 2 * Lt::TILE; }
+  __device__ __forceinline__ const float* side_tile(int ci) const { return side + tc_stage(ci) * 2 * CW; }
+
+  // The chunks staged before the first one is computed (after the rows' own copy group):
+  // chunk 0, and with more stages the next ones, an empty group for each missing chunk so
+  // that every later wait counts the same number of groups.
+  __device__ __forceinline__ void prologue() {
+    if constexpr (kTcStages == 2) {
+      if (chunks > 0) issue(0);
+    } else {
+#pragma unroll 1
+      for (int ci = 0; ci < kTcStages - 1; ++ci) {
+        if (ci < chunks) issue(ci);
+        else cp_async_commit();
+      }
+    }
+  }
+  // Waits for the rows' own copy group (issued before prologue()).
+  __device__ __forceinline__ void wait_rows() const {
+    if constexpr (kTcStages == 2) {
+      if (chunks > 0) cp_async_wait<1>();
+      else cp_async_wait<0>();
+    } else {
+      cp_async_wait<kTcStages - 1>();
+    }
+  }
+
+  // Stages chunk ci (in walk order) into slot tc_stage(ci); channels past a tensor's dim and
+  // tokens past the union are zero-filled.
+  __device__ __forceinline__ void issue(int ci) {
+    S* dst = buf + tc_stage(ci) * 2 * Lt::TILE;
+    // Source addresses stay inside the tensors: the cursors never leave the union, and a
+    // lane whose channels lie past a head dim reads channel 0 (its copy is zero-filled).
+    const int e = (lane % PPK) * Lt::VEC, left = size - ci * CW;
+    const T* Xl = X + (xin ? e : 0);
+    const T* Yl = Y + (yin ? e : 0);
+    // This lane's token (past the union: its last token, so that copies predicated off still
+    // get an address inside the tensor) and its offsets.
+    int c[3];
+    ui.coords(nattn_min(ci * CW + lane % CW, size - 1), c);
+    int64_t o[NS];
+#pragma unroll
+    for (int s = 0; s < NS; ++s) o[s] = st[s].at(c);
+    if constexpr (Lt::kF32) {
+      // TF32: kept rolled (16 copies a tensor at head dim 128); unrolled, their shuffled
+      // offsets held at once made the dK/dV pass spill at head dim 128.
+#pragma unroll 1
+      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, Xl, Yl, o);
+    } else {
+#pragma unroll
+      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, Xl, Yl, o);
+    }
+    cp_async_commit();
+  }
+  // Copy instruction i of issue: chunk token j's piece e of X and Y (and its LSE and delta).
+  __device__ __forceinline__ void copy(S* dst, int ci, int i, int e, int left, const T* Xl, const T* Yl,
+                                       const int64_t* o) {
+    const int j = i * TPI + lane / PPK;
+    const int64_t ox = __shfl_sync(0xffffffffu, o[0], j), oy = __shfl_sync(0xffffffffu, o[0], CW + j);
+    const bool in = j < left;
+    cp_async16(dst + j * Lt::P + e, Xl + ox, in && xin);
+    cp_async16(dst + Lt::TILE + j * Lt::P + e, Yl + oy, in && yin);
+    if (kSide) {
+      const int64_t row = __shfl_sync(0xffffffffu, o[NS - 1], j);
+      if (lane % PPK < 2)  // the token's first two lanes: its LSE and its delta
+        cp_async4(side + tc_stage(ci) * 2 * CW + (lane % PPK) * CW + j, side_src + row, in);
+    }
+  }
+  // Chunk ci is in shared memory for the whole warp (the next kTcStages - 1 are on their way).
+  // Its slot's previous chunk was released by every lane's __syncwarp at the end of that
+  // chunk's products.
+  __device__ __forceinline__ void arrive(int ci) {
+    if constexpr (kTcStages == 2) {
+      if (ci + 1 < chunks) {
+        issue(ci + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+    } else {
+      if (ci + kTcStages - 1 < chunks) issue(ci + kTcStages - 1);
+      else cp_async_commit();  // an empty group: the wait below counts the same groups
+      cp_async_wait<kTcStages - 1>();
+    }
+    __syncwarp();
+  }
+  // Chunk ci's columns (the lane's 4 fragment columns); with kTok also their token indices
+  // mod 2^32 (dropout's mask words; g: the box's dilation group).
+  template <bool kTok = false>
+  __device__ __forceinline__ void take(int ci, Cols& cl, const int* rmult, bool rpb, uint32_t* tok = nullptr,
+                                       const int* g = nullptr) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int f = ci * CW + col_token(q, lane % 4);
+      const bool in = f < size;
+      int c[3];
+      ui.coords(f, c);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) cl.ok[r][q] = in && in_window<NA>(rw.win[r], c);
+      cl.rpb[q] = rpb ? rpb_dot<NA>(c, rmult) : 0;
+      if constexpr (kTok) tok[q] = token_word<NA>(p, c, g);
+    }
+  }
+};
+
+// A warp's walk over the keys of its query rows' windows (forward and dQ pass), with what
+// their scores need besides: the head's RPB table and the rows' part of its index and, with
+// dropout, the head's key stream and the rows' query tokens.
+template <typename T, int NA, int HD, bool kDrop>
+struct RowWalk {
+  Walk<T, NA, HD, false> walk;
+  const float* rpb;
+  int rrow[2];
+  DropKeys drop;
+  uint32_t qtok[2];
+
+  __device__ __forceinline__ RowWalk(const Params& p, const Rows<NA, false>& rw, const int* g, const AxisRange* u,
+                                     typename Layout<T, HD>::S* buf, int lane, int b, int h, int hkv,
+                                     const int* rmult)
+      : walk(p, rw, g, u, buf, lane, head_base<const T>(p.k, p.k_s, b, hkv), p.k_s, p.dim,
+             head_base<const T>(p.v, p.v_s, b, hkv), p.v_s, p.dim_v),
+        rpb(p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr),
+        rrow{rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)} {
+    if constexpr (kDrop) {
+      drop.init(p, b, h);
+      qtok[0] = token_word<NA>(p, rw.ig[0], g);
+      qtok[1] = token_word<NA>(p, rw.ig[1], g);
+    }
+  }
+};
+
+}  }  // namespace nattn::tc
