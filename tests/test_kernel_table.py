@@ -44,7 +44,7 @@ def test_sm90_is_16_bit_with_exact_head_dims():
     assert per_na[1] == {"q128_k128", "q128_k64", "q64_k128"}
     assert {"q8x16_k8x16", "q8x8_k7x16"} <= per_na[2] and {"q2x8x8_k2x8x8", "q2x4x8_k1x5x16"} <= per_na[3]
     assert len({i.stem for i in insts}) == len(insts)  # every instance its own file
-    # the library's default pair per NA dim is the first it meets in the table (src/api.cu)
+    # the library's default pair per NA dim is the first it meets in the table (src/sm90_dispatch.cu)
     for n in kt.NA_DIMS:
         default = next(t for na, t in kt.SM90_TILES if na == n)
         first = next(i for i in insts if i.family == "sm90" and i.na_dim == n and i.dtype == "bfloat16"

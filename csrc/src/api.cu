@@ -9,14 +9,18 @@
 
 #include "nattn/common/philox.cuh"
 #include "nattn/common/registry.h"
+#include "lookup.h"
 #include "nattn/simt/launch.h"
 #include "nattn/sm90/tensor_map_spec.h"
 #include "nattn/sm90/tiles.cuh"
 #include "nattn/problem.h"  // generated from nattn/_cuda/kernel_table.py
+#include "sm90_dispatch.h"
 
 #define NATTN_API extern "C" __attribute__((visibility("default")))
 
 namespace {
+
+using namespace nattn::host;
 
 const char* const kDtypeNames[] = {"float32", "float16", "bfloat16"};
 const int kDtypeBytes[] = {4, 2, 2};
@@ -56,299 +60,7 @@ int fail(char* err, int64_t err_len, int code, const NattnProblem& pr, const cha
   return code;
 }
 
-const nattn::KernelEntry* find_kernel(const char* family, int dtype, int na_dim, int dim) {
-  const nattn::KernelEntry* best = nullptr;
-  for (int i = 0; i < nattn::kNumKernels; ++i) {
-    const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!e.family || strcmp(e.family, family) || e.dtype != dtype || e.na_dim != na_dim) continue;
-    if (e.head_dim >= dim && (!best || e.head_dim < best->head_dim)) best = &e;
-  }
-  return best;
-}
-
 bool aligned16(int64_t ptr) { return ptr % 16 == 0; }
-
-// NATTN_FAMILY caps the family libnattn picks, for A/B measurements and for testing every
-// family on one GPU: simt, tc, or sm90 (which also makes a forward that the Hopper family
-// declines an error naming the reason). Unset, the most specialised family that takes a
-// problem runs. Read on every call (a getenv), so a process can switch between runs.
-enum FamilyCap { kCapSimt = 0, kCapTc = 1, kCapAny = 2, kCapSm90Only = 3 };
-int family_cap() {
-  const char* f = getenv("NATTN_FAMILY");
-  if (!f || !*f) return kCapAny;
-  return !strcmp(f, "simt") ? kCapSimt : !strcmp(f, "tc") ? kCapTc : !strcmp(f, "sm90") ? kCapSm90Only : kCapAny;
-}
-
-// Compute capability of a device as 10 * major + minor (0 when unknown), asked once.
-int device_cc(int device) {
-  static int cc[64] = {0};  // 0: not asked yet, -1: failed
-  if (device < 0 || device >= 64) return 0;
-  if (!cc[device]) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-      cc[device] = -1;
-    else
-      cc[device] = 10 * major + minor;
-  }
-  return cc[device] > 0 ? cc[device] : 0;
-}
-
-// Streaming multiprocessors of a device (0 when unknown), asked once.
-int device_sms(int device) {
-  static int sms[64] = {0};  // 0: not asked yet, -1: failed
-  if (device < 0 || device >= 64) return 0;
-  if (!sms[device] && cudaDeviceGetAttribute(&sms[device], cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    sms[device] = -1;
-  return sms[device] > 0 ? sms[device] : 0;
-}
-
-// The tensor-core family runs on SM80+ (its code is built for every arch from 8.0).
-bool tc_allowed(int device) { return family_cap() >= kCapTc && device_cc(device) >= 80; }
-
-// The Hopper family's code is sm_90a: it runs on compute capability 9.0 exactly.
-bool sm90_allowed(int device) { return family_cap() >= kCapAny && device_cc(device) == 90; }
-
-// Attention dropout runs on the tensor-core and SIMT families (kernel_table.DROPOUT_FAMILIES):
-// a problem with it never goes to the Hopper family.
-const char* const kSm90NoDropout = "dropout_p > 0 is not supported by the sm90 family (the tc and simt families run it)";
-
-// Smallest window (keys per query) from which the Hopper family runs a forward unless
-// NATTN_FAMILY says otherwise, per NA dim. Measured on the H200 (bf16, docs/dev/PERF.md):
-// its 128-query boxes walk whole 128-key boxes of the window union, which costs little
-// next to a large window but 4-10x the work of a 7x7 or 13x13 one, where the tensor-core
-// family's 16-query warps are 2x faster. 1-D: it wins from 128 keys (0.22 vs 0.26 ms at
-// 32k tokens); 2-D: 33x33 wins, 25x25 loses; 3-D: 9x11x11 still loses 2.3 vs 1.3 ms, the
-// 18x24x24 video window wins 92 vs 222 ms. Sixth session: 64-query pairs (one consumer
-// warpgroup, key boxes shaped to the union) beat tc from 13x13 in 2-D (0.41 vs 0.47 ms on
-// 128^2 at head dim 64; 0.23 vs 0.27 at 56^2, head dim 32; 17x17-25x25 0.47-0.77 vs
-// 0.69-1.26) and tie at 7x7 (but lose 2x with dilation 4 on 28^2: 7-token groups); in
-// 3-D they lose (5x7x7 0.55 vs 0.43), while the 128-query pairs now win from 9x11x11 (1.15
-// vs 1.34 ms; 7x9x9 0.86 vs 0.79).
-// Seventh session (the tuner's table, PERF.md): at head dim 32 the 2-D 64-query pairs (three
-// CTAs per SM) also beat tc at 7x7 (DiNAT 56^2 0.138 vs 0.151 ms, dilation 4 on 28^2 0.071
-// vs 0.079, batch 1 0.012 vs 0.016; 14^2 with 12 heads 0.072 vs 0.068), so 2-D problems at
-// head dim <= 32 run sm90 from kSm90MinWindow2dSmallHead keys.
-// Twelfth session (after the plain mask, BoxWalk and LDS/STS: PERF.md, twelfth session): in
-// 3-D sm90 now wins from 3x7x7 (147 keys; 16x32x32 B2 H8 D64: 0.290 vs 0.301 ms; 5x7x7 0.327
-// vs 0.429, at head dim 128 0.394 vs 0.885) and still loses at 3x5x5 (0.241 vs 0.201).
-constexpr int64_t kSm90MinWindow[3] = {128, 150, 128};
-constexpr int64_t kSm90MinWindow2dSmallHead = 49;
-// Thirteenth session (PERF.md; 2-D forward at head dims 64 and 128, ms): without dilation,
-// stride or causality sm90 wins from 7x7 too (56x56 B32: 7x7 0.161 vs 0.197, 9x9 0.185 vs
-// 0.238, 11x11 0.244 vs 0.309, 7x7 at head dim 128 0.161 vs 0.197; 112x112 7x7 0.163 vs
-// 0.200; 28x28 and 14x14 tie), while with dilation tc stays ahead (56x56 7x7 dilation 2:
-// 0.191 vs 0.205; 28x28 9x9 dilation 3: 0.156 vs 0.250; dilation 4: 0.098 vs 0.167).
-constexpr int64_t kSm90MinWindow2dPlain = 49;
-constexpr int kSm90SmallHeadDim = 32;
-// Head dims above 128 (256): the tensor-core family stops at 128, so the Hopper forward's
-// alternative is the SIMT family (CUDA cores), and it runs at any window (its GPU sweep passed
-// in the eighth session: 2800 random forward cases with NATTN_FAMILY=sm90, head dim 256 among them).
-constexpr int kTcMaxHeadDim = 128;
-// The backward's (its pairs are 128-token / 64-token boxes), from forward + backward times
-// against tc (PERF.md, twelfth session; bf16, ms): 2-D 13x13 1.79 vs 2.08, 21x21 1.35 vs 1.97,
-// 7x7 loses (0.96 vs 0.70); 3-D 3x7x7 1.33 vs 1.47, 5x7x7 1.69 vs 2.05, causal 8x17x17 3.9 vs
-// 15.2 (tc's backward walks the causal window's whole box), 3x5x5 loses (1.27 vs 1.07).
-constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
-// Fourteenth session (PERF.md; tc's passes 20-30% faster: no binary searches, no cursors),
-// backward = forward + backward minus forward, GPU time, ms, tc vs sm90: 2-D at head dim 32
-// 13x13 0.34 vs 0.45 (28x28) and 0.59 vs 0.72 (56x56), 15x15 0.70 vs 0.78, 17x17 0.85 vs
-// 0.92, 21x21 0.61 vs 0.56; 3-D at head dims 32 / 64 3x7x7 0.75 vs 0.83, 5x7x7 1.08 vs 1.13,
-// 7x7x7 1.36 vs 1.44, 5x9x9 1.68 vs 1.51, 7x9x9 2.20 vs 1.93; 2-D 13x13 at head dim 64 and
-// 3-D 5x7x7 at 128 stay sm90's (1.14 vs 1.05, 0.95 vs 0.74). So the backward of 2-D windows
-// at head dims <= 32 and of 3-D ones at head dims <= 64 runs sm90 from 400 keys.
-constexpr int64_t kSm90MinWindowBackwardSmallHead = 400;
-constexpr int kSm90BackwardSmallHeadDim[3] = {0, 32, 64};
-
-// The backward's minimum window for a head dim (the larger of D and D_v).
-int64_t sm90_min_window_backward(int na_dim, int64_t head_dim) {
-  if (head_dim > 0 && head_dim <= kSm90BackwardSmallHeadDim[na_dim - 1]) return kSm90MinWindowBackwardSmallHead;
-  return kSm90MinWindowBackward[na_dim - 1];
-}
-
-// Keys in a query's window (the product of the kernel sizes).
-int64_t window_keys(const nattn::Params& p) {
-  int64_t window = 1;
-  for (int a = 0; a < p.na_dim; ++a) window *= p.kernel[a];
-  return window;
-}
-
-// Keys the Hopper family walks per query with a (query box, key box) pair: per axis, the
-// union of a query box's windows (the window plus the leaders' spread: blocks of `stride`
-// queries share a window) rounded up to whole key boxes. 64-key boxes count 15% more (a
-// narrower wgmma keeps the tensor cores less busy); 64-query boxes (one consumer
-// warpgroup, no ping-pong, boxes run one after the other) count kSm90SmallQueryCost more,
-// per NA dim: in 2-D the key count alone ranked the measured pairs of 9x9-33x33 windows
-// right (PERF.md sixth session); in 3-D they lost to 128-query pairs on every window.
-// At head dim 32 a 2-D 64-query pair counts 0.6x: three of its CTAs share an SM (two at
-// head dim 64), and the tuner's table (seventh session) had it ahead of 128-query pairs
-// walking fewer keys (dilation 4: 112 vs 74 keys, 0.071 vs 0.153 ms; 33x33: 2016 vs 1920,
-// 0.335 vs 0.379 ms).
-constexpr double kSm90SmallQueryCost[3] = {1.3, 1.0, 1.5};
-constexpr double kSm90SmallQueryCost2dSmallHead = 0.6;
-// 3-D query boxes four frames deep (4x4x8) at head dims <= 64 count 0.85x below
-// kSm90DeepBoxMaxWindow keys. Thirteenth session (PERF.md, forward ms, bf16): at equal or
-// slightly smaller key counts they beat the 2x8x8 box by 13-22% (16x48x48 7x9x9 D64: 0.370
-// vs 0.424 with 6% fewer keys; 8x64x64 5x9x9: 0.319 vs 0.389 with equal keys; 16x32x32
-// 7x7x7: 0.382-0.401 vs 0.492) while at head dim 128 they lose (HunyuanVideo's 18x24x24:
-// 49.0 vs 46.9 with 4% fewer keys; 12x40x40 9x15x15 1.55 vs 1.37).
-constexpr double kSm90DeepBoxCost = 0.85;
-constexpr int64_t kSm90DeepBoxMaxWindow = 4096;
-double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
-  double keys = 1;
-  int kbox_size = 1, qbox_size = 1;
-  if (p.na_dim == 3 && e.head_dim <= 64 && e.qbox[0] >= 4 && window_keys(p) < kSm90DeepBoxMaxWindow)
-    keys = kSm90DeepBoxCost;
-  for (int a = 0; a < p.na_dim; ++a) {
-    const int d = p.dilation[a], s = p.stride[a], k = p.kernel[a];
-    const int len = (p.spatial[a] + d - 1) / d;
-    const int leaders = (e.qbox[a] + s - 1) / s;
-    const int span = k + (leaders - 1) * s;
-    const int uni = span < len ? span : len;
-    keys *= double((uni + e.kbox[a] - 1) / e.kbox[a]) * e.kbox[a];
-    kbox_size *= e.kbox[a];
-    qbox_size *= e.qbox[a];
-  }
-  if (kbox_size <= 64) keys *= 1.15;
-  if (qbox_size >= 128) return keys;
-  const bool small_head = p.na_dim == 2 && e.head_dim <= kSm90SmallHeadDim;
-  return keys * (small_head ? kSm90SmallQueryCost2dSmallHead : kSm90SmallQueryCost[p.na_dim - 1]);
-}
-
-// The first pair of an NA dim in the table (SM90_TILES) is its default; another runs only
-// when it walks at least 10% fewer keys. Measured on the H200 (docs/dev/PERF.md, fourth
-// session, call 8): the key count alone mispredicts small differences (hunyuan-3d: 4x4x8
-// queries with 2x4x16 keys walk 4% fewer keys than 2x8x8 / 2x8x8 but ran 67.7 vs 61.8 ms),
-// while large ones hold (video-3d 5x7x7: 17% fewer, 0.73 vs 0.89 ms; 9x11x11: 40% fewer,
-// 1.70 vs 2.19 ms; DiNAT 7x7 with 8x8 key boxes: 0.46 vs 0.52 ms).
-constexpr double kSm90TileGain = 0.9;
-
-// "q8x16_k4x32": a tile pair's name (NATTN_SM90_TILE forces one, for tests and tuning).
-void sm90_tile_name(const nattn::KernelEntry& e, int na_dim, char* buf, size_t n) {
-  int used = snprintf(buf, n, "q");
-  for (int a = 0; a < na_dim; ++a) used += snprintf(buf + used, n - used, a ? "x%d" : "%d", e.qbox[a]);
-  used += snprintf(buf + used, n - used, "_k");
-  for (int a = 0; a < na_dim; ++a) used += snprintf(buf + used, n - used, a ? "x%d" : "%d", e.kbox[a]);
-}
-
-// Whether a pair can take the problem's RPB (64-query pairs stage the head's table in
-// shared memory, up to kSmallRpbStageFloats) and its split-KV (split_kv_built); the
-// default choice skips those that cannot.
-bool sm90_pair_fits(const nattn::Params& p, const nattn::KernelEntry& e) {
-  if (p.kv_splits > 1 && !nattn::sm90::split_kv_built(e.qbox[0], e.qbox[1], e.qbox[2], e.head_dim)) return false;
-  const int queries = e.qbox[0] * (p.na_dim > 1 ? e.qbox[1] : 1) * (p.na_dim > 2 ? e.qbox[2] : 1);
-  return !p.rpb || queries >= nattn::sm90::kQueryRows || p.rpb_head_size <= nattn::sm90::kSmallRpbStageFloats;
-}
-
-bool is_sm90_entry(const nattn::KernelEntry& e, const nattn::Params& p, int dim) {
-  return e.family && !strcmp(e.family, "sm90") && e.dtype == p.dtype && e.na_dim == p.na_dim && e.head_dim == dim;
-}
-
-// The pair a problem runs by default: the one walking the fewest keys (sm90_tile_cost)
-// among those that fit it, unless the table's first pair of the NA dim is within
-// kSm90TileGain of it.
-const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
-  const nattn::KernelEntry* best = nullptr;
-  const nattn::KernelEntry* first = nullptr;
-  double best_cost = 0;
-  for (int i = 0; i < nattn::kNumKernels; ++i) {
-    const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!is_sm90_entry(e, p, dim) || !sm90_pair_fits(p, e)) continue;
-    const double cost = sm90_tile_cost(p, e);
-    if (!first) first = &e;
-    if (!best || cost < best_cost) best = &e, best_cost = cost;
-  }
-  if (best && best != first && best_cost > kSm90TileGain * sm90_tile_cost(p, *first)) best = first;
-  return best;
-}
-
-// Whether the call names a tile pair (Params::tile_q / tile_k), and whether `e` is it.
-bool tile_requested(const nattn::Params& p) { return p.tile_q[0] > 0; }
-bool is_requested_tile(const nattn::Params& p, const nattn::KernelEntry& e) {
-  for (int a = 0; a < 3; ++a)
-    if (e.qbox[a] != p.tile_q[a] || e.kbox[a] != p.tile_k[a]) return false;
-  return true;
-}
-
-// Whether NATTN_SM90_TILE (`forced`, non-empty) names pair `e`.
-bool is_forced_tile(const nattn::KernelEntry& e, int na_dim, const char* forced) {
-  char name[64];
-  sm90_tile_name(e, na_dim, name, sizeof name);
-  return !strcmp(name, forced);
-}
-
-// The Hopper entry for a problem: the call's tile pair, else NATTN_SM90_TILE's, else the
-// default one.
-const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char** why) {
-  if (tile_requested(p)) {
-    for (int i = 0; i < nattn::kNumKernels; ++i)
-      if (is_sm90_entry(nattn::kKernels[i], p, dim) && is_requested_tile(p, nattn::kKernels[i])) return &nattn::kKernels[i];
-    *why = "the call's tile pair is not compiled for this dtype, NA dim and head dim";
-    return nullptr;
-  }
-  const char* forced = getenv("NATTN_SM90_TILE");
-  if (forced && *forced) {
-    for (int i = 0; i < nattn::kNumKernels; ++i)
-      if (is_sm90_entry(nattn::kKernels[i], p, dim) && is_forced_tile(nattn::kKernels[i], p.na_dim, forced))
-        return &nattn::kKernels[i];
-    *why = "NATTN_SM90_TILE names no compiled tile pair for this NA dim and head dim";
-    return nullptr;
-  }
-  const nattn::KernelEntry* best = default_sm90(p, dim);
-  if (!best) *why = "no compiled sm90 kernel for this dtype, NA dim and head dim";
-  return best;
-}
-
-// The Hopper entry for a backward: the pair of SM90_BACKWARD_TILES for this NA dim (or the
-// call's / NATTN_SM90_TILE's pair when it has a backward; a forced forward-only pair leaves
-// the backward on the default, so forcing a pair never makes training fail).
-const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, const char** why) {
-  const char* forced = getenv("NATTN_SM90_TILE");
-  if (tile_requested(p)) forced = nullptr;  // the call's pair decides (below)
-  const nattn::KernelEntry* first = nullptr;
-  for (int i = 0; i < nattn::kNumKernels; ++i) {
-    const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!is_sm90_entry(e, p, dim) || !e.backward) continue;
-    if (tile_requested(p) && is_requested_tile(p, e)) return &e;
-    if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
-    if (!first) first = &e;
-  }
-  if (!first) *why = "no compiled sm90 backward for this dtype, NA dim and head dim";
-  return first;
-}
-
-// Split-KV by default (a call that leaves kv_splits at 0): a forward whose 128-query boxes
-// fill at most half the GPU, with a window of at least kSplitMinWindow keys, runs the Hopper
-// family with kDefaultSplits CTAs per box. Measured on the H200 (PERF.md seventh and eighth
-// sessions, GPU time): 1-D 4096 tokens, window 2048, B=1, H=2 (64 CTAs) 0.031 vs 0.039 ms
-// unsplit; 3-D 8x16x16, window 7x7x7, B=1, H=4 (64 CTAs) 0.041 vs 0.063 ms on the
-// tensor-core family; kv=4 was slower than kv=2 on both, and with B=4 (256 CTAs) splitting
-// lost 1.7x. A split call that the family declines runs unsplit.
-constexpr int kDefaultSplits = 2;
-constexpr int64_t kSplitMinWindow = 128;
-bool split_by_default(const nattn::Params& p, int device) {
-  if (window_keys(p) < kSplitMinWindow || p.dim != p.dim_v || p.dim > kTcMaxHeadDim) return false;
-  const int64_t ctas = (p.tokens + 127) / 128 * p.heads * p.batch;
-  const int sms = device_sms(device);
-  return sms > 0 && ctas * kDefaultSplits <= sms;
-}
-
-// No dilation, stride or causality on any axis (kSm90MinWindow2dPlain).
-bool plain_2d_window(const nattn::Params& p) {
-  for (int a = 0; a < p.na_dim; ++a)
-    if (p.dilation[a] != 1 || p.stride[a] != 1 || p.causal[a]) return false;
-  return true;
-}
-
-bool sm90_preferred(const nattn::Params& p, bool backward) {
-  const int64_t window = window_keys(p);
-  if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
-  if (!backward && p.na_dim == 2 && p.dim <= kSm90SmallHeadDim && p.dim_v <= kSm90SmallHeadDim)
-    return window >= kSm90MinWindow2dSmallHead;
-  if (!backward && p.na_dim == 2 && plain_2d_window(p)) return window >= kSm90MinWindow2dPlain;
-  if (backward) return window >= sm90_min_window_backward(p.na_dim, p.dim > p.dim_v ? p.dim : p.dim_v);
-  return window >= kSm90MinWindow[p.na_dim - 1];
-}
 
 // Validates the problem and fills the kernel parameters. `backward` adds the
 // gradient tensors to the checks.
@@ -576,60 +288,11 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
   return kOk;
 }
 
-// Why the Hopper family would decline a forward with this tile pair before any driver
-// call (head dims, the tensor maps' shapes), or nullptr.
-const char* sm90_pair_declines(const nattn::Params& p, const nattn::KernelEntry& e) {
-  if (p.dim != e.head_dim || p.dim_v != e.head_dim) return "head dims must both equal the instance's";
-  if (!sm90_pair_fits(p, e)) return "an RPB table above 4096 entries per head needs a 128-query tile pair";
-  nattn::sm90::MapSpec m;
-  const char* why = nattn::sm90::map_spec(p, p.q_s, p.heads, e.head_dim, e.qbox, m);
-  if (!why) why = nattn::sm90::map_spec(p, p.k_s, p.heads_kv, e.head_dim, e.kbox, m);
-  if (!why) why = nattn::sm90::map_spec(p, p.v_s, p.heads_kv, e.head_dim, e.kbox, m);
-  return why;
-}
-
 }  // namespace
 
 NATTN_API int64_t nattn_abi_version() { return NATTN_ABI_VERSION; }
 
 NATTN_API int64_t nattn_num_problem_fields() { return NATTN_NUM_PROBLEM_FIELDS; }
-
-// The smallest window (keys) from which an NA forward of this dimension runs the Hopper
-// family when it can (Python's dispatch orders backends with it).
-NATTN_API int64_t nattn_sm90_min_window(int64_t na_dim) {
-  return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindow[na_dim - 1] : -1;
-}
-
-// The same for a head dim (D == D_v): 2-D at head dim <= 32 starts lower
-// (kSm90MinWindow2dSmallHead), head dims above 128 at any window.
-NATTN_API int64_t nattn_sm90_min_window_head(int64_t na_dim, int64_t head_dim) {
-  if (na_dim >= 1 && na_dim <= 3 && head_dim > kTcMaxHeadDim) return 1;
-  if (na_dim == 2 && head_dim > 0 && head_dim <= kSm90SmallHeadDim) return kSm90MinWindow2dSmallHead;
-  return nattn_sm90_min_window(na_dim);
-}
-
-// The same for the backward.
-NATTN_API int64_t nattn_sm90_min_window_backward(int64_t na_dim) {
-  return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindowBackward[na_dim - 1] : -1;
-}
-
-// The backward's for a head dim (D == D_v): 2-D at head dims <= 32 and 3-D at <= 64 start
-// later (kSm90MinWindowBackwardSmallHead).
-NATTN_API int64_t nattn_sm90_min_window_backward_head(int64_t na_dim, int64_t head_dim) {
-  return na_dim >= 1 && na_dim <= 3 ? sm90_min_window_backward(int(na_dim), head_dim) : -1;
-}
-
-// Whether this build has the Hopper family's backward for a dtype code, NA dim and head dim
-// (Python's dispatch sends training calls to cuda only then).
-NATTN_API int64_t nattn_sm90_has_backward(int64_t dtype, int64_t na_dim, int64_t head_dim) {
-  for (int i = 0; i < nattn::kNumKernels; ++i) {
-    const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (e.family && !strcmp(e.family, "sm90") && e.dtype == dtype && e.na_dim == na_dim && e.head_dim == head_dim &&
-        e.backward)
-      return 1;
-  }
-  return 0;
-}
 
 // The Hopper family's configurations (tile pairs) for a forward problem, for profilers and
 // tuners: one line per compiled pair of the problem's dtype, NA dim and head dim,

@@ -63,7 +63,7 @@ class Family:
 # per consumer warpgroup) with 64 or 128 keys for large windows; 64 queries (one consumer
 # warpgroup, several CTAs per SM) with key boxes shaped to small windows' unions (an 8 x 8
 # query box with a 7 x 7 window needs 14 x 14 keys: two 7 x 16 boxes). The library picks
-# one per problem by the keys its boxes walk per query (src/api.cu, sm90_tile_cost); the
+# one per problem by the keys its boxes walk per query (src/sm90_dispatch.cu, sm90_tile_cost); the
 # first pair of an NA dim is its default; measured in docs/dev/PERF.md.
 SM90_TILES = (
     (1, ((128,), (128,))),
