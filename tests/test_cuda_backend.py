@@ -251,3 +251,27 @@ def test_split_kv_is_listed_for_problems_that_cannot_fill_the_gpu(fake_lib, monk
         lib.kernels[("sm90", "bfloat16", 3)] = [32, 64, 128]
         video = fake(1, 8, 16, 16, 4, 128)  # 16 boxes x 4 heads: a small 3-D grid at B=1
         assert CUDA.configurations(video, video, video, None, normalize(video, video, video, 3, 7)) == ["kv=1", "kv=2", "kv=4"]
+
+
+def test_needs_copy_fast_path_agrees_with_the_layout_reasons():
+    """``_needs_copy`` answers contiguous aligned tensors without building reasons: on fresh
+    random layouts (contiguous, offset, transposed, expanded, sliced) it must say exactly what
+    ``_layout_reasons`` says."""
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    for _ in range(300):
+        dtype = [torch.float32, torch.float16, torch.bfloat16][int(torch.randint(3, (1,), generator=gen))]
+        d = int(torch.randint(1, 9, (1,), generator=gen)) * 4 - int(torch.randint(0, 2, (1,), generator=gen))
+        shape = [int(torch.randint(1, 4, (1,), generator=gen)) for _ in range(3)] + [d]
+        base = torch.empty(int(torch.randint(0, 9, (1,), generator=gen)) + int(torch.tensor(shape).prod()) * 2,
+                           dtype=dtype)
+        offset = int(torch.randint(0, 9, (1,), generator=gen))
+        t = base[offset:offset + int(torch.tensor(shape).prod())].view(shape)
+        kind = int(torch.randint(4, (1,), generator=gen))
+        if kind == 1:
+            t = t.transpose(1, 2)
+        elif kind == 2:
+            t = t[:, :1].expand(shape[0], 3, *shape[2:])
+        elif kind == 3:
+            t = t[..., : max(1, d // 2)]
+        assert cuda_backend._needs_copy(t) == bool(cuda_backend._layout_reasons("t", t)), (t.shape, t.stride(),
+                                                                                             t.storage_offset())
