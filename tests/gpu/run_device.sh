@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|ab|crossover|familyab|optimize|qkav|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|ab|crossover|familyab|optimize|qkav|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -14,10 +14,12 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/nattn_out}; mkdir -p "$OUT"
 what=${1:-all}
-# The built library (~63 MiB) with the tree exceeds the device tool's 64 MiB carry limit:
-# carry it compressed as .dev/libnattn.so.xz (python's lzma, ~8 MB); unpacked here.
-if [[ -f .dev/libnattn.so.xz && ! -f nattn/_cuda/libnattn.so ]]; then
-  python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.dev/libnattn.so.xz'), open('nattn/_cuda/libnattn.so', 'wb'))"
+# The built library (~100 MiB) with the tree exceeds the device tool's 64 MiB carry limit:
+# carry it compressed (python's lzma preset 1, ~20 MB) as .dev/libnattn.so.xz or the file
+# LIB_XZ names (e.g. LIB_XZ=.dev/tip.so.xz); unpacked here over nattn/_cuda/libnattn.so.
+xz=${LIB_XZ:-.dev/libnattn.so.xz}
+if [[ -f $xz && ( -n ${LIB_XZ:-} || ! -f nattn/_cuda/libnattn.so ) ]]; then
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open('nattn/_cuda/libnattn.so', 'wb'))" "$xz"
 fi
 python3 -c "import nattn.build_info as b; print(b.build_config())" 2>&1 | tee "$OUT/build_info.txt"
 if [[ $what == all || $what == *tests* ]]; then  # TEST_LIBS: libraries to test (default: the package's)
@@ -36,6 +38,19 @@ if [[ $what == all || $what == *tests* ]]; then  # TEST_LIBS: libraries to test 
     echo "== GPU sweep with $lib, NATTN_FAMILY=simt"
     NATTN_FAMILY=simt NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu \
       tests/gpu/test_cuda_vs_reference.py -q -n 0 --maxfail=25 -p no:cacheprovider 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -5
+  done
+fi
+# quick: the checks a tc / dispatch change needs in ~3 minutes: the tier without the flex and
+# sm90 sweep files (1955 cases in the fifteenth session) and the tc memcheck sweep.
+if [[ $what == *quick* ]]; then
+  for lib in ${TEST_LIBS:-nattn/_cuda/libnattn.so}; do
+    echo "== GPU tier without the flex / sm90 sweep files, $lib"
+    NATTN_LIBRARY=$PWD/$lib timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu tests/gpu -q -n 0 --maxfail=25 \
+      -p no:cacheprovider --ignore=tests/gpu/test_flex_gpu.py --ignore=tests/gpu/test_sm90_forward.py \
+      --ignore=tests/gpu/test_sm90_backward.py 2>&1 | tee -a "$OUT/quick.log" | tail -3
+    NATTN_LIBRARY=$PWD/$lib timeout ${SAN_TIMEOUT:-100} compute-sanitizer --tool memcheck --leak-check no \
+      --error-exitcode 9 python3 tests/gpu/sanitize_sweep.py > "$OUT/sanitizer_quick.log" 2>&1
+    echo "compute-sanitizer memcheck (tc sweep) rc=$?"; tail -2 "$OUT/sanitizer_quick.log"
   done
 fi
 if [[ $what == all || $what == *sanitize* ]]; then
@@ -80,8 +95,8 @@ fi
 if [[ $what == *qkav* ]]; then  # the unfused ops: window kernels vs plain PyTorch vs the fused op
   timeout 120 python3 benchmarks/qk_av_gpu.py 2>&1 | tee "$OUT/qkav.txt"
 fi
-if [[ $what == *split* ]]; then  # per-kernel times of one forward+backward
-  (cd benchmarks && timeout 120 python3 kernel_split.py 2>&1 | tee "$OUT/split.txt" | grep -v vectorized)
+if [[ $what == *split* ]]; then  # per-kernel times of one forward+backward (SPLIT_ARGS: e.g. "--only dinat-s1-2d --rpb")
+  (cd benchmarks && timeout 120 python3 kernel_split.py ${SPLIT_ARGS:-} 2>&1 | tee -a "$OUT/split.txt" | grep -v vectorized)
 fi
 if [[ $what == *host* ]]; then  # host time per call (kernels negligible)
   timeout 60 python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/host.txt" | tail -2
@@ -127,7 +142,7 @@ if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
   ab_rounds "${AB_PROBLEMS:-dinat-s1-2d,mid-2d-k13,video-3d,video-b1-k7}" "${specs[@]}"
 fi
 # The default choice against NATTN_FAMILY=sm90 (its default pair), forward and forward +
-# backward, for moving the dispatch thresholds (src/api.cu: kSm90MinWindow*). FB_PROBLEMS:
+# backward, for moving the dispatch thresholds (src/sm90_dispatch.cu: kSm90MinWindow*). FB_PROBLEMS:
 # bench names or ad-hoc shapes (benchmarks/library_ab.py: SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]).
 if [[ $what == *familyab* ]]; then
   probs=${FB_PROBLEMS:-56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,28x28-k7x7-b32-h8-d64-dil2x2,56x56-k9x9-b32-h4-d64,16x32x32-k3x7x7-b2-h8-d64}
@@ -138,7 +153,7 @@ if [[ $what == *familyab* ]]; then
 fi
 # sm90 against the default choice on small and mid windows: each tile pair forced
 # (NATTN_FAMILY=sm90 NATTN_SM90_TILE; pairs of another NA dim or head dim are declined and
-# say so), for moving the forward's sm90 thresholds (src/api.cu, kSm90MinWindow).
+# say so), for moving the forward's sm90 thresholds (src/sm90_dispatch.cu, kSm90MinWindow).
 if [[ $what == *crossover* ]]; then
   probs=${CROSS_PROBLEMS:-dinat-s1-2d,mid-2d-k13,2d-64-k33-d32,video-3d,video-b1-k7,3d-causal-t}
   timeout 120 python3 benchmarks/library_ab.py default "$probs" 2>&1 | tee -a "$OUT/crossover.txt"
