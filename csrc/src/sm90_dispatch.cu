@@ -35,6 +35,11 @@ namespace nattn { namespace host {
 // vs 0.429, at head dim 128 0.394 vs 0.885) and still loses at 3x5x5 (0.241 vs 0.201).
 constexpr int64_t kSm90MinWindow[3] = {128, 150, 128};
 constexpr int64_t kSm90MinWindow2dSmallHead = 49;
+// Fifteenth session (PERF.md calls 4-7, bf16, GPU time, ms): with an RPB the 64-query pairs'
+// forward loses that lead at 7x7 (every key box is partly masked, so each score takes the
+// mask's bias path): DiNAT 56x56 B32 H4 D32 0.144 vs tc's 0.126, dilation 4 on 28x28 B32 H8
+// 0.074 vs 0.066. 2-D forwards at head dim <= 32 with an RPB run tc up to this many keys.
+constexpr int64_t kTcRpbMaxWindow2dSmallHead = 49;
 // Thirteenth session (PERF.md; 2-D forward at head dims 64 and 128, ms): without dilation,
 // stride or causality sm90 wins from 7x7 too (56x56 B32: 7x7 0.161 vs 0.197, 9x9 0.185 vs
 // 0.238, 11x11 0.244 vs 0.309, 7x7 at head dim 128 0.161 vs 0.197; 112x112 7x7 0.163 vs
@@ -244,7 +249,7 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
   const int64_t window = window_keys(p);
   if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
   if (!backward && p.na_dim == 2 && p.dim <= kSm90SmallHeadDim && p.dim_v <= kSm90SmallHeadDim)
-    return window >= kSm90MinWindow2dSmallHead;
+    return window >= kSm90MinWindow2dSmallHead && !(p.rpb && window <= kTcRpbMaxWindow2dSmallHead);
   if (!backward && p.na_dim == 2 && plain_2d_window(p)) return window >= kSm90MinWindow2dPlain;
   if (backward) return window >= sm90_min_window_backward(p.na_dim, p.dim > p.dim_v ? p.dim : p.dim_v);
   return window >= kSm90MinWindow[p.na_dim - 1];

@@ -1,0 +1,51 @@
+"""GPU tier: which family libnattn runs where its dispatch rules were measured (the kernel
+names torch.profiler records), on a compute capability 9.0 GPU with the Hopper family built.
+A rule moved without its test failing here would route a problem by a stale measurement."""
+
+import os
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import nattn
+from nattn._cuda import library
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("needs a compute capability 9.0 GPU", allow_module_level=True)
+if os.environ.get("NATTN_FAMILY"):
+    pytest.skip("NATTN_FAMILY forces a family: the default dispatch is what this file checks",
+                allow_module_level=True)
+_LIB = library.load()
+if _LIB is None or not _LIB.kernels.get(("sm90", "bfloat16", 2)) or not _LIB.kernels.get(("tc", "bfloat16", 2)):
+    pytest.skip("needs a libnattn with the sm90 and tc families (bf16, 2-D)", allow_module_level=True)
+
+
+def forward_family(kernel, rpb: bool, dilation=1, spatial=(28, 28), dim=32, heads=4):
+    """The family ("tc" or "sm90") whose forward kernel ran for one bf16 2-D call."""
+    q, k, v = (torch.randn(2, *spatial, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(heads, 2 * kernel - 1, 2 * kernel - 1, device="cuda") if rpb else None
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = nattn.na2d(q, k, v, kernel, dilation=dilation, rpb=bias, backend="cuda")
+        torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    names = [e.key for e in prof.key_averages() if "forward_kernel" in e.key]
+    families = {f for f in ("tc", "sm90") if any(f"nattn::{f}::" in n for n in names)}
+    assert len(families) == 1, names
+    return families.pop()
+
+
+def test_head_dim_32_7x7_forward_runs_sm90_without_rpb_and_tc_with_it():
+    # measured (PERF.md, seventh and fifteenth sessions): sm90 0.112 vs tc 0.122 ms without
+    # RPB, tc 0.126 vs sm90 0.144 with it (DiNAT 56x56 B32 H4)
+    assert forward_family(7, rpb=False) == "sm90"
+    assert forward_family(7, rpb=True) == "tc"
+    assert forward_family(7, rpb=True, dilation=3) == "tc"
+
+
+def test_head_dim_32_windows_past_49_keys_run_sm90_with_rpb_too():
+    # the RPB rule's bound (7x7): larger windows keep the choice made without RPB (not yet
+    # measured with one: docs/dev/STATUS.md)
+    assert forward_family(9, rpb=True) == "sm90"
+    assert forward_family(13, rpb=True) == "sm90"
