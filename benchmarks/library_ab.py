@@ -2,12 +2,13 @@
 A/B comparisons of two builds: run it once per library (NATTN_LIBRARY picks one), alternating,
 in the same device call (bf16, ms, triton do_bench medians):
 
-    NATTN_LIBRARY=old.so python benchmarks/library_ab.py old flux-2d-w80,mid-2d-k13 [bwd] [graphs]
-    NATTN_LIBRARY=new.so python benchmarks/library_ab.py new flux-2d-w80,mid-2d-k13 [bwd] [graphs]
+    NATTN_LIBRARY=old.so python benchmarks/library_ab.py old flux-2d-w80,mid-2d-k13 [bwd] [graphs] [rpb]
+    NATTN_LIBRARY=new.so python benchmarks/library_ab.py new flux-2d-w80,mid-2d-k13 [bwd] [graphs] [rpb]
 
 `graphs`: the GPU's time (CUDA-graph replays, the bench's `median_ms`) instead of wall time;
 small problems' forward + backward are host-bound (their wall times swung 20-50% between
-rounds on the H200 machine) and need it.
+rounds on the H200 machine) and need it. `rpb`: every call with a relative positional bias
+(float32 [H, 2k-1, ...], with its gradient under `bwd`), as NAT / DiNAT layers run.
 
 Problems are the names of `python -m nattn.bench --suite tuning` (the anchors and more) or ad-hoc
 shapes written `SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]`, e.g. `16x32x32-k3x5x5-b2-h8-d64`. A
@@ -43,16 +44,20 @@ def problem(name: str) -> Problem:
     return Problem(name, spatial, int(m[3]), int(m[4]), int(m[5]), dims(m[2]), dilation=dilation)
 
 
-def main(tag: str, names: str, bwd: bool, graphs: bool = False) -> None:
+def main(tag: str, names: str, bwd: bool, graphs: bool = False, with_rpb: bool = False) -> None:
     device = torch.device("cuda")
     for name in names.split(","):
         p = problem(name)
         q, k, v = (torch.randn(p.batch, *p.spatial, p.heads, p.dim, device="cuda", dtype=torch.bfloat16,
                                requires_grad=bwd) for _ in range(3))
+        rpb = None
+        if with_rpb:
+            rpb = torch.randn(p.heads, *(2 * w - 1 for w in p.kernel), device="cuda", requires_grad=bwd)
+        leaves = tuple(t for t in (q, k, v, rpb) if t is not None)
 
         def f():
             return FUNCS[p.na_dim](q, k, v, p.kernel, dilation=p.dilation, stride=p.stride, is_causal=p.causal,
-                                   backend="cuda")
+                                   rpb=rpb, backend="cuda")
 
         def fwd():
             with torch.no_grad():
@@ -68,7 +73,7 @@ def main(tag: str, names: str, bwd: bool, graphs: bool = False) -> None:
             if bwd:
                 g = torch.randn_like(q)
                 if graphs:
-                    ms = median_ms(lambda: torch.autograd.grad(f(), (q, k, v), g), [()], device, graphs=True)
+                    ms = median_ms(lambda: torch.autograd.grad(f(), leaves, g), [()], device, graphs=True)
                 else:
                     ms = do_bench(lambda: f().backward(g), warmup=30, rep=300)
                 line += f"  f+b {ms:8.3f}"
@@ -81,6 +86,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     flags = set(sys.argv[3:])
-    if flags - {"bwd", "graphs"}:
-        sys.exit(f"unknown flags {sorted(flags - {'bwd', 'graphs'})}; accepted: bwd, graphs")
-    main(sys.argv[1], sys.argv[2], "bwd" in flags, "graphs" in flags)
+    if flags - {"bwd", "graphs", "rpb"}:
+        sys.exit(f"unknown flags {sorted(flags - {'bwd', 'graphs', 'rpb'})}; accepted: bwd, graphs, rpb")
+    main(sys.argv[1], sys.argv[2], "bwd" in flags, "graphs" in flags, "rpb" in flags)
