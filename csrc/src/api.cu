@@ -7,13 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lookup.h"
 #include "nattn/common/philox.cuh"
 #include "nattn/common/registry.h"
-#include "lookup.h"
-#include "nattn/simt/launch.h"
-#include "nattn/sm90/tensor_map_spec.h"
-#include "nattn/sm90/tiles.cuh"
 #include "nattn/problem.h"  // generated from nattn/_cuda/kernel_table.py
+#include "nattn/simt/launch.h"
 #include "sm90_dispatch.h"
 
 #define NATTN_API extern "C" __attribute__((visibility("default")))

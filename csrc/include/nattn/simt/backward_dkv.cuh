@@ -25,14 +25,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
     const bool has_qk = ch < p.dim, has_v = ch < p.dim_v;
     int c[3], g[3], jg[3];
     AxisRange inv[3];
-    unravel<NA>(kj, p.spatial, c);
-#pragma unroll
-    for (int a = 0; a < NA; ++a) {
-      g[a] = c[a] % p.dilation[a];
-      jg[a] = c[a] / p.dilation[a];
-      inv[a] = key_inverse(jg[a], group_len(p.spatial[a], g[a], p.dilation[a]), p.kernel[a],
-                           p.stride[a], p.causal[a] != 0);
-    }
+    token_windows<NA, true>(kj, p, c, g, jg, inv);
     float kk[C], vv[C], dk[C], dv[C];
     load_channels<C>(kk, static_cast<const T*>(p.k) + int64_t(b) * p.k_s[0] +
                              token_offset<NA>(c, p.k_s) + int64_t(hkv) * p.k_s[4] + ch, ch, p.dim, true);

@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
 
   int c[3], g[3], ig[3];
   AxisRange win[3];
-  query_windows<NA>(qi, p, c, g, ig, win);
+  token_windows<NA>(qi, p, c, g, ig, win);
   const int64_t row = (int64_t(b) * p.tokens + qi) * p.heads + h;
   float q[C], dout[C], o[C];
   load_channels<C>(q, static_cast<const T*>(p.q) + int64_t(b) * p.q_s[0] + token_offset<NA>(c, p.q_s) +

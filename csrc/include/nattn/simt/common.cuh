@@ -186,17 +186,20 @@ __device__ __forceinline__ BoxCursor<NA, kDrop ? 3 : 2> key_cursor(const Params&
   return BoxCursor<NA, kDrop ? 3 : 2>(win, g, p, strides, +1, ig);
 }
 
-// Query windows (forward, dQ) per axis.
-template <int NA>
-__device__ __forceinline__ void query_windows(int64_t qi, const Params& p, int* c, int* g, int* ig,
+// Token i's coordinates c, dilation group g and index in the group ig per axis, and its
+// window there: the keys a query sees (forward, dQ) or, kInverse, the queries that see a
+// key (dK/dV).
+template <int NA, bool kInverse = false>
+__device__ __forceinline__ void token_windows(int64_t i, const Params& p, int* c, int* g, int* ig,
                                               AxisRange* win) {
-  unravel<NA>(qi, p.spatial, c);
+  unravel<NA>(i, p.spatial, c);
 #pragma unroll
   for (int a = 0; a < NA; ++a) {
     g[a] = c[a] % p.dilation[a];
     ig[a] = c[a] / p.dilation[a];
-    win[a] = query_window(ig[a], group_len(p.spatial[a], g[a], p.dilation[a]), p.kernel[a],
-                          p.stride[a], p.causal[a] != 0);
+    const int len = group_len(p.spatial[a], g[a], p.dilation[a]);
+    win[a] = kInverse ? key_inverse(ig[a], len, p.kernel[a], p.stride[a], p.causal[a] != 0)
+                      : query_window(ig[a], len, p.kernel[a], p.stride[a], p.causal[a] != 0);
   }
 }
 

@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Params p) {
 
   int c[3], g[3], ig[3];
   AxisRange win[3];
-  query_windows<NA>(qi, p, c, g, ig, win);
+  token_windows<NA>(qi, p, c, g, ig, win);
   const T* K = head_base<const T>(p.k, p.k_s, b, hkv) + ch;
   const T* V = head_base<const T>(p.v, p.v_s, b, hkv) + ch;
   float q[C];

@@ -91,12 +91,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
                                        int64_t(b) * p.tokens, h, rst);
       walk.prologue();
-      if constexpr (Lt::kF32) {  // first head: the own K and V rows (the group before) have landed: round them
-        if (hg == 0) {
-          walk.wait_rows();
-          round_rows_tf32<HD>(sK, lane);
-          round_rows_tf32<HD>(sK + Lt::TILE, lane);
-        }
+      if constexpr (Lt::kF32) {  // first head: the own K and V rows
+        if (hg == 0) walk.template round_own_rows_tf32<2>(sK, lane);
       }
       for (int ci = 0; ci < walk.chunks; ++ci) {
         walk.arrive(ci);
@@ -142,8 +138,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
             dp[nt][e] = ds;
             if constexpr (kRpb) {
               if (ok) {  // one address space per branch: no generic atomics
-                if constexpr (kShared) atomicAdd(drpb_head + ridx, ds);
-                else if (stage_rpb) atomicAdd(drpb_head + ridx, ds);
+                if (kShared || stage_rpb) atomicAdd(drpb_head + ridx, ds);  // a staged bias implies it
                 else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
               }
             }

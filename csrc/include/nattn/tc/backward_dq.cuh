@@ -92,11 +92,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[nt][e] = 0.f;
-  if constexpr (Lt::kF32) {  // the Q and dO rows (the group before chunk 0's) have landed: round them
-    walk.wait_rows();
-    round_rows_tf32<HD>(sQ, lane);
-    round_rows_tf32<HD>(sQ + Lt::TILE, lane);
-  }
+  if constexpr (Lt::kF32) walk.template round_own_rows_tf32<2>(sQ, lane);  // the Q and dO rows
   for (int ci = 0; ci < walk.chunks; ++ci) {
     walk.arrive(ci);
     const S* sK = walk.tile(ci);

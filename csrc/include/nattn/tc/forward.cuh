@@ -45,10 +45,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
     for (int e = 0; e < 4; ++e) o[nt][e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   walk.prologue();
-  if constexpr (Lt::kF32) {  // the Q rows (the group before chunk 0's) have landed: round them
-    walk.wait_rows();
-    round_rows_tf32<HD>(sQ, lane);
-  }
+  if constexpr (Lt::kF32) walk.template round_own_rows_tf32<1>(sQ, lane);  // the Q rows
   for (int ci = 0; ci < walk.chunks; ++ci) {
     walk.arrive(ci);  // (its __syncwarp also orders the rounding before any lane's reads)
     const S* sK = walk.tile(ci);

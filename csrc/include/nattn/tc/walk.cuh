@@ -142,6 +142,14 @@ struct Walk {
       cp_async_wait<kTcStages - 1>();
     }
   }
+  // TF32: waits for the rows' own copy group and rounds kTiles staged tiles of them (from
+  // `tile`) in place, so that the products read them as A operands.
+  template <int kTiles>
+  __device__ __forceinline__ void round_own_rows_tf32(S* tile, int lane) const {
+    wait_rows();
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) round_rows_tf32<HD>(tile + i * Lt::TILE, lane);
+  }
 
   // Stages chunk ci (in walk order) into slot tc_stage(ci); channels past a tensor's dim and
   // tokens past the union are zero-filled.
