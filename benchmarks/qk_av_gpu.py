@@ -10,18 +10,12 @@ import torch
 
 import nattn
 from nattn import qk_av
+from nattn.bench.timing import window_ms
 
 
 def timed(fn, reps=20):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+    fn()  # warm-up
+    return window_ms(fn, torch.device("cuda"), reps)
 
 
 def main():

@@ -16,6 +16,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from .timing import window_ms
+
 # The NA families at Tiny size (video: clips of `frames` frames), then the peers (timm's own).
 DEFAULT_MODELS = ("nat_tiny", "dinat_tiny", "dinat_s_tiny", "nat_isotropic_small", "dinat_video_tiny",
                   "swin_tiny_patch4_window7_224", "convnext_tiny")
@@ -48,27 +50,9 @@ def steps(model, x, y, device, graphs: bool = False):
     return train, infer
 
 
-def _window_ms(fn, device, iters: int) -> float:
-    """Mean milliseconds of ``fn`` over one window of ``iters`` calls (CUDA events on CUDA,
-    wall clock on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / iters
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t) / iters * 1e3
-
-
 def step_ms(fn, device, iters: int, repeats: int = 1, warmup_s: float = 0.0) -> float:
     """Milliseconds per call of ``fn``: the median over ``repeats`` windows of ``iters`` calls
-    (each window's mean, `_window_ms`), after three warm-up calls and then more until
+    (each window's mean, `timing.window_ms`), after three warm-up calls and then more until
     ``warmup_s`` seconds have passed (an idle GPU's clocks take a while to ramp up; one short
     window read 30% apart between runs of the same model)."""
     t = time.perf_counter()
@@ -78,7 +62,7 @@ def step_ms(fn, device, iters: int, repeats: int = 1, warmup_s: float = 0.0) -> 
         done += 1
         if device.type == "cuda" and done >= 3:
             torch.cuda.synchronize()
-    windows = sorted(_window_ms(fn, device, iters) for _ in range(max(1, repeats)))
+    windows = sorted(window_ms(fn, device, iters) for _ in range(max(1, repeats)))
     return windows[len(windows) // 2]
 
 

@@ -28,6 +28,25 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def window_ms(fn: Callable, device: torch.device, iters: int) -> float:
+    """Mean milliseconds of ``fn()`` over one window of ``iters`` back-to-back calls (CUDA
+    events around the window on CUDA, wall clock elsewhere): for steps too long to time one
+    by one, e.g. a model's training step."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / iters
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t) / iters * 1e3
+
+
 def median_ms(fn: Callable, input_sets: Sequence, device: torch.device,
               warmup_ms: float = 30.0, target_ms: float = 300.0, min_reps: int = 3, max_reps: int = 100,
               graphs: bool = False) -> float:
