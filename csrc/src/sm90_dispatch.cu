@@ -38,14 +38,23 @@ constexpr int64_t kSm90MinWindow2dSmallHead = 49;
 // Fifteenth session (PERF.md calls 4-7, bf16, GPU time, ms): with an RPB the 64-query pairs'
 // forward loses that lead at 7x7 (every key box is partly masked, so each score takes the
 // mask's bias path): DiNAT 56x56 B32 H4 D32 0.144 vs tc's 0.126, dilation 4 on 28x28 B32 H8
-// 0.074 vs 0.066. 2-D forwards at head dim <= 32 with an RPB run tc up to this many keys.
-constexpr int64_t kTcRpbMaxWindow2dSmallHead = 49;
+// 0.074 vs 0.066. Sixteenth session (PERF.md call 2-3): the same up to 13x13 and at head dim 64
+// (56x56 B32 H4, tc vs sm90: D32 9x9 0.153 vs 0.178, 11x11 0.200 vs 0.241, 13x13 0.238 vs
+// 0.241; D64 7x7 0.162 vs 0.205, 9x9 0.198 vs 0.248, 11x11 0.257 vs 0.336, 13x13 0.304 vs
+// 0.337; 28x28 dilation 4 at D64 0.084 vs 0.191; NAT's 14x14 B128 H8 D32 0.072 vs 0.099).
+// 2-D forwards at head dims <= 64 with an RPB run tc up to this many keys.
+constexpr int64_t kTcRpbMaxWindow2d = 169;
+constexpr int kTcRpbMaxHeadDim2d = 64;
 // Thirteenth session (PERF.md; 2-D forward at head dims 64 and 128, ms): without dilation,
 // stride or causality sm90 wins from 7x7 too (56x56 B32: 7x7 0.161 vs 0.197, 9x9 0.185 vs
 // 0.238, 11x11 0.244 vs 0.309, 7x7 at head dim 128 0.161 vs 0.197; 112x112 7x7 0.163 vs
 // 0.200; 28x28 and 14x14 tie), while with dilation tc stays ahead (56x56 7x7 dilation 2:
 // 0.191 vs 0.205; 28x28 9x9 dilation 3: 0.156 vs 0.250; dilation 4: 0.098 vs 0.167).
+// Sixteenth session (PERF.md call 3; tc's passes 10-25% faster since): at head dim 64 tc wins
+// 7x7 again (56x56 B32 H4: 0.148 vs 0.159) and ties 9x9 (0.184 vs 0.183), sm90 wins 13x13
+// (0.242 vs 0.283); head dim 128 keeps the thirteenth session's rule.
 constexpr int64_t kSm90MinWindow2dPlain = 49;
+constexpr int64_t kSm90MinWindow2dPlainHead64 = 81;
 constexpr int kSm90SmallHeadDim = 32;
 // Head dims above kTcMaxHeadDim (256): the tensor-core family stops at 128, so the Hopper
 // forward's alternative is the SIMT family (CUDA cores), and it runs at any window (its GPU
@@ -248,9 +257,12 @@ bool plain_2d_window(const nattn::Params& p) {
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   const int64_t window = window_keys(p);
   if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
-  if (!backward && p.na_dim == 2 && p.dim <= kSm90SmallHeadDim && p.dim_v <= kSm90SmallHeadDim)
-    return window >= kSm90MinWindow2dSmallHead && !(p.rpb && window <= kTcRpbMaxWindow2dSmallHead);
-  if (!backward && p.na_dim == 2 && plain_2d_window(p)) return window >= kSm90MinWindow2dPlain;
+  const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;
+  if (!backward && p.na_dim == 2 && p.rpb && head_dim <= kTcRpbMaxHeadDim2d && window <= kTcRpbMaxWindow2d)
+    return false;
+  if (!backward && p.na_dim == 2 && head_dim <= kSm90SmallHeadDim) return window >= kSm90MinWindow2dSmallHead;
+  if (!backward && p.na_dim == 2 && plain_2d_window(p))
+    return window >= (head_dim <= 64 ? kSm90MinWindow2dPlainHead64 : kSm90MinWindow2dPlain);
   if (backward) return window >= sm90_min_window_backward(p.na_dim, p.dim > p.dim_v ? p.dim : p.dim_v);
   return window >= kSm90MinWindow[p.na_dim - 1];
 }

@@ -80,16 +80,18 @@ if [[ $what == *optimize* ]]; then  # every configuration per tuning-suite probl
   timeout ${OPTIMIZE_TIMEOUT:-300} python3 -m nattn.bench --suite tuning --optimize --cuda-graphs 2>&1 \
     | tee "$OUT/optimize.txt" | tail -25
 fi
+# NCU_FAMILY (default sm90; tc for the tensor-core family), NCU_ARGS (e.g. --rpb), NCU_ONCE (the
+# launch's warp count: ncu_stalls.py --once splits per-warp setup from the loops).
 if [[ $what == *ncu* ]]; then  # where the sm90 kernels' warps wait (NCU_PROBLEM, default flux GNA)
   prob=${NCU_PROBLEM:-flux-2d-w80-s16}
   for k in ${NCU_KERNELS:-forward_kernel backward_dq_kernel backward_dkv_kernel}; do
-    NATTN_FAMILY=sm90 timeout ${NCU_TIMEOUT:-200} ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
-      --section SourceCounters -k regex:$k -c 1 -f -o "$OUT/$k" python3 benchmarks/sm90_profile.py --backward "$prob" \
+    NATTN_FAMILY=${NCU_FAMILY:-sm90} timeout ${NCU_TIMEOUT:-200} ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+      --section SourceCounters -k regex:$k -c 1 -f -o "$OUT/$k" python3 benchmarks/sm90_profile.py --backward ${NCU_ARGS:-} "$prob" \
       > "$OUT/${k}_ncu.log" 2>&1
     ncu -i "$OUT/$k.ncu-rep" --page source --csv --print-source sass > "$OUT/${k}_source.csv" 2>&1
     ncu -i "$OUT/$k.ncu-rep" --page details > "$OUT/${k}_details.txt" 2>&1
     rm -f "$OUT/$k.ncu-rep"  # the device tool returns a limited number of files: keep the text
-    python3 benchmarks/ncu_stalls.py "$OUT/${k}_source.csv" --top 12 2>&1 | head -36
+    python3 benchmarks/ncu_stalls.py "$OUT/${k}_source.csv" --top 12 ${NCU_ONCE:+--once $NCU_ONCE} 2>&1 | head -40
   done
 fi
 if [[ $what == *qkav* ]]; then  # the unfused ops: window kernels vs plain PyTorch vs the fused op

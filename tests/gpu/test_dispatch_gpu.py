@@ -44,8 +44,18 @@ def test_head_dim_32_7x7_forward_runs_sm90_without_rpb_and_tc_with_it():
     assert forward_family(7, rpb=True, dilation=3) == "tc"
 
 
-def test_head_dim_32_windows_past_49_keys_run_sm90_with_rpb_too():
-    # the RPB rule's bound (7x7): larger windows keep the choice made without RPB (not yet
-    # measured with one: docs/dev/STATUS.md)
-    assert forward_family(9, rpb=True) == "sm90"
-    assert forward_family(13, rpb=True) == "sm90"
+def test_windows_up_to_169_keys_run_tc_with_rpb_at_head_dims_32_and_64():
+    # measured (PERF.md, sixteenth session): with RPB tc beats sm90 up to 13x13 at head dims 32
+    # and 64; larger windows keep the choice made without RPB
+    for dim in (32, 64):
+        assert forward_family(9, rpb=True, dim=dim) == "tc"
+        assert forward_family(13, rpb=True, dim=dim) == "tc"
+        assert forward_family(15, rpb=True, dim=dim) == "sm90"
+
+
+def test_head_dim_64_plain_windows_run_sm90_from_9x9():
+    # measured (PERF.md, sixteenth session; 56x56 B32 H4 D64): tc 0.148 vs sm90 0.159 ms at
+    # 7x7, a tie at 9x9, sm90 ahead at 13x13
+    assert forward_family(7, rpb=False, dim=64) == "tc"
+    assert forward_family(9, rpb=False, dim=64) == "sm90"
+    assert forward_family(13, rpb=False, dim=64) == "sm90"
