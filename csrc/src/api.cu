@@ -60,6 +60,17 @@ int fail(char* err, int64_t err_len, int code, const NattnProblem& pr, const cha
 
 bool aligned16(int64_t ptr) { return ptr % 16 == 0; }
 
+// Params' token rows (registry.h): the grid's token strides and which of q, k, v and
+// grad_out store their tokens as rows of one stride (after the strides are copied).
+void fill_token_rows(nattn::Params& p) {
+  nattn::tiling::set_token_strides(p);
+  const int64_t* strides[4] = {p.q_s, p.k_s, p.v_s, p.grad_out_s};
+  const int bits[4] = {nattn::kRowsQ, nattn::kRowsK, nattn::kRowsV, nattn::kRowsGradOut};
+  p.token_rows = 0;
+  for (int t = 0; t < 4; ++t)
+    if (nattn::tiling::has_token_rows(p, strides[t])) p.token_rows |= bits[t];
+}
+
 // Validates the problem and fills the kernel parameters. `backward` adds the
 // gradient tensors to the checks.
 int build_params(const int64_t* fields, int64_t n_fields, double scale, bool backward,
@@ -201,6 +212,7 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
       t.dst[i] = t.stride[i];
     }
   }
+  fill_token_rows(p);
   if (!pr.lse_ptr) return fail(err, err_len, kInvalid, pr, what, "lse pointer is null");
   if (backward && !pr.delta_ptr) return fail(err, err_len, kInvalid, pr, what, "delta pointer is null");
   if (backward && pr.rpb_ptr && !pr.drpb_ptr)

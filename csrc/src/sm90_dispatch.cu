@@ -42,9 +42,16 @@ constexpr int64_t kSm90MinWindow2dSmallHead = 49;
 // (56x56 B32 H4, tc vs sm90: D32 9x9 0.153 vs 0.178, 11x11 0.200 vs 0.241, 13x13 0.238 vs
 // 0.241; D64 7x7 0.162 vs 0.205, 9x9 0.198 vs 0.248, 11x11 0.257 vs 0.336, 13x13 0.304 vs
 // 0.337; 28x28 dilation 4 at D64 0.084 vs 0.191; NAT's 14x14 B128 H8 D32 0.072 vs 0.099).
-// 2-D forwards at head dims <= 64 with an RPB run tc up to this many keys.
-constexpr int64_t kTcRpbMaxWindow2d = 169;
-constexpr int kTcRpbMaxHeadDim2d = 64;
+// In 3-D likewise (call 4; 16x32x32 B2 H8 D64: 5x9x9 0.532 vs 0.634, 7x9x9 0.681 vs 0.804).
+// 2-D and 3-D forwards at head dims <= 64 with an RPB run tc up to these many keys (1-D: not
+// measured, the rule without RPB).
+constexpr int64_t kTcRpbMaxWindow[3] = {0, 169, 567};
+constexpr int kTcRpbMaxHeadDim = 64;
+// The backward with an RPB (call 4, forward + backward, bf16, ms, tc vs the default's sm90
+// backward): 2-D D64 13x13 1.53 vs 2.90, 17x17 2.53 vs 3.99, 21x21 3.07 vs 5.43, D32 21x21
+// 2.23 vs 5.03; 3-D D64 5x9x9 3.38 vs 6.38, 7x9x9 4.48 vs 8.46: the sm90 dK/dV pass's dRPB
+// makes it ~2x slower. With an RPB the backward runs sm90 only from this many keys.
+constexpr int64_t kSm90MinWindowBackwardRpb = 2048;
 // Thirteenth session (PERF.md; 2-D forward at head dims 64 and 128, ms): without dilation,
 // stride or causality sm90 wins from 7x7 too (56x56 B32: 7x7 0.161 vs 0.197, 9x9 0.185 vs
 // 0.238, 11x11 0.244 vs 0.309, 7x7 at head dim 128 0.161 vs 0.197; 112x112 7x7 0.163 vs
@@ -258,8 +265,8 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
   const int64_t window = window_keys(p);
   if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;
-  if (!backward && p.na_dim == 2 && p.rpb && head_dim <= kTcRpbMaxHeadDim2d && window <= kTcRpbMaxWindow2d)
-    return false;
+  if (!backward && p.rpb && head_dim <= kTcRpbMaxHeadDim && window <= kTcRpbMaxWindow[p.na_dim - 1]) return false;
+  if (backward && p.rpb && window < kSm90MinWindowBackwardRpb) return false;
   if (!backward && p.na_dim == 2 && head_dim <= kSm90SmallHeadDim) return window >= kSm90MinWindow2dSmallHead;
   if (!backward && p.na_dim == 2 && plain_2d_window(p))
     return window >= (head_dim <= 64 ? kSm90MinWindow2dPlainHead64 : kSm90MinWindow2dPlain);

@@ -64,8 +64,11 @@ template <int NA>
 static void check_staging(const Params& p, const AxisRange* u, const int* g, const int64_t* s) {
   const int size = union_size<NA>(u), chunks = (size + kChunk - 1) / kChunk;
   const UnionIndex<NA> ui(u);
-  int64_t s2[5] = {0, 0, 0, 0, 0};
+  int64_t s2[5] = {0, 0, 0, 0, 0}, s3[5] = {0, 0, 0, 0, 0};
   for (int a = 0; a < NA; ++a) s2[1 + a] = s[1 + a] * 3 + 7 * (a + 1);  // a strided view
+  for (int a = 0; a < NA; ++a) s3[1 + a] = s[1 + a] * 24;  // a [N, H, D] tensor: rows of 24
+  CHECK(has_token_rows(p, s) && has_token_rows(p, s3), "token-major tensors must have token rows");
+  CHECK(NA == 1 || !has_token_rows(p, s2), "a strided view must not have token rows");
   for (int lane = 0; lane < 32; ++lane) {
     const GroupStrides<NA> st[2] = {GroupStrides<NA>(p, s, g, s2, lane >= kChunk), GroupStrides<NA>(p, s, g)};
     const GroupStrides<NA> direct(p, lane >= kChunk ? s2 : s, g);
@@ -78,6 +81,11 @@ static void check_staging(const Params& p, const AxisRange* u, const int* g, con
       check_coords<NA>(u, fc, c);
       CHECK(st[0].at(c) == direct.at(c), "staging offset wrong at %d (lane %d)", f, lane);
       CHECK(st[1].at(c) == token_index<NA>(p, c, g), "staging token index wrong at %d", f);
+      // the token-rows path: the index in 32 bits, times the row stride of a tensor with rows
+      const int t = TokenIndex<NA>(p, g).at(p, c);
+      CHECK(t == token_index<NA>(p, c, g), "TokenIndex %d at %d, want %lld", t, f, (long long)token_index<NA>(p, c, g));
+      for (const int64_t* x : {s, (const int64_t*)s2, (const int64_t*)s3})
+        if (has_token_rows(p, x)) CHECK(int64_t(t) * x[NA] == GroupStrides<NA>(p, x, g).at(c), "token-row offset at %d", f);
     }
   }
 }
@@ -186,6 +194,7 @@ static void random_problem() {
     p.tokens *= p.spatial[a];
   }
   for (int a = NA; a < 3; ++a) { p.spatial[a] = p.kernel[a] = p.stride[a] = p.dilation[a] = p.rpb_size[a] = 1; }
+  set_token_strides(p);
   int box[3];
   const int pick = rnd(0, 2);
   if (pick == 0) {

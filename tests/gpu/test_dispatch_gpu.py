@@ -22,18 +22,35 @@ if _LIB is None or not _LIB.kernels.get(("sm90", "bfloat16", 2)) or not _LIB.ker
     pytest.skip("needs a libnattn with the sm90 and tc families (bf16, 2-D)", allow_module_level=True)
 
 
-def forward_family(kernel, rpb: bool, dilation=1, spatial=(28, 28), dim=32, heads=4):
-    """The family ("tc" or "sm90") whose forward kernel ran for one bf16 2-D call."""
-    q, k, v = (torch.randn(2, *spatial, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    bias = torch.randn(heads, 2 * kernel - 1, 2 * kernel - 1, device="cuda") if rpb else None
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-        out = nattn.na2d(q, k, v, kernel, dilation=dilation, rpb=bias, backend="cuda")
+def families(kernel, rpb: bool, dilation=1, spatial=(28, 28), dim=32, heads=4, batch=8, backward=False):
+    """{pass: family} ("tc" or "sm90") of the kernels one bf16 call ran, forward ("forward")
+    and with ``backward`` the dK/dV pass ("dkv"). ``kernel`` an int (2-D) or a tuple (its NA
+    dim). Batch 8: a smaller grid that leaves most SMs idle runs split-KV on sm90 from 128
+    keys."""
+    kernel = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
+    q, k, v = (torch.randn(batch, *spatial, heads, dim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=backward) for _ in range(3))
+    bias = torch.randn(heads, *(2 * w - 1 for w in kernel), device="cuda", requires_grad=backward) if rpb else None
+    fn = {2: nattn.na2d, 3: nattn.na3d}[len(kernel)]
+    with torch.set_grad_enabled(backward), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = fn(q, k, v, kernel, dilation=dilation, rpb=bias, backend="cuda")
+        if backward:
+            out.backward(torch.randn_like(out))
         torch.cuda.synchronize()
     assert torch.isfinite(out).all()
-    names = [e.key for e in prof.key_averages() if "forward_kernel" in e.key]
-    families = {f for f in ("tc", "sm90") if any(f"nattn::{f}::" in n for n in names)}
-    assert len(families) == 1, names
-    return families.pop()
+    found = {}
+    for step, kernel_name in (("forward", "forward_kernel"), ("dkv", "backward_dkv_kernel")):
+        names = [e.key for e in prof.key_averages() if kernel_name in e.key]
+        fams = {f for f in ("tc", "sm90") if any(f"nattn::{f}::" in n for n in names)}
+        assert len(fams) <= 1, names
+        if fams:
+            found[step] = fams.pop()
+    return found
+
+
+def forward_family(kernel, rpb: bool, **kw):
+    """The family whose forward kernel ran for one bf16 call (``families``)."""
+    return families(kernel, rpb, **kw)["forward"]
 
 
 def test_head_dim_32_7x7_forward_runs_sm90_without_rpb_and_tc_with_it():
@@ -59,3 +76,19 @@ def test_head_dim_64_plain_windows_run_sm90_from_9x9():
     assert forward_family(7, rpb=False, dim=64) == "tc"
     assert forward_family(9, rpb=False, dim=64) == "sm90"
     assert forward_family(13, rpb=False, dim=64) == "sm90"
+
+
+def test_3d_windows_up_to_567_keys_run_tc_with_rpb():
+    # measured (PERF.md, sixteenth session; 16x32x32 B2 H8 D64): with RPB tc 0.532 vs sm90 0.634
+    # ms at 5x9x9, 0.681 vs 0.804 at 7x9x9; without RPB sm90 runs 3-D windows from 3x7x7
+    kw = dict(spatial=(12, 16, 16), dim=64, batch=4)
+    assert forward_family((5, 9, 9), rpb=False, **kw) == "sm90"
+    assert forward_family((5, 9, 9), rpb=True, **kw) == "tc"
+
+
+def test_backward_with_rpb_runs_tc():
+    # measured (PERF.md, sixteenth session, f+b): with RPB the sm90 backward is ~2x slower than
+    # tc at 169-567 keys (2-D D64 13x13 2.90 vs 1.53 ms); without RPB 2-D at head dim 64 runs
+    # the sm90 backward from 150 keys
+    assert families(13, rpb=False, dim=64, backward=True)["dkv"] == "sm90"
+    assert families(13, rpb=True, dim=64, backward=True)["dkv"] == "tc"

@@ -39,7 +39,16 @@ struct Params {
   const int64_t* drop_rng;
   uint32_t drop_threshold;
   float drop_scale;
+  // Token rows (host-filled; the tc walks): the grid's row-major token strides, with dilation
+  // (tok_step[a] = dilation[a] * tok_stride[a]; zeros past na_dim), and a bit per tensor
+  // (kRows*) whose tokens are rows: s[1 + a] == s[na_dim] * tok_stride[a] on every axis, with
+  // fewer than 2^31 tokens. A walk over such tensors finds a token's offset as its index
+  // times one row stride (32-bit index math) instead of one 64-bit product per axis.
+  int tok_stride[3], tok_step[3];
+  int token_rows;
 };
+
+enum TokenRows : int { kRowsQ = 1, kRowsK = 2, kRowsV = 4, kRowsGradOut = 8 };
 
 // Bytes of the host workspace a family's prepare step may fill (64-byte aligned).
 constexpr int kPrepareBytes = 1024;

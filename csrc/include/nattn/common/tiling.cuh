@@ -286,4 +286,42 @@ NATTN_HD void token_strides(const Params& p, int64_t* s) {
   }
 }
 
+// Token rows (Params::tok_stride, tok_step, token_rows): the grid's row-major token strides,
+// with dilation in tok_step (zeros past na_dim). Host: after the tensors' strides are set.
+NATTN_HD void set_token_strides(Params& p) {
+  int64_t m = 1;
+  for (int a = 2; a >= 0; --a) {
+    const bool live = a < p.na_dim;
+    p.tok_stride[a] = live ? int(m) : 0;
+    p.tok_step[a] = live ? int(m * p.dilation[a]) : 0;
+    if (live) m *= p.spatial[a];
+  }
+}
+
+// Whether a tensor of strides s stores its tokens as rows of one stride (s[na_dim], the last
+// axis's): s[1 + a] == s[na_dim] * tok_stride[a] on every axis, with fewer than 2^31 tokens
+// (token indices, and dilation * tok_stride <= tokens, fit an int).
+NATTN_HD bool has_token_rows(const Params& p, const int64_t* s) {
+  bool rows = p.tokens <= 0x7fffffff;
+  for (int a = 0; a < p.na_dim; ++a) rows = rows && s[1 + a] == s[p.na_dim] * p.tok_stride[a];
+  return rows;
+}
+
+// Token index of group coordinates c of dilation group g (token_index's value) in 32-bit
+// arithmetic: the group's part once, one multiply-add per axis after.
+template <int NA>
+struct TokenIndex {
+  int base;
+  NATTN_HD TokenIndex(const Params& p, const int* g) : base(0) {
+#pragma unroll
+    for (int a = 0; a < NA; ++a) base += g[a] * p.tok_stride[a];
+  }
+  NATTN_HD int at(const Params& p, const int* c) const {
+    int t = base;
+#pragma unroll
+    for (int a = 0; a < NA; ++a) t += c[a] * p.tok_step[a];
+    return t;
+  }
+};
+
 }  }  // namespace nattn::tiling

@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       const int bias_at = !rpb ? kNoBias : stage_bias ? kBiasShared : kBiasGlobal;
       DropKeys drop;  // the mask of query head h
       if constexpr (kDrop) drop.init(p, b, h);
-      Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v, sLD,
+      Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v,
+                                       (p.token_rows & (kRowsQ | kRowsGradOut)) == (kRowsQ | kRowsGradOut), sLD,
                                        int64_t(b) * p.tokens, h, rst);
       walk.prologue();
       if constexpr (Lt::kF32) {  // first head: the own K and V rows

@@ -79,12 +79,14 @@ __device__ __forceinline__ void bias_instanced(int at, F&& f) {
 // tensors X and Y (K and V, or Q and dO for the inverse walk) are staged into slot
 // tc_stage(ci) of the warp's buffer with cp.async, kTcStages - 1 chunks ahead of the one
 // computed. Per chunk, lane l finds the coordinates of chunk token l % 16 (UnionIndex: two
-// multiply-highs in 3-D, none in 1-D) and its offset in X (lanes 0-15) or Y (lanes 16-31);
-// the copying lanes fetch the offsets they need with shuffles. Its fragment columns' coordinates
+// multiply-highs in 3-D, none in 1-D) and its address in X (lanes 0-15) or Y (lanes 16-31);
+// the copying lanes fetch the addresses they need with shuffles. Its fragment columns' coordinates
 // come the same way. (Cursors stepping along the union with carries across line ends cost
 // ~200 integer instructions a chunk, Nsight Compute, PERF.md thirteenth session.) With kSide,
-// the inverse walk also stages each query's LSE and delta (a second offset stream: the row of
-// the [B, N, H] LSE / delta, `rst` the per-axis row strides).
+// the inverse walk also stages each query's LSE and delta (a second address stream: the row of
+// the [B, N, H] LSE (lanes 0-15) or delta (lanes 16-31), `rst` the per-axis row strides).
+// Whole addresses travel, not offsets: each lane adds its one base pointer, so the loop does
+// not rebuild X's, Y's and the LSE's head bases (64-bit products of Params' strides) per chunk.
 template <typename T, int NA, int HD, bool kInverse, bool kSide = false>
 struct Walk {
   using Lt = Layout<T, HD>;
@@ -95,24 +97,30 @@ struct Walk {
   const Params& p;
   const Rows<NA, kInverse>& rw;
   S* buf;
-  const T *X, *Y;
+  const T* src;            // this lane's tensor at (b, h): X for lanes 0-15, Y for 16-31
   GroupStrides<NA> st[2];  // this lane's tensor, the LSE / delta row (kSide)
   int lane, size, chunks;
   bool xin, yin;           // this lane's channels lie within X's / Y's head dim
+  // X and Y store their tokens as rows (Params::token_rows): a token's offset is its index
+  // times this lane's row stride `rs` (the LSE / delta row: the index times H).
+  bool rows;
+  TokenIndex<NA> ti;
+  int64_t rs;
   UnionIndex<NA> ui;
   // kSide: LSE/delta rows (b, token, h) of the staged queries, into side[stage][lse 16 | delta 16];
-  // side_src: this lane's tensor (LSE for piece 0 of a token, delta for piece 1) at row (b, 0, h)
+  // side_src: this lane's tensor (LSE for lanes 0-15, delta for 16-31) at row (b, 0, h)
   float* side;
   const float* side_src;
 
   __device__ __forceinline__ Walk(const Params& p_, const Rows<NA, kInverse>& rw_, const int* g, const AxisRange* u_,
                                   S* buf_, int lane_, const T* X_, const int64_t* xst, int xdim, const T* Y_,
-                                  const int64_t* yst, int ydim, float* side_ = nullptr, int64_t row0_ = 0,
-                                  int h_ = 0, const int64_t* rst = nullptr)
-      : p(p_), rw(rw_), buf(buf_), X(X_), Y(Y_),
+                                  const int64_t* yst, int ydim, bool rows_, float* side_ = nullptr,
+                                  int64_t row0_ = 0, int h_ = 0, const int64_t* rst = nullptr)
+      : p(p_), rw(rw_), buf(buf_), src(held(lane_ >= CW ? Y_ : X_)),
         st{GroupStrides<NA>(p_, xst, g, yst, lane_ >= CW), GroupStrides<NA>(p_, kSide ? rst : xst, g)},
-        lane(lane_), xin((lane_ % PPK) * Lt::VEC < xdim), yin((lane_ % PPK) * Lt::VEC < ydim), ui(u_),
-        side(side_), side_src(kSide ? (lane_ % PPK == 0 ? p_.lse : p_.delta) + row0_ * p_.heads + h_ : nullptr) {
+        lane(lane_), xin((lane_ % PPK) * Lt::VEC < xdim), yin((lane_ % PPK) * Lt::VEC < ydim), rows(rows_),
+        ti(p_, g), rs(lane_ >= CW ? yst[NA] : xst[NA]), ui(u_),
+        side(side_), side_src(kSide ? held((lane_ >= CW ? p_.delta : p_.lse) + row0_ * p_.heads + h_) : nullptr) {
     size = union_size<NA>(u_);
     chunks = (size + CW - 1) / CW;
   }
@@ -158,39 +166,57 @@ struct Walk {
     // Source addresses stay inside the tensors: the cursors never leave the union, and a
     // lane whose channels lie past a head dim reads channel 0 (its copy is zero-filled).
     const int e = (lane % PPK) * Lt::VEC, left = size - ci * CW;
-    const T* Xl = X + (xin ? e : 0);
-    const T* Yl = Y + (yin ? e : 0);
     // This lane's token (past the union: its last token, so that copies predicated off still
-    // get an address inside the tensor) and its offsets.
+    // get an address inside the tensor) and its addresses.
     int c[3];
     ui.coords(nattn_min(ci * CW + lane % CW, size - 1), c);
     int64_t o[NS];
-#pragma unroll
-    for (int s = 0; s < NS; ++s) o[s] = st[s].at(c);
-    if constexpr (Lt::kF32) {
-      // TF32: kept rolled (16 copies a tensor at head dim 128); unrolled, their shuffled
-      // offsets held at once made the dK/dV pass spill at head dim 128.
-#pragma unroll 1
-      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, Xl, Yl, o);
+    if (rows) {
+      const int t = ti.at(p, c);
+      o[0] = int64_t(t) * rs;
+      if constexpr (kSide) o[NS - 1] = int64_t(t) * p.heads;
     } else {
 #pragma unroll
-      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, Xl, Yl, o);
+      for (int s = 0; s < NS; ++s) o[s] = st[s].at(c);
+    }
+    const T* mine = src + o[0];
+    const float* mine_side = kSide ? side_src + o[NS - 1] : nullptr;
+    if constexpr (Lt::kF32) {
+      // TF32: kept rolled (16 copies a tensor at head dim 128); unrolled, their shuffled
+      // addresses held at once made the dK/dV pass spill at head dim 128.
+#pragma unroll 1
+      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, mine, mine_side);
+    } else {
+#pragma unroll
+      for (int i = 0; i < CW / TPI; ++i) copy(dst, ci, i, e, left, mine, mine_side);
     }
     cp_async_commit();
   }
   // Copy instruction i of issue: chunk token j's piece e of X and Y (and its LSE and delta).
-  __device__ __forceinline__ void copy(S* dst, int ci, int i, int e, int left, const T* Xl, const T* Yl,
-                                       const int64_t* o) {
+  __device__ __forceinline__ void copy(S* dst, int ci, int i, int e, int left, const T* mine,
+                                       const float* mine_side) {
     const int j = i * TPI + lane / PPK;
-    const int64_t ox = __shfl_sync(0xffffffffu, o[0], j), oy = __shfl_sync(0xffffffffu, o[0], CW + j);
+    const T* xs = shfl_ptr(mine, j);
+    const T* ys = shfl_ptr(mine, CW + j);
     const bool in = j < left;
-    cp_async16(dst + j * Lt::P + e, Xl + ox, in && xin);
-    cp_async16(dst + Lt::TILE + j * Lt::P + e, Yl + oy, in && yin);
-    if (kSide) {
-      const int64_t row = __shfl_sync(0xffffffffu, o[NS - 1], j);
-      if (lane % PPK < 2)  // the token's first two lanes: its LSE and its delta
-        cp_async4(side + tc_stage(ci) * 2 * CW + (lane % PPK) * CW + j, side_src + row, in);
+    cp_async16(dst + j * Lt::P + e, xs + (xin ? e : 0), in && xin);
+    cp_async16(dst + Lt::TILE + j * Lt::P + e, ys + (yin ? e : 0), in && yin);
+    if (kSide) {  // the token's first two lanes: its LSE (from lane j) and its delta (lane 16 + j)
+      const float* row = shfl_ptr(mine_side, (lane % PPK & 1) * CW + j);
+      if (lane % PPK < 2) cp_async4(side + tc_stage(ci) * 2 * CW + (lane % PPK) * CW + j, row, in);
     }
+  }
+  // A pointer the compiler keeps in registers: left to itself it rebuilt the head bases from
+  // Params (b * s[0] + h * s[4] in 64 bits, per tensor) in every chunk.
+  template <typename P>
+  __device__ __forceinline__ static const P* held(const P* x) {
+    unsigned long long r;
+    asm volatile("mov.b64 %0, %1;" : "=l"(r) : "l"(reinterpret_cast<unsigned long long>(x)));
+    return reinterpret_cast<const P*>(r);
+  }
+  template <typename P>
+  __device__ __forceinline__ static const P* shfl_ptr(const P* x, int from) {
+    return reinterpret_cast<const P*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(x), from));
   }
   // Chunk ci is in shared memory for the whole warp (the next kTcStages - 1 are on their way).
   // Its slot's previous chunk was released by every lane's __syncwarp at the end of that
@@ -244,7 +270,8 @@ struct RowWalk {
                                      typename Layout<T, HD>::S* buf, int lane, int b, int h, int hkv,
                                      const int* rmult)
       : walk(p, rw, g, u, buf, lane, head_base<const T>(p.k, p.k_s, b, hkv), p.k_s, p.dim,
-             head_base<const T>(p.v, p.v_s, b, hkv), p.v_s, p.dim_v),
+             head_base<const T>(p.v, p.v_s, b, hkv), p.v_s, p.dim_v,
+             (p.token_rows & (kRowsK | kRowsV)) == (kRowsK | kRowsV)),
         rpb(p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr),
         rrow{rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)} {
     if constexpr (kDrop) {
