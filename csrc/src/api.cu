@@ -10,6 +10,7 @@
 #include "lookup.h"
 #include "nattn/common/philox.cuh"
 #include "nattn/common/registry.h"
+#include "nattn/common/tiling.cuh"
 #include "nattn/problem.h"  // generated from nattn/_cuda/kernel_table.py
 #include "nattn/simt/launch.h"
 #include "sm90_dispatch.h"
