@@ -4,6 +4,7 @@ on the whole tensors, forward, LSE and gradients, for every feature."""
 
 import os
 import socket
+from functools import partial
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch.multiprocessing as mp
 
 import nattn
 from nattn.distributed import ContextParallel, na_halo, na_ulysses, shard, shard_sizes, unshard
+from nattn.distributed.ulysses import _chunk_count
 from nattn.nn import NeighborhoodAttention2D, NeighborhoodAttention3D
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
@@ -81,12 +83,12 @@ def _check_case(case, rank, world, scheme=na_ulysses):
     torch.testing.assert_close(unshard(out.detach(), axis), ref.detach(), rtol=1e-10, atol=1e-10)
 
 
-def _check_module(rank, world, scheme="ulysses"):
+def _check_module(rank, world, scheme="ulysses", chunks=1):
     """NeighborhoodAttention3D(context_parallel=...) on shards = the module on the whole input."""
     torch.manual_seed(7)  # the same weights and input on every rank
     m = NeighborhoodAttention3D(24, 6, (3, 3, 5), dilation=(1, 2, 1), rel_pos_bias=True).double()
     cp = NeighborhoodAttention3D(24, 6, (3, 3, 5), dilation=(1, 2, 1), rel_pos_bias=True,
-                                 context_parallel=ContextParallel(axis=1, scheme=scheme)).double()
+                                 context_parallel=ContextParallel(axis=1, scheme=scheme, chunks=chunks)).double()
     cp.load_state_dict(m.state_dict())
     x = torch.randn(2, 5, 9, 7, 24, dtype=torch.float64, requires_grad=True)
     ref = m(x)
@@ -110,6 +112,12 @@ def _worker(rank, world, port, cases):
     try:
         for case in cases:
             _check_case(case, rank, world)
+        # Ulysses in rounds of heads (communication overlapping NA): the same results
+        rounds = [c for c in cases if _chunk_count(3, c[5] // world, c[6] // world) > 1]
+        assert rounds, "no case splits into rounds"
+        for case in rounds:
+            _check_case(case, rank, world, partial(na_ulysses, chunks=3))
+        _check_module(rank, world, chunks=3)
         for case in HALO_CASES + cases:
             _check_case(case, rank, world, na_halo)
         _check_module(rank, world)
@@ -135,6 +143,15 @@ def test_module_argument_errors():
         NeighborhoodAttention2D(16, 2, 3, context_parallel=ContextParallel(axis=2))
     with pytest.raises(ValueError, match="scheme"):
         ContextParallel(scheme="ring")
+    with pytest.raises(ValueError, match="chunks"):
+        ContextParallel(chunks=0)
+    with pytest.raises(ValueError, match="ulysses"):
+        ContextParallel(scheme="halo", chunks=2)
+
+
+def test_rounds_divide_every_ranks_heads():
+    assert _chunk_count(3, 6, 3) == 3 and _chunk_count(4, 6, 3) == 3 and _chunk_count(2, 6, 3) == 1
+    assert _chunk_count(8, 4, 2) == 2 and _chunk_count(1, 8, 8) == 1 and _chunk_count(5, 2, 2) == 2
 
 
 def test_needs_a_process_group():

@@ -28,7 +28,12 @@ class ContextParallel:
     group: Optional[Any] = None
     axis: int = 0
     scheme: str = "ulysses"
+    chunks: int = 1  # Ulysses: the heads in this many rounds, communication overlapping NA
 
     def __post_init__(self):
         if self.scheme not in ("ulysses", "halo"):
             raise ValueError(f"scheme must be 'ulysses' or 'halo', got {self.scheme!r}")
+        if not isinstance(self.chunks, int) or self.chunks < 1:
+            raise ValueError(f"chunks must be a positive int, got {self.chunks!r}")
+        if self.chunks > 1 and self.scheme != "ulysses":
+            raise ValueError("chunks applies to the 'ulysses' scheme only")

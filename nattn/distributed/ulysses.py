@@ -1,7 +1,10 @@
 """Head-parallel (Ulysses) neighborhood attention: all-to-all to full grid / head shards,
 local NA, all-to-all back. q, k and v travel in one all-to-all (packed per token); uneven
 spatial shards are padded for the collective (equal-sized blocks) and the padding is dropped
-on arrival; with even shards, batch 1 and the first axis the arrivals are views, no copy."""
+on arrival; with even shards, batch 1 and the first axis the arrivals are views, no copy.
+With ``chunks`` > 1 each rank's heads go in that many rounds, every round's all-to-all issued
+before the first local NA, so that the exchange of round i + 1 overlaps the NA of round i and
+the return of round i the NA of round i + 1 (NCCL runs collectives on its own stream)."""
 
 from __future__ import annotations
 
@@ -74,22 +77,27 @@ def _pad_to(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
 
 class _AllToAll(torch.autograd.Function):
     """``x [P, ...]``: block j goes to rank j; returns the blocks received, in rank order
-    (one ``all_to_all_single``). The backward sends the gradients back the same way."""
+    (one ``all_to_all_single``). The backward sends the gradients back the same way. With a
+    ``pending`` list the forward returns before the collective completes and appends its work
+    handle there: wait on it (``.wait()``: on NCCL a stream wait, not a host one) before
+    reading the output."""
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, x, group, pending=None):
         ctx.group = group
         # contiguous buffers on both sides (empty_like would copy a strided input's layout,
         # while the collective reads and writes them in row-major order)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        dist.all_to_all_single(out, x.contiguous(), group=group)
+        work = dist.all_to_all_single(out, x.contiguous(), group=group, async_op=pending is not None)
+        if pending is not None:
+            pending.append(work)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         back = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
         dist.all_to_all_single(back, grad.contiguous(), group=ctx.group)
-        return back, None
+        return back, None, None
 
 
 class _SplitLast(torch.autograd.Function):
@@ -107,42 +115,80 @@ class _SplitLast(torch.autograd.Function):
         return torch.cat(grads, dim=-1), None
 
 
-def _to_heads(tensors, axis_dim: int, sizes: List[int], group) -> List[torch.Tensor]:
+def _to_heads(tensors, axis_dim: int, sizes: List[int], group, pending=None):
     """``[B, ..., X_r, ..., H_t, D_t]`` (this rank's spatial shard, all heads) for each tensor
     -> ``[B, ..., X, ..., H_t / P, D_t]`` (the whole axis, this rank's slice of the heads),
-    all tensors in one all-to-all: packed side by side per token, heads group j to rank j."""
+    all tensors in one all-to-all: packed side by side per token, heads group j to rank j.
+    Returns a function that unpacks the arrivals: with ``pending`` (see _AllToAll) call it
+    once the collective is waited on."""
     world, longest = len(sizes), max(sizes)
     widths = [t.shape[-2] // world * t.shape[-1] for t in tensors]
+    shapes = [(t.shape[-2] // world, t.shape[-1]) for t in tensors]
     # [P, B, ..., X_max, ..., sum of widths]: block j holds heads group j of every tensor
     send = torch.cat([_pad_to(t, axis_dim, longest).unflatten(-2, (world, -1)).flatten(-2).movedim(-2, 0)
                       for t in tensors], dim=-1)
-    recv = _AllToAll.apply(send, group)  # block i: rank i's shard for this rank's heads
+    recv = _AllToAll.apply(send, group, pending)  # block i: rank i's shard for this rank's heads
     del send  # the collective's input is dead: free it before the local NA
-    out = []
-    for t, w, packed in zip(tensors, widths, _SplitLast.apply(recv, widths)):
-        part = packed.unflatten(-1, (t.shape[-2] // world, t.shape[-1]))
-        if all(n == longest for n in sizes):  # even shards: blocks are consecutive along the axis
-            whole = part.movedim(0, axis_dim).flatten(axis_dim, axis_dim + 1)
-        else:
-            whole = torch.cat([part[i].narrow(axis_dim, 0, n) for i, n in enumerate(sizes)], dim=axis_dim)
-        out.append(whole)
-    return out
+
+    def unpack() -> List[torch.Tensor]:
+        out = []
+        for shape, packed in zip(shapes, _SplitLast.apply(recv, widths)):
+            part = packed.unflatten(-1, shape)
+            if all(n == longest for n in sizes):  # even shards: blocks are consecutive along the axis
+                whole = part.movedim(0, axis_dim).flatten(axis_dim, axis_dim + 1)
+            else:
+                whole = torch.cat([part[i].narrow(axis_dim, 0, n) for i, n in enumerate(sizes)], dim=axis_dim)
+            out.append(whole)
+        return out
+
+    return unpack
 
 
-def _to_shards(y: torch.Tensor, axis_dim: int, sizes: List[int], rank: int, group, head_dim: int) -> torch.Tensor:
+def _to_shards(y: torch.Tensor, axis_dim: int, sizes: List[int], rank: int, group, head_dim: int, pending=None):
     """Inverse of :func:`_to_heads` for one tensor: ``[B, ..., X, ..., H / P, ...]`` ->
     ``[B, ..., X_r, ..., H, ...]`` (``head_dim``: -2 for an output ``[..., H, D]``, -1 for an
-    LSE ``[..., H]``)."""
+    LSE ``[..., H]``), as a function to call once the collective is done (see _to_heads)."""
     longest = max(sizes)
     if all(n == longest for n in sizes):  # even shards: a view (no copy when the blocks are contiguous,
         send = y.unflatten(axis_dim, (len(sizes), longest)).movedim(axis_dim, 0)  # e.g. batch 1, axis 0)
     else:
         send = torch.stack([_pad_to(p, axis_dim, longest) for p in y.split(sizes, dim=axis_dim)])
-    recv = _AllToAll.apply(send, group)  # block j: rank j's heads group for this rank's shard
-    mine = recv.narrow(1 + axis_dim, 0, sizes[rank])  # [P, B, ..., X_r, ..., H / P (, D)]
-    if head_dim == -2:
-        return mine.movedim(0, -3).flatten(-3, -2)
-    return mine.movedim(0, -2).flatten(-2, -1)
+    recv = _AllToAll.apply(send, group, pending)  # block j: rank j's heads group for this rank's shard
+
+    def unpack() -> torch.Tensor:
+        mine = recv.narrow(1 + axis_dim, 0, sizes[rank])  # [P, B, ..., X_r, ..., H / P (, D)]
+        if head_dim == -2:
+            return mine.movedim(0, -3).flatten(-3, -2)
+        return mine.movedim(0, -2).flatten(-2, -1)
+
+    return unpack
+
+
+def _wait(pending) -> None:
+    for work in pending:
+        work.wait()
+    pending.clear()
+
+
+def _chunk_count(chunks: int, *heads_per_rank: int) -> int:
+    """The largest round count <= ``chunks`` that divides every rank's head counts."""
+    c = max(1, min([chunks, *heads_per_rank]))
+    while any(h % c for h in heads_per_rank):
+        c -= 1
+    return c
+
+
+def _heads_of_round(t: torch.Tensor, world: int, chunks: int, i: int) -> torch.Tensor:
+    """``t [..., H, D]`` -> its heads of round ``i``: of every rank's H / P heads, the i-th of
+    ``chunks`` equal slices ([..., H / chunks, D], heads in rank order: a strided view)."""
+    return t.unflatten(-2, (world, chunks, -1)).select(-3, i).flatten(-3, -2)
+
+
+def _join_rounds(parts: List[torch.Tensor], world: int, head_dim: int) -> torch.Tensor:
+    """Inverse of :func:`_heads_of_round` over all rounds: ``parts[i] [..., H / chunks (, D)]``
+    -> ``[..., H (, D)]``."""
+    split = [p.unflatten(head_dim, (world, -1)) for p in parts]  # [..., P, H / P / chunks (, D)]
+    return torch.stack(split, dim=head_dim - 1 if head_dim == -2 else -2).flatten(head_dim - 2, head_dim)
 
 
 def na_ulysses(
@@ -151,6 +197,7 @@ def na_ulysses(
     scale: Optional[float] = None, additional_keys: Optional[torch.Tensor] = None,
     additional_values: Optional[torch.Tensor] = None, rpb: Optional[torch.Tensor] = None,
     backend: Optional[str] = None, return_lse: bool = False, *, na_dim: int, axis: int = 0, group=None,
+    chunks: int = 1,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Neighborhood attention of inputs sharded along spatial ``axis`` over ``group``.
 
@@ -164,6 +211,10 @@ def na_ulysses(
     ``[B, N_extra, H_kv, D]`` and ``rpb`` ``[H, ...]`` are the same on every rank; each rank
     uses its heads' slice, so their gradients on a rank hold that slice only: sum them over
     the group, as for any parameter replicated across context-parallel ranks.
+
+    ``chunks`` > 1 sends each rank's heads in that many rounds (reduced to the largest count
+    that divides the rank's query and KV heads), all exchanges issued before the first local NA,
+    so that communication overlaps the NA of earlier rounds; the results are the same.
     """
     world, rank = _world(group)
     _check_shards(query, key, value, na_dim, axis)
@@ -171,16 +222,41 @@ def na_ulysses(
     if heads % world or heads_kv % world:
         raise ValueError(f"heads ({heads}) and KV heads ({heads_kv}) must divide by the group size ({world}) "
                          "for head-parallel NA")
+    if not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks must be a positive int, got {chunks!r}")
     axis_dim = 1 + axis
     sizes = _all_sizes(query.shape[axis_dim], group, query.device)
-    q, k, v = _to_heads((query, key, value), axis_dim, sizes, group)
-    h0, hk0 = rank * heads // world, rank * heads_kv // world
-    ek = additional_keys[..., hk0:hk0 + heads_kv // world, :] if additional_keys is not None else None
-    ev = additional_values[..., hk0:hk0 + heads_kv // world, :] if additional_values is not None else None
-    bias = rpb[h0:h0 + heads // world] if rpb is not None else None
-    out, lse = neighborhood_attention(q, k, v, kernel_size, stride, dilation, is_causal, scale, ek, ev, bias,
-                                      backend, True, na_dim=na_dim)
-    out = _to_shards(out, axis_dim, sizes, rank, group, -2)
+    hq, hk = heads // world, heads_kv // world
+    rounds = _chunk_count(chunks, hq, hk)
+    hq, hk = hq // rounds, hk // rounds  # per rank and round
+    # every round's exchange in flight before the first NA (see the module docstring)
+    arrivals = []
+    for i in range(rounds):
+        pending = [] if rounds > 1 else None
+        parts = [_heads_of_round(t, world, rounds, i) if rounds > 1 else t for t in (query, key, value)]
+        arrivals.append((pending, _to_heads(parts, axis_dim, sizes, group, pending)))
+    outs, lses = [], []
+    for i, (pending, unpack) in enumerate(arrivals):
+        if pending is not None:
+            _wait(pending)
+        q, k, v = unpack()
+        h0, hk0 = rank * heads // world + i * hq, rank * heads_kv // world + i * hk
+        ek = additional_keys[..., hk0:hk0 + hk, :] if additional_keys is not None else None
+        ev = additional_values[..., hk0:hk0 + hk, :] if additional_values is not None else None
+        bias = rpb[h0:h0 + hq] if rpb is not None else None
+        out, lse = neighborhood_attention(q, k, v, kernel_size, stride, dilation, is_causal, scale, ek, ev, bias,
+                                          backend, True, na_dim=na_dim)
+        back = [] if rounds > 1 else None
+        outs.append((back, _to_shards(out, axis_dim, sizes, rank, group, -2, back)))
+        if return_lse:
+            lses.append((back, _to_shards(lse, axis_dim, sizes, rank, group, -1, back)))
+    done = []
+    for back, unpack in outs + lses:
+        if back is not None:
+            _wait(back)
+        done.append(unpack())
+    out = done[0] if rounds == 1 else _join_rounds(done[:rounds], world, -2)
     if not return_lse:
         return out
-    return out, _to_shards(lse, axis_dim, sizes, rank, group, -1)
+    lse = done[rounds] if rounds == 1 else _join_rounds(done[rounds:], world, -1)
+    return out, lse
