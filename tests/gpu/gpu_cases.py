@@ -30,7 +30,7 @@ class GpuCase:
     extra: int
     rpb: bool
     dtype: torch.dtype
-    layout: str  # "plain" | "fused" (q/k/v sliced from one projection) | "heads_major"
+    layout: str  # "plain" | "fused" (q/k/v sliced from one projection) | "heads_major" | "axes_reversed"
     scale: Optional[float]
     seed: int
 
@@ -63,7 +63,7 @@ def random_case(rng: random.Random, na_dim: int, wide: bool = False, dtypes=DTYP
         dilation=dilation, causal=causal, batch=rng.choice([1, 2, 3]),
         heads=heads, heads_kv=heads_kv, dim=dim, dim_v=dim_v,
         extra=rng.choice(extras), rpb=rpb, dtype=rng.choice(dtypes),
-        layout=rng.choice(["plain", "plain", "fused", "heads_major"]),
+        layout=rng.choice(["plain", "plain", "fused", "heads_major", "axes_reversed"]),
         scale=rng.choice([None, None, 0.2]), seed=rng.randint(0, 2**31),
     )
 
@@ -92,6 +92,15 @@ def make_inputs(case: GpuCase, device="cuda"):
         n = len(sp)
         perm = (0, *range(2, 2 + n), 1, 2 + n)
         leaves = [rnd(b, hh, *sp, dd) for hh, dd in ((h, d), (hk, d), (hk, dv))]
+        for leaf in leaves:
+            leaf.requires_grad_(True)
+        q, k, v = (x.permute(*perm) for x in leaves)
+    elif case.layout == "axes_reversed" and len(sp) > 1:
+        # [B, *reversed(spatial), H, D] viewed with the spatial axes in order: tokens are not
+        # rows of one stride (the kernels' general offset path, not Params::token_rows')
+        n = len(sp)
+        perm = (0, *range(n, 0, -1), n + 1, n + 2)
+        leaves = [rnd(b, *sp[::-1], hh, dd) for hh, dd in ((h, d), (hk, d), (hk, dv))]
         for leaf in leaves:
             leaf.requires_grad_(True)
         q, k, v = (x.permute(*perm) for x in leaves)
