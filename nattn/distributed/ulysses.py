@@ -180,7 +180,8 @@ def _chunk_count(chunks: int, *heads_per_rank: int) -> int:
 
 def _heads_of_round(t: torch.Tensor, world: int, chunks: int, i: int) -> torch.Tensor:
     """``t [..., H, D]`` -> its heads of round ``i``: of every rank's H / P heads, the i-th of
-    ``chunks`` equal slices ([..., H / chunks, D], heads in rank order: a strided view)."""
+    ``chunks`` equal slices ([..., H / chunks, D], heads in rank order: a strided view; ``t``'s
+    own strides for one round)."""
     return t.unflatten(-2, (world, chunks, -1)).select(-3, i).flatten(-3, -2)
 
 
@@ -233,7 +234,7 @@ def na_ulysses(
     arrivals = []
     for i in range(rounds):
         pending = [] if rounds > 1 else None
-        parts = [_heads_of_round(t, world, rounds, i) if rounds > 1 else t for t in (query, key, value)]
+        parts = [_heads_of_round(t, world, rounds, i) for t in (query, key, value)]
         arrivals.append((pending, _to_heads(parts, axis_dim, sizes, group, pending)))
     outs, lses = [], []
     for i, (pending, unpack) in enumerate(arrivals):

@@ -50,6 +50,9 @@ struct Params {
 
 enum TokenRows : int { kRowsQ = 1, kRowsK = 2, kRowsV = 4, kRowsGradOut = 8 };
 
+// Whether every tensor of `tensors` (kRows* bits) stores its tokens as rows.
+__host__ __device__ inline bool all_token_rows(const Params& p, int tensors) { return (p.token_rows & tensors) == tensors; }
+
 // Bytes of the host workspace a family's prepare step may fill (64-byte aligned).
 constexpr int kPrepareBytes = 1024;
 

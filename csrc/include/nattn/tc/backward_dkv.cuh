@@ -52,10 +52,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
     {
       const T* K = head_base<const T>(p.k, p.k_s, b, hkv);
       const T* V = head_base<const T>(p.v, p.v_s, b, hkv);
-      stage_rows<T, HD>(sK, K + spatial_offset<NA>(p, p.k_s, rw.ig[0], g), K + spatial_offset<NA>(p, p.k_s, rw.ig[1], g),
-                        p.dim, lane);
-      stage_rows<T, HD>(sK + Lt::TILE, V + spatial_offset<NA>(p, p.v_s, rw.ig[0], g),
-                        V + spatial_offset<NA>(p, p.v_s, rw.ig[1], g), p.dim_v, lane);
+      rw.template stage<T, HD>(sK, p, K, p.k_s, g, p.dim, lane);
+      rw.template stage<T, HD>(sK + Lt::TILE, p, V, p.v_s, g, p.dim_v, lane);
       cp_async_commit();
     }
     float dk[NT][4], dv[NT][4];
@@ -89,7 +87,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       DropKeys drop;  // the mask of query head h
       if constexpr (kDrop) drop.init(p, b, h);
       Walk<T, NA, HD, true, true> walk(p, rw, g, u, buf, lane, Qb, p.q_s, p.dim, Db, p.grad_out_s, p.dim_v,
-                                       (p.token_rows & (kRowsQ | kRowsGradOut)) == (kRowsQ | kRowsGradOut), sLD,
+                                       all_token_rows(p, kRowsQ | kRowsGradOut), sLD,
                                        int64_t(b) * p.tokens, h, rst);
       walk.prologue();
       if constexpr (Lt::kF32) {  // first head: the own K and V rows

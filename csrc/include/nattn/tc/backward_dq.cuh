@@ -41,10 +41,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kD
   const T* D = head_base<const T>(p.grad_out, p.grad_out_s, b, h);
   {
     const T* Q = head_base<const T>(p.q, p.q_s, b, h);
-    stage_rows<T, HD>(sQ, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
-                      p.dim, lane);
-    stage_rows<T, HD>(sQ + Lt::TILE, D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[0], g),
-                      D + spatial_offset<NA>(p, p.grad_out_s, rw.ig[1], g), p.dim_v, lane);
+    rw.template stage<T, HD>(sQ, p, Q, p.q_s, g, p.dim, lane);
+    rw.template stage<T, HD>(sQ + Lt::TILE, p, D, p.grad_out_s, g, p.dim_v, lane);
     cp_async_commit();
   }
   RowWalk<T, NA, HD, kDrop> keys(p, rw, g, u, buf, lane, b, h, hkv, rmult);

@@ -30,8 +30,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, k
   rpb_mults<NA>(p, rmult);
   {
     const T* Q = head_base<const T>(p.q, p.q_s, b, h);
-    stage_rows<T, HD>(sQ, Q + spatial_offset<NA>(p, p.q_s, rw.ig[0], g), Q + spatial_offset<NA>(p, p.q_s, rw.ig[1], g),
-                      p.dim, lane);
+    rw.template stage<T, HD>(sQ, p, Q, p.q_s, g, p.dim, lane);
     cp_async_commit();  // completes with the first chunk (groups retire in order)
   }
   RowWalk<T, NA, HD, kDrop> keys(p, rw, g, u, buf, lane, b, h, hkv, rmult);

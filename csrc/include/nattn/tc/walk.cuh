@@ -31,6 +31,13 @@ struct Rows {
       }
     }
   }
+  // Stages this lane's pieces of the rows' tokens of tensor X (at its (b, h) origin, token
+  // strides xs, dilation group g) into the warp's own-rows tile `dst`.
+  template <typename T, int HD>
+  __device__ __forceinline__ void stage(typename Layout<T, HD>::S* dst, const Params& p, const T* X,
+                                        const int64_t* xs, const int* g, int dim, int lane) const {
+    stage_rows<T, HD>(dst, X + spatial_offset<NA>(p, xs, ig[0], g), X + spatial_offset<NA>(p, xs, ig[1], g), dim, lane);
+  }
   // Row r's part of the RPB index (tiling::rpb_index adds a column's part).
   __device__ __forceinline__ int rpb_part(const Params& p, const int* rmult, int r) const {
     return rpb_row_part<NA, kInverse>(p, ig[r], rmult);
@@ -271,7 +278,7 @@ struct RowWalk {
                                      const int* rmult)
       : walk(p, rw, g, u, buf, lane, head_base<const T>(p.k, p.k_s, b, hkv), p.k_s, p.dim,
              head_base<const T>(p.v, p.v_s, b, hkv), p.v_s, p.dim_v,
-             (p.token_rows & (kRowsK | kRowsV)) == (kRowsK | kRowsV)),
+             all_token_rows(p, kRowsK | kRowsV)),
         rpb(p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr),
         rrow{rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)} {
     if constexpr (kDrop) {
