@@ -6,6 +6,7 @@ autograd and the launches cost. Also prints the top functions of a cProfile run.
     python benchmarks/host_overhead.py --null     # nattn's Python alone, on any machine
     python benchmarks/host_overhead.py --compiled # the same calls inside torch.compile'd functions
     python benchmarks/host_overhead.py --baseline # also torch's own SDPA on the same tensors
+    python benchmarks/host_overhead.py --chain 16 --baseline  # per call inside one graph of 16
 
 ``--null`` registers a backend whose kernels do nothing (it returns empty tensors) and runs on
 the CPU: what is left is nattn's own Python (argument checks, dispatch, packing) plus torch's
@@ -15,6 +16,11 @@ autograd bookkeeping.
 tensors (heads moved to dim 1, no copies), forward and forward + backward: what one autograd
 attention call costs on this host with torch's own op, the platform's part of the numbers
 above (a CUDA backward hands its work to autograd's device thread once per ``backward()``).
+
+``--chain N`` times N calls that feed each other (the output is the next call's query) and one
+``backward()`` of the last: the cost per call as a model's layers see it, where the handoff to
+autograd's device thread and back (~50-200 us a ``backward()`` on the H200 machine) is paid
+once per step, not once per call.
 """
 
 import argparse
@@ -77,6 +83,8 @@ def main():
                     help="call through torch.compile (the custom ops' path: what compiled models pay)")
     ap.add_argument("--baseline", action="store_true",
                     help="also time torch's scaled_dot_product_attention on the same tensors")
+    ap.add_argument("--chain", type=int, default=1, metavar="N",
+                    help="N calls feeding each other per backward(); times are per call")
     args = ap.parse_args()
     device, dtype = "cuda", torch.bfloat16
     if args.null:
@@ -86,39 +94,49 @@ def main():
                for _ in range(3))
     g = torch.randn_like(q)
 
+    n = max(1, args.chain)
+
+    def chain(call, x):
+        for _ in range(n):
+            x = call(x)
+        return x
+
     def fwd():
         with torch.no_grad():
-            nattn.na2d(q, k, v, 3, backend=args.backend)
+            chain(lambda x: nattn.na2d(x, k, v, 3, backend=args.backend), q)
 
     def fwd_bwd():
-        nattn.na2d(q, k, v, 3, backend=args.backend).backward(g)
+        chain(lambda x: nattn.na2d(x, k, v, 3, backend=args.backend), q).backward(g)
 
     if args.compiled:
         inner = torch.compile(lambda q, k, v: nattn.na2d(q, k, v, 3, backend=args.backend), fullgraph=True)
 
         def fwd():
             with torch.no_grad():
-                inner(q, k, v)
+                chain(lambda x: inner(x, k, v), q)
 
         def fwd_bwd():
-            inner(q, k, v).backward(g)
+            chain(lambda x: inner(x, k, v), q).backward(g)
 
-    print(f"backend {args.backend}{' (compiled)' if args.compiled else ''}: forward {per_call(fwd):.1f} us, forward+backward {per_call(fwd_bwd):.1f} us "
-          "(wall per call, kernels negligible)")
+    per = f"per call in chains of {n}" if n > 1 else "per call"
+    print(f"backend {args.backend}{' (compiled)' if args.compiled else ''}: forward {per_call(fwd) / n:.1f} us, "
+          f"forward+backward {per_call(fwd_bwd) / n:.1f} us (wall {per}, kernels negligible)")
     if args.baseline:
         sdpa = torch.nn.functional.scaled_dot_product_attention
         heads_first = [t.flatten(1, 2).transpose(1, 2) for t in (q, k, v)]  # [B, H, N, D] views
         g_first = g.flatten(1, 2).transpose(1, 2)
 
+        _, kf, vf = heads_first
+
         def sdpa_fwd():
             with torch.no_grad():
-                sdpa(*heads_first)
+                chain(lambda x: sdpa(x, kf, vf), heads_first[0])
 
         def sdpa_fwd_bwd():
-            sdpa(*heads_first).backward(g_first)
+            chain(lambda x: sdpa(x, kf, vf), heads_first[0]).backward(g_first)
 
-        print(f"torch sdpa (baseline): forward {per_call(sdpa_fwd):.1f} us, forward+backward "
-              f"{per_call(sdpa_fwd_bwd):.1f} us")
+        print(f"torch sdpa (baseline): forward {per_call(sdpa_fwd) / n:.1f} us, forward+backward "
+              f"{per_call(sdpa_fwd_bwd) / n:.1f} us ({per})")
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

@@ -8,7 +8,7 @@ namespace nattn { namespace tc {
 
 // --------------------------------------------------------------- backward: dQ + delta
 template <typename T, int NA, int HD, bool kDrop>
-__global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, HD, kDrop>())
+__global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, NA, HD, kDrop>())
     backward_dq_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<T, HD>;

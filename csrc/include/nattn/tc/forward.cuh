@@ -10,7 +10,7 @@ namespace nattn { namespace tc {
 
 // ------------------------------------------------------------------------- forward
 template <typename T, int NA, int HD, bool kDrop>
-__global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, HD, kDrop>())
+__global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, NA, HD, kDrop>())
     forward_kernel(const Params p) {
 #if NATTN_TC_ENABLED
   using Lt = Layout<T, HD>;
