@@ -46,9 +46,15 @@ def _no_autocast(t: torch.Tensor):
     return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
 
 
+_AUTOCAST_AVAILABLE: dict = {}  # per device type: torch's answer does not change in a process
+
+
 def _autocast_available(device: str) -> bool:
-    check = getattr(torch.amp, "is_autocast_available", None)
-    return check(device) if check is not None else device in ("cpu", "cuda")
+    known = _AUTOCAST_AVAILABLE.get(device)
+    if known is None:
+        check = getattr(torch.amp, "is_autocast_available", None)
+        known = _AUTOCAST_AVAILABLE[device] = check(device) if check is not None else device in ("cpu", "cuda")
+    return known
 
 
 def _probe(name: str):

@@ -32,6 +32,14 @@ class NAParams:
     scale: float
     dropout_p: float = 0.0
 
+    def __hash__(self) -> int:
+        # Hashed on every eager call (call and layout caches): computed once per instance.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale, self.dropout_p))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def na_dim(self) -> int:
         return len(self.kernel_size)

@@ -52,6 +52,9 @@ class NoBackendError(ValueError):
 def get(name: str) -> Backend:
     """The backend a name selects: a registered name, or one with a kernel configuration
     (``"cuda:q8x16_k8x16"``, backends/kernel_config.py)."""
+    backend = BACKENDS.get(name)  # a plain registered name: one lookup (every eager call)
+    if backend is not None:
+        return backend
     base, config = kernel_config.split(name)
     backend = BACKENDS[base]
     return backend.configured(config) if config else backend
