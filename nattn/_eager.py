@@ -144,6 +144,36 @@ class NAFunctionFast(torch.autograd.Function):
     backward = NAFunction.backward
 
 
+class NAPackedFunction(torch.autograd.Function):
+    """NAFunctionFast over q, k and v packed in one tensor ``qkv`` ``[B, *spatial, 3, H, D]``
+    (a qkv projection's output, the modules' layout), for backends that write gradients into
+    given tensors (``writes_grads_into``): the backward fills one ``d(qkv)`` through its three
+    views. Through ``qkv.unbind`` instead, autograd would stack dq, dk and dv into it: one
+    more read and write of the whole gradient, three allocations and a node per call."""
+
+    @staticmethod
+    def forward(ctx, qkv, rpb, params: NAParams, backend: str):
+        q, k, v = qkv.unbind(-3)
+        out, lse = na_forward_only(get_backend(backend), q, k, v, rpb, params)
+        ctx.save_for_backward(qkv, rpb, out, lse)
+        ctx.params, ctx.backend = params, backend
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        qkv, rpb, out, lse = ctx.saved_tensors
+        q, k, v = qkv.unbind(-3)
+        with torch.no_grad(), _no_autocast(q):
+            if grad_out is None:  # only the LSE was used
+                grad_out = torch.zeros_like(out)
+            dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+            *_, drpb = get_backend(ctx.backend).na_backward(
+                q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params, grads_into=dqkv.unbind(-3))
+        dqkv, drpb = _first_order_only((dqkv, drpb if rpb is not None else None))
+        return dqkv, drpb, None, None
+
+
 def na_function():
     """The autograd Function an eager NA call goes through."""
     return NAFunction if _functorch_active() else NAFunctionFast

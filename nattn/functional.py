@@ -13,8 +13,9 @@ import torch
 from . import _call_cache, ops
 from .backends import autotune, choose_dense_backend, choose_na_backend, deferred
 from .backends import get as get_backend
-from ._eager import (DenseDropoutFunction, NADropoutFunction, dense_dropout_forward_only, dense_forward_only,
-                     dense_function, eager_ok, na_dropout_forward_only, na_forward_only, na_function, records_graph)
+from ._eager import (DenseDropoutFunction, NADropoutFunction, NAPackedFunction, dense_dropout_forward_only,
+                     dense_forward_only, dense_function, eager_ok, na_dropout_forward_only, na_forward_only,
+                     na_function, records_graph)
 from .dropout import draw_rng
 from .merge import merge_attentions
 from .params import BoolOrTuple, IntOrTuple, check_dropout_p, check_qkv, check_scale, normalize
@@ -104,6 +105,23 @@ def neighborhood_attention(
             [out, extra_out.reshape(out.shape)], [lse, extra_lse.reshape(lse.shape)]
         )
     return (out, lse) if return_lse else out
+
+
+def na_packed_qkv(qkv, q, k, v, kernel_size, stride, dilation, is_causal, scale, rpb, backend, tune, deterministic,
+                  *, na_dim: int) -> Optional[torch.Tensor]:
+    """The modules' eager training call over a packed ``qkv`` ``[B, *spatial, 3, H, D]``
+    (``q``, ``k``, ``v``: its ``unbind(-3)`` views): NA's output through NAPackedFunction, whose
+    backward writes one ``d(qkv)``, when the chosen backend writes gradients into given
+    tensors and nothing observes the call (as for the eager fast path); else None, and the
+    caller takes ``neighborhood_attention(q, k, v, ...)``. No dropout, no extra keys."""
+    if torch.compiler.is_compiling() or not eager_ok(qkv, rpb) or not records_graph(qkv, rpb):
+        return None
+    params, name = _checked_and_chosen(q, k, v, na_dim, kernel_size, stride, dilation, is_causal, scale, rpb,
+                                       None, None, backend, tune, deterministic)
+    impl = get_backend(name)
+    if impl.composite or not impl.writes_grads_into:
+        return None
+    return NAPackedFunction.apply(qkv, rpb, params, name)[0]
 
 
 def _checked_and_chosen(query, key, value, na_dim, kernel_size, stride, dilation, is_causal, scale,

@@ -31,6 +31,10 @@ class Backend:
     # (docs/semantics.md, "Attention dropout"). The dispatch gives every other backend the
     # reason DROPOUT_REASON for such calls; calls without dropout never pass these arguments.
     supports_dropout: bool = False
+    # True when na_backward takes ``grads_into=(dq, dk, dv)``: tensors (possibly strided views
+    # of one packed gradient) it writes instead of allocating its own. The modules' packed
+    # q/k/v path (nattn/_eager.py, NAPackedFunction) needs it: no stack copy of dq, dk, dv.
+    writes_grads_into: bool = False
 
     def na_not_supported_reasons(
         self, q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor], params: NAParams,

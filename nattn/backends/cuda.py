@@ -138,6 +138,7 @@ def split_kv_configurations(shape, device) -> List[str]:
 
 class CudaBackend(Backend):
     name = "cuda"
+    writes_grads_into = True
 
     def __init__(self):
         self._warned_missing = False
@@ -391,7 +392,7 @@ class CudaBackend(Backend):
         return out, lse
 
     def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, config=kernel_config.DEFAULT,
-                    rng=None):
+                    rng=None, grads_into=None):
         lib = self._lib()
         if _needs_copy(grad_out):  # e.g. expanded (stride 0) gradients of a .sum()
             grad_out = grad_out.contiguous()
@@ -401,7 +402,10 @@ class CudaBackend(Backend):
         grad_lse = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
         # Same layout as the inputs where it is dense (what the fake impl promises); no layout
         # check: a dense input passed it (same strides, offset 0), others get contiguous ones.
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if grads_into is None:
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        else:  # the caller's (views of a packed gradient: heads-last rows like q's)
+            dq, dk, dv = grads_into
         delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
         rpb32 = drpb = None
         if rpb is not None:
@@ -422,6 +426,7 @@ class _Configured(Backend):
     def __init__(self, parent: CudaBackend, config: kernel_config.KernelConfig):
         self.parent, self.config = parent, config
         self.name = kernel_config.join(parent.name, config)
+        self.writes_grads_into = parent.writes_grads_into
 
     @property
     def supports_dropout(self) -> bool:
@@ -446,8 +451,9 @@ class _Configured(Backend):
     def na_forward(self, q, k, v, rpb, params, rng=None):
         return self.parent.na_forward(q, k, v, rpb, params, self.config, rng=rng)
 
-    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, rng=None):
-        return self.parent.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, self.config, rng=rng)
+    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, rng=None, grads_into=None):
+        return self.parent.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, self.config, rng=rng,
+                                       grads_into=grads_into)
 
 
 register_backend(CudaBackend())

@@ -27,7 +27,7 @@ from torch import nn
 from .. import _call_cache
 from .._cuda import library
 from ..backends import NoBackendError, choose_na_backend, kernel_config
-from ..functional import neighborhood_attention
+from ..functional import na_packed_qkv, neighborhood_attention
 from ..params import NAParams, check_scale, normalize_window_args, rpb_config_reasons
 from .unfused import na_explicit
 
@@ -265,11 +265,16 @@ class NeighborhoodAttentionND(nn.Module):
             params = NAParams(self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale)
             out = na_explicit(q, k, v, params, self.rpb, extra_k, extra_v, weights_hook=self.attn_drop)
         else:
-            out = neighborhood_attention(
-                q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
-                extra_k, extra_v, self.rpb, self.backend, na_dim=n, tune=self.tune,
-                deterministic=self.deterministic,
-            )
+            out = None
+            if extra_k is None:  # training, eagerly: one d(qkv) from the backward (no stack copy)
+                out = na_packed_qkv(qkv, q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal,
+                                    self.scale, self.rpb, self.backend, self.tune, self.deterministic, na_dim=n)
+            if out is None:
+                out = neighborhood_attention(
+                    q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
+                    extra_k, extra_v, self.rpb, self.backend, na_dim=n, tune=self.tune,
+                    deterministic=self.deterministic,
+                )
         out = out.reshape(b, *x.shape[1:-1], self.embed_dim)
         if any(pad):
             out = out[(slice(None),) + tuple(slice(0, s) for s in spatial)]

@@ -1,0 +1,78 @@
+"""GPU tier: the modules' packed q/k/v path on the cuda backend (nattn/_eager.py,
+NAPackedFunction): the kernels write dq, dk and dv into strided views of one d(qkv). Fresh
+random modules and inputs: against a float64 copy of the module on the reference backend,
+and against the q/k/v path's gradients (which take the same kernels with contiguous dq / dk /
+dv: bitwise equal without an RPB, whose gradient is summed with atomics)."""
+
+import random
+
+import pytest
+import torch
+
+from nattn import functional
+from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D
+
+from gpu_cases import check
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+CLASSES = {1: NeighborhoodAttention1D, 2: NeighborhoodAttention2D, 3: NeighborhoodAttention3D}
+SEED = random.randrange(2**31)
+
+
+def random_module(rng: random.Random):
+    na_dim = rng.choice((1, 2, 2, 3))
+    head_dim, heads = rng.choice((32, 64, 128)), rng.choice((1, 2, 3))
+    kernel = tuple(rng.choice((3, 5, 7) if na_dim < 3 else (3, 5)) for _ in range(na_dim))
+    dilation = tuple(rng.choice((1, 1, 2)) for _ in range(na_dim))
+    spatial = tuple(rng.randint(k * d, k * d + 9) for k, d in zip(kernel, dilation))
+    rpb = rng.random() < 0.4
+    causal = tuple(rng.random() < 0.2 for _ in range(na_dim)) if not rpb else (False,) * na_dim
+    kw = dict(kernel_size=kernel, dilation=dilation, is_causal=causal, rel_pos_bias=rpb)
+    return CLASSES[na_dim], head_dim * heads, heads, kw, (rng.randint(1, 2), *spatial)
+
+
+@pytest.mark.parametrize("i", range(24))
+def test_packed_path_against_float64_and_the_qkv_path(i, monkeypatch):
+    rng = random.Random(SEED + i)
+    cls, dim, heads, kw, lead = random_module(rng)
+    dtype = rng.choice((torch.bfloat16, torch.float16))
+    torch.manual_seed(SEED + i)
+    layer = cls(dim, heads, backend="cuda", **kw).cuda().to(dtype)
+    ref = cls(dim, heads, backend="reference", **kw).cuda().double()
+    ref.load_state_dict(layer.state_dict())
+    x = torch.randn(*lead, dim, device="cuda")
+    g = torch.randn(*lead, dim, device="cuda")
+
+    def run(m, dt):
+        xi = x.to(dt).requires_grad_()
+        y = m(xi)
+        y.backward(g.to(dt))
+        grads = {n: p.grad for n, p in m.named_parameters()}
+        m.zero_grad(set_to_none=True)
+        return y.detach(), xi.grad, grads
+
+    applied = []
+    real = functional.NAPackedFunction.apply
+    monkeypatch.setattr(functional.NAPackedFunction, "apply", lambda *a: applied.append(1) or real(*a))
+    y, gx, gp = run(layer, dtype)
+    assert applied == [1], "the module did not take the packed path"
+    ry, rgx, rgp = run(ref, torch.float64)
+    where = f"case {i} (seed {SEED}): {cls.__name__} dim {dim} heads {heads} {kw} {lead} {dtype}"
+    check(f"out, {where}", y, ry, 2e-2)
+    check(f"x.grad, {where}", gx, rgx, 3e-2)
+    for name in gp:
+        check(f"{name}.grad, {where}", gp[name], rgp[name], 3e-2)
+
+    monkeypatch.setattr(functional.NAPackedFunction, "apply", real)
+    monkeypatch.setattr("nattn.nn.neighborhood_attention.na_packed_qkv", lambda *a, **k: None)
+    y2, gx2, gp2 = run(layer, dtype)
+    assert torch.equal(y, y2)
+    if not kw["rel_pos_bias"]:
+        assert torch.equal(gx, gx2), where
+        for name in gp:
+            assert torch.equal(gp[name], gp2[name]), f"{name}, {where}"
+    else:
+        check(f"x.grad vs the q/k/v path, {where}", gx, gx2, 1e-2)
