@@ -107,17 +107,27 @@ def neighborhood_attention(
     return (out, lse) if return_lse else out
 
 
-def na_packed_qkv(qkv, q, k, v, kernel_size, stride, dilation, is_causal, scale, rpb, backend, tune, deterministic,
+def na_packed_qkv(qkv, kernel_size, stride, dilation, is_causal, scale, rpb, backend, tune, deterministic,
                   *, na_dim: int) -> Optional[torch.Tensor]:
-    """The modules' eager training call over a packed ``qkv`` ``[B, *spatial, 3, H, D]``
-    (``q``, ``k``, ``v``: its ``unbind(-3)`` views): NA's output through NAPackedFunction, whose
-    backward writes one ``d(qkv)``, when the chosen backend writes gradients into given
-    tensors and nothing observes the call (as for the eager fast path); else None, and the
-    caller takes ``neighborhood_attention(q, k, v, ...)``. No dropout, no extra keys."""
+    """The modules' eager training call over a packed ``qkv`` ``[B, *spatial, 3, H, D]``: NA's
+    output through NAPackedFunction, whose backward writes one ``d(qkv)``, when the chosen
+    backend writes gradients into given tensors and nothing observes the call (as for the
+    eager fast path); else None, and the caller takes ``neighborhood_attention`` over
+    ``qkv.unbind(-3)``. No dropout, no extra keys. The choice is remembered per ``qkv``
+    signature: a hit unbinds nothing."""
     if torch.compiler.is_compiling() or not eager_ok(qkv, rpb) or not records_graph(qkv, rpb):
         return None
-    params, name = _checked_and_chosen(q, k, v, na_dim, kernel_size, stride, dilation, is_causal, scale, rpb,
-                                       None, None, backend, tune, deterministic)
+    sig = None
+    if not autotune.active(qkv, tune):
+        sig = _call_cache.key((qkv, rpb), ("packed", na_dim, kernel_size, stride, dilation, is_causal, scale,
+                                           backend, tune, deterministic))
+    hit = _call_cache.get(sig)
+    if hit is None:
+        q, k, v = qkv.unbind(-3)
+        hit = _checked_and_chosen(q, k, v, na_dim, kernel_size, stride, dilation, is_causal, scale, rpb,
+                                  None, None, backend, tune, deterministic)
+        _call_cache.put(sig, hit)
+    params, name = hit
     impl = get_backend(name)
     if impl.composite or not impl.writes_grads_into:
         return None

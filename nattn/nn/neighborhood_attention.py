@@ -244,6 +244,22 @@ class NeighborhoodAttentionND(nn.Module):
             x = F.pad(x, flat)
         b = x.shape[0]
         qkv = self.qkv(x).reshape(b, *x.shape[1:-1], 3, self.num_heads, self.head_dim)
+        out = None
+        if cp is None and additional_tokens is None and not (self.training and self.attn_drop_p > 0):
+            # training, eagerly: one d(qkv) from the backward (no unbind, no stack copy)
+            out = na_packed_qkv(qkv, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
+                                self.rpb, self.backend, self.tune, self.deterministic, na_dim=n)
+        if out is None:
+            out = self._attend(qkv, additional_tokens)
+        out = out.reshape(b, *x.shape[1:-1], self.embed_dim)
+        if any(pad):
+            out = out[(slice(None),) + tuple(slice(0, s) for s in spatial)]
+        return self.proj_drop(self.proj(out))
+
+    def _attend(self, qkv: torch.Tensor, additional_tokens: Optional[torch.Tensor]) -> torch.Tensor:
+        """NA over ``qkv``'s q, k and v views: context parallel, attention dropout (fused or
+        not), or the plain call (with the extra tokens' keys and values, if any)."""
+        n, cp = self.na_dim, self.context_parallel
         q, k, v = qkv.unbind(dim=-3)
         extra_k = extra_v = None
         if additional_tokens is not None:
@@ -265,20 +281,12 @@ class NeighborhoodAttentionND(nn.Module):
             params = NAParams(self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale)
             out = na_explicit(q, k, v, params, self.rpb, extra_k, extra_v, weights_hook=self.attn_drop)
         else:
-            out = None
-            if extra_k is None:  # training, eagerly: one d(qkv) from the backward (no stack copy)
-                out = na_packed_qkv(qkv, q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal,
-                                    self.scale, self.rpb, self.backend, self.tune, self.deterministic, na_dim=n)
-            if out is None:
-                out = neighborhood_attention(
-                    q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
-                    extra_k, extra_v, self.rpb, self.backend, na_dim=n, tune=self.tune,
-                    deterministic=self.deterministic,
-                )
-        out = out.reshape(b, *x.shape[1:-1], self.embed_dim)
-        if any(pad):
-            out = out[(slice(None),) + tuple(slice(0, s) for s in spatial)]
-        return self.proj_drop(self.proj(out))
+            out = neighborhood_attention(
+                q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
+                extra_k, extra_v, self.rpb, self.backend, na_dim=n, tune=self.tune,
+                deterministic=self.deterministic,
+            )
+        return out
 
 
 class NeighborhoodAttention1D(NeighborhoodAttentionND):
