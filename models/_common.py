@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import LayerNorm as _TimmLayerNorm
 from timm.models import build_model_with_cfg, get_pretrained_cfg
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint_seq
@@ -22,6 +23,19 @@ from torch import nn
 from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D
 
 _NA = {1: NeighborhoodAttention1D, 2: NeighborhoodAttention2D, 3: NeighborhoodAttention3D}
+
+
+class LayerNorm(_TimmLayerNorm):
+    """The models' LayerNorm: ``nn.LayerNorm`` (eps 1e-5, as in the original NAT/DiNAT code;
+    same parameters and state dict) through timm's LayerNorm, so that timm's switch
+    ``timm.layers.set_fast_norm(True)``, set before a model is created, applies: under
+    autocast the norms then run at the autocast dtype instead of casting activations to
+    float32 and back (NAT-Tiny, batch 128, bf16 on an H200: 59.0 -> 50.7 ms of GPU time a
+    training step). Off by default: it also keeps the residual stream in bf16, which the
+    stem's and downsamplers' norms otherwise start in float32."""
+
+    def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True):
+        super().__init__(num_channels, eps=eps, affine=affine)
 
 
 class NABlock(nn.Module):
@@ -36,7 +50,7 @@ class NABlock(nn.Module):
     def __init__(self, dim: int, num_heads: int, kernel_size=7, dilation=1, mlp_ratio: float = 4.0,
                  qkv_bias: bool = True, qk_scale: Optional[float] = None, proj_drop: float = 0.0,
                  attn_drop: float = 0.0, drop_path: float = 0.0, layer_scale: Optional[float] = None,
-                 norm_layer=nn.LayerNorm, act_layer=nn.GELU, na_dim: int = 2,
+                 norm_layer=LayerNorm, act_layer=nn.GELU, na_dim: int = 2,
                  rel_pos_bias: bool = True, backend: Optional[str] = None):
         super().__init__()
         if dilation is None:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NAStage, block_dilations, create, rename_stages
+from ._common import ChannelsLastBackbone, LayerNorm, NAStage, block_dilations, create, rename_stages
 from .nat import _cfg, dinat_dilations
 
 __all__ = ["DiNAT_s", "checkpoint_filter_fn"]
@@ -19,7 +19,7 @@ __all__ = ["DiNAT_s", "checkpoint_filter_fn"]
 class PatchEmbed(nn.Module):
     """[B, C_in, H, W] -> [B, H/p, W/p, C]: non-overlapping p x p patches (padded), norm."""
 
-    def __init__(self, patch_size: int = 4, in_chans: int = 3, embed_dim: int = 96, norm_layer=nn.LayerNorm):
+    def __init__(self, patch_size: int = 4, in_chans: int = 3, embed_dim: int = 96, norm_layer=LayerNorm):
         super().__init__()
         self.patch_size = patch_size
         self.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size)
@@ -38,7 +38,7 @@ class PatchMerging(nn.Module):
     DiNAT_s checkpoints load.
     """
 
-    def __init__(self, dim: int, out_dim: int, norm_layer=nn.LayerNorm):
+    def __init__(self, dim: int, out_dim: int, norm_layer=LayerNorm):
         super().__init__()
         self.norm = norm_layer(4 * dim)
         self.reduction = nn.Linear(4 * dim, out_dim, bias=False)
@@ -60,7 +60,7 @@ class DiNAT_s(ChannelsLastBackbone):
         embed_dim: int = 96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), kernel_size: int = 7,
         dilations: Optional[Sequence[Sequence[int]]] = None, mlp_ratio: float = 4.0, qkv_bias: bool = True,
         qk_scale: Optional[float] = None, drop_rate: float = 0.0, proj_drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0, drop_path_rate: float = 0.2, norm_layer=nn.LayerNorm,
+        attn_drop_rate: float = 0.0, drop_path_rate: float = 0.2, norm_layer=LayerNorm,
         backend: Optional[str] = None, feature_norms: bool = False,
     ):
         super().__init__()

@@ -8,7 +8,7 @@ from typing import Optional
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import (ChannelsLastBackbone, NABlock, check_state_dict, create, drop_path_rates,
+from ._common import (ChannelsLastBackbone, LayerNorm, NABlock, check_state_dict, create, drop_path_rates,
                       strip_backbone_prefix, unwrap_state_dict)
 from .dinat_s import PatchEmbed
 from .nat import _cfg
@@ -26,7 +26,7 @@ class NATIsotropic(ChannelsLastBackbone):
         embed_dim: int = 384, depth: int = 12, num_heads: int = 12, kernel_size: int = 7, dilation: int = 1,
         mlp_ratio: float = 4.0, qkv_bias: bool = True, qk_scale: Optional[float] = None,
         drop_rate: float = 0.0, proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.1, norm_layer=nn.LayerNorm, backend: Optional[str] = None,
+        drop_path_rate: float = 0.1, norm_layer=LayerNorm, backend: Optional[str] = None,
     ):
         super().__init__()
         self.num_classes = num_classes

@@ -15,7 +15,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NAStage, block_dilations, create, rename_stages
+from ._common import ChannelsLastBackbone, LayerNorm, NAStage, block_dilations, create, rename_stages
 
 __all__ = ["NAT", "checkpoint_filter_fn"]
 
@@ -23,7 +23,7 @@ __all__ = ["NAT", "checkpoint_filter_fn"]
 class ConvTokenizer(nn.Module):
     """[B, C_in, H, W] -> [B, H/4, W/4, C]: two overlapping 3x3 stride-2 convs, then a norm."""
 
-    def __init__(self, in_chans: int = 3, embed_dim: int = 64, norm_layer=nn.LayerNorm):
+    def __init__(self, in_chans: int = 3, embed_dim: int = 64, norm_layer=LayerNorm):
         super().__init__()
         self.proj = nn.Sequential(
             nn.Conv2d(in_chans, embed_dim // 2, 3, stride=2, padding=1),
@@ -38,7 +38,7 @@ class ConvTokenizer(nn.Module):
 class ConvDownsampler(nn.Module):
     """[B, H, W, C] -> [B, H/2, W/2, 2C]: 3x3 stride-2 conv (no bias), then a norm."""
 
-    def __init__(self, dim: int, out_dim: int, norm_layer=nn.LayerNorm):
+    def __init__(self, dim: int, out_dim: int, norm_layer=LayerNorm):
         super().__init__()
         self.reduction = nn.Conv2d(dim, out_dim, 3, stride=2, padding=1, bias=False)
         self.norm = norm_layer(out_dim)
@@ -56,7 +56,7 @@ class NAT(ChannelsLastBackbone):
         dilations: Optional[Sequence[Sequence[int]]] = None, mlp_ratio: float = 3.0,
         qkv_bias: bool = True, qk_scale: Optional[float] = None, drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.2,
-        layer_scale: Optional[float] = None, norm_layer=nn.LayerNorm, backend: Optional[str] = None,
+        layer_scale: Optional[float] = None, norm_layer=LayerNorm, backend: Optional[str] = None,
         feature_norms: bool = False,
     ):
         super().__init__()

@@ -15,7 +15,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, NAStage, block_dilations, create, unwrap_state_dict
+from ._common import ChannelsLastBackbone, LayerNorm, NAStage, block_dilations, create, unwrap_state_dict
 
 __all__ = ["VideoNAT"]
 
@@ -23,7 +23,7 @@ __all__ = ["VideoNAT"]
 class ConvTokenizer3d(nn.Module):
     """[B, C_in, T, H, W] -> [B, T/2, H/4, W/4, C]."""
 
-    def __init__(self, in_chans: int = 3, embed_dim: int = 64, norm_layer=nn.LayerNorm):
+    def __init__(self, in_chans: int = 3, embed_dim: int = 64, norm_layer=LayerNorm):
         super().__init__()
         self.proj = nn.Sequential(
             nn.Conv3d(in_chans, embed_dim // 2, 3, stride=(1, 2, 2), padding=1),
@@ -38,7 +38,7 @@ class ConvTokenizer3d(nn.Module):
 class SpatialDownsampler3d(nn.Module):
     """[B, T, H, W, C] -> [B, T, H/2, W/2, C_out]."""
 
-    def __init__(self, dim: int, out_dim: int, norm_layer=nn.LayerNorm):
+    def __init__(self, dim: int, out_dim: int, norm_layer=LayerNorm):
         super().__init__()
         self.reduction = nn.Conv3d(dim, out_dim, (1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1), bias=False)
         self.norm = norm_layer(out_dim)
@@ -55,7 +55,7 @@ class VideoNAT(ChannelsLastBackbone):
         depths=(2, 2, 6, 2), num_heads=(2, 4, 8, 16), kernel_size=(3, 7, 7),
         dilations: Optional[Sequence[Sequence[int]]] = None, mlp_ratio: float = 3.0, qkv_bias: bool = True,
         drop_rate: float = 0.0, proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.2, layer_scale: Optional[float] = None, norm_layer=nn.LayerNorm,
+        drop_path_rate: float = 0.2, layer_scale: Optional[float] = None, norm_layer=LayerNorm,
         backend: Optional[str] = None,
     ):
         super().__init__()

@@ -266,3 +266,31 @@ def test_stage_layout_errors_name_the_arguments(name):
         timm.create_model(name, depths=(2, 2), num_heads=(2, 4, 8))
     with pytest.raises(ValueError, match=r"dilations must give one dilation per block"):
         timm.create_model(name, depths=(1, 1, 1, 1), dilations=[[1], [1], [1], [1, 2]])
+
+
+def test_norms_are_torch_layer_norm_and_follow_timm_fast_norm():
+    """Every norm is an nn.LayerNorm with torch's eps (1e-5, the original code's); with timm's
+    fast-norm switch on at creation, the norms run at the autocast dtype (bf16 out) instead of
+    float32, and the model's output stays close to the default one's."""
+    from timm.layers import is_fast_norm, set_fast_norm
+    from nattn.models._common import LayerNorm
+
+    torch.manual_seed(torch.seed() % 2**31)
+    x = torch.randn(2, 3, 64, 64)
+    assert not is_fast_norm()
+    plain = timm.create_model("nat_mini", num_classes=10).eval()  # no stochastic depth
+    norms = [m for m in plain.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert norms and all(type(m) is LayerNorm and m.eps == 1e-5 for m in norms)
+    set_fast_norm(True)
+    try:
+        fast = timm.create_model("nat_mini", num_classes=10).eval()
+    finally:
+        set_fast_norm(False)
+    fast.load_state_dict(plain.state_dict())
+    norm = fast.stages[0].blocks[0].norm1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert norm(torch.randn(2, 8, 8, norm.normalized_shape[0])).dtype == torch.bfloat16
+        assert plain.stages[0].blocks[0].norm1(torch.randn(2, 8, 8, 64)).dtype == torch.float32
+        a, b = plain(x).float(), fast(x).float()
+    assert torch.isfinite(b).all()
+    assert (a - b).norm() / a.norm() < 0.05
