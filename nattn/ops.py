@@ -75,7 +75,7 @@ def _na_forward_fake(q, k, v, rpb, kernel_size, stride, dilation, is_causal, sca
 
 
 def _na_backward_impl(
-    grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor],
+    grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor],
     out: Tensor, lse: Tensor,
     kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[int],
     scale: float, backend: str, dropout_p: float = 0.0, rng: Optional[Tensor] = None,
@@ -103,17 +103,21 @@ def _na_setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, rpb, out, lse, rng)
     ctx.args = (kernel_size, stride, dilation, is_causal, scale, backend, dropout_p)
+    # An unused LSE's gradient stays None: no zeros kernel per call (in compiled backward
+    # graphs too), the backends skip its term.
+    ctx.set_materialize_grads(False)
 
 
 def _na_backward(ctx, grad_out, grad_lse):
     q, k, v, rpb, out, lse, rng = ctx.saved_tensors
-    grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
+    if grad_out is None:  # only the LSE was used
+        grad_out = torch.zeros_like(out)
     dq, dk, dv, drpb = na_backward(grad_out, grad_lse, q, k, v, rpb, out, lse, *ctx.args, rng)
     return dq, dk, dv, (drpb if rpb is not None else None), None, None, None, None, None, None, None, None
 
 
 na_backward = _define(
-    "na_backward(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, Tensor? rpb, Tensor out, "
+    "na_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, Tensor? rpb, Tensor out, "
     "Tensor lse, SymInt[] kernel_size, SymInt[] stride, SymInt[] dilation, SymInt[] is_causal, float scale, "
     "str backend, float dropout_p=0.0, Tensor? rng=None) -> (Tensor, Tensor, Tensor, Tensor)",
     _na_backward_impl, _na_backward_fake)

@@ -73,3 +73,35 @@ def test_a_compiled_call_defers_the_same_choice_to_its_op():
             assert heuristics.needs_grads(q.detach())
     with heuristics.grads_hint(False):
         assert not heuristics.needs_grads(q)
+
+
+def test_compiled_backward_graph_has_no_zeros_for_an_unused_lse():
+    """The op's autograd leaves an unused LSE's gradient None (the backends skip its term):
+    a compiled backward graph holds the NA backward op and no zeros / fill kernel per call,
+    and the gradients equal eager ones (fresh inputs)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = {}
+
+    def capture(gm, inputs):
+        def keep(kind):
+            def compiler(g, _):
+                graphs[kind] = [str(n.target) for n in g.graph.nodes if n.op == "call_function"]
+                return g.forward
+            return compiler
+        return aot_module_simplified(gm, inputs, fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+
+    q, k, v = (torch.randn(1, 7, 9, 2, 16, requires_grad=True) for _ in range(3))
+    rpb = torch.randn(2, 5, 5, requires_grad=True)
+    f = torch.compile(lambda q, k, v, rpb: nattn.na2d(q, k, v, 3, rpb=rpb, backend="reference"),
+                      backend=capture, fullgraph=True)
+    g = torch.randn(1, 7, 9, 2, 16)
+    f(q, k, v, rpb).backward(g)
+    got = [t.grad for t in (q, k, v, rpb)]
+    assert "nattn.na_backward.default" in graphs["bw"]
+    assert not [op for op in graphs["bw"] if "zeros" in op or "full" in op or "fill" in op], graphs["bw"]
+    for t in (q, k, v, rpb):
+        t.grad = None
+    nattn.na2d(q, k, v, 3, rpb=rpb, backend="reference").backward(g)
+    for a, t in zip(got, (q, k, v, rpb)):
+        torch.testing.assert_close(a, t.grad)
