@@ -61,8 +61,9 @@ def op_key(tensors, name: str, params) -> Optional[tuple]:
     """The signature of a compiled call's op (nattn/backends/deferred.py): its arguments are
     normalized already (``params``, a frozen NAParams, and the backend string), so only the
     tensors need describing (~half the cost of ``key``, paid on every op call)."""
+    q, k, v, rpb = tensors  # spelled out, not a generator: paid on every compiled op call
     try:
-        return (name, params, tuple(_meta(t) for t in tensors), torch.is_grad_enabled(),
+        return (name, params, _meta(q), _meta(k), _meta(v), _meta(rpb), torch.is_grad_enabled(),
                 torch.are_deterministic_algorithms_enabled(), _tf32.allowed())
     except _Uncacheable:
         return None

@@ -30,19 +30,35 @@ def is_deferred(name: str) -> bool:
 
 
 _WORDS = {"None": None, "True": True, "False": False}
+_PARSED: dict = {}  # deferred name -> its fields (a model passes a handful of names)
 
 
 def _fields(name: str):
-    requested, tune, deterministic, grads = name[len(PREFIX):].split("|")
-    return (None if requested == "None" else requested, _WORDS[tune], _WORDS[deterministic], _WORDS[grads])
+    fields = _PARSED.get(name)
+    if fields is None:
+        requested, tune, deterministic, grads = name[len(PREFIX):].split("|")
+        fields = (None if requested == "None" else requested, _WORDS[tune], _WORDS[deterministic], _WORDS[grads])
+        if len(_PARSED) < 1024:
+            _PARSED[name] = fields
+    return fields
+
+
+_DEPS: list = []  # (autotune, choose_na_backend, grads_hint): imported once, on the first call
+
+
+def _deps():
+    if not _DEPS:  # not at import time: the backends package imports this module
+        from . import autotune, choose_na_backend
+        from .heuristics import grads_hint
+        _DEPS.extend((autotune, choose_na_backend, grads_hint))
+    return _DEPS
 
 
 def resolve_na(name: str, q, k, v, rpb, params) -> str:
     """The backend name a deferred NA call runs (a plain name passes through)."""
     if not is_deferred(name):
         return name
-    from . import autotune, choose_na_backend
-    from .heuristics import grads_hint
+    autotune, choose_na_backend, grads_hint = _deps()
     requested, tune, deterministic, grads = _fields(name)
     # Choices are remembered per signature with the eager calls' (nattn/_call_cache.py); the
     # tuner keeps its own cache of measured choices.
