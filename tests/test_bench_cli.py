@@ -178,12 +178,13 @@ def test_models_suite_runs_timm_models_side_by_side(capsys):
     assert main(["--suite", "models", "--models", "nat_mini,resnet18,nat_video_tiny", "--size", "64", "-b", "1",
                  "--frames", "2", "--iters", "1", "--modes", "eager", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "| model | mode | train img/s | inference img/s |" in out
+    assert "| model | mode | train img/s | inference img/s | at GPU time: train / inference |" in out
     rows = [line for line in out.splitlines() if line.startswith(("| nat_mini", "| resnet18", "| nat_video_tiny"))]
     assert len(rows) == 3 and all("| eager |" in r and "failed" not in r for r in rows)
     for r in rows:
         train, infer = (float(x) for x in r.strip("|").split("|")[2:4])
         assert train > 0 and infer > 0
+        assert r.strip("|").split("|")[4].strip() == "-"  # no GPU time on the CPU
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -4,7 +4,8 @@ eager and under ``torch.compile``, in one process.
 
 A training step is forward, cross-entropy, backward and an SGD step; inference is a forward
 under ``torch.no_grad``. On CUDA: bf16 autocast and channels-last inputs (what a user trains
-with); on the CPU: fp32. Times are CUDA-event (or wall-clock on the CPU) means over
+with); on the CPU: fp32. On CUDA the table also gives each rate at the step's GPU time (its
+kernels under torch's profiler): a host-bound step's wall time follows the host's speed. Times are CUDA-event (or wall-clock on the CPU) means over
 ``--iters`` steps after three warm-up steps (which absorb compilation); on CUDA, the median of
 five such windows after at least a second of warm-up steps.
 """
@@ -66,6 +67,24 @@ def step_ms(fn, device, iters: int, repeats: int = 1, warmup_s: float = 0.0) -> 
     return windows[len(windows) // 2]
 
 
+def kernel_ms(fn, device) -> Optional[float]:
+    """GPU time of one call of ``fn`` (after one unprofiled call): the sum of its kernels'
+    and copies' durations under torch's profiler, which a slow or busy host does not change
+    (a host-bound step's wall time does); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    return sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+               for e in events) / 1e3
+
+
 # On CUDA each (model, mode) is timed as the median of this many windows of ``--iters`` steps,
 # after at least this many seconds of warm-up steps.
 CUDA_REPEATS = 5
@@ -75,7 +94,9 @@ CUDA_WARMUP_S = 1.0
 def measure(name: str, mode: str, batch: int, size: int, iters: int, device: torch.device,
             frames: int = 16) -> Dict[str, float]:
     """Images (video models: clips of ``frames`` frames) per second of one model in one mode:
-    ``{"train": ..., "infer": ...}``."""
+    ``{"train": ..., "infer": ...}``, and on CUDA the same at the step's GPU time
+    (``"train_gpu"``, ``"infer_gpu"``: batch / kernel_ms, what the step would reach if the
+    host kept up)."""
     import timm
 
     import nattn.models  # noqa: F401  (registers nattn's models with timm)
@@ -99,8 +120,14 @@ def measure(name: str, mode: str, batch: int, size: int, iters: int, device: tor
     cuda = device.type == "cuda"
     repeats, warmup_s = (CUDA_REPEATS, CUDA_WARMUP_S) if cuda else (1, 0.0)
     out["infer"] = batch / step_ms(infer, device, iters, repeats, warmup_s) * 1e3
+    gpu = kernel_ms(infer, device)
+    if gpu:
+        out["infer_gpu"] = batch / gpu * 1e3
     model.train()
     out["train"] = batch / step_ms(train, device, iters, repeats, warmup_s) * 1e3
+    gpu = kernel_ms(train, device)
+    if gpu:
+        out["train_gpu"] = batch / gpu * 1e3
     return out
 
 
@@ -119,16 +146,19 @@ def run_models(models: List[str], modes: List[str], batch: int, size: int, iters
     lines = [f"# {name}, torch {torch.__version__}, batch {batch}, {size}x{size}, "
              f"{'bf16 autocast, channels-last' if device.type == 'cuda' else 'fp32'}; images/s "
              f"(video models: clips of {frames} frames per second)",
-             "", "| model | mode | train img/s | inference img/s |", "|---|---|---|---|"]
+             "", "| model | mode | train img/s | inference img/s | at GPU time: train / inference |",
+             "|---|---|---|---|---|"]
     results = []
     for model in models:
         for mode in modes:
             try:
                 r = measure(model, mode, batch, size, iters, device, frames)
-                lines.append(f"| {model} | {mode} | {_rate(r['train'])} | {_rate(r['infer'])} |")
+                gpu = (f"{_rate(r['train_gpu'])} / {_rate(r['infer_gpu'])}" if "train_gpu" in r and "infer_gpu" in r
+                       else "-")
+                lines.append(f"| {model} | {mode} | {_rate(r['train'])} | {_rate(r['infer'])} | {gpu} |")
                 results.append((model, mode, r))
             except Exception as e:  # a model that fails is a row with the reason, not a crash
-                lines.append(f"| {model} | {mode} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} | |")
+                lines.append(f"| {model} | {mode} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} | | |")
             if echo is not None:
                 echo(lines[-1])
             if device.type == "cuda":
