@@ -286,6 +286,10 @@ def test_norms_are_torch_layer_norm_and_follow_timm_fast_norm():
         fast = timm.create_model("nat_mini", num_classes=10).eval()
     finally:
         set_fast_norm(False)
+    with torch.no_grad():  # gains not exactly representable in bf16, so the two paths differ
+        for m in norms:
+            m.weight.normal_(1.0, 0.1)
+            m.bias.normal_(0.0, 0.1)
     fast.load_state_dict(plain.state_dict())
     norm = fast.stages[0].blocks[0].norm1
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -293,4 +297,4 @@ def test_norms_are_torch_layer_norm_and_follow_timm_fast_norm():
         assert plain.stages[0].blocks[0].norm1(torch.randn(2, 8, 8, 64)).dtype == torch.float32
         a, b = plain(x).float(), fast(x).float()
     assert torch.isfinite(b).all()
-    assert (a - b).norm() / a.norm() < 0.05
+    assert 0 < (a - b).norm() / a.norm() < 0.05
