@@ -615,3 +615,39 @@ def test_pretrained_strict_false_warns_with_the_list_and_loads_what_fits(tmp_pat
     torch.testing.assert_close(model.stages[2].blocks[0].attn.rpb, fresh.stages[2].blocks[0].attn.rpb)
     with pytest.raises(CheckpointMismatchError, match="pretrained_strict=False loads the keys that fit"):
         timm.create_model("nat_mini", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+
+
+@pytest.mark.parametrize("layer_scale", [None, 0.5])
+def test_block_fuses_stochastic_depth_into_the_residual_add(layer_scale):
+    """NABlock's addcmul branch equals x + timm's drop_path(branch) with the same draws (fresh
+    seed), values and gradients; some samples are dropped and some kept."""
+    from timm.layers import drop_path
+    from nattn.models._common import NABlock
+
+    seed = torch.seed() % 2**31
+    torch.manual_seed(seed)
+    blk = NABlock(16, 2, 3, drop_path=0.5, layer_scale=layer_scale, backend="reference").train()
+    x = torch.randn(8, 5, 6, 16)
+
+    def timm_block(x):
+        y = blk.attn(blk.norm1(x))
+        x = x + drop_path(y if blk.gamma1 is None else blk.gamma1 * y, 0.5, True)
+        y = blk.mlp(blk.norm2(x))
+        return x + drop_path(y if blk.gamma2 is None else blk.gamma2 * y, 0.5, True)
+
+    results = []
+    for fn in (blk, timm_block):
+        xi = x.clone().requires_grad_()
+        torch.manual_seed(seed + 1)
+        out = fn(xi)
+        out.backward(torch.ones_like(out))
+        results.append((out.detach(), xi.grad, blk.norm1.weight.grad.clone()))
+        blk.zero_grad(set_to_none=True)
+    (a, ga, wa), (b, gb, wb) = results
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ga, gb)
+    torch.testing.assert_close(wa, wb)
+    blk.eval()
+    plain = blk(x)
+    per_sample = (a - plain).flatten(1).abs().amax(1)
+    assert (per_sample > 0).any()  # a branch was dropped or rescaled
