@@ -7,6 +7,7 @@ autograd and the launches cost. Also prints the top functions of a cProfile run.
     python benchmarks/host_overhead.py --compiled # the same calls inside torch.compile'd functions
     python benchmarks/host_overhead.py --baseline # also torch's own SDPA on the same tensors
     python benchmarks/host_overhead.py --chain 16 --baseline  # per call inside one graph of 16
+    python benchmarks/host_overhead.py --single-thread        # backward on the calling thread
 
 ``--null`` registers a backend whose kernels do nothing (it returns empty tensors) and runs on
 the CPU: what is left is nattn's own Python (argument checks, dispatch, packing) plus torch's
@@ -85,7 +86,12 @@ def main():
                     help="also time torch's scaled_dot_product_attention on the same tensors")
     ap.add_argument("--chain", type=int, default=1, metavar="N",
                     help="N calls feeding each other per backward(); times are per call")
+    ap.add_argument("--single-thread", action="store_true",
+                    help="backward on the calling thread (torch.autograd.set_multithreading_enabled(False)) "
+                         "instead of autograd's device thread")
     args = ap.parse_args()
+    if args.single_thread:
+        torch.autograd.set_multithreading_enabled(False).__enter__()  # for the whole run
     device, dtype = "cuda", torch.bfloat16
     if args.null:
         register_null_backend()

@@ -1,0 +1,89 @@
+"""A/B of one switch on a timm NA model's eager training step, in one process, alternating
+rounds (bf16 autocast, channels-last, SGD; CUDA). Each row: wall ms a step (the median of
+three windows, `nattn.bench.models.step_ms`) and the step's GPU time (its kernels under
+torch's profiler, `kernel_ms`), which a slow or busy host does not move.
+
+    python benchmarks/model_step_ab.py --switch threads      # autograd's device thread on / off
+    python benchmarks/model_step_ab.py --switch packed       # the modules' packed qkv call on / off
+    python benchmarks/model_step_ab.py --switch fast-norm    # timm's fast norm (bf16 LayerNorm) on / off
+    python benchmarks/model_step_ab.py --switch packed --model dinat_tiny -b 128 --rounds 3
+    python benchmarks/model_step_ab.py --switch packed --device cpu --model nat_mini -b 1 --size 64 --iters 1
+                                                             # a smoke run of the script
+
+threads: ``torch.autograd.set_multithreading_enabled`` around the step (off: the backward
+runs on the calling thread instead of autograd's CUDA device thread); packed:
+``nattn.functional.na_packed_qkv`` as is, or declining (the q/k/v path); fast-norm: the
+model built after ``timm.layers.set_fast_norm(True)`` (a second model with the same weights).
+"""
+
+import argparse
+import contextlib
+
+import timm
+import torch
+
+import nattn  # noqa: F401  (registers the timm models)
+import nattn.nn.neighborhood_attention as na_module
+from nattn.bench.models import kernel_ms, step_ms, steps
+
+SWITCHES = ("threads", "packed", "fast-norm")
+
+
+def build(name, device, fast_norm=False, state=None):
+    from timm.layers import set_fast_norm
+
+    set_fast_norm(fast_norm)
+    try:
+        torch.manual_seed(0)
+        model = timm.create_model(name, num_classes=1000)
+    finally:
+        set_fast_norm(False)
+    if state is not None:
+        model.load_state_dict(state)
+    return model.to(device).to(memory_format=torch.channels_last).train()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--switch", choices=SWITCHES, required=True)
+    ap.add_argument("--model", default="nat_tiny")
+    ap.add_argument("-b", "--batch", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=10, help="steps per timing window")
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    x = torch.randn(args.batch, 3, args.size, args.size, device=dev).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (args.batch,), device=dev)
+    base = build(args.model, dev)
+    fast = build(args.model, dev, fast_norm=True, state=base.state_dict()) if args.switch == "fast-norm" else None
+    packed = na_module.na_packed_qkv
+
+    def configured(on):
+        """(train step, context) of one side of the switch."""
+        model = fast if (args.switch == "fast-norm" and on) else base
+        na_module.na_packed_qkv = packed if (args.switch != "packed" or on) else (lambda *a, **k: None)
+        ctx = (torch.autograd.set_multithreading_enabled(on) if args.switch == "threads"
+               else contextlib.nullcontext())
+        return steps(model, x, y, dev)[0], ctx
+
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    print(f"{args.model}, batch {args.batch}, {where}, torch {torch.__version__}: "
+          f"--switch {args.switch}")
+    try:
+        for r in range(args.rounds):
+            for on in (True, False):
+                train, ctx = configured(on)
+                with ctx:
+                    ms = step_ms(train, dev, args.iters, repeats=3, warmup_s=1.0 if dev.type == "cuda" else 0.0)
+                    gpu = kernel_ms(train, dev)
+                gpu_text = "-" if gpu is None else f"{gpu:6.2f} ms"
+                print(f"  round {r + 1} {args.switch}={'on' if on else 'off':<3} {ms:7.2f} ms a step "
+                      f"({args.batch / ms * 1e3:6.1f} img/s), GPU time {gpu_text}", flush=True)
+    finally:
+        na_module.na_packed_qkv = packed
+
+
+if __name__ == "__main__":
+    main()
