@@ -4,10 +4,11 @@ eager and under ``torch.compile``, in one process.
 
 A training step is forward, cross-entropy, backward and an SGD step; inference is a forward
 under ``torch.no_grad``. On CUDA: bf16 autocast and channels-last inputs (what a user trains
-with); on the CPU: fp32. On CUDA the table also gives each rate at the step's GPU time (its
-kernels under torch's profiler): a host-bound step's wall time follows the host's speed. Times are CUDA-event (or wall-clock on the CPU) means over
-``--iters`` steps after three warm-up steps (which absorb compilation); on CUDA, the median of
-five such windows after at least a second of warm-up steps.
+with); on the CPU: fp32. Times are CUDA-event (or wall-clock on the CPU) means over ``--iters``
+steps after three warm-up steps (which absorb compilation); on CUDA, the median of five such
+windows after at least a second of warm-up steps. On CUDA the table also gives each rate at
+the step's GPU time (its kernels under torch's profiler): a host-bound step's wall time
+follows the host's speed, its GPU time does not.
 """
 
 from __future__ import annotations
