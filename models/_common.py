@@ -74,20 +74,21 @@ class NABlock(nn.Module):
         return self._add_branch(x, self.mlp(self.norm2(x)), self.gamma2)
 
     def _add_branch(self, x: torch.Tensor, y: torch.Tensor, gamma: Optional[torch.Tensor]) -> torch.Tensor:
-        """``x + drop_path(gamma * y)``. While stochastic depth is on, the per-sample mask (drawn
-        as timm's DropPath draws it) and the residual add are one ``addcmul``: one kernel, one
-        pass over the activations and one autograd node less per branch than mask-multiply
-        then add (the product is not rounded to y's dtype before the add)."""
-        if gamma is not None:
-            y = gamma * y
+        """``x + drop_path(gamma * y)`` as one ``addcmul`` of ``y`` and a small factor: the
+        per-sample stochastic-depth mask (drawn as timm's DropPath draws it) and / or the
+        layer-scale gains. Against multiply(s) then add: one kernel, one pass over the
+        activations and one autograd node less per factor (the product is not rounded to y's
+        dtype before the add)."""
         dp = self.drop_path
-        if not (self.training and isinstance(dp, DropPath) and dp.drop_prob > 0.0):
-            return x + y
-        keep = 1.0 - dp.drop_prob
-        mask = y.new_empty((y.shape[0],) + (1,) * (y.ndim - 1)).bernoulli_(keep)
-        if keep > 0.0 and dp.scale_by_keep:
-            mask.div_(keep)
-        return torch.addcmul(x, y, mask)
+        factor = gamma
+        if self.training and isinstance(dp, DropPath) and dp.drop_prob > 0.0:
+            keep = 1.0 - dp.drop_prob
+            factor = y.new_empty((y.shape[0],) + (1,) * (y.ndim - 1)).bernoulli_(keep)
+            if keep > 0.0 and dp.scale_by_keep:
+                factor.div_(keep)
+            if gamma is not None:
+                factor = factor * gamma  # [B, 1, .., C]: small
+        return x + y if factor is None else torch.addcmul(x, y, factor)
 
 
 def block_dilations(depths, num_heads, dilations) -> List[List[int]]:

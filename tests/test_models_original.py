@@ -651,3 +651,7 @@ def test_block_fuses_stochastic_depth_into_the_residual_add(layer_scale):
     plain = blk(x)
     per_sample = (a - plain).flatten(1).abs().amax(1)
     assert (per_sample > 0).any()  # a branch was dropped or rescaled
+    y = blk.attn(blk.norm1(x))  # eval: x + gamma * branch, no stochastic depth
+    mid = x + (y if blk.gamma1 is None else blk.gamma1 * y)
+    y = blk.mlp(blk.norm2(mid))
+    torch.testing.assert_close(plain, mid + (y if blk.gamma2 is None else blk.gamma2 * y))
