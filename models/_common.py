@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, trunc_normal_
 from timm.layers import LayerNorm as _TimmLayerNorm
 from timm.models import build_model_with_cfg, get_pretrained_cfg
 from timm.models._features import feature_take_indices
@@ -36,6 +36,26 @@ class LayerNorm(_TimmLayerNorm):
 
     def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True):
         super().__init__(num_channels, eps=eps, affine=affine)
+
+
+class Mlp(nn.Module):
+    """``fc1 -> act -> dropout -> fc2 -> dropout``: timm's Mlp (same parameter names, same
+    dropout draws), with the dropout layers only where ``drop > 0``: in an eager step every
+    no-op module (timm's keeps two dropouts and an identity norm) costs host time."""
+
+    def __init__(self, dim: int, hidden: int, act_layer=nn.GELU, drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = act_layer()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop) if drop > 0 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.fc1(x))
+        if self.drop is not None:
+            x = self.drop(x)
+        x = self.fc2(x)
+        return x if self.drop is None else self.drop(x)
 
 
 class NABlock(nn.Module):

@@ -655,3 +655,21 @@ def test_block_fuses_stochastic_depth_into_the_residual_add(layer_scale):
     mid = x + (y if blk.gamma1 is None else blk.gamma1 * y)
     y = blk.mlp(blk.norm2(mid))
     torch.testing.assert_close(plain, mid + (y if blk.gamma2 is None else blk.gamma2 * y))
+
+
+@pytest.mark.parametrize("drop", [0.0, 0.3])
+def test_mlp_is_timms_mlp(drop):
+    """The blocks' Mlp equals timm's (same parameter names, same dropout draws under one seed),
+    without no-op modules when drop is 0."""
+    from timm.layers import Mlp as TimmMlp
+    from nattn.models._common import Mlp
+
+    seed = torch.seed() % 2**31
+    ours, theirs = Mlp(12, 20, drop=drop).train(), TimmMlp(12, 20, drop=drop).train()
+    assert theirs.load_state_dict(ours.state_dict()) is not None
+    assert (ours.drop is None) == (drop == 0)
+    x = torch.randn(3, 5, 12)
+    torch.manual_seed(seed)
+    a = ours(x)
+    torch.manual_seed(seed)
+    torch.testing.assert_close(a, theirs(x))
