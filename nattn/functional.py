@@ -13,9 +13,9 @@ import torch
 from . import _call_cache, ops
 from .backends import autotune, choose_dense_backend, choose_na_backend, deferred
 from .backends import get as get_backend
-from ._eager import (DenseDropoutFunction, NADropoutFunction, NAPackedFunction, dense_dropout_forward_only,
-                     dense_forward_only, dense_function, eager_ok, na_dropout_forward_only, na_forward_only,
-                     na_function, records_graph)
+from ._eager import (DenseDropoutFunction, NADropoutFunction, NAPackedFunction, _functorch_active,
+                     dense_dropout_forward_only, dense_forward_only, dense_function, eager_ok,
+                     na_dropout_forward_only, na_forward_only, na_function, records_graph)
 from .dropout import draw_rng
 from .merge import merge_attentions
 from .params import BoolOrTuple, IntOrTuple, check_dropout_p, check_qkv, check_scale, normalize
@@ -115,7 +115,9 @@ def na_packed_qkv(qkv, kernel_size, stride, dilation, is_causal, scale, rpb, bac
     eager fast path); else None, and the caller takes ``neighborhood_attention`` over
     ``qkv.unbind(-3)``. No dropout, no extra keys. The choice is remembered per ``qkv``
     signature: a hit unbinds nothing."""
-    if torch.compiler.is_compiling() or not eager_ok(qkv, rpb) or not records_graph(qkv, rpb):
+    # functorch transforms (torch.func.grad, ...) need a Function with setup_context: the
+    # q/k/v path has one (NAFunction)
+    if torch.compiler.is_compiling() or _functorch_active() or not eager_ok(qkv, rpb) or not records_graph(qkv, rpb):
         return None
     sig = None
     if not autotune.active(qkv, tune):

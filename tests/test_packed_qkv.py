@@ -115,3 +115,20 @@ def test_cuda_backward_writes_into_the_given_views(monkeypatch):
         s = t.stride()
         assert list(fields[f[f"{name}_stride"]:f[f"{name}_stride"] + 5]) == [s[0], s[1], s[2], 0, s[3]]
     assert fields[f["dq_stride"] + 1] == 7 * 3 * 2 * 16
+
+
+def test_modules_under_torch_func_take_the_qkv_path(writing_backend):
+    """torch.func.grad over a module: the packed Function (no setup_context) stays out of it,
+    and the gradients are autograd's (fresh inputs)."""
+    layer = NeighborhoodAttention2D(16, 2, kernel_size=3, rel_pos_bias=True, backend=writing_backend).double()
+    x = torch.randn(2, 5, 6, 16, dtype=torch.float64)
+    params = dict(layer.named_parameters())
+
+    def loss(p):
+        return torch.func.functional_call(layer, p, (x,)).square().sum()
+
+    got = torch.func.grad(loss)(params)
+    layer.zero_grad(set_to_none=True)
+    loss(params).backward()
+    for name, p in layer.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, msg=name)
