@@ -1,7 +1,8 @@
-"""A/B of one switch on a timm NA model's eager training step, in one process, alternating
-rounds (bf16 autocast, channels-last, SGD; CUDA). Each row: wall ms a step (the median of
-three windows, `nattn.bench.models.step_ms`) and the step's GPU time (its kernels under
-torch's profiler, `kernel_ms`), which a slow or busy host does not move.
+"""A/B of one switch on a timm NA model's eager training step (or inference forward, --mode
+infer), in one process, alternating rounds (bf16 autocast, channels-last, SGD; CUDA). Each
+row: wall ms a step (the median of three windows, `nattn.bench.models.step_ms`) and the
+step's GPU time (its kernels under torch's profiler, `kernel_ms`), which a slow or busy host
+does not move.
 
     python benchmarks/model_step_ab.py --switch threads      # autograd's device thread on / off
     python benchmarks/model_step_ab.py --switch packed       # the modules' packed qkv call on / off
@@ -51,6 +52,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10, help="steps per timing window")
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--mode", choices=("train", "infer"), default="train",
+                    help="infer: a forward under torch.no_grad in eval mode")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -66,11 +69,12 @@ def main():
         na_module.na_packed_qkv = packed if (args.switch != "packed" or on) else (lambda *a, **k: None)
         ctx = (torch.autograd.set_multithreading_enabled(on) if args.switch == "threads"
                else contextlib.nullcontext())
-        return steps(model, x, y, dev)[0], ctx
+        model.train(args.mode == "train")
+        return steps(model, x, y, dev)[args.mode == "infer"], ctx
 
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     print(f"{args.model}, batch {args.batch}, {where}, torch {torch.__version__}: "
-          f"--switch {args.switch}")
+          f"--switch {args.switch}, {args.mode}")
     try:
         for r in range(args.rounds):
             for on in (True, False):
