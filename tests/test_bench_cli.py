@@ -229,3 +229,19 @@ def test_host_overhead_baseline_runs_on_the_cpu():
     assert run.returncode == 0, run.stderr[-2000:]
     lines = [line for line in run.stdout.splitlines() if "forward+backward" in line]
     assert len(lines) == 2 and lines[0].startswith("backend null:") and lines[1].startswith("torch sdpa (baseline):")
+
+
+def test_models_suite_fast_norm_builds_under_timms_switch(capsys, monkeypatch):
+    """--fast-norm: models are created with timm's fast-norm switch on (nattn's norms then
+    run at the autocast dtype), the switch is off again afterwards, and the title says so."""
+    from timm.layers import is_fast_norm
+    import timm
+
+    seen = []
+    real = timm.create_model
+    monkeypatch.setattr(timm, "create_model", lambda *a, **k: seen.append(is_fast_norm()) or real(*a, **k))
+    assert main(["--suite", "models", "--models", "nat_mini", "--size", "32", "-b", "1", "--iters", "1",
+                 "--modes", "eager", "--device", "cpu", "--fast-norm"]) == 0
+    out = capsys.readouterr().out
+    assert seen == [True] and not is_fast_norm()
+    assert "timm fast norm" in out and "| nat_mini | eager |" in out

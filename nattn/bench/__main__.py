@@ -21,7 +21,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         models = [m.strip() for m in args.models.split(",")] if args.models else list(DEFAULT_MODELS)
         batch = args.batch or (128 if device.type == "cuda" else 2)
         echo = None if args.no_progress else (lambda row: print(row, file=sys.stderr, flush=True))
-        print(run_models(models, args.modes, batch, args.size, args.iters, device, args.plot, args.frames, echo))
+        print(run_models(models, args.modes, batch, args.size, args.iters, device, args.plot, args.frames, echo,
+                         args.fast_norm))
         return 0
     if args.dry_run:
         from .configs import dry_run

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "mode='reduce-overhead'), comma-separated")
     mdl.add_argument("--iters", type=int, default=10, help="timed steps per model and mode")
     mdl.add_argument("--frames", type=int, default=16, help="clip length of the video models")
+    mdl.add_argument("--fast-norm", action="store_true",
+                     help="build every model under timm.layers.set_fast_norm(True): norms that are timm's "
+                          "LayerNorms (nattn's models, ConvNeXt) run at the autocast dtype")
     run = p.add_argument_group("what to run")
     run.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on CUDA, fp32 on CPU")
     run.add_argument("--backprop", action="store_true", help="also time forward+backward")

@@ -93,17 +93,23 @@ CUDA_WARMUP_S = 1.0
 
 
 def measure(name: str, mode: str, batch: int, size: int, iters: int, device: torch.device,
-            frames: int = 16) -> Dict[str, float]:
+            frames: int = 16, fast_norm: bool = False) -> Dict[str, float]:
     """Images (video models: clips of ``frames`` frames) per second of one model in one mode:
     ``{"train": ..., "infer": ...}``, and on CUDA the same at the step's GPU time
     (``"train_gpu"``, ``"infer_gpu"``: batch / kernel_ms, what the step would reach if the
-    host kept up)."""
+    host kept up). ``fast_norm``: the model is built under timm's fast-norm switch (its
+    norms, where they are timm's LayerNorms, run at the autocast dtype)."""
     import timm
+    from timm.layers import set_fast_norm
 
     import nattn.models  # noqa: F401  (registers nattn's models with timm)
 
     torch.manual_seed(0)
-    model = timm.create_model(name, num_classes=1000).to(device)
+    set_fast_norm(fast_norm)
+    try:
+        model = timm.create_model(name, num_classes=1000).to(device)
+    finally:
+        set_fast_norm(False)
     video = "video" in name
     x = torch.randn(batch, 3, *((frames,) if video else ()), size, size, device=device)
     if device.type == "cuda":
@@ -140,12 +146,13 @@ def _rate(x: float) -> str:
 
 def run_models(models: List[str], modes: List[str], batch: int, size: int, iters: int,
                device: torch.device, plot_path: Optional[str] = None, frames: int = 16,
-               echo: Optional[Callable[[str], None]] = None) -> str:
+               echo: Optional[Callable[[str], None]] = None, fast_norm: bool = False) -> str:
     """Measures every (model, mode) and returns the markdown table (and writes the chart);
     ``echo`` gets each row as soon as it is measured (a run cut short keeps what it had)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     lines = [f"# {name}, torch {torch.__version__}, batch {batch}, {size}x{size}, "
-             f"{'bf16 autocast, channels-last' if device.type == 'cuda' else 'fp32'}; images/s "
+             f"{'bf16 autocast, channels-last' if device.type == 'cuda' else 'fp32'}"
+             f"{', timm fast norm' if fast_norm else ''}; images/s "
              f"(video models: clips of {frames} frames per second)",
              "", "| model | mode | train img/s | inference img/s | at GPU time: train / inference |",
              "|---|---|---|---|---|"]
@@ -153,7 +160,7 @@ def run_models(models: List[str], modes: List[str], batch: int, size: int, iters
     for model in models:
         for mode in modes:
             try:
-                r = measure(model, mode, batch, size, iters, device, frames)
+                r = measure(model, mode, batch, size, iters, device, frames, fast_norm)
                 gpu = (f"{_rate(r['train_gpu'])} / {_rate(r['infer_gpu'])}" if "train_gpu" in r and "infer_gpu" in r
                        else "-")
                 lines.append(f"| {model} | {mode} | {_rate(r['train'])} | {_rate(r['infer'])} | {gpu} |")
