@@ -176,3 +176,19 @@ def test_calls_that_record_no_graph_skip_the_function(monkeypatch):
         assert out[0].grad_fn is None and not out[0].requires_grad and out[0].dtype == torch.float64
         for x, y in zip(out, want):
             torch.testing.assert_close(x, y.detach(), rtol=0, atol=0)
+
+
+def test_autocast_is_disabled_only_around_backends_that_recast():
+    """The reference runs torch matmuls (autocast must not recast them: its region is turned
+    off around the call); the cuda backend runs none and skips the region."""
+    from nattn.backends import BACKENDS
+
+    q = torch.randn(1, 4, 2, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _eager._no_autocast(q, BACKENDS["cuda"]) is _eager._NULL
+        with _eager._no_autocast(q, BACKENDS["reference"]):
+            assert not torch.is_autocast_enabled("cpu")
+        assert torch.is_autocast_enabled("cpu")
+        out = nattn.na1d(q, q, q, 3, backend="reference")
+    assert out.dtype == torch.float32  # the inputs' dtype, not autocast's
+    assert BACKENDS["cuda"].configured("kv=2").autocast_neutral

@@ -35,6 +35,9 @@ class Backend:
     # of one packed gradient) it writes instead of allocating its own. The modules' packed
     # q/k/v path (nattn/_eager.py, NAPackedFunction) needs it: no stack copy of dq, dk, dv.
     writes_grads_into: bool = False
+    # True when na_forward / na_backward run no op that autocast recasts (allocations and
+    # compiled kernels only): eager calls under autocast then skip disabling it around them.
+    autocast_neutral: bool = False
 
     def na_not_supported_reasons(
         self, q: Tensor, k: Tensor, v: Tensor, rpb: Optional[Tensor], params: NAParams,

@@ -139,6 +139,7 @@ def split_kv_configurations(shape, device) -> List[str]:
 class CudaBackend(Backend):
     name = "cuda"
     writes_grads_into = True
+    autocast_neutral = True  # allocations, dtype conversions and libnattn: nothing autocast recasts
 
     def __init__(self):
         self._warned_missing = False
@@ -427,6 +428,7 @@ class _Configured(Backend):
         self.parent, self.config = parent, config
         self.name = kernel_config.join(parent.name, config)
         self.writes_grads_into = parent.writes_grads_into
+        self.autocast_neutral = parent.autocast_neutral
 
     @property
     def supports_dropout(self) -> bool:
