@@ -40,6 +40,11 @@ def _first_order_only(grads):
 _NULL = contextlib.nullcontext()  # reusable
 
 
+def _grads_off():
+    """no_grad for a backward (off already unless the caller asked for create_graph)."""
+    return torch.no_grad() if torch.is_grad_enabled() else _NULL
+
+
 def _no_autocast(t: torch.Tensor, impl=None):
     """The backends run at their inputs' dtype, as below the custom op (which autocast never
     reaches): an enclosing autocast region must not recast the reference's matmuls. Backends
@@ -127,7 +132,7 @@ class NAFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):
         q, k, v, rpb, out, lse = ctx.saved_tensors
         impl = get_backend(ctx.backend)
-        with torch.no_grad(), _no_autocast(q, impl):
+        with _grads_off(), _no_autocast(q, impl):
             if grad_out is None:  # only the LSE was used
                 grad_out = torch.zeros_like(out)
             dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params)
@@ -172,7 +177,7 @@ class NAPackedFunction(torch.autograd.Function):
         qkv, rpb, out, lse = ctx.saved_tensors
         q, k, v = qkv.unbind(-3)
         impl = get_backend(ctx.backend)
-        with torch.no_grad(), _no_autocast(q, impl):
+        with _grads_off(), _no_autocast(q, impl):
             if grad_out is None:  # only the LSE was used
                 grad_out = torch.zeros_like(out)
             dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
@@ -263,7 +268,7 @@ class NADropoutFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):
         q, k, v, rpb, rng, out, lse = ctx.saved_tensors
         impl = get_backend(ctx.backend)
-        with torch.no_grad(), _no_autocast(q, impl):
+        with _grads_off(), _no_autocast(q, impl):
             if grad_out is None:  # only the LSE was used
                 grad_out = torch.zeros_like(out)
             dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params, rng=rng)
