@@ -107,6 +107,15 @@ def _register_torch_formulas() -> None:
                          out_shape=None, **kwargs) -> int:
         return 2 * _na_count(tuple(q), tuple(v), kernel_size)  # as torch counts sdpa backward
 
+    def na_qkv_forward_flop(qkv, rpb, kernel_size, *args, out_shape=None, **kwargs) -> int:
+        q = (*qkv[:-3], *qkv[-2:])  # q's (and v's) shape: one of the packed three
+        return _na_count(tuple(q), tuple(q), kernel_size)
+
+    def na_qkv_backward_flop(grad_out, grad_lse, qkv, rpb, out, lse, kernel_size, *args,
+                             out_shape=None, **kwargs) -> int:
+        q = (*qkv[:-3], *qkv[-2:])
+        return 2 * _na_count(tuple(q), tuple(q), kernel_size)
+
     def attention_forward_flop(q, k, v, *args, out_shape=None, **kwargs) -> int:
         return attention_flops(tuple(q), tuple(k), tuple(v))
 
@@ -116,6 +125,8 @@ def _register_torch_formulas() -> None:
     for op, formula in (
         (torch.ops.nattn.na_forward, na_forward_flop),
         (torch.ops.nattn.na_backward, na_backward_flop),
+        (torch.ops.nattn.na_qkv_forward, na_qkv_forward_flop),
+        (torch.ops.nattn.na_qkv_backward, na_qkv_backward_flop),
         (torch.ops.nattn.attention_forward, attention_forward_flop),
         (torch.ops.nattn.attention_backward, attention_backward_flop),
     ):

@@ -109,15 +109,22 @@ def neighborhood_attention(
 
 def na_packed_qkv(qkv, kernel_size, stride, dilation, is_causal, scale, rpb, backend, tune, deterministic,
                   *, na_dim: int) -> Optional[torch.Tensor]:
-    """The modules' eager training call over a packed ``qkv`` ``[B, *spatial, 3, H, D]``: NA's
-    output through NAPackedFunction, whose backward writes one ``d(qkv)``, when the chosen
-    backend writes gradients into given tensors and nothing observes the call (as for the
-    eager fast path); else None, and the caller takes ``neighborhood_attention`` over
-    ``qkv.unbind(-3)``. No dropout, no extra keys. The choice is remembered per ``qkv``
-    signature: a hit unbinds nothing."""
+    """The modules' call over a packed ``qkv`` ``[B, *spatial, 3, H, D]``, whose backward
+    writes one ``d(qkv)``: compiled, the ``nattn::na_qkv_forward`` op; eagerly, when the
+    chosen backend writes gradients into given tensors and nothing observes the call (as for
+    the eager fast path), NAPackedFunction; else None, and the caller takes
+    ``neighborhood_attention`` over ``qkv.unbind(-3)``. No dropout, no extra keys. The eager
+    choice is remembered per ``qkv`` signature: a hit unbinds nothing."""
     # functorch transforms (torch.func.grad, ...) need a Function with setup_context: the
     # q/k/v path has one (NAFunction)
-    if torch.compiler.is_compiling() or _functorch_active() or not eager_ok(qkv, rpb) or not records_graph(qkv, rpb):
+    if torch.compiler.is_compiling():  # the packed op: its backward returns d(qkv) whole
+        q, k, v = qkv.unbind(-3)
+        params = normalize(q, k, v, na_dim, kernel_size, stride, dilation, is_causal, scale, rpb)
+        grads = torch.is_grad_enabled() and (qkv.requires_grad or (rpb is not None and rpb.requires_grad))
+        name = deferred.spec(backend, tune, deterministic, grads)
+        return ops.na_qkv_forward(qkv, rpb, list(params.kernel_size), list(params.stride), list(params.dilation),
+                                  list(params.is_causal), params.scale, name)[0]
+    if _functorch_active() or not eager_ok(qkv, rpb) or not records_graph(qkv, rpb):
         return None
     sig = None
     if not autotune.active(qkv, tune):

@@ -128,6 +128,75 @@ na_forward = _define(
     _na_forward_impl, _na_forward_fake, _na_backward, _na_setup_context)
 
 
+# ------------------------------------------------------- NA over a packed qkv (modules)
+# q, k and v as the three views of one ``qkv`` [B, *spatial, 3, H, D] (the modules' qkv
+# projection): the backward returns one d(qkv), written through its views by backends that
+# take given gradient tensors (``writes_grads_into``), so a compiled graph needs no stack of
+# dq, dk and dv into it (a full copy of the gradient per layer). No dropout, no extra keys.
+def _na_qkv_forward_impl(
+    qkv: Tensor, rpb: Optional[Tensor], kernel_size: List[int], stride: List[int], dilation: List[int],
+    is_causal: List[int], scale: float, backend: str,
+) -> Tuple[Tensor, Tensor]:
+    q, k, v = qkv.unbind(-3)
+    params = _params(kernel_size, stride, dilation, is_causal, scale)
+    return get_backend(deferred.resolve_na(backend, q, k, v, rpb, params)).na_forward(q, k, v, rpb, params)
+
+
+def _na_qkv_forward_fake(qkv, rpb, kernel_size, stride, dilation, is_causal, scale, backend):
+    shape = (*qkv.shape[:-3], *qkv.shape[-2:])
+    return qkv.new_empty(shape), qkv.new_empty(shape[:-1], dtype=_lse_dtype(qkv.dtype))
+
+
+def _na_qkv_backward_impl(
+    grad_out: Tensor, grad_lse: Optional[Tensor], qkv: Tensor, rpb: Optional[Tensor], out: Tensor, lse: Tensor,
+    kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[int], scale: float,
+    backend: str,
+) -> Tuple[Tensor, Tensor]:
+    q, k, v = qkv.unbind(-3)
+    params = _params(kernel_size, stride, dilation, is_causal, scale)
+    impl = get_backend(deferred.resolve_na(backend, q, k, v, rpb, params))
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    if impl.writes_grads_into:
+        *_, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, grads_into=dqkv.unbind(-3))
+    else:
+        dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params)
+        torch.stack((dq, dk, dv), dim=-3, out=dqkv)
+    return dqkv, (drpb if drpb is not None else qkv.new_empty(0))
+
+
+def _na_qkv_backward_fake(grad_out, grad_lse, qkv, rpb, out, lse, kernel_size, stride, dilation, is_causal, scale,
+                          backend):
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    return dqkv, (torch.empty_like(rpb) if rpb is not None else qkv.new_empty(0))
+
+
+def _na_qkv_setup_context(ctx, inputs, output):
+    qkv, rpb, kernel_size, stride, dilation, is_causal, scale, backend = inputs
+    out, lse = output
+    ctx.save_for_backward(qkv, rpb, out, lse)
+    ctx.args = (kernel_size, stride, dilation, is_causal, scale, backend)
+    ctx.set_materialize_grads(False)  # an unused LSE's gradient stays None
+
+
+def _na_qkv_backward(ctx, grad_out, grad_lse):
+    qkv, rpb, out, lse = ctx.saved_tensors
+    if grad_out is None:  # only the LSE was used
+        grad_out = torch.zeros_like(out)
+    dqkv, drpb = na_qkv_backward(grad_out, grad_lse, qkv, rpb, out, lse, *ctx.args)
+    return dqkv, (drpb if rpb is not None else None), None, None, None, None, None, None
+
+
+na_qkv_backward = _define(
+    "na_qkv_backward(Tensor grad_out, Tensor? grad_lse, Tensor qkv, Tensor? rpb, Tensor out, Tensor lse, "
+    "SymInt[] kernel_size, SymInt[] stride, SymInt[] dilation, SymInt[] is_causal, float scale, str backend) "
+    "-> (Tensor, Tensor)",
+    _na_qkv_backward_impl, _na_qkv_backward_fake)
+na_qkv_forward = _define(
+    "na_qkv_forward(Tensor qkv, Tensor? rpb, SymInt[] kernel_size, SymInt[] stride, SymInt[] dilation, "
+    "SymInt[] is_causal, float scale, str backend) -> (Tensor, Tensor)",
+    _na_qkv_forward_impl, _na_qkv_forward_fake, _na_qkv_backward, _na_qkv_setup_context)
+
+
 # ------------------------------------------------------------------------ dense
 def _attention_forward_impl(
     q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, backend: str, dropout_p: float = 0.0,
