@@ -20,25 +20,18 @@ model built after ``timm.layers.set_fast_norm(True)`` (a second model with the s
 import argparse
 import contextlib
 
-import timm
 import torch
 
 import nattn  # noqa: F401  (registers the timm models)
 import nattn.nn.neighborhood_attention as na_module
-from nattn.bench.models import kernel_ms, step_ms, steps
+from nattn.bench.models import create_model, kernel_ms, step_ms, steps
 
 SWITCHES = ("threads", "packed", "fast-norm")
 
 
 def build(name, device, fast_norm=False, state=None):
-    from timm.layers import set_fast_norm
-
-    set_fast_norm(fast_norm)
-    try:
-        torch.manual_seed(0)
-        model = timm.create_model(name, num_classes=1000)
-    finally:
-        set_fast_norm(False)
+    torch.manual_seed(0)
+    model = create_model(name, fast_norm)
     if state is not None:
         model.load_state_dict(state)
     return model.to(device).to(memory_format=torch.channels_last).train()

@@ -175,16 +175,28 @@ class NAPackedFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         qkv, rpb, out, lse = ctx.saved_tensors
-        q, k, v = qkv.unbind(-3)
         impl = get_backend(ctx.backend)
-        with _grads_off(), _no_autocast(q, impl):
+        with _grads_off(), _no_autocast(qkv, impl):
             if grad_out is None:  # only the LSE was used
                 grad_out = torch.zeros_like(out)
-            dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-            *_, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params,
-                                        grads_into=dqkv.unbind(-3))
+            dqkv, drpb = na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, ctx.params)
         dqkv, drpb = _first_order_only((dqkv, drpb if rpb is not None else None))
         return dqkv, drpb, None, None
+
+
+def na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params: NAParams):
+    """``(d(qkv), drpb)`` of NA over ``qkv``'s q / k / v views (``[B, *spatial, 3, H, D]``):
+    written through d(qkv)'s views by backends that take given gradient tensors
+    (``writes_grads_into``), else stacked into it. NAPackedFunction's and the packed op's
+    backward."""
+    q, k, v = qkv.unbind(-3)
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    if impl.writes_grads_into:
+        *_, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, grads_into=dqkv.unbind(-3))
+    else:
+        dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params)
+        torch.stack((dq, dk, dv), dim=-3, out=dqkv)
+    return dqkv, drpb
 
 
 def na_function():

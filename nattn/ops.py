@@ -23,6 +23,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ._eager import na_backward_packed
 from .backends import BACKENDS, deferred
 from .backends import get as get_backend
 from .params import NAParams
@@ -155,12 +156,7 @@ def _na_qkv_backward_impl(
     q, k, v = qkv.unbind(-3)
     params = _params(kernel_size, stride, dilation, is_causal, scale)
     impl = get_backend(deferred.resolve_na(backend, q, k, v, rpb, params))
-    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-    if impl.writes_grads_into:
-        *_, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, grads_into=dqkv.unbind(-3))
-    else:
-        dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params)
-        torch.stack((dq, dk, dv), dim=-3, out=dqkv)
+    dqkv, drpb = na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params)
     return dqkv, (drpb if drpb is not None else qkv.new_empty(0))
 
 

@@ -75,21 +75,30 @@ def test_a_compiled_call_defers_the_same_choice_to_its_op():
         assert not heuristics.needs_grads(q)
 
 
-def test_compiled_backward_graph_has_no_zeros_for_an_unused_lse():
-    """The op's autograd leaves an unused LSE's gradient None (the backends skip its term):
-    a compiled backward graph holds the NA backward op and no zeros / fill kernel per call,
-    and the gradients equal eager ones (fresh inputs)."""
+def _graph_capture():
+    """``(backend, graphs)``: a torch.compile backend (AOTAutograd, run as traced) that keeps
+    the ops its forward and backward graphs call in ``graphs["fw"]`` / ``graphs["bw"]``."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
     graphs = {}
 
+    def keep(kind):
+        def compiler(g, _):
+            graphs[kind] = [str(n.target) for n in g.graph.nodes if n.op == "call_function"]
+            return g.forward
+        return compiler
+
     def capture(gm, inputs):
-        def keep(kind):
-            def compiler(g, _):
-                graphs[kind] = [str(n.target) for n in g.graph.nodes if n.op == "call_function"]
-                return g.forward
-            return compiler
         return aot_module_simplified(gm, inputs, fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+
+    return capture, graphs
+
+
+def test_compiled_backward_graph_has_no_zeros_for_an_unused_lse():
+    """The op's autograd leaves an unused LSE's gradient None (the backends skip its term):
+    a compiled backward graph holds the NA backward op and no zeros / fill kernel per call,
+    and the gradients equal eager ones (fresh inputs)."""
+    capture, graphs = _graph_capture()
 
     q, k, v = (torch.randn(1, 7, 9, 2, 16, requires_grad=True) for _ in range(3))
     rpb = torch.randn(2, 5, 5, requires_grad=True)
@@ -118,19 +127,9 @@ def test_opcheck_packed_qkv_ops():
 def test_compiled_module_trains_on_the_packed_qkv_op():
     """A compiled NA module calls the packed op: its backward graph returns d(qkv) from the
     NA backward op, no stack / cat of dq, dk, dv; values and gradients equal eager ones."""
-    from torch._functorch.aot_autograd import aot_module_simplified
-
     from nattn.nn import NeighborhoodAttention2D
 
-    graphs = {}
-
-    def capture(gm, inputs):
-        def keep(kind):
-            def compiler(g, _):
-                graphs[kind] = [str(n.target) for n in g.graph.nodes if n.op == "call_function"]
-                return g.forward
-            return compiler
-        return aot_module_simplified(gm, inputs, fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+    capture, graphs = _graph_capture()
 
     torch.manual_seed(torch.seed() % 2**31)
     layer = NeighborhoodAttention2D(16, 2, kernel_size=3, dilation=(1, 2), rel_pos_bias=True, backend="reference")

@@ -92,6 +92,22 @@ CUDA_REPEATS = 5
 CUDA_WARMUP_S = 1.0
 
 
+def create_model(name: str, fast_norm: bool = False) -> torch.nn.Module:
+    """``timm.create_model(name, num_classes=1000)``, with timm's fast-norm switch on for its
+    construction when ``fast_norm`` (its norms that are timm's LayerNorms then run at the
+    autocast dtype); the switch is off again afterwards."""
+    import timm
+    from timm.layers import set_fast_norm
+
+    import nattn.models  # noqa: F401  (registers nattn's models with timm)
+
+    set_fast_norm(fast_norm)
+    try:
+        return timm.create_model(name, num_classes=1000)
+    finally:
+        set_fast_norm(False)
+
+
 def measure(name: str, mode: str, batch: int, size: int, iters: int, device: torch.device,
             frames: int = 16, fast_norm: bool = False) -> Dict[str, float]:
     """Images (video models: clips of ``frames`` frames) per second of one model in one mode:
@@ -99,17 +115,8 @@ def measure(name: str, mode: str, batch: int, size: int, iters: int, device: tor
     (``"train_gpu"``, ``"infer_gpu"``: batch / kernel_ms, what the step would reach if the
     host kept up). ``fast_norm``: the model is built under timm's fast-norm switch (its
     norms, where they are timm's LayerNorms, run at the autocast dtype)."""
-    import timm
-    from timm.layers import set_fast_norm
-
-    import nattn.models  # noqa: F401  (registers nattn's models with timm)
-
     torch.manual_seed(0)
-    set_fast_norm(fast_norm)
-    try:
-        model = timm.create_model(name, num_classes=1000).to(device)
-    finally:
-        set_fast_norm(False)
+    model = create_model(name, fast_norm).to(device)
     video = "video" in name
     x = torch.randn(batch, 3, *((frames,) if video else ()), size, size, device=device)
     if device.type == "cuda":
