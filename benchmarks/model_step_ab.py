@@ -7,6 +7,7 @@ does not move.
     python benchmarks/model_step_ab.py --switch threads      # autograd's device thread on / off
     python benchmarks/model_step_ab.py --switch packed       # the modules' packed qkv call on / off
     python benchmarks/model_step_ab.py --switch fast-norm    # timm's fast norm (bf16 LayerNorm) on / off
+    python benchmarks/model_step_ab.py --switch block-norm   # the blocks' norms at the autocast dtype / float32
     python benchmarks/model_step_ab.py --switch packed --model dinat_tiny -b 128 --rounds 3
     python benchmarks/model_step_ab.py --switch packed --device cpu --model nat_mini -b 1 --size 64 --iters 1
                                                              # a smoke run of the script
@@ -14,7 +15,9 @@ does not move.
 threads: ``torch.autograd.set_multithreading_enabled`` around the step (off: the backward
 runs on the calling thread instead of autograd's CUDA device thread); packed:
 ``nattn.functional.na_packed_qkv`` as is, or declining (the q/k/v path); fast-norm: the
-model built after ``timm.layers.set_fast_norm(True)`` (a second model with the same weights).
+model built after ``timm.layers.set_fast_norm(True)`` (a second model with the same weights);
+block-norm: the default model (the blocks' norm1 / norm2 at the autocast dtype) against one
+built with ``fp32_block_norms=True`` (same weights).
 """
 
 import argparse
@@ -26,12 +29,12 @@ import nattn  # noqa: F401  (registers the timm models)
 import nattn.nn.neighborhood_attention as na_module
 from nattn.bench.models import create_model, kernel_ms, step_ms, steps
 
-SWITCHES = ("threads", "packed", "fast-norm")
+SWITCHES = ("threads", "packed", "fast-norm", "block-norm")
 
 
-def build(name, device, fast_norm=False, state=None):
+def build(name, device, fast_norm=False, state=None, **kwargs):
     torch.manual_seed(0)
-    model = create_model(name, fast_norm)
+    model = create_model(name, fast_norm, **kwargs)
     if state is not None:
         model.load_state_dict(state)
     return model.to(device).to(memory_format=torch.channels_last).train()
@@ -53,12 +56,15 @@ def main():
     x = torch.randn(args.batch, 3, args.size, args.size, device=dev).to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (args.batch,), device=dev)
     base = build(args.model, dev)
-    fast = build(args.model, dev, fast_norm=True, state=base.state_dict()) if args.switch == "fast-norm" else None
+    # the "off" side of block-norm, the "on" side of fast-norm: a second model with base's weights
+    other = (build(args.model, dev, fast_norm=True, state=base.state_dict()) if args.switch == "fast-norm"
+             else build(args.model, dev, state=base.state_dict(), fp32_block_norms=True)
+             if args.switch == "block-norm" else None)
     packed = na_module.na_packed_qkv
 
     def configured(on):
         """(train step, context) of one side of the switch."""
-        model = fast if (args.switch == "fast-norm" and on) else base
+        model = other if (args.switch == "fast-norm" and on) or (args.switch == "block-norm" and not on) else base
         na_module.na_packed_qkv = packed if (args.switch != "packed" or on) else (lambda *a, **k: None)
         ctx = (torch.autograd.set_multithreading_enabled(on) if args.switch == "threads"
                else contextlib.nullcontext())

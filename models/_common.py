@@ -38,6 +38,40 @@ class LayerNorm(_TimmLayerNorm):
         super().__init__(num_channels, eps=eps, affine=affine)
 
 
+class BranchLayerNorm(LayerNorm):
+    """A block's pre-norm (``norm1`` / ``norm2``), whose output feeds only a Linear: under
+    autocast it normalizes at the autocast dtype (torch's kernel still accumulates the
+    statistics in float32) instead of running torch's float32 kernel and then casting, as
+    the Linear would, to the autocast dtype. Same output dtype and one rounding of the
+    output either way; the input and the affine parameters are rounded to the autocast
+    dtype first. The residual stream the block adds to stays as it is (float32 under
+    autocast). NAT-Tiny, batch 128, bf16 on an H200: see docs/models.md. Outside autocast,
+    and when timm's fast norm is on (which does this for every norm), it is the plain norm.
+    Same parameters and state dict as ``LayerNorm``."""
+
+    def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True):
+        super().__init__(num_channels, eps=eps, affine=affine)
+        # timm's fast-norm flag as its LayerNorm recorded it (its attribute's name varies by version)
+        self._timm_fast = bool(getattr(self, "_fast_norm", getattr(self, "fast_norm", False)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._timm_fast or torch.jit.is_scripting() or not torch.is_autocast_enabled(x.device.type):
+            return super().forward(x)
+        dt = torch.get_autocast_dtype(x.device.type)
+        weight = None if self.weight is None else self.weight.to(dt)
+        bias = None if self.bias is None else self.bias.to(dt)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.layer_norm(x.to(dt), self.normalized_shape, weight, bias, self.eps)
+
+
+def branch_norm(norm_layer, dim: int, fp32_block_norms: bool) -> nn.Module:
+    """A block's pre-norm: ``BranchLayerNorm`` where the model's norm is ``LayerNorm`` (unless
+    ``fp32_block_norms``), else ``norm_layer`` as given."""
+    if norm_layer is LayerNorm and not fp32_block_norms:
+        return BranchLayerNorm(dim)
+    return norm_layer(dim)
+
+
 class Mlp(nn.Module):
     """``fc1 -> act -> dropout -> fc2 -> dropout``: timm's Mlp (same parameter names, same
     dropout draws), with the dropout layers only where ``drop > 0``: in an eager step every
@@ -71,17 +105,17 @@ class NABlock(nn.Module):
                  qkv_bias: bool = True, qk_scale: Optional[float] = None, proj_drop: float = 0.0,
                  attn_drop: float = 0.0, drop_path: float = 0.0, layer_scale: Optional[float] = None,
                  norm_layer=LayerNorm, act_layer=nn.GELU, na_dim: int = 2,
-                 rel_pos_bias: bool = True, backend: Optional[str] = None):
+                 rel_pos_bias: bool = True, backend: Optional[str] = None, fp32_block_norms: bool = False):
         super().__init__()
         if dilation is None:
             dilation = 1
-        self.norm1 = norm_layer(dim)
+        self.norm1 = branch_norm(norm_layer, dim, fp32_block_norms)
         self.attn = _NA[na_dim](
             dim, num_heads, kernel_size, dilation=dilation, qkv_bias=qkv_bias, qk_scale=qk_scale,
             attn_drop=attn_drop, proj_drop=proj_drop, rel_pos_bias=rel_pos_bias, backend=backend,
         )
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = norm_layer(dim)
+        self.norm2 = branch_norm(norm_layer, dim, fp32_block_norms)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
         if layer_scale is not None:
             self.gamma1 = nn.Parameter(layer_scale * torch.ones(dim))

@@ -27,6 +27,7 @@ class NATIsotropic(ChannelsLastBackbone):
         mlp_ratio: float = 4.0, qkv_bias: bool = True, qk_scale: Optional[float] = None,
         drop_rate: float = 0.0, proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.1, norm_layer=LayerNorm, backend: Optional[str] = None,
+        fp32_block_norms: bool = False,
     ):
         super().__init__()
         self.num_classes = num_classes
@@ -37,7 +38,7 @@ class NATIsotropic(ChannelsLastBackbone):
         self.blocks = nn.Sequential(*[
             NABlock(embed_dim, num_heads, kernel_size, dilation=1 if i % 2 == 0 else dilation,
                     mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_scale=qk_scale, proj_drop=proj_drop_rate,
-                    attn_drop=attn_drop_rate, drop_path=dpr[i], norm_layer=norm_layer, backend=backend)
+                    attn_drop=attn_drop_rate, drop_path=dpr[i], norm_layer=norm_layer, backend=backend, fp32_block_norms=fp32_block_norms)
             for i in range(depth)
         ])
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f"blocks.{i}") for i in range(depth)]

@@ -57,7 +57,7 @@ class NAT(ChannelsLastBackbone):
         qkv_bias: bool = True, qk_scale: Optional[float] = None, drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.2,
         layer_scale: Optional[float] = None, norm_layer=LayerNorm, backend: Optional[str] = None,
-        feature_norms: bool = False,
+        feature_norms: bool = False, fp32_block_norms: bool = False,
     ):
         super().__init__()
         dilations = block_dilations(depths, num_heads, dilations)
@@ -69,7 +69,7 @@ class NAT(ChannelsLastBackbone):
             stages.append(NAStage(
                 dims[i], depth, num_heads[i], kernel_size, dilations[i], down, dpr[i], mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                 qk_scale=qk_scale, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate,
-                layer_scale=layer_scale, norm_layer=norm_layer, backend=backend,
+                layer_scale=layer_scale, norm_layer=norm_layer, backend=backend, fp32_block_norms=fp32_block_norms,
             ))
             self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)

@@ -56,7 +56,7 @@ class VideoNAT(ChannelsLastBackbone):
         dilations: Optional[Sequence[Sequence[int]]] = None, mlp_ratio: float = 3.0, qkv_bias: bool = True,
         drop_rate: float = 0.0, proj_drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.2, layer_scale: Optional[float] = None, norm_layer=LayerNorm,
-        backend: Optional[str] = None,
+        backend: Optional[str] = None, fp32_block_norms: bool = False,
     ):
         super().__init__()
         dilations = block_dilations(depths, num_heads, dilations)
@@ -69,7 +69,7 @@ class VideoNAT(ChannelsLastBackbone):
             stages.append(NAStage(
                 dims[i], depth, num_heads[i], kernel_size, spatial_dilations, down, dpr[i], na_dim=3,
                 mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate,
-                layer_scale=layer_scale, norm_layer=norm_layer, backend=backend,
+                layer_scale=layer_scale, norm_layer=norm_layer, backend=backend, fp32_block_norms=fp32_block_norms,
             ))
             self.feature_info.append(dict(num_chs=dims[i], reduction=4 * 2 ** i, module=f"stages.{i}"))
         self.stages = nn.Sequential(*stages)

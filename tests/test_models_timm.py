@@ -278,7 +278,7 @@ def test_norms_are_torch_layer_norm_and_follow_timm_fast_norm():
     torch.manual_seed(torch.seed() % 2**31)
     x = torch.randn(2, 3, 64, 64)
     assert not is_fast_norm()
-    plain = timm.create_model("nat_mini", num_classes=10).eval()  # no stochastic depth
+    plain = timm.create_model("nat_mini", num_classes=10, fp32_block_norms=True).eval()  # no stochastic depth
     norms = [m for m in plain.modules() if isinstance(m, torch.nn.LayerNorm)]
     assert norms and all(type(m) is LayerNorm and m.eps == 1e-5 for m in norms)
     set_fast_norm(True)
@@ -296,5 +296,59 @@ def test_norms_are_torch_layer_norm_and_follow_timm_fast_norm():
         assert norm(torch.randn(2, 8, 8, norm.normalized_shape[0])).dtype == torch.bfloat16
         assert plain.stages[0].blocks[0].norm1(torch.randn(2, 8, 8, 64)).dtype == torch.float32
         a, b = plain(x).float(), fast(x).float()
+    assert torch.isfinite(b).all()
+    assert 0 < (a - b).norm() / a.norm() < 0.05
+
+
+@pytest.mark.parametrize("name", ["nat_mini", "dinat_s_tiny", "nat_isotropic_small", "nat_video_tiny"])
+def test_block_norms_run_at_the_autocast_dtype(name):
+    """The blocks' norm1 / norm2 (outputs that feed only a Linear) normalize at the autocast
+    dtype by default: exactly torch's norm of the rounded input and parameters, within a few
+    bf16 steps of the float32 norm the Linear would round, gradients in the parameters'
+    dtype; outside autocast they are the plain norm, bit for bit. ``fp32_block_norms=True``
+    keeps torch's float32 norm; both models take the same state dict."""
+    from nattn.models._common import BranchLayerNorm, LayerNorm
+
+    torch.manual_seed(torch.seed() % 2**31)
+    kw = dict(depth=1) if "isotropic" in name else {} if "dinat" in name else dict(depths=(1, 1, 1, 1))
+    fast = timm.create_model(name, num_classes=10, **kw).eval()
+    slow = timm.create_model(name, num_classes=10, fp32_block_norms=True, **kw).eval()
+    blocks = [m for m in fast.modules() if hasattr(m, "norm2") and hasattr(m, "mlp")]
+    assert blocks and all(type(b.norm1) is BranchLayerNorm and type(b.norm2) is BranchLayerNorm for b in blocks)
+    others = [m for n, m in fast.named_modules()
+              if isinstance(m, torch.nn.LayerNorm) and not n.endswith(("norm1", "norm2"))]
+    assert others and all(type(m) is LayerNorm for m in others)  # stem, downsamplers, head: float32 under autocast
+    assert all(type(m) is LayerNorm for m in slow.modules() if isinstance(m, torch.nn.LayerNorm))
+    with torch.no_grad():
+        for m in slow.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.normal_(1.0, 0.1)
+                m.bias.normal_(0.0, 0.1)
+    fast.load_state_dict(slow.state_dict())
+
+    norm = blocks[0].norm1
+    c = norm.normalized_shape[0]
+    t = (torch.randn(2, 5, 7, c) * 3 + 1).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = norm(t)
+        want_fp32 = F.layer_norm(t, (c,), norm.weight, norm.bias, 1e-5)  # float32 under autocast
+    assert y.dtype == torch.bfloat16
+    want = F.layer_norm(t.detach().bfloat16(), (c,), norm.weight.detach().bfloat16(), norm.bias.detach().bfloat16(), 1e-5)
+    assert torch.equal(y, want)
+    # rounding the input, the gains and the output: a few bf16 steps (2^-8) of the normalized scale
+    err = (y.float() - want_fp32.detach()).abs() / (1 + want_fp32.detach().abs())
+    assert 0 < err.max() < 2 ** -6 and err.mean() < 2 ** -9
+    y.float().square().sum().backward()
+    assert t.grad.dtype == torch.float32 and norm.weight.grad.dtype == torch.float32
+    assert torch.isfinite(t.grad).all() and norm.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        u = torch.randn(2, 5, 7, c)
+        assert torch.equal(norm(u), F.layer_norm(u, (c,), norm.weight, norm.bias, 1e-5))
+
+    x = _input(name)
+    with torch.no_grad():
+        assert torch.equal(fast(x), slow(x))  # no autocast: identical
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a, b = slow(x).float(), fast(x).float()
     assert torch.isfinite(b).all()
     assert 0 < (a - b).norm() / a.norm() < 0.05

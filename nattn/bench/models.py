@@ -92,10 +92,10 @@ CUDA_REPEATS = 5
 CUDA_WARMUP_S = 1.0
 
 
-def create_model(name: str, fast_norm: bool = False) -> torch.nn.Module:
-    """``timm.create_model(name, num_classes=1000)``, with timm's fast-norm switch on for its
-    construction when ``fast_norm`` (its norms that are timm's LayerNorms then run at the
-    autocast dtype); the switch is off again afterwards."""
+def create_model(name: str, fast_norm: bool = False, **kwargs) -> torch.nn.Module:
+    """``timm.create_model(name, num_classes=1000, **kwargs)``, with timm's fast-norm switch on
+    for its construction when ``fast_norm`` (its norms that are timm's LayerNorms then run at
+    the autocast dtype); the switch is off again afterwards."""
     import timm
     from timm.layers import set_fast_norm
 
@@ -103,7 +103,7 @@ def create_model(name: str, fast_norm: bool = False) -> torch.nn.Module:
 
     set_fast_norm(fast_norm)
     try:
-        return timm.create_model(name, num_classes=1000)
+        return timm.create_model(name, num_classes=1000, **kwargs)
     finally:
         set_fast_norm(False)
 
