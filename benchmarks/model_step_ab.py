@@ -8,6 +8,7 @@ does not move.
     python benchmarks/model_step_ab.py --switch packed       # the modules' packed qkv call on / off
     python benchmarks/model_step_ab.py --switch fast-norm    # timm's fast norm (bf16 LayerNorm) on / off
     python benchmarks/model_step_ab.py --switch block-norm   # the blocks' norms at the autocast dtype / float32
+    python benchmarks/model_step_ab.py --switch group-casts  # grouped parameter casts / autocast's own
     python benchmarks/model_step_ab.py --switch packed --model dinat_tiny -b 128 --rounds 3
     python benchmarks/model_step_ab.py --switch packed --device cpu --model nat_mini -b 1 --size 64 --iters 1
                                                              # a smoke run of the script
@@ -17,7 +18,8 @@ runs on the calling thread instead of autograd's CUDA device thread); packed:
 ``nattn.functional.na_packed_qkv`` as is, or declining (the q/k/v path); fast-norm: the
 model built after ``timm.layers.set_fast_norm(True)`` (a second model with the same weights);
 block-norm: the default model (the blocks' norm1 / norm2 at the autocast dtype) against one
-built with ``fp32_block_norms=True`` (same weights).
+built with ``fp32_block_norms=True`` (same weights); group-casts: the model's ``group_casts``
+attribute (the blocks' parameters cast in a few grouped ops per forward, or one op each).
 """
 
 import argparse
@@ -29,7 +31,7 @@ import nattn  # noqa: F401  (registers the timm models)
 import nattn.nn.neighborhood_attention as na_module
 from nattn.bench.models import create_model, kernel_ms, step_ms, steps
 
-SWITCHES = ("threads", "packed", "fast-norm", "block-norm")
+SWITCHES = ("threads", "packed", "fast-norm", "block-norm", "group-casts")
 
 
 def build(name, device, fast_norm=False, state=None, **kwargs):
@@ -69,6 +71,8 @@ def main():
         ctx = (torch.autograd.set_multithreading_enabled(on) if args.switch == "threads"
                else contextlib.nullcontext())
         model.train(args.mode == "train")
+        if args.switch == "group-casts":
+            model.group_casts = on
         return steps(model, x, y, dev)[args.mode == "infer"], ctx
 
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"

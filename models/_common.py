@@ -3,6 +3,7 @@ feature/classifier contract, weight init, checkpoint helpers and model creation.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -21,6 +22,8 @@ from timm.models._manipulate import checkpoint_seq
 from torch import nn
 
 from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D
+from nattn._eager import _autocast_available
+from nattn.nn import param_cast
 
 _NA = {1: NeighborhoodAttention1D, 2: NeighborhoodAttention2D, 3: NeighborhoodAttention3D}
 
@@ -56,12 +59,14 @@ class BranchLayerNorm(LayerNorm):
         self._timm_fast = bool(getattr(self, "_fast_norm", getattr(self, "fast_norm", False)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._timm_fast or torch.jit.is_scripting() or not torch.is_autocast_enabled(x.device.type):
+        device = x.device.type
+        if (self._timm_fast or torch.jit.is_scripting() or not _autocast_available(device)
+                or not torch.is_autocast_enabled(device)):  # e.g. meta tensors: no autocast
             return super().forward(x)
-        dt = torch.get_autocast_dtype(x.device.type)
-        weight = None if self.weight is None else self.weight.to(dt)
-        bias = None if self.bias is None else self.bias.to(dt)
-        with torch.autocast(x.device.type, enabled=False):
+        dt = torch.get_autocast_dtype(device)
+        weight = None if self.weight is None else param_cast.cast_of(self.weight).to(dt)
+        bias = None if self.bias is None else param_cast.cast_of(self.bias).to(dt)
+        with torch.autocast(device, enabled=False):
             return F.layer_norm(x.to(dt), self.normalized_shape, weight, bias, self.eps)
 
 
@@ -86,10 +91,10 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop) if drop > 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.act(self.fc1(x))
+        x = self.act(param_cast.linear(self.fc1, x))
         if self.drop is not None:
             x = self.drop(x)
-        x = self.fc2(x)
+        x = param_cast.linear(self.fc2, x)
         return x if self.drop is None else self.drop(x)
 
 
@@ -266,13 +271,41 @@ class ChannelsLastBackbone(nn.Module):
         self.head = self._classifier()
         self.apply(init_weights)
 
+    # Under autocast, the blocks' Linear and norm parameters are cast to the autocast dtype
+    # in a few grouped ops per forward instead of one op each (nattn/nn/param_cast.py: same
+    # values and gradients, ~360 fewer ops and backward nodes a NAT-Tiny step). False: the
+    # per-parameter casts of autocast.
+    group_casts = True
+    _casts_plan = None
+
+    def _block_casts(self, x: torch.Tensor):
+        """The grouped-casts region of one forward (a no-op without autocast)."""
+        if not self.group_casts:
+            return contextlib.nullcontext()
+        plan = self._casts_plan
+        if plan is None:
+            params = []
+            for block in self.modules():
+                if isinstance(block, NABlock):
+                    for sub in (block.norm1, block.norm2, block.attn.qkv, block.attn.proj, block.mlp.fc1,
+                                block.mlp.fc2):
+                        if isinstance(sub, (BranchLayerNorm, nn.Linear)):
+                            params += [sub.weight, sub.bias]
+            plan = self.__dict__["_casts_plan"] = param_cast.GroupedCasts(params)
+        return plan.active(x.device.type)
+
+    def _apply(self, fn, *args, **kwargs):
+        self.__dict__["_casts_plan"] = None  # .to() / .cuda() / .half() may move or replace parameters
+        return super()._apply(fn, *args, **kwargs)
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x)
-        if self.grad_checkpointing and not torch.jit.is_scripting():
-            x = checkpoint_seq(self._sequence(), x)
-        else:
-            x = self._sequence()(x)
-        return self.norm(x)
+        with self._block_casts(x):
+            x = self.patch_embed(x)
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint_seq(self._sequence(), x)
+            else:
+                x = self._sequence()(x)
+            return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == "avg":
@@ -288,6 +321,10 @@ class ChannelsLastBackbone(nn.Module):
         stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
     ):
         """Outputs of the selected stages (``NCHW``/``NCTHW``, or channels last with ``NHWC``)."""
+        with self._block_casts(x):
+            return self._intermediates(x, indices, norm, stop_early, output_fmt, intermediates_only)
+
+    def _intermediates(self, x, indices, norm, stop_early, output_fmt, intermediates_only):
         if output_fmt not in ("NCHW", "NHWC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         seq = self._sequence()

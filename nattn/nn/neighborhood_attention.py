@@ -29,6 +29,7 @@ from .._cuda import library
 from ..backends import NoBackendError, choose_na_backend, kernel_config
 from ..functional import na_packed_qkv, neighborhood_attention
 from ..params import NAParams, check_scale, normalize_window_args, rpb_config_reasons
+from . import param_cast
 from .unfused import na_explicit
 
 IntOrTuple = Union[int, Sequence[int]]
@@ -243,7 +244,7 @@ class NeighborhoodAttentionND(nn.Module):
                 flat += [0, p]
             x = F.pad(x, flat)
         b = x.shape[0]
-        qkv = self.qkv(x).reshape(b, *x.shape[1:-1], 3, self.num_heads, self.head_dim)
+        qkv = param_cast.linear(self.qkv, x).reshape(b, *x.shape[1:-1], 3, self.num_heads, self.head_dim)
         out = None
         if cp is None and additional_tokens is None and not (self.training and self.attn_drop_p > 0):
             # training, eagerly: one d(qkv) from the backward (no unbind, no stack copy)
@@ -254,7 +255,7 @@ class NeighborhoodAttentionND(nn.Module):
         out = out.reshape(b, *x.shape[1:-1], self.embed_dim)
         if any(pad):
             out = out[(slice(None),) + tuple(slice(0, s) for s in spatial)]
-        out = self.proj(out)
+        out = param_cast.linear(self.proj, out)
         return self.proj_drop(out) if self.proj_drop.p > 0 else out  # a no-op module is host time
 
     def _attend(self, qkv: torch.Tensor, additional_tokens: Optional[torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""One cast per group of parameters under autocast, instead of one per parameter.
+
+Under ``torch.autocast`` every ``F.linear`` casts its float32 weight and bias to the autocast
+dtype: one cast op (and in training one backward node) per parameter and step. A NAT-Tiny
+step has 30 blocks of four Linears and two norms, so ~360 such casts forward and as many
+backward nodes, each costing host time that an eager step on a slow host waits for.
+
+``GroupedCasts`` casts a model's block parameters in a few ops instead: the 2-D weights
+concatenated per input width (``torch.cat`` along the rows), the 1-D ones (biases, norm gains)
+together, each group cast once and split back into views shaped like the parameters. The
+values are bit for bit what autocast computes (the same rounding of each element), and so
+are the gradients (the concatenation, the cast and the split pass them back unchanged).
+
+While a ``GroupedCasts.active(...)`` region runs, modules ask ``cast_of(p)`` for a parameter's
+cast and ``linear(module, x)`` for a Linear; outside one (or for a parameter not in it) they
+get the parameter itself and autocast casts as usual. The region is per thread: autograd's
+recomputations (gradient checkpointing) run outside it and fall back to autocast's casts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._eager import _autocast_available
+
+_local = threading.local()
+
+
+def cast_of(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The active region's cast of parameter ``p``, else ``p``."""
+    casts = getattr(_local, "casts", None)
+    if casts is None or p is None:
+        return p
+    return casts.get(id(p), p)
+
+
+def _hooked(module: nn.Module) -> bool:
+    from torch.nn.modules import module as m
+
+    return bool(module._forward_hooks or module._forward_pre_hooks or m._global_forward_hooks
+                or m._global_forward_pre_hooks)
+
+
+def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)``; for a plain ``nn.Linear`` without hooks inside an active region,
+    ``F.linear`` on the region's casts of its weight and bias (the same result)."""
+    if getattr(_local, "casts", None) is None or type(module) is not nn.Linear or _hooked(module):
+        return module(x)
+    return F.linear(x, cast_of(module.weight), cast_of(module.bias))
+
+
+class GroupedCasts:
+    """The grouped casts of ``params`` (a model's block parameters): ``active()`` is the
+    region. Groups are fixed at construction; parameters that are not plain float32
+    ``nn.Parameter`` objects are left to autocast."""
+
+    def __init__(self, params: Iterable[torch.Tensor]):
+        mats: Dict[Tuple[int, torch.device], List[torch.Tensor]] = {}
+        vecs: Dict[torch.device, List[torch.Tensor]] = {}
+        seen = set()
+        for p in params:
+            if p is None or id(p) in seen or type(p) is not nn.Parameter or p.dtype != torch.float32:
+                continue
+            seen.add(id(p))
+            if p.dim() == 2:
+                mats.setdefault((p.shape[1], p.device), []).append(p)
+            elif p.dim() == 1:
+                vecs.setdefault(p.device, []).append(p)
+        # (device, tensors, split sizes along dim 0, ids): one cat + cast + split each
+        self.groups = [(dev, tuple(ts), [t.shape[0] for t in ts], [id(t) for t in ts])
+                       for (_, dev), ts in mats.items()]
+        self.groups += [(dev, tuple(ts), [t.shape[0] for t in ts], [id(t) for t in ts]) for dev, ts in vecs.items()]
+
+    @contextlib.contextmanager
+    def active(self, device_type: str):
+        """Casts the groups on ``device_type`` to its autocast dtype when autocast is on there
+        (not while compiling: inductor fuses the casts itself), for the region's duration."""
+        if (not self.groups or getattr(_local, "casts", None) is not None or torch.jit.is_scripting()
+                or torch.compiler.is_compiling() or not _autocast_available(device_type)
+                or not torch.is_autocast_enabled(device_type)):  # e.g. meta tensors: no autocast
+            yield
+            return
+        dt = torch.get_autocast_dtype(device_type)
+        casts: Dict[int, torch.Tensor] = {}
+        for dev, ts, sizes, ids in self.groups:
+            if dev.type != device_type:
+                continue
+            parts = torch.cat(ts).to(dt).split(sizes)
+            casts.update(zip(ids, parts))
+        _local.casts = casts
+        try:
+            yield
+        finally:
+            _local.casts = None
