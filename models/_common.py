@@ -280,7 +280,7 @@ class ChannelsLastBackbone(nn.Module):
 
     def _block_casts(self, x: torch.Tensor):
         """The grouped-casts region of one forward (a no-op without autocast)."""
-        if not self.group_casts:
+        if not self.group_casts or torch.compiler.is_compiling():  # inductor fuses the casts itself
             return contextlib.nullcontext()
         plan = self._casts_plan
         if plan is None:

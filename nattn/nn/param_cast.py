@@ -32,9 +32,14 @@ from .._eager import _autocast_available
 _local = threading.local()
 
 
+def _casts() -> Optional[Dict[int, torch.Tensor]]:
+    # never active while compiling: no thread-local state for dynamo to trace
+    return None if torch.compiler.is_compiling() else getattr(_local, "casts", None)
+
+
 def cast_of(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """The active region's cast of parameter ``p``, else ``p``."""
-    casts = getattr(_local, "casts", None)
+    casts = _casts()
     if casts is None or p is None:
         return p
     return casts.get(id(p), p)
@@ -50,7 +55,7 @@ def _hooked(module: nn.Module) -> bool:
 def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``; for a plain ``nn.Linear`` without hooks inside an active region,
     ``F.linear`` on the region's casts of its weight and bias (the same result)."""
-    if getattr(_local, "casts", None) is None or type(module) is not nn.Linear or _hooked(module):
+    if _casts() is None or type(module) is not nn.Linear or _hooked(module):
         return module(x)
     return F.linear(x, cast_of(module.weight), cast_of(module.bias))
 
