@@ -26,6 +26,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as _module_globals  # torch's global module hooks
 
 from .._eager import _autocast_available
 
@@ -46,8 +47,7 @@ def cast_of(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def _hooked(module: nn.Module) -> bool:
-    from torch.nn.modules import module as m
-
+    m = _module_globals
     return bool(module._forward_hooks or module._forward_pre_hooks or m._global_forward_hooks
                 or m._global_forward_pre_hooks)
 
@@ -78,9 +78,8 @@ class GroupedCasts:
             elif p.dim() == 1:
                 vecs.setdefault(p.device, []).append(p)
         # (device, tensors, split sizes along dim 0, ids): one cat + cast + split each
-        self.groups = [(dev, tuple(ts), [t.shape[0] for t in ts], [id(t) for t in ts])
-                       for (_, dev), ts in mats.items()]
-        self.groups += [(dev, tuple(ts), [t.shape[0] for t in ts], [id(t) for t in ts]) for dev, ts in vecs.items()]
+        members = [(dev, ts) for (_, dev), ts in mats.items()] + list(vecs.items())
+        self.groups = [(dev, tuple(ts), [t.shape[0] for t in ts], [id(t) for t in ts]) for dev, ts in members]
 
     @contextlib.contextmanager
     def active(self, device_type: str):
