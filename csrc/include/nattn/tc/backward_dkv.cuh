@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
               ridx = rpb_index<true>(rrow[r], cl.rpb[q]);
               // as in the forward: no branch per score (the same rounding either way: the
               // staged copy holds the product with kLog2e)
-              if constexpr (kShared) v = fmaf(s[nt][e], p.scale_log2, bias_head[ok ? ridx : 0]);
-              else v += rpb[ok ? ridx : 0] * kLog2e;
+              if constexpr (kShared) v = fmaf(s[nt][e], p.scale_log2, table_bias(bias_head, ok, ridx));
+              else v += table_bias(rpb, ok, ridx) * kLog2e;
             }
             const float pr = ok ? fast_exp2(v - lse2[q]) : 0.f;
             float dpe = dp[nt][e];

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, NA, HD
         const bool ok = rw.ok[r] && cl.ok[r][q];
         float v = s[nt][e] * p.scale_log2;
         if constexpr (decltype(with_rpb)::value) {
-          v += rpb[ok ? rpb_index<false>(keys.rrow[r], cl.rpb[q]) : 0] * kLog2e;  // as in the forward
+          v += table_bias(rpb, ok, rpb_index<false>(keys.rrow[r], cl.rpb[q])) * kLog2e;  // as in the forward
         }
         float dpe = dp[nt][e];
         if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)

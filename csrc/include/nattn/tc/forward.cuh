@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, NA, H
         if constexpr (decltype(with_rpb)::value) {
           // unconditional (entry 0 outside the window, whose score is masked below): a
           // conditional load compiled to a branch per score
-          v += rpb[ok ? rpb_index<false>(keys.rrow[r], cl.rpb[q]) : 0] * kLog2e;
+          v += table_bias(rpb, ok, rpb_index<false>(keys.rrow[r], cl.rpb[q])) * kLog2e;
         }
         s[nt][e] = ok ? v : -INFINITY;
         mx[r] = fmaxf(mx[r], s[nt][e]);

@@ -73,6 +73,11 @@ __device__ __forceinline__ void rpb_instanced(bool rpb, F&& f) {
   else f(std::false_type{});
 }
 
+// A score's bias: entry idx of the head's table, or entry 0 where the score is masked (idx
+// is then not an entry). The offset is 32-bit unsigned (idx >= 0 where the score is kept):
+// no sign extension and no 64-bit select per score in the loops.
+__device__ __forceinline__ float table_bias(const float* table, bool ok, int idx) { return table[ok ? unsigned(idx) : 0u]; }
+
 // Where a score loop reads the bias table: none, global memory, or a copy in shared memory.
 enum BiasAt : int { kNoBias = 0, kBiasGlobal = 1, kBiasShared = 2 };
 template <typename F>
