@@ -283,15 +283,15 @@ class ChannelsLastBackbone(nn.Module):
         if not self.group_casts or torch.compiler.is_compiling():  # inductor fuses the casts itself
             return contextlib.nullcontext()
         plan = self._casts_plan
-        if plan is None:
-            params = []
+        if plan is None or plan.stale():
+            sources = []
             for block in self.modules():
                 if isinstance(block, NABlock):
                     for sub in (block.norm1, block.norm2, block.attn.qkv, block.attn.proj, block.mlp.fc1,
                                 block.mlp.fc2):
                         if isinstance(sub, (BranchLayerNorm, nn.Linear)):
-                            params += [sub.weight, sub.bias]
-            plan = self.__dict__["_casts_plan"] = param_cast.GroupedCasts(params)
+                            sources += [(sub, "weight"), (sub, "bias")]
+            plan = self.__dict__["_casts_plan"] = param_cast.GroupedCasts(sources)
         return plan.active(x.device.type)
 
     def _apply(self, fn, *args, **kwargs):

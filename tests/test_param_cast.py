@@ -103,3 +103,22 @@ def test_every_family(name, kw):
     yb, gb, cb = _step(b.train(), x)
     assert torch.equal(ya, yb) and ca < cb / 2, (ca, cb)
     assert all(torch.equal(ga[n], gb[n]) for n in ga if ga[n] is not None)
+
+
+def test_replaced_parameters_regroup():
+    """A parameter replaced in its module (load_state_dict with assign=True) makes the groups
+    stale: the next forward regroups, holds the new parameters only, and still matches."""
+    a, b = _pair()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        a(x)
+    old = a._casts_plan
+    fc1 = a.stages[0].blocks[0].mlp.fc1
+    before = fc1.weight
+    a.load_state_dict({k: v.clone() for k, v in a.state_dict().items()}, assign=True)
+    assert fc1.weight is not before and old.stale()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(a(x), b(x))
+    assert a._casts_plan is not old and not a._casts_plan.stale()
+    grouped = {id(p) for _, ts, _, _ in a._casts_plan.groups for p in ts}
+    assert id(fc1.weight) in grouped and id(before) not in grouped

@@ -61,18 +61,22 @@ def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class GroupedCasts:
-    """The grouped casts of ``params`` (a model's block parameters): ``active()`` is the
-    region. Groups are fixed at construction; parameters that are not plain float32
-    ``nn.Parameter`` objects are left to autocast."""
+    """The grouped casts of the parameters ``sources`` names (``(module, parameter name)``
+    pairs, a model's block parameters): ``active()`` is the region. Groups are fixed at
+    construction (``stale()`` says when a module's parameter is no longer the one grouped);
+    parameters that are not plain float32 ``nn.Parameter`` objects are left to autocast."""
 
-    def __init__(self, params: Iterable[torch.Tensor]):
+    def __init__(self, sources: Iterable[Tuple[nn.Module, str]]):
         mats: Dict[Tuple[int, torch.device], List[torch.Tensor]] = {}
         vecs: Dict[torch.device, List[torch.Tensor]] = {}
         seen = set()
-        for p in params:
+        self.sources = []  # (the module's parameter dict, name, the parameter grouped)
+        for module, name in sources:
+            p = module._parameters.get(name)
             if p is None or id(p) in seen or type(p) is not nn.Parameter or p.dtype != torch.float32:
                 continue
             seen.add(id(p))
+            self.sources.append((module._parameters, name, p))
             if p.dim() == 2:
                 mats.setdefault((p.shape[1], p.device), []).append(p)
             elif p.dim() == 1:
@@ -80,6 +84,12 @@ class GroupedCasts:
         # (device, tensors, split sizes along dim 0, ids): one cat + cast + split each
         members = [(dev, ts) for (_, dev), ts in mats.items()] + list(vecs.items())
         self.groups = [(dev, tuple(ts), [t.shape[0] for t in ts], [id(t) for t in ts]) for dev, ts in members]
+
+    def stale(self) -> bool:
+        """Whether a grouped parameter was replaced in its module (``load_state_dict(...,
+        assign=True)``, sharding wrappers, parametrizations) or changed dtype: the groups
+        would then cast tensors no module uses, and hold them."""
+        return any(d.get(n) is not p or p.dtype != torch.float32 for d, n, p in self.sources)
 
     @contextlib.contextmanager
     def active(self, device_type: str):
