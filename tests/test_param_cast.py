@@ -122,3 +122,27 @@ def test_replaced_parameters_regroup():
     assert a._casts_plan is not old and not a._casts_plan.stale()
     grouped = {id(p) for _, ts, _, _ in a._casts_plan.groups for p in ts}
     assert id(fc1.weight) in grouped and id(before) not in grouped
+
+
+def test_functional_call_and_back():
+    """torch.func.functional_call swaps plain tensors in and the parameters back: the call
+    matches autocast's, and the next plain forward groups the parameters again."""
+    a, b = _pair()
+    x = torch.randn(2, 3, 32, 32)
+    given = {n: p.detach() * 1.01 for n, p in a.named_parameters()}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        a(x)
+        fa = torch.func.functional_call(a, given, (x,))
+        fb = torch.func.functional_call(b, given, (x,))
+    assert torch.equal(fa, fb)
+    with torch.no_grad(), _CountCasts() as grouped, torch.autocast("cpu", dtype=torch.bfloat16):
+        ya = a(x)
+    with torch.no_grad(), _CountCasts() as each, torch.autocast("cpu", dtype=torch.bfloat16):
+        yb = b(x)
+    assert torch.equal(ya, yb) and grouped.casts < each.casts / 2, (grouped.casts, each.casts)
+    a.to(torch.bfloat16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        a(x.bfloat16())
+        plan = a._casts_plan
+        a(x.bfloat16())
+    assert a._casts_plan is plan and not plan.stale()  # bf16 parameters: built once, not every forward

@@ -70,13 +70,13 @@ class GroupedCasts:
         mats: Dict[Tuple[int, torch.device], List[torch.Tensor]] = {}
         vecs: Dict[torch.device, List[torch.Tensor]] = {}
         seen = set()
-        self.sources = []  # (the module's parameter dict, name, the parameter grouped)
-        for module, name in sources:
-            p = module._parameters.get(name)
+        # (the module's parameter dict, name, what it held): grouped or not, so that a swap
+        # either way (e.g. torch.func.functional_call's and back) makes the groups stale
+        self.sources = [(module._parameters, name, module._parameters.get(name)) for module, name in sources]
+        for _, _, p in self.sources:
             if p is None or id(p) in seen or type(p) is not nn.Parameter or p.dtype != torch.float32:
                 continue
             seen.add(id(p))
-            self.sources.append((module._parameters, name, p))
             if p.dim() == 2:
                 mats.setdefault((p.shape[1], p.device), []).append(p)
             elif p.dim() == 1:
@@ -89,7 +89,8 @@ class GroupedCasts:
         """Whether a grouped parameter was replaced in its module (``load_state_dict(...,
         assign=True)``, sharding wrappers, parametrizations) or changed dtype: the groups
         would then cast tensors no module uses, and hold them."""
-        return any(d.get(n) is not p or p.dtype != torch.float32 for d, n, p in self.sources)
+        return (any(d.get(n) is not p for d, n, p in self.sources)
+                or any(t.dtype != torch.float32 for _, ts, _, _ in self.groups for t in ts))
 
     @contextlib.contextmanager
     def active(self, device_type: str):
