@@ -20,6 +20,7 @@ recomputations (gradient checkpointing) run outside it and fall back to autocast
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -70,10 +71,13 @@ class GroupedCasts:
         mats: Dict[Tuple[int, torch.device], List[torch.Tensor]] = {}
         vecs: Dict[torch.device, List[torch.Tensor]] = {}
         seen = set()
-        # (the module's parameter dict, name, what it held): grouped or not, so that a swap
-        # either way (e.g. torch.func.functional_call's and back) makes the groups stale
-        self.sources = [(module._parameters, name, module._parameters.get(name)) for module, name in sources]
-        for _, _, p in self.sources:
+        # what each (module, name) held, grouped or not, so that a swap either way (e.g.
+        # torch.func.functional_call's and back) makes the groups stale
+        sources = list(sources)
+        self._dicts = tuple(module._parameters for module, _ in sources)
+        self._names = tuple(name for _, name in sources)
+        self._held = tuple(d.get(n) for d, n in zip(self._dicts, self._names))
+        for p in self._held:
             if p is None or id(p) in seen or type(p) is not nn.Parameter or p.dtype != torch.float32:
                 continue
             seen.add(id(p))
@@ -86,11 +90,11 @@ class GroupedCasts:
         self.groups = [(dev, tuple(ts), [t.shape[0] for t in ts], [id(t) for t in ts]) for dev, ts in members]
 
     def stale(self) -> bool:
-        """Whether a grouped parameter was replaced in its module (``load_state_dict(...,
-        assign=True)``, sharding wrappers, parametrizations) or changed dtype: the groups
-        would then cast tensors no module uses, and hold them."""
-        return (any(d.get(n) is not p for d, n, p in self.sources)
-                or any(t.dtype != torch.float32 for _, ts, _, _ in self.groups for t in ts))
+        """Whether a module's parameter was replaced (``load_state_dict(..., assign=True)``,
+        sharding wrappers, parametrizations): the groups would then cast tensors no module
+        uses, and hold them. (Moves and dtype changes go through ``Module._apply``, where the
+        models drop their groups.) One pass in C over the recorded objects."""
+        return any(map(operator.is_not, map(dict.get, self._dicts, self._names), self._held))
 
     @contextlib.contextmanager
     def active(self, device_type: str):
@@ -106,7 +110,10 @@ class GroupedCasts:
         for dev, ts, sizes, ids in self.groups:
             if dev.type != device_type:
                 continue
-            parts = torch.cat(ts).to(dt).split(sizes)
+            try:
+                parts = torch.cat(ts).to(dt).split(sizes)
+            except RuntimeError:  # a group's tensors moved apart behind Module._apply's back (.data)
+                continue  # autocast casts them one by one, as without the groups
             casts.update(zip(ids, parts))
         _local.casts = casts
         try:
