@@ -21,9 +21,8 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint_seq
 from torch import nn
 
-from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D
 from nattn._eager import _autocast_available
-from nattn.nn import param_cast
+from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D, param_cast
 
 _NA = {1: NeighborhoodAttention1D, 2: NeighborhoodAttention2D, 3: NeighborhoodAttention3D}
 
@@ -286,9 +285,10 @@ class ChannelsLastBackbone(nn.Module):
         if plan is None or plan.stale():
             sources = []
             for block in self.modules():
-                if isinstance(block, NABlock):
-                    for sub in (block.norm1, block.norm2, block.attn.qkv, block.attn.proj, block.mlp.fc1,
-                                block.mlp.fc2):
+                if isinstance(block, NABlock):  # (a replaced attn / mlp may lack these: skipped)
+                    attn, mlp = block.attn, block.mlp
+                    for sub in (block.norm1, block.norm2, getattr(attn, "qkv", None), getattr(attn, "proj", None),
+                                getattr(mlp, "fc1", None), getattr(mlp, "fc2", None)):
                         if isinstance(sub, (BranchLayerNorm, nn.Linear)):
                             sources += [(sub, "weight"), (sub, "bias")]
             plan = self.__dict__["_casts_plan"] = param_cast.GroupedCasts(sources)

@@ -146,3 +146,15 @@ def test_functional_call_and_back():
         plan = a._casts_plan
         a(x.bfloat16())
     assert a._casts_plan is plan and not plan.stale()  # bf16 parameters: built once, not every forward
+
+
+def test_replaced_submodules_are_left_to_autocast():
+    """A block whose MLP was swapped for another module (no fc1 / fc2) still runs, its other
+    parameters grouped."""
+    a, b = _pair()
+    for m in (a, b):
+        m.stages[0].blocks[0].mlp = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    b.stages[0].blocks[0].mlp.load_state_dict(a.stages[0].blocks[0].mlp.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(a(x), b(x))
