@@ -74,6 +74,12 @@ def test_features_and_hooks():
         assert torch.equal(a(x), b(x))
     assert seen == [torch.bfloat16, torch.bfloat16]  # the hooked Linear ran as a module
     assert len(fa) == 4 and all(torch.equal(u, v) for u, v in zip(fa, fb))
+    grads = []  # a full backward hook fires too (the module is called, not F.linear)
+    a.stages[2].blocks[1].mlp.fc2.register_full_backward_hook(lambda m, gi, go: grads.append(go[0].dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = a(x)
+    y.float().sum().backward()
+    assert grads == [torch.bfloat16]
 
 
 def test_without_autocast_and_after_dtype_changes():

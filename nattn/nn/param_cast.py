@@ -48,9 +48,11 @@ def cast_of(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def _hooked(module: nn.Module) -> bool:
+    """Whether calling ``module`` would run hooks (its own or global, forward or backward)."""
     m = _module_globals
-    return bool(module._forward_hooks or module._forward_pre_hooks or m._global_forward_hooks
-                or m._global_forward_pre_hooks)
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or m._global_forward_hooks or m._global_forward_pre_hooks
+                or m._global_backward_hooks or m._global_backward_pre_hooks)
 
 
 def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
