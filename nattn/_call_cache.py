@@ -29,12 +29,18 @@ class _Uncacheable(Exception):
     pass
 
 
+_SCALAR_SET = frozenset(_SCALARS)
+
+
 def _freeze(x):
     t = type(x)
-    if t in _SCALARS:
+    if t in _SCALAR_SET:
         return (t, x)
     if t is tuple or t is list:
-        return (t, tuple(_freeze(e) for e in x))
+        types = tuple(map(type, x))  # a flat tuple of scalars (the common case) in C-level passes
+        if _SCALAR_SET.issuperset(types):
+            return (t, types, tuple(x))
+        return (t, tuple(map(_freeze, x)))
     raise _Uncacheable
 
 
@@ -51,7 +57,7 @@ def key(tensors, args) -> Optional[tuple]:
     """The signature of a call (``tensors``: the tensor arguments or None, ``args``: the
     others), or None when it cannot be cached."""
     try:
-        return (tuple(_meta(t) for t in tensors), tuple(_freeze(a) for a in args),
+        return (tuple(map(_meta, tensors)), tuple(map(_freeze, args)),
                 torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled(), _tf32.allowed())
     except _Uncacheable:
         return None

@@ -87,3 +87,13 @@ def test_op_keys_tell_apart_what_a_compiled_call_chooses_by():
 
 class _Sub(torch.Tensor):
     pass
+
+
+def test_nested_argument_types_are_part_of_the_signature():
+    """Flat and nested tuples, lists and scalars that compare equal key apart."""
+    q, _, _ = qkv()
+    keys = {_call_cache.key((q,), (a,)) for a in
+            [(3, 3), (3.0, 3), (3, True), [3, 3], ((3, 3),), ((3.0, 3),), ([3, 3],), 3, 3.0, True, None]}
+    assert None not in keys and len(keys) == 11
+    assert _call_cache.key((q,), ((3, 3),)) == _call_cache.key((q,), ((3, 3),))
+    assert _call_cache.key((q,), ((3, object()),)) is None
