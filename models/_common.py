@@ -21,7 +21,7 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint_seq
 from torch import nn
 
-from nattn._eager import _autocast_available
+from nattn._eager import autocast_on
 from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D, param_cast
 
 _NA = {1: NeighborhoodAttention1D, 2: NeighborhoodAttention2D, 3: NeighborhoodAttention3D}
@@ -59,8 +59,7 @@ class BranchLayerNorm(LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
-        if (self._timm_fast or torch.jit.is_scripting() or not _autocast_available(device)
-                or not torch.is_autocast_enabled(device)):  # e.g. meta tensors: no autocast
+        if self._timm_fast or torch.jit.is_scripting() or not autocast_on(device):
             return super().forward(x)
         dt = torch.get_autocast_dtype(device)
         weight = None if self.weight is None else param_cast.cast_of(self.weight).to(dt)

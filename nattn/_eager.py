@@ -53,9 +53,13 @@ def _no_autocast(t: torch.Tensor, impl=None):
     if impl is not None and impl.autocast_neutral:
         return _NULL
     device = t.device.type
-    if not _autocast_available(device):  # e.g. meta tensors: no autocast to turn off
-        return contextlib.nullcontext()
-    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
+    return torch.autocast(device, enabled=False) if autocast_on(device) else contextlib.nullcontext()
+
+
+def autocast_on(device: str) -> bool:
+    """Whether autocast is on for device type ``device`` (False for device types without
+    autocast, e.g. meta tensors, where torch's query would raise)."""
+    return _autocast_available(device) and torch.is_autocast_enabled(device)
 
 
 _AUTOCAST_AVAILABLE: dict = {}  # per device type: torch's answer does not change in a process

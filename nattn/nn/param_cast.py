@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_globals  # torch's global module hooks
 
-from .._eager import _autocast_available
+from .._eager import autocast_on
 
 _local = threading.local()
 
@@ -103,8 +103,7 @@ class GroupedCasts:
         """Casts the groups on ``device_type`` to its autocast dtype when autocast is on there
         (not while compiling: inductor fuses the casts itself), for the region's duration."""
         if (not self.groups or getattr(_local, "casts", None) is not None or torch.jit.is_scripting()
-                or torch.compiler.is_compiling() or not _autocast_available(device_type)
-                or not torch.is_autocast_enabled(device_type)):  # e.g. meta tensors: no autocast
+                or torch.compiler.is_compiling() or not autocast_on(device_type)):
             yield
             return
         dt = torch.get_autocast_dtype(device_type)
