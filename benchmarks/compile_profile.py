@@ -7,6 +7,7 @@ dynamo's graph breaks. bf16 autocast, channels-last, SGD step, on CUDA.
 """
 
 import argparse
+import re
 import time
 
 import timm
@@ -53,6 +54,15 @@ def top_kernels(fn, n):
           " waits for the host)")
     for us, count, key in kernels[:n]:
         print(f"  {us / 1e3:9.3f} ms  {count:5d}x  {key[:110]}")
+    # launches per step by kind (inductor's numbered kernels pooled): what a host-bound step pays for
+    kinds = {}
+    for us, count, key in kernels:
+        kind = re.sub(r"_\d+$", "", key.split("(")[0])[:70]
+        c, t = kinds.get(kind, (0, 0.0))
+        kinds[kind] = (c + count, t + us)
+    print(f"  launches: {sum(k[1] for k in kernels)} GPU activities; most launched kinds:")
+    for kind, (c, us) in sorted(kinds.items(), key=lambda kv: -kv[1][0])[:n]:
+        print(f"  {c:6d}x  {us / 1e3:8.3f} ms  {kind}")
     cpu = sorted(((e.self_cpu_time_total, e.count, e.key) for e in events if not _is_kernel(e)), reverse=True)
     print(f"  host: top ops by their own CPU time")
     for us, count, key in cpu[:n]:

@@ -10,6 +10,7 @@ does not move.
     python benchmarks/model_step_ab.py --switch block-norm   # the blocks' norms at the autocast dtype / float32
     python benchmarks/model_step_ab.py --switch group-casts  # grouped parameter casts / autocast's own
     python benchmarks/model_step_ab.py --switch packed --model dinat_tiny -b 128 --rounds 3
+    python benchmarks/model_step_ab.py --switch group-casts --compile  # both sides under torch.compile
     python benchmarks/model_step_ab.py --switch packed --device cpu --model nat_mini -b 1 --size 64 --iters 1
                                                              # a smoke run of the script
 
@@ -53,6 +54,8 @@ def main():
     ap.add_argument("--mode", choices=("train", "infer"), default="train",
                     help="infer: a forward under torch.no_grad in eval mode")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--compile", action="store_true",
+                    help="each side under torch.compile (one compile per side, the first step untimed)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     x = torch.randn(args.batch, 3, args.size, args.size, device=dev).to(memory_format=torch.channels_last)
@@ -63,6 +66,7 @@ def main():
              else build(args.model, dev, state=base.state_dict(), fp32_block_norms=True)
              if args.switch == "block-norm" else None)
     packed = na_module.na_packed_qkv
+    compiled = {}  # per model: its torch.compile wrapper (a side's switch recompiles once, then hits)
 
     def configured(on):
         """(train step, context) of one side of the switch."""
@@ -73,11 +77,13 @@ def main():
         model.train(args.mode == "train")
         if args.switch == "group-casts":
             model.group_casts = on
+        if args.compile:
+            model = compiled.setdefault(id(model), torch.compile(model))
         return steps(model, x, y, dev)[args.mode == "infer"], ctx
 
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     print(f"{args.model}, batch {args.batch}, {where}, torch {torch.__version__}: "
-          f"--switch {args.switch}, {args.mode}")
+          f"--switch {args.switch}, {args.mode}{', compiled' if args.compile else ''}")
     try:
         for r in range(args.rounds):
             for on in (True, False):

@@ -276,20 +276,28 @@ class ChannelsLastBackbone(nn.Module):
     group_casts = True
     _casts_plan = None
 
+    def _cast_sources(self):
+        """(qualified name, module, parameter name) of the blocks' norm and Linear parameters."""
+        for path, block in self.named_modules():
+            if isinstance(block, NABlock):  # (a replaced attn / mlp may lack these: skipped)
+                attn, mlp = block.attn, block.mlp
+                for sub, sub_path in ((block.norm1, "norm1"), (block.norm2, "norm2"),
+                                      (getattr(attn, "qkv", None), "attn.qkv"), (getattr(attn, "proj", None), "attn.proj"),
+                                      (getattr(mlp, "fc1", None), "mlp.fc1"), (getattr(mlp, "fc2", None), "mlp.fc2")):
+                    if isinstance(sub, (BranchLayerNorm, nn.Linear)):
+                        for name in ("weight", "bias"):
+                            yield f"{path}.{sub_path}.{name}", sub, name
+
     def _block_casts(self, x: torch.Tensor):
-        """The grouped-casts region of one forward (a no-op without autocast)."""
-        if not self.group_casts or torch.compiler.is_compiling():  # inductor fuses the casts itself
+        """The grouped-casts region of one forward (a no-op without autocast); while compiling,
+        the same casts as ops of the graph (``param_cast.traced_casts``)."""
+        if not self.group_casts:
             return contextlib.nullcontext()
+        if torch.compiler.is_compiling():
+            return param_cast.traced_casts(self, self._cast_sources(), x.device.type)
         plan = self._casts_plan
         if plan is None or plan.stale():
-            sources = []
-            for block in self.modules():
-                if isinstance(block, NABlock):  # (a replaced attn / mlp may lack these: skipped)
-                    attn, mlp = block.attn, block.mlp
-                    for sub in (block.norm1, block.norm2, getattr(attn, "qkv", None), getattr(attn, "proj", None),
-                                getattr(mlp, "fc1", None), getattr(mlp, "fc2", None)):
-                        if isinstance(sub, (BranchLayerNorm, nn.Linear)):
-                            sources += [(sub, "weight"), (sub, "bias")]
+            sources = [(sub, name) for _, sub, name in self._cast_sources()]
             plan = self.__dict__["_casts_plan"] = param_cast.GroupedCasts(sources)
         return plan.active(x.device.type)
 

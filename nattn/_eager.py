@@ -66,11 +66,25 @@ _AUTOCAST_AVAILABLE: dict = {}  # per device type: torch's answer does not chang
 
 
 def _autocast_available(device: str) -> bool:
+    if torch.compiler.is_compiling():
+        # a constant for dynamo: torch 2.11's dynamo cannot trace torch's own query (a graph
+        # break), and a cache filled while tracing is guarded on, so the first compiled call's
+        # write made the second recompile the whole model
+        return device in _AUTOCAST_DEVICES
     known = _AUTOCAST_AVAILABLE.get(device)
     if known is None:
-        check = getattr(torch.amp, "is_autocast_available", None)
-        known = _AUTOCAST_AVAILABLE[device] = check(device) if check is not None else device in ("cpu", "cuda")
+        known = _AUTOCAST_AVAILABLE[device] = _ask_autocast_available(device)
     return known
+
+
+def _ask_autocast_available(device: str) -> bool:
+    check = getattr(torch.amp, "is_autocast_available", None)
+    return check(device) if check is not None else device in ("cpu", "cuda")
+
+
+# The device types with autocast among those torch names (asked once, at import)
+_AUTOCAST_DEVICES = tuple(d for d in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "privateuseone")
+                          if _ask_autocast_available(d))
 
 
 def _probe(name: str):

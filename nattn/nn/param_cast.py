@@ -15,6 +15,14 @@ While a ``GroupedCasts.active(...)`` region runs, modules ask ``cast_of(p)`` for
 cast and ``linear(module, x)`` for a Linear; outside one (or for a parameter not in it) they
 get the parameter itself and autocast casts as usual. The region is per thread: autograd's
 recomputations (gradient checkpointing) run outside it and fall back to autocast's casts.
+
+While ``torch.compile`` traces, ``traced_casts(root, sources, device_type)`` is the region
+instead: the same concatenations, casts and splits become ops of the graph, and the grouped
+parameters are replaced by their cast views for the region (torch.func's reparametrization,
+which dynamo traces), so the modules need no lookup. Inductor materializes a cast weight that
+feeds a matrix product as a kernel of its own: without the groups a compiled NAT-Tiny step
+launched ~370 such casts (forward, and the gradients' casts back to float32), one per
+parameter.
 """
 
 from __future__ import annotations
@@ -63,6 +71,51 @@ def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, cast_of(module.weight), cast_of(module.bias))
 
 
+def _grouped(params: Iterable[Optional[torch.Tensor]]) -> List[Tuple[torch.device, Tuple[torch.Tensor, ...]]]:
+    """The groups of one cast each: plain float32 ``nn.Parameter`` objects (each once), the
+    2-D ones by (input width, device), the 1-D ones by device. Others are left to autocast."""
+    mats: Dict[Tuple[int, torch.device], List[torch.Tensor]] = {}
+    vecs: Dict[torch.device, List[torch.Tensor]] = {}
+    seen = set()
+    for p in params:
+        if p is None or id(p) in seen or type(p) is not nn.Parameter or p.dtype != torch.float32:
+            continue
+        seen.add(id(p))
+        if p.dim() == 2:
+            mats.setdefault((p.shape[1], p.device), []).append(p)
+        elif p.dim() == 1:
+            vecs.setdefault(p.device, []).append(p)
+    return [(dev, tuple(ts)) for (_, dev), ts in mats.items()] + [(dev, tuple(ts)) for dev, ts in vecs.items()]
+
+
+try:  # torch.func.functional_call's region: swaps module attributes and restores them
+    from torch.nn.utils.stateless import _reparametrize_module
+except ImportError:  # pragma: no cover (torch without it: autocast's per-parameter casts)
+    _reparametrize_module = None
+
+
+def traced_casts(root: nn.Module, sources: Iterable[Tuple[str, nn.Module, str]], device_type: str):
+    """The compile-time region (see the module's docstring): ``sources`` are (qualified name
+    under ``root``, module, parameter name) triples. A no-op without autocast on
+    ``device_type``."""
+    if _reparametrize_module is None or not autocast_on(device_type):
+        return contextlib.nullcontext()
+    dt = torch.get_autocast_dtype(device_type)
+    named = [(qual, module._parameters.get(name)) for qual, module, name in sources]
+    names: Dict[int, List[str]] = {}
+    for qual, p in named:
+        if p is not None:
+            names.setdefault(id(p), []).append(qual)
+    swap: Dict[str, torch.Tensor] = {}
+    for dev, ts in _grouped(p for _, p in named):
+        if dev.type != device_type:
+            continue
+        for t, part in zip(ts, torch.cat(ts).to(dt).split([t.shape[0] for t in ts])):
+            for qual in names[id(t)]:  # a parameter registered under several names: each of them
+                swap[qual] = part
+    return _reparametrize_module(root, swap) if swap else contextlib.nullcontext()
+
+
 class GroupedCasts:
     """The grouped casts of the parameters ``sources`` names (``(module, parameter name)``
     pairs, a model's block parameters): ``active()`` is the region. Groups are fixed at
@@ -70,26 +123,14 @@ class GroupedCasts:
     parameters that are not plain float32 ``nn.Parameter`` objects are left to autocast."""
 
     def __init__(self, sources: Iterable[Tuple[nn.Module, str]]):
-        mats: Dict[Tuple[int, torch.device], List[torch.Tensor]] = {}
-        vecs: Dict[torch.device, List[torch.Tensor]] = {}
-        seen = set()
         # what each (module, name) held, grouped or not, so that a swap either way (e.g.
         # torch.func.functional_call's and back) makes the groups stale
         sources = list(sources)
         self._dicts = tuple(module._parameters for module, _ in sources)
         self._names = tuple(name for _, name in sources)
         self._held = tuple(d.get(n) for d, n in zip(self._dicts, self._names))
-        for p in self._held:
-            if p is None or id(p) in seen or type(p) is not nn.Parameter or p.dtype != torch.float32:
-                continue
-            seen.add(id(p))
-            if p.dim() == 2:
-                mats.setdefault((p.shape[1], p.device), []).append(p)
-            elif p.dim() == 1:
-                vecs.setdefault(p.device, []).append(p)
         # (device, tensors, split sizes along dim 0, ids): one cat + cast + split each
-        members = [(dev, ts) for (_, dev), ts in mats.items()] + list(vecs.items())
-        self.groups = [(dev, tuple(ts), [t.shape[0] for t in ts], [id(t) for t in ts]) for dev, ts in members]
+        self.groups = [(dev, ts, [t.shape[0] for t in ts], [id(t) for t in ts]) for dev, ts in _grouped(self._held)]
 
     def stale(self) -> bool:
         """Whether a module's parameter was replaced (``load_state_dict(..., assign=True)``,
@@ -100,8 +141,8 @@ class GroupedCasts:
 
     @contextlib.contextmanager
     def active(self, device_type: str):
-        """Casts the groups on ``device_type`` to its autocast dtype when autocast is on there
-        (not while compiling: inductor fuses the casts itself), for the region's duration."""
+        """Casts the groups on ``device_type`` to its autocast dtype when autocast is on there,
+        for the region's duration (not while compiling: ``traced_casts`` is that region)."""
         if (not self.groups or getattr(_local, "casts", None) is not None or torch.jit.is_scripting()
                 or torch.compiler.is_compiling() or not autocast_on(device_type)):
             yield
