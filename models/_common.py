@@ -21,7 +21,7 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint_seq
 from torch import nn
 
-from nattn._eager import autocast_on
+from nattn._eager import autocast_off, autocast_on
 from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D, param_cast
 
 _NA = {1: NeighborhoodAttention1D, 2: NeighborhoodAttention2D, 3: NeighborhoodAttention3D}
@@ -64,7 +64,7 @@ class BranchLayerNorm(LayerNorm):
         dt = torch.get_autocast_dtype(device)
         weight = None if self.weight is None else param_cast.cast_of(self.weight).to(dt)
         bias = None if self.bias is None else param_cast.cast_of(self.bias).to(dt)
-        with torch.autocast(device, enabled=False):
+        with autocast_off(device):
             return F.layer_norm(x.to(dt), self.normalized_shape, weight, bias, self.eps)
 
 
@@ -146,7 +146,16 @@ class NABlock(nn.Module):
                 factor.div_(keep)
             if gamma is not None:
                 factor = factor * gamma  # [B, 1, .., C]: small
-        return x + y if factor is None else torch.addcmul(x, y, factor)
+        if factor is None:
+            return x + y
+        device = x.device.type
+        if torch.jit.is_scripting() or torch.compiler.is_compiling() or not autocast_on(device):
+            return torch.addcmul(x, y, factor)  # (compiled: inductor fuses any casts into the kernel)
+        # Under autocast addcmul runs at its widest input dtype through a cast kernel (and a
+        # backward node) per narrower input: the bf16 branch and mask of every block, two
+        # full-size casts a block. Type promotion computes the same values in the one kernel.
+        with autocast_off(device):
+            return torch.addcmul(x, y, factor)
 
 
 def block_dilations(depths, num_heads, dilations) -> List[List[int]]:

@@ -673,3 +673,30 @@ def test_mlp_is_timms_mlp(drop):
     a = ours(x)
     torch.manual_seed(seed)
     torch.testing.assert_close(a, theirs(x))
+
+
+@pytest.mark.parametrize("layer_scale", [None, 0.5])
+def test_block_branch_under_autocast_is_the_promoted_addcmul(layer_scale):
+    """Under autocast the residual add of a dropped-path branch runs without autocast's
+    recasting (CUDA autocast promotes addcmul's bf16 inputs through cast kernels): the same
+    values as the promoted op (x + y * mask in float32, fresh draws), a float32 residual,
+    and gradients in each input's own dtype."""
+    from nattn.models._common import NABlock
+
+    seed = torch.seed() % 2**31
+    blk = NABlock(16, 2, 3, drop_path=0.5, layer_scale=layer_scale, backend="reference").train()
+    x = torch.randn(64, 3, 4, 16, requires_grad=True)
+    y = torch.randn(64, 3, 4, 16).to(torch.bfloat16).requires_grad_()
+    gamma = None if layer_scale is None else blk.gamma1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.manual_seed(seed)
+        out = blk._add_branch(x, y, gamma)
+    torch.manual_seed(seed)  # the same mask, drawn as the block draws it (at y's dtype)
+    mask = y.new_empty(64, 1, 1, 1).bernoulli_(0.5).div_(0.5)
+    factor = mask.float() if gamma is None else mask * gamma
+    want = torch.addcmul(x, y.float(), factor.float())
+    assert out.dtype == torch.float32 and torch.equal(out, want)
+    assert 0 < int((mask == 0).sum()) < 64  # both kinds of sample (all one kind: 2^-63)
+    out.backward(torch.ones_like(out))
+    assert x.grad.dtype == torch.float32 and y.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(y.grad.float(), factor.float().expand_as(out).to(torch.bfloat16).float())
