@@ -120,8 +120,30 @@ constexpr int blocks_as(int plain) {
                                         : NATTN_TC_DROPOUT_BWD_BLOCKS;
 }
 
+// The forward's m-tiles a warp (a box of 16 MT tokens): 2 shares each staged chunk, its
+// column coordinates and its K / V fragments between two 16-row tiles (half the chunks and
+// setups a query, a larger union to walk, more registers). A tuning build's opt-in
+// (-DNATTN_TC_FWD_MTILES=2, benchmarks/build_variants.sh) for 16-bit 1-D / 2-D problems at
+// head dims <= 64 without dropout; 1 everywhere else and by default.
+#ifndef NATTN_TC_FWD_MTILES
+#define NATTN_TC_FWD_MTILES 1
+#endif
+static_assert(NATTN_TC_FWD_MTILES == 1 || NATTN_TC_FWD_MTILES == 2, "NATTN_TC_FWD_MTILES: 1 or 2");
+#ifndef NATTN_TC_FWD_M2_BLOCKS  // blocks per SM of the two-m-tile forward (head dims <= 32; 64: one fewer)
+#define NATTN_TC_FWD_M2_BLOCKS 4
+#endif
+
 template <typename T, int NA, int HD, bool kDrop>
-constexpr int fwd_blocks() { return blocks_as<T, HD, kDrop, true>(query_blocks<NA, HD>()); }
+constexpr int fwd_mtiles() {
+  return NATTN_TC_FWD_MTILES == 2 && !kDrop && NA <= 2 && HD <= 64 && !is_tf32<T>() ? 2 : 1;
+}
+
+template <typename T, int NA, int HD, bool kDrop, int MT = 1>
+constexpr int fwd_blocks() {
+  return MT == 1 ? blocks_as<T, HD, kDrop, true>(query_blocks<NA, HD>())
+         : HD <= 32 ? NATTN_TC_FWD_M2_BLOCKS
+                    : NATTN_TC_FWD_M2_BLOCKS - 1;
+}
 
 template <typename T, int NA, int HD, bool kDrop>
 constexpr int dq_blocks() { return blocks_as<T, HD, kDrop, false>(query_blocks<NA, HD>()); }

@@ -74,10 +74,10 @@ constexpr size_t tile_bytes() {
 }
 
 // With 2 stages (NATTN_TC_STAGES), 16-bit, 4 warps: 15 / 25 / 45 / 85 KiB at head dims 16 / 32 / 64 / 128; TF32 (block_warps):
-// 25 / 45 KiB (4 warps), 42.5 / 82.5 KiB (2 warps).
-template <typename T, int HD>
+// 25 / 45 KiB (4 warps), 42.5 / 82.5 KiB (2 warps). MT m-tiles: MT tiles of Q rows a warp.
+template <typename T, int HD, int MT = 1>
 constexpr size_t fwd_smem_bytes() {
-  return size_t(block_warps<T, HD>()) * (2 * kTcStages + 1) * tile_bytes<T, HD>();  // per warp: stages x (K, V) + its Q rows
+  return size_t(block_warps<T, HD>()) * (2 * kTcStages + MT) * tile_bytes<T, HD>();  // per warp: stages x (K, V) + its Q rows
 }
 
 // With 2 stages, 16-bit, 4 warps: 18 / 30 / 54 / 102 KiB; TF32: 30 / 54 KiB (4 warps), 51 / 99 KiB (2 warps).
@@ -88,27 +88,29 @@ constexpr size_t dq_smem_bytes() {
 
 // Box shape: the measured fixed shapes (16, 4x4, 2x2x4) unless NATTN_TC_BOX=model asks for
 // the per-problem key-slot model (common/tiling.cuh), kept opt-in until measured alone.
-template <int NA>
+// TOKENS: a warp's box (QW, or QW times the forward's m-tiles).
+template <int NA, int TOKENS = QW>
 void set_box(Params& p) {
   static const bool model = [] {
     const char* s = getenv("NATTN_TC_BOX");
     return s && !strcmp(s, "model");
   }();
-  if (model) model_box(p, QW, CW);
-  else fixed_box<NA, QW>(p.box);
+  if (model) model_box(p, TOKENS, CW);
+  else fixed_box<NA, TOKENS>(p.box);
 }
 
 template <typename T, int NA, int HD, bool kDrop>
 void launch_forward_as(const Params& problem, cudaStream_t stream) {
+  constexpr int MT = fwd_mtiles<T, NA, HD, kDrop>();
   Params p = problem;
-  set_box<NA>(p);
+  set_box<NA, QW * MT>(p);
   const int64_t warps = num_warps<NA>(p, p.box);
   constexpr int W = block_warps<T, HD>();
   const dim3 grid(unsigned((warps + W - 1) / W), unsigned(p.heads), unsigned(p.batch));
-  constexpr size_t smem = fwd_smem_bytes<T, HD>();
-  static const bool allowed = allow_smem(forward_kernel<T, NA, HD, kDrop>, smem);
+  constexpr size_t smem = fwd_smem_bytes<T, HD, MT>();
+  static const bool allowed = allow_smem(forward_kernel<T, NA, HD, kDrop, MT>, smem);
   (void)allowed;
-  forward_kernel<T, NA, HD, kDrop><<<grid, W * 32, smem, stream>>>(p);
+  forward_kernel<T, NA, HD, kDrop, MT><<<grid, W * 32, smem, stream>>>(p);
 }
 
 template <typename T, int NA, int HD, bool kDrop>
