@@ -145,8 +145,27 @@ constexpr int fwd_blocks() {
                     : NATTN_TC_FWD_M2_BLOCKS - 1;
 }
 
+// The dQ pass's m-tiles a warp, as the forward's (-DNATTN_TC_DQ_MTILES=2, same problems;
+// its blocks per SM: NATTN_TC_DQ_M2_BLOCKS at head dims <= 32, one fewer at 64).
+#ifndef NATTN_TC_DQ_MTILES
+#define NATTN_TC_DQ_MTILES 1
+#endif
+static_assert(NATTN_TC_DQ_MTILES == 1 || NATTN_TC_DQ_MTILES == 2, "NATTN_TC_DQ_MTILES: 1 or 2");
+#ifndef NATTN_TC_DQ_M2_BLOCKS
+#define NATTN_TC_DQ_M2_BLOCKS 3
+#endif
+
 template <typename T, int NA, int HD, bool kDrop>
-constexpr int dq_blocks() { return blocks_as<T, HD, kDrop, false>(query_blocks<NA, HD>()); }
+constexpr int dq_mtiles() {
+  return NATTN_TC_DQ_MTILES == 2 && !kDrop && NA <= 2 && HD <= 64 && !is_tf32<T>() ? 2 : 1;
+}
+
+template <typename T, int NA, int HD, bool kDrop, int MT = 1>
+constexpr int dq_blocks() {
+  return MT == 1 ? blocks_as<T, HD, kDrop, false>(query_blocks<NA, HD>())
+         : HD <= 32 ? NATTN_TC_DQ_M2_BLOCKS
+                    : NATTN_TC_DQ_M2_BLOCKS - 1;
+}
 
 template <typename T, int NA, int HD, bool kDrop>
 constexpr int dkv_blocks_as() { return blocks_as<T, HD, kDrop, false>(dkv_blocks<T, NA, HD>()); }

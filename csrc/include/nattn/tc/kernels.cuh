@@ -81,9 +81,10 @@ constexpr size_t fwd_smem_bytes() {
 }
 
 // With 2 stages, 16-bit, 4 warps: 18 / 30 / 54 / 102 KiB; TF32: 30 / 54 KiB (4 warps), 51 / 99 KiB (2 warps).
-template <typename T, int HD>
+// MT m-tiles: MT tiles each of Q and dO rows a warp.
+template <typename T, int HD, int MT = 1>
 constexpr size_t dq_smem_bytes() {
-  return size_t(block_warps<T, HD>()) * (2 * kTcStages + 2) * tile_bytes<T, HD>();  // stages x (K, V) + its Q, dO
+  return size_t(block_warps<T, HD>()) * (2 * kTcStages + 2 * MT) * tile_bytes<T, HD>();  // stages x (K, V) + its Q, dO
 }
 
 // Box shape: the measured fixed shapes (16, 4x4, 2x2x4) unless NATTN_TC_BOX=model asks for
@@ -115,20 +116,24 @@ void launch_forward_as(const Params& problem, cudaStream_t stream) {
 
 template <typename T, int NA, int HD, bool kDrop>
 void launch_backward_as(const Params& problem, cudaStream_t stream) {
+  constexpr int MT = dq_mtiles<T, NA, HD, kDrop>();
   Params p = problem;
   set_box<NA>(p);
   const int64_t warps = num_warps<NA>(p, p.box);
   constexpr int W = block_warps<T, HD>();
   const unsigned blocks = unsigned((warps + W - 1) / W);
-  constexpr size_t smem = dq_smem_bytes<T, HD>();
+  Params pq = problem;  // the dQ pass's boxes (MT m-tiles a warp)
+  set_box<NA, QW * MT>(pq);
+  const unsigned q_blocks = unsigned((num_warps<NA>(pq, pq.box) + W - 1) / W);
+  constexpr size_t smem = dq_smem_bytes<T, HD, MT>();
   // TF32 at head dim 128: 2 x 49.75 KiB + up to 48 KiB of dRPB = 147.5 KiB (an SM80 block may have 163)
   constexpr size_t dkv_max = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(kMaxDrpbSmemBytes);
   // Room for the staged bias table where it keeps the block within an SM80's 163 KiB.
   constexpr size_t bias_room = dkv_max + size_t(kStagedBiasBytes) <= size_t(163 * 1024) ? kStagedBiasBytes : 0;
-  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem) &&
+  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop, MT>, smem) &&
                               allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_max + bias_room);
   (void)allowed;
-  backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), W * 32, smem, stream>>>(p);
+  backward_dq_kernel<T, NA, HD, kDrop, MT><<<dim3(q_blocks, p.heads, p.batch), W * 32, smem, stream>>>(pq);
   Params pk = p;
   const int64_t rpb_bytes = drpb_stage_bytes(p);
   // dRPB staged when its table fits (rpb_in_smem 1), and the bias table beside it (2) when
