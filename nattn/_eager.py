@@ -53,7 +53,10 @@ def _no_autocast(t: torch.Tensor, impl=None):
     if impl is not None and impl.autocast_neutral:
         return _NULL
     device = t.device.type
-    return autocast_off(device) if autocast_on(device) else _NULL
+    # torch.autocast(enabled=False), not autocast_off's C++ guard: the backends behind this
+    # region may ask torch whether autocast is on (dynamo does, compiling flex_attention),
+    # and the guard leaves that flag set
+    return torch.autocast(device, enabled=False) if autocast_on(device) else _NULL
 
 
 # torch's C++ guard that excludes the autocast dispatch keys (what torch.utils.checkpoint uses)
@@ -61,10 +64,12 @@ _DISABLE_AUTOCAST = getattr(torch._C, "_DisableAutocast", None)
 
 
 def autocast_off(device: str):
-    """A region where autocast does not recast ops (on ``device``'s type): torch's C++ guard
-    eagerly (~0.5 us to enter and leave against ~3 us for ``torch.autocast(device,
-    enabled=False)`` on a CPU here, paid per block norm and branch of a model step), the
-    latter while compiling, where dynamo traces it."""
+    """A region where autocast does not recast ops (on ``device``'s type) for regions of a
+    few aten ops: torch's C++ guard eagerly (~0.5 us to enter and leave against ~3 us for
+    ``torch.autocast(device, enabled=False)`` on a CPU here, paid per block norm and branch
+    of a model step), the latter while compiling, where dynamo traces it. The guard excludes
+    autocast's dispatch keys but leaves ``torch.is_autocast_enabled`` true: not for code
+    that asks it."""
     if _DISABLE_AUTOCAST is None or torch.compiler.is_compiling():
         return torch.autocast(device, enabled=False)
     return _DISABLE_AUTOCAST()
