@@ -63,3 +63,31 @@ def test_na_module_under_cuda_graphs_matches_eager(make, shape):
         assert torch.isfinite(out).all() and torch.isfinite(gx).all()
         assert (out.float() - ref.float()).norm() <= 2e-2 * ref.float().norm(), step
         assert (gx.float() - ref_gx.float()).norm() <= 2e-2 * ref_gx.float().norm(), step
+
+
+def test_nat_model_under_autocast_one_graph_no_recompile(monkeypatch):
+    """A NAT model compiled under bf16 autocast as a fresh process compiles it: one graph
+    (fullgraph=True), and a second training step without recompiling. On torch 2.11 the
+    models' autocast query broke the graph while its cache was empty (the break split the
+    model into per-stage frames, a recompile then traced them with dynamic shapes, and
+    inductor crashed in get_pw_red_splits: issue 13's crash), and the cache written while
+    tracing made the second call recompile. The grouped parameter casts run in the graph."""
+    import timm
+
+    import nattn.models  # noqa: F401  (registers the models)
+    from nattn import _eager
+
+    monkeypatch.setattr(_eager, "_AUTOCAST_AVAILABLE", {})  # as in a fresh process
+    torch.manual_seed(torch.seed() % 2**31)
+    model = timm.create_model("nat_mini", num_classes=10, depths=(1, 1, 2, 1), drop_path_rate=0.0).cuda()
+    x = torch.randn(2, 3, 64, 64, device="cuda")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for second in (False, True):
+        with torch._dynamo.config.patch(error_on_recompile=second), torch.autocast("cuda", dtype=torch.bfloat16):
+            out = compiled(x)
+        out.float().square().mean().backward()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref = model(x)
+    assert torch.isfinite(out).all()
+    assert (out.float() - ref.float()).norm() <= 2e-2 * ref.float().norm()
