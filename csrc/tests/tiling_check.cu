@@ -32,7 +32,7 @@ static long long checks = 0;
   } while (0)
 
 constexpr int kChunk = 16;  // tc::CW
-constexpr int kRows = 16;   // tc::QW (tuning builds' two m-tiles a warp: 32 in 1-D / 2-D)
+constexpr int kRows = 16;   // tc::QW (tuning builds' two m-tiles a warp: 32)
 
 // Brute force, one axis, token coordinates: is key j in the window of query i?
 static bool axis_has(const Params& p, int a, int i, int j) {
@@ -196,7 +196,7 @@ static void random_problem() {
   for (int a = NA; a < 3; ++a) { p.spatial[a] = p.kernel[a] = p.stride[a] = p.dilation[a] = p.rpb_size[a] = 1; }
   set_token_strides(p);
   int box[3];
-  const int pick = rnd(0, NA <= 2 ? 4 : 2);
+  const int pick = rnd(0, 4);
   if (pick == 0) {
     fixed_box<NA, kRows>(box);
   } else if (pick == 1 || pick == 4) {  // 4: the two-m-tile warps' 32 tokens (NATTN_TC_BOX=model)

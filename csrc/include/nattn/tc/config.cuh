@@ -123,8 +123,8 @@ constexpr int blocks_as(int plain) {
 // The forward's m-tiles a warp (a box of 16 MT tokens): 2 shares each staged chunk, its
 // column coordinates and its K / V fragments between two 16-row tiles (half the chunks and
 // setups a query, a larger union to walk, more registers). A tuning build's opt-in
-// (-DNATTN_TC_FWD_MTILES=2, benchmarks/build_variants.sh) for 16-bit 1-D / 2-D problems at
-// head dims <= 64 without dropout; 1 everywhere else and by default.
+// (-DNATTN_TC_FWD_MTILES=2, benchmarks/build_variants.sh) for 16-bit problems at head dims
+// <= 64 without dropout (boxes of 32 tokens: 32, 8x4, 2x4x4); 1 everywhere else and by default.
 #ifndef NATTN_TC_FWD_MTILES
 #define NATTN_TC_FWD_MTILES 1
 #endif
@@ -135,7 +135,7 @@ static_assert(NATTN_TC_FWD_MTILES == 1 || NATTN_TC_FWD_MTILES == 2, "NATTN_TC_FW
 
 template <typename T, int NA, int HD, bool kDrop>
 constexpr int fwd_mtiles() {
-  return NATTN_TC_FWD_MTILES == 2 && !kDrop && NA <= 2 && HD <= 64 && !is_tf32<T>() ? 2 : 1;
+  return NATTN_TC_FWD_MTILES == 2 && !kDrop && HD <= 64 && !is_tf32<T>() ? 2 : 1;
 }
 
 template <typename T, int NA, int HD, bool kDrop, int MT = 1>
@@ -157,7 +157,7 @@ static_assert(NATTN_TC_DQ_MTILES == 1 || NATTN_TC_DQ_MTILES == 2, "NATTN_TC_DQ_M
 
 template <typename T, int NA, int HD, bool kDrop>
 constexpr int dq_mtiles() {
-  return NATTN_TC_DQ_MTILES == 2 && !kDrop && NA <= 2 && HD <= 64 && !is_tf32<T>() ? 2 : 1;
+  return NATTN_TC_DQ_MTILES == 2 && !kDrop && HD <= 64 && !is_tf32<T>() ? 2 : 1;
 }
 
 template <typename T, int NA, int HD, bool kDrop, int MT = 1>
