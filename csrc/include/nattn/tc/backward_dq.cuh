@@ -110,31 +110,27 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, NA, HD
     walk.template take<kDrop>(ci, cl, rmult, rpb != nullptr, ktok, g);
     unsigned keep = 0;
     if constexpr (kDrop) keep = keep_bits_query_rows(keys.drop, keys.qtok, ktok, p.drop_threshold);
-    float s[MT][2][4], dp[MT][2][4];
+    // Each m-tile's products and scores in turn (its S and dP live only for its turn).
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      mma_tiles_t<T, HD>(s[mt], sQ + mt * Lt::TILE, sK, lane);
-      mma_tiles_t<T, HD>(dp[mt], sQ + (MT + mt) * Lt::TILE, sK + Lt::TILE, lane);
-    }
-    rpb_instanced(rpb != nullptr, [&](auto with_rpb) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      float s[2][4], dp[2][4];
+      mma_tiles_t<T, HD>(s, sQ + mt * Lt::TILE, sK, lane);
+      mma_tiles_t<T, HD>(dp, sQ + (MT + mt) * Lt::TILE, sK + Lt::TILE, lane);
+      rpb_instanced(rpb != nullptr, [&](auto with_rpb) {
         for_each_score([&](int nt, int e, int r2, int q) {
           const int r = 2 * mt + r2;
           const bool ok = rw.ok[r] && cl.ok[r][q];
-          float v = s[mt][nt][e] * p.scale_log2;
+          float v = s[nt][e] * p.scale_log2;
           if constexpr (decltype(with_rpb)::value) {
             v += table_bias(rpb, ok, rpb_index<false>(keys.rrow[r], cl.rpb[q])) * kLog2e;  // as in the forward
           }
-          float dpe = dp[mt][nt][e];
+          float dpe = dp[nt][e];
           if constexpr (kDrop) dpe = kept(keep, r2, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
-          s[mt][nt][e] = ok ? fast_exp2(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
+          s[nt][e] = ok ? fast_exp2(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
         });
-    });
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+      });
       unsigned dsa[Lt::AREGS];
-      pack_a<T>(dsa, s[mt]);
+      pack_a<T>(dsa, s);
       mma_rows<T, HD>(dq[mt], dsa, sK, lane);
     }
     __syncwarp();
