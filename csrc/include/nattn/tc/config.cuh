@@ -152,7 +152,7 @@ constexpr int fwd_blocks() {
 #endif
 static_assert(NATTN_TC_DQ_MTILES == 1 || NATTN_TC_DQ_MTILES == 2, "NATTN_TC_DQ_MTILES: 1 or 2");
 #ifndef NATTN_TC_DQ_M2_BLOCKS
-#define NATTN_TC_DQ_M2_BLOCKS 3
+#define NATTN_TC_DQ_M2_BLOCKS 4
 #endif
 
 template <typename T, int NA, int HD, bool kDrop>
