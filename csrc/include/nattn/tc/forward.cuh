@@ -61,62 +61,54 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, NA, H
     walk.template take<kDrop>(ci, cl, rmult, rpb != nullptr, ktok, g);
     unsigned keep = 0;
     if constexpr (kDrop) keep = keep_bits_query_rows(keys.drop, keys.qtok, ktok, p.drop_threshold);
-    float s[MT][2][4];
+    // Each m-tile in turn (its scores live only for its turn): S, mask and bias, the online
+    // softmax of its rows, O += P V.
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) mma_tiles_t<T, HD>(s[mt], sQ + mt * Lt::TILE, sK, lane);
-    float mx[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) mx[r] = -INFINITY;
-    rpb_instanced(rpb != nullptr, [&](auto with_rpb) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt) {
+      float s[2][4];
+      mma_tiles_t<T, HD>(s, sQ + mt * Lt::TILE, sK, lane);
+      float mx[2] = {-INFINITY, -INFINITY};
+      rpb_instanced(rpb != nullptr, [&](auto with_rpb) {
         for_each_score([&](int nt, int e, int r2, int q) {
           const int r = 2 * mt + r2;
           const bool ok = cl.ok[r][q];
-          float v = s[mt][nt][e] * p.scale_log2;
+          float v = s[nt][e] * p.scale_log2;
           if constexpr (decltype(with_rpb)::value) {
             // unconditional (entry 0 outside the window, whose score is masked below): a
             // conditional load compiled to a branch per score
             v += table_bias(rpb, ok, rpb_index<false>(keys.rrow[r], cl.rpb[q])) * kLog2e;
           }
-          s[mt][nt][e] = ok ? v : -INFINITY;
-          mx[r] = fmaxf(mx[r], s[mt][nt][e]);
+          s[nt][e] = ok ? v : -INFINITY;
+          mx[r2] = fmaxf(mx[r2], s[nt][e]);
         });
-    });
-    float ref[R];
-    float corr[R];
+      });
+      float ref[2];
+      float corr[2];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float mn = fmaxf(m[r], quad_max(mx[r]));
-      ref[r] = mn == -INFINITY ? 0.f : mn;
-      corr[r] = fast_exp2(m[r] - ref[r]);  // 0 while nothing was seen, 1 while the max holds
-      m[r] = mn;
-      l[r] *= corr[r];
-    }
-    bool grew = corr[0] != 1.f;
-#pragma unroll
-    for (int r = 1; r < R; ++r) grew = grew || corr[r] != 1.f;
-    if (__any_sync(0xffffffffu, grew)) {  // rescale only when a max grew
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int r2 = 0; r2 < 2; ++r2) {
+        const int r = 2 * mt + r2;
+        const float mn = fmaxf(m[r], quad_max(mx[r2]));
+        ref[r2] = mn == -INFINITY ? 0.f : mn;
+        corr[r2] = fast_exp2(m[r] - ref[r2]);  // 0 while nothing was seen, 1 while the max holds
+        m[r] = mn;
+        l[r] *= corr[r2];
+      }
+      if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {  // rescale only when a max grew
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[mt][nt][e] *= corr[2 * mt + (e >> 1)];
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+          for (int e = 0; e < 4; ++e) o[mt][nt][e] *= corr[e >> 1];
+      }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = 2 * mt + (e >> 1);
-          s[mt][nt][e] = fast_exp2(s[mt][nt][e] - ref[r]);
-          l[r] += s[mt][nt][e];  // the row sum (and so the LSE) without dropout
-          if constexpr (kDrop) s[mt][nt][e] = kept(keep, e >> 1, nt * 2 + (e & 1)) ? s[mt][nt][e] : 0.f;
+          s[nt][e] = fast_exp2(s[nt][e] - ref[e >> 1]);
+          l[2 * mt + (e >> 1)] += s[nt][e];  // the row sum (and so the LSE) without dropout
+          if constexpr (kDrop) s[nt][e] = kept(keep, e >> 1, nt * 2 + (e & 1)) ? s[nt][e] : 0.f;
         }
       unsigned pa[Lt::AREGS];
-      pack_a<T>(pa, s[mt]);
+      pack_a<T>(pa, s);
       mma_rows<T, HD>(o[mt], pa, sK + Lt::TILE, lane);
     }
     __syncwarp();  // this slot is refilled kTcStages chunks on
