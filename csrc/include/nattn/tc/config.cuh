@@ -133,16 +133,21 @@ static_assert(NATTN_TC_FWD_MTILES == 1 || NATTN_TC_FWD_MTILES == 2, "NATTN_TC_FW
 #define NATTN_TC_FWD_M2_BLOCKS 4
 #endif
 
+// A pass's m-tiles a warp for an instance, given its build flag (1 or 2): two only for
+// 16-bit inputs at head dims <= 64 without dropout.
+template <typename T, int HD, bool kDrop>
+constexpr int mtiles_of(int flag) { return flag == 2 && !kDrop && HD <= 64 && !is_tf32<T>() ? 2 : 1; }
+
+// Blocks per SM of a two-m-tile pass: `m2` at head dims <= 32, one fewer at 64.
+template <int HD>
+constexpr int m2_blocks(int m2) { return HD <= 32 ? m2 : m2 - 1; }
+
 template <typename T, int NA, int HD, bool kDrop>
-constexpr int fwd_mtiles() {
-  return NATTN_TC_FWD_MTILES == 2 && !kDrop && HD <= 64 && !is_tf32<T>() ? 2 : 1;
-}
+constexpr int fwd_mtiles() { return mtiles_of<T, HD, kDrop>(NATTN_TC_FWD_MTILES); }
 
 template <typename T, int NA, int HD, bool kDrop, int MT = 1>
 constexpr int fwd_blocks() {
-  return MT == 1 ? blocks_as<T, HD, kDrop, true>(query_blocks<NA, HD>())
-         : HD <= 32 ? NATTN_TC_FWD_M2_BLOCKS
-                    : NATTN_TC_FWD_M2_BLOCKS - 1;
+  return MT == 1 ? blocks_as<T, HD, kDrop, true>(query_blocks<NA, HD>()) : m2_blocks<HD>(NATTN_TC_FWD_M2_BLOCKS);
 }
 
 // The dQ pass's m-tiles a warp, as the forward's (-DNATTN_TC_DQ_MTILES=2, same problems;
@@ -156,15 +161,11 @@ static_assert(NATTN_TC_DQ_MTILES == 1 || NATTN_TC_DQ_MTILES == 2, "NATTN_TC_DQ_M
 #endif
 
 template <typename T, int NA, int HD, bool kDrop>
-constexpr int dq_mtiles() {
-  return NATTN_TC_DQ_MTILES == 2 && !kDrop && HD <= 64 && !is_tf32<T>() ? 2 : 1;
-}
+constexpr int dq_mtiles() { return mtiles_of<T, HD, kDrop>(NATTN_TC_DQ_MTILES); }
 
 template <typename T, int NA, int HD, bool kDrop, int MT = 1>
 constexpr int dq_blocks() {
-  return MT == 1 ? blocks_as<T, HD, kDrop, false>(query_blocks<NA, HD>())
-         : HD <= 32 ? NATTN_TC_DQ_M2_BLOCKS
-                    : NATTN_TC_DQ_M2_BLOCKS - 1;
+  return MT == 1 ? blocks_as<T, HD, kDrop, false>(query_blocks<NA, HD>()) : m2_blocks<HD>(NATTN_TC_DQ_M2_BLOCKS);
 }
 
 template <typename T, int NA, int HD, bool kDrop>
