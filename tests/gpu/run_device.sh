@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|ab|crossover|familyab|optimize|qkav|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|optimize|qkav|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
 # benchmarks/{kernel_split,host_overhead}.py; variants: the tuning builds in variants/*.so
-# (benchmarks/build_variants.sh); ab: libraries side by side; crossover: sm90 tile pairs
+# (benchmarks/build_variants.sh); varcheck: the random sweep on each of them; ab: libraries side by side; crossover: sm90 tile pairs
 # against the default choice; familyab: the default against NATTN_FAMILY=sm90, fwd and f+b.
 set -uo pipefail
 # pytest runs with -n 0: one process for the one GPU (pyproject's addopts ask pytest-xdist for
@@ -137,6 +137,14 @@ ab_rounds() {  # ab_rounds PROBLEMS tag=path ...
 AB_DEFAULT=flux-2d-w80,flux-2d-w80-s16,hunyuan-3d,hunyuan-3d-s16,1d-32k-w2048,dinat-s1-2d,mid-2d-k13,video-3d
 if [[ $what =~ (^|[^a-z])ab([^a-z]|$) ]]; then
   ab_rounds "${AB_PROBLEMS:-$AB_DEFAULT}" ${AB_LIBS:-lib=nattn/_cuda/libnattn.so}
+fi
+if [[ $what == *varcheck* ]]; then  # the tuning builds' correctness: the random sweep on each variants/*.so
+  for lib in ${VARCHECK_LIBS:-variants/*.so}; do
+    echo "== random sweep with $lib"
+    NATTN_LIBRARY=$PWD/$lib timeout ${VARCHECK_TIMEOUT:-150} python3 -m pytest -m gpu -q -n 0 -p no:cacheprovider \
+      --maxfail=10 tests/gpu/test_cuda_vs_reference.py tests/gpu/test_packed_qkv_gpu.py 2>&1 \
+      | tee -a "$OUT/varcheck.log" | tail -2
+  done
 fi
 if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
   specs=()
