@@ -98,7 +98,12 @@ def _autocast_available(device: str) -> bool:
 
 def _ask_autocast_available(device: str) -> bool:
     check = getattr(torch.amp, "is_autocast_available", None)
-    return check(device) if check is not None else device in ("cpu", "cuda")
+    if check is None:
+        return device in ("cpu", "cuda")
+    try:
+        return bool(check(device))
+    except (RuntimeError, ValueError):  # a device type this torch does not know
+        return False
 
 
 # The device types with autocast among those torch names (asked once, at import)
