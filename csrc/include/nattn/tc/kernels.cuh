@@ -100,14 +100,19 @@ void set_box(Params& p) {
   else fixed_box<NA, TOKENS>(p.box);
 }
 
+// Sets p's box to TOKENS tokens a warp and returns the blocks of W warps its grid needs.
+template <int NA, int TOKENS>
+unsigned box_blocks(Params& p, int W) {
+  set_box<NA, TOKENS>(p);
+  return unsigned((num_warps<NA>(p, p.box) + W - 1) / W);
+}
+
 template <typename T, int NA, int HD, bool kDrop>
 void launch_forward_as(const Params& problem, cudaStream_t stream) {
   constexpr int MT = fwd_mtiles<T, NA, HD, kDrop>();
-  Params p = problem;
-  set_box<NA, QW * MT>(p);
-  const int64_t warps = num_warps<NA>(p, p.box);
   constexpr int W = block_warps<T, HD>();
-  const dim3 grid(unsigned((warps + W - 1) / W), unsigned(p.heads), unsigned(p.batch));
+  Params p = problem;
+  const dim3 grid(box_blocks<NA, QW * MT>(p, W), unsigned(p.heads), unsigned(p.batch));
   constexpr size_t smem = fwd_smem_bytes<T, HD, MT>();
   static const bool allowed = allow_smem(forward_kernel<T, NA, HD, kDrop, MT>, smem);
   (void)allowed;
@@ -117,14 +122,16 @@ void launch_forward_as(const Params& problem, cudaStream_t stream) {
 template <typename T, int NA, int HD, bool kDrop>
 void launch_backward_as(const Params& problem, cudaStream_t stream) {
   constexpr int MT = dq_mtiles<T, NA, HD, kDrop>();
-  Params p = problem;
-  set_box<NA>(p);
-  const int64_t warps = num_warps<NA>(p, p.box);
   constexpr int W = block_warps<T, HD>();
-  const unsigned blocks = unsigned((warps + W - 1) / W);
-  Params pq = problem;  // the dQ pass's boxes (MT m-tiles a warp)
-  set_box<NA, QW * MT>(pq);
-  const unsigned q_blocks = unsigned((num_warps<NA>(pq, pq.box) + W - 1) / W);
+  Params p = problem;  // the dK/dV pass's boxes, and the dQ pass's with one m-tile
+  const unsigned blocks = box_blocks<NA, QW>(p, W);
+  Params p2;  // with two m-tiles, the dQ pass's own boxes (and grid)
+  unsigned q_blocks = blocks;
+  if constexpr (MT > 1) {
+    p2 = problem;
+    q_blocks = box_blocks<NA, QW * MT>(p2, W);
+  }
+  const Params& pq = MT > 1 ? p2 : p;
   constexpr size_t smem = dq_smem_bytes<T, HD, MT>();
   // TF32 at head dim 128: 2 x 49.75 KiB + up to 48 KiB of dRPB = 147.5 KiB (an SM80 block may have 163)
   constexpr size_t dkv_max = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(kMaxDrpbSmemBytes);
