@@ -62,6 +62,16 @@ def kernels(sass: str):
     return {k: "\n".join(v) for k, v in out.items()}
 
 
+# An instruction's opcode with its modifiers (HMMA.16816.F32.BF16), after the address
+# comment and any predicate.
+OPCODE = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def opcodes(text: str):
+    """The opcodes (with modifiers) of a function's SASS text, in order."""
+    return OPCODE.findall(text)
+
+
 def check(sass: str):
     """Problems found, and the number of sm90 kernels checked."""
     problems, n = [], 0
@@ -69,7 +79,7 @@ def check(sass: str):
         if "sm90" not in name:
             continue
         n += 1
-        ops = set(re.findall(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text))
+        ops = {op.split(".")[0] for op in opcodes(text)}
         helper = any(h in name for h in ("delta_kernel", "dq_convert_kernel", "split_kv_merge_kernel"))  # no products
         for op in REQUIRED if not helper else ():
             if op not in ops:

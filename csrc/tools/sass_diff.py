@@ -27,11 +27,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_sm90_sass import candidates, kernels  # noqa: E402
+from check_sm90_sass import candidates, kernels, opcodes  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 INSTANCE = re.compile(r"(\w+?)_(float32|float16|bfloat16)_na([123])d_hd(\d+)")
-OPCODE = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
 def generate(tree: str, out: str, names):
@@ -59,7 +58,7 @@ def compile_sass(tree: str, gen: str, name: str, arch: str, macros, work: str):
         env = dict(os.environ, PATH=os.path.dirname(tool) + os.pathsep + os.environ.get("PATH", ""))
         d = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, env=env)
         if d.returncode == 0:
-            return {k: OPCODE.findall(text) for k, text in kernels(d.stdout).items()}
+            return {k: opcodes(text) for k, text in kernels(d.stdout).items()}
     sys.exit("no cuobjdump could read the cubin (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
 
