@@ -61,15 +61,6 @@ if "$PY" -c "import pytest" 2>/dev/null; then
   NATTN_LIBRARY="$PWD/$BUILD-sm80-sm90/libnattn.so" "$PY" -m pytest -q -n 0 -p no:cacheprovider tests/test_cuda_abi.py
 fi
 
-# The tuning builds' two-m-tile tc forward and dQ pass (-DNATTN_TC_FWD_MTILES=2
-# -DNATTN_TC_DQ_MTILES=2, off by default) keep compiling: a 2-D and a 3-D instance for sm_80.
-"$PY" nattn/_cuda/kernel_table.py --out "$BUILD-m2" --dtypes bfloat16 --head-dims 32 --na-dims "2;3" --families tc >/dev/null
-for nd in 2 3; do
-  nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_80 -DNATTN_TC_FWD_MTILES=2 -DNATTN_TC_DQ_MTILES=2 -Icsrc/include \
-    -I"$BUILD-m2" -c "$BUILD-m2/tc_bfloat16_na${nd}d_hd32.cu" -o "$BUILD-m2/tc_m2_${nd}d.o"
-done
-echo "== tc forward and dQ pass with two m-tiles a warp (NATTN_TC_*_MTILES=2) compile for sm_80"
-
 # 3. sm_50 with CUDA 11.8 (installed from Debian contrib/non-free when missing).
 NVCC118=/usr/lib/nvidia-cuda-toolkit/bin/nvcc
 if [ ! -x "$NVCC118" ]; then

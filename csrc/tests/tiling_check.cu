@@ -32,7 +32,7 @@ static long long checks = 0;
   } while (0)
 
 constexpr int kChunk = 16;  // tc::CW
-constexpr int kRows = 16;   // tc::QW (tuning builds' two m-tiles a warp: 32)
+constexpr int kRows = 16;   // tc::QW
 
 // Brute force, one axis, token coordinates: is key j in the window of query i?
 static bool axis_has(const Params& p, int a, int i, int j) {
@@ -119,7 +119,7 @@ static void check_problem(const Params& p, const int* box) {
     box_union<NA, kInverse>(p, box, first, L, u);
     const int size = union_size<NA>(u), chunks = (size + kChunk - 1) / kChunk;
     check_staging<NA>(p, u, g, s);
-    for (int r = 0; r < box[0] * box[1] * box[2]; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       int ig[3];
       if (!lane_token<NA>(box, r, first, L, ig)) continue;
       AxisRange win[3];
@@ -196,14 +196,12 @@ static void random_problem() {
   for (int a = NA; a < 3; ++a) { p.spatial[a] = p.kernel[a] = p.stride[a] = p.dilation[a] = p.rpb_size[a] = 1; }
   set_token_strides(p);
   int box[3];
-  const int pick = rnd(0, 4);
+  const int pick = rnd(0, 2);
   if (pick == 0) {
     fixed_box<NA, kRows>(box);
-  } else if (pick == 1 || pick == 4) {  // 4: the two-m-tile warps' 32 tokens (NATTN_TC_BOX=model)
-    model_box(p, pick == 4 ? 2 * kRows : kRows, kChunk);
+  } else if (pick == 1) {
+    model_box(p, kRows, kChunk);
     for (int a = 0; a < 3; ++a) box[a] = p.box[a];
-  } else if (pick == 3) {  // the two-m-tile warps' fixed box (NATTN_TC_*_MTILES=2)
-    fixed_box<NA, 2 * kRows>(box);
   } else {  // any shape of 16 tokens (powers of two per axis)
     int left = 16;
     for (int a = 0; a < NA - 1; ++a) { box[a] = 1 << rnd(0, 2); if (box[a] > left) box[a] = left; left /= box[a]; }

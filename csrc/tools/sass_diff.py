@@ -6,9 +6,9 @@ row; "reordered" is the same opcodes in another order, "changed" reports the ins
 counts and the local-memory (spill) instructions of both sides.
 
     python csrc/tools/sass_diff.py --base HEAD~1 tc_bfloat16_na2d_hd32 tc_bfloat16_na3d_hd64
-    python csrc/tools/sass_diff.py --base HEAD -D NATTN_TC_FWD_MTILES=2 tc_bfloat16_na2d_hd32
+    python csrc/tools/sass_diff.py --base HEAD -D NATTN_TC_STAGES=3 tc_bfloat16_na2d_hd32
                                                       # -D: macros for the work tree's side only
-    python csrc/tools/sass_diff.py --base 3938fa2 --drop 'ELi1(?=EEEv)' tc_bfloat16_na2d_hd32
+    python csrc/tools/sass_diff.py --base HEAD~3 --drop 'ELi1(?=EEEv)' tc_bfloat16_na2d_hd32
                                                       # a template argument added with a default
 
 Instance names are the generated sources' (nattn/_cuda/kernel_table.py:

@@ -12,7 +12,7 @@ import torch
 from nattn import functional
 from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D
 
-from gpu_cases import check
+from gpu_cases import built_space, check
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -20,11 +20,12 @@ if not torch.cuda.is_available():
 
 CLASSES = {1: NeighborhoodAttention1D, 2: NeighborhoodAttention2D, 3: NeighborhoodAttention3D}
 SEED = random.randrange(2**31)
+DTYPES, HEAD_DIMS = built_space((torch.bfloat16, torch.float16), (32, 64, 128))
 
 
 def random_module(rng: random.Random):
     na_dim = rng.choice((1, 2, 2, 3))
-    head_dim, heads = rng.choice((32, 64, 128)), rng.choice((1, 2, 3))
+    head_dim, heads = rng.choice(HEAD_DIMS), rng.choice((1, 2, 3))
     kernel = tuple(rng.choice((3, 5, 7) if na_dim < 3 else (3, 5)) for _ in range(na_dim))
     dilation = tuple(rng.choice((1, 1, 2)) for _ in range(na_dim))
     spatial = tuple(rng.randint(k * d, k * d + 9) for k, d in zip(kernel, dilation))
@@ -38,7 +39,7 @@ def random_module(rng: random.Random):
 def test_packed_path_against_float64_and_the_qkv_path(i, monkeypatch):
     rng = random.Random(SEED + i)
     cls, dim, heads, kw, lead = random_module(rng)
-    dtype = rng.choice((torch.bfloat16, torch.float16))
+    dtype = rng.choice(DTYPES)
     torch.manual_seed(SEED + i)
     layer = cls(dim, heads, backend="cuda", **kw).cuda().to(dtype)
     ref = cls(dim, heads, backend="reference", **kw).cuda().double()

@@ -8,10 +8,9 @@
 namespace nattn { namespace tiling {
 
 // Box of tokens one warp serves, per axis: the last axis takes 4 (1-D: all), the others
-// share the rest, the first axis at most 2 (16 tokens: 4x4 in 2-D, 2x2x4 in 3-D; 32: 8x4,
-// 2x4x4).
+// share the rest (16 tokens: 4x4 in 2-D, 2x2x4 in 3-D).
 __host__ __device__ constexpr int box_dim(int na, int qw, int a) {
-  return na == 1 ? qw : a == na - 1 ? 4 : na == 2 ? qw / 4 : (a == 0 ? (qw / 4 >= 4 ? 2 : 1) : qw / 4 / (qw / 4 >= 4 ? 2 : 1));
+  return na == 1 ? qw : a == na - 1 ? 4 : na == 2 ? qw / 4 : (a == 0 ? (qw / 4 >= 4 ? 2 : 1) : (qw / 4 >= 2 ? 2 : 1));
 }
 
 // The fixed box shape (box_dim) as the per-axis array the functions below take.

@@ -120,53 +120,11 @@ constexpr int blocks_as(int plain) {
                                         : NATTN_TC_DROPOUT_BWD_BLOCKS;
 }
 
-// The forward's m-tiles a warp (a box of 16 MT tokens): 2 shares each staged chunk, its
-// column coordinates and its K / V fragments between two 16-row tiles (half the chunks and
-// setups a query, a larger union to walk, more registers). A tuning build's opt-in
-// (-DNATTN_TC_FWD_MTILES=2, benchmarks/build_variants.sh) for 16-bit problems at head dims
-// <= 64 without dropout (boxes of 32 tokens: 32, 8x4, 2x4x4); 1 everywhere else and by default.
-#ifndef NATTN_TC_FWD_MTILES
-#define NATTN_TC_FWD_MTILES 1
-#endif
-static_assert(NATTN_TC_FWD_MTILES == 1 || NATTN_TC_FWD_MTILES == 2, "NATTN_TC_FWD_MTILES: 1 or 2");
-#ifndef NATTN_TC_FWD_M2_BLOCKS  // blocks per SM of the two-m-tile forward (head dims <= 32; 64: one fewer)
-#define NATTN_TC_FWD_M2_BLOCKS 4
-#endif
-
-// A pass's m-tiles a warp for an instance, given its build flag (1 or 2): two only for
-// 16-bit inputs at head dims <= 64 without dropout.
-template <typename T, int HD, bool kDrop>
-constexpr int mtiles_of(int flag) { return flag == 2 && !kDrop && HD <= 64 && !is_tf32<T>() ? 2 : 1; }
-
-// Blocks per SM of a two-m-tile pass: `m2` at head dims <= 32, one fewer at 64.
-template <int HD>
-constexpr int m2_blocks(int m2) { return HD <= 32 ? m2 : m2 - 1; }
+template <typename T, int NA, int HD, bool kDrop>
+constexpr int fwd_blocks() { return blocks_as<T, HD, kDrop, true>(query_blocks<NA, HD>()); }
 
 template <typename T, int NA, int HD, bool kDrop>
-constexpr int fwd_mtiles() { return mtiles_of<T, HD, kDrop>(NATTN_TC_FWD_MTILES); }
-
-template <typename T, int NA, int HD, bool kDrop, int MT = 1>
-constexpr int fwd_blocks() {
-  return MT == 1 ? blocks_as<T, HD, kDrop, true>(query_blocks<NA, HD>()) : m2_blocks<HD>(NATTN_TC_FWD_M2_BLOCKS);
-}
-
-// The dQ pass's m-tiles a warp, as the forward's (-DNATTN_TC_DQ_MTILES=2, same problems;
-// its blocks per SM: NATTN_TC_DQ_M2_BLOCKS at head dims <= 32, one fewer at 64).
-#ifndef NATTN_TC_DQ_MTILES
-#define NATTN_TC_DQ_MTILES 1
-#endif
-static_assert(NATTN_TC_DQ_MTILES == 1 || NATTN_TC_DQ_MTILES == 2, "NATTN_TC_DQ_MTILES: 1 or 2");
-#ifndef NATTN_TC_DQ_M2_BLOCKS
-#define NATTN_TC_DQ_M2_BLOCKS 4
-#endif
-
-template <typename T, int NA, int HD, bool kDrop>
-constexpr int dq_mtiles() { return mtiles_of<T, HD, kDrop>(NATTN_TC_DQ_MTILES); }
-
-template <typename T, int NA, int HD, bool kDrop, int MT = 1>
-constexpr int dq_blocks() {
-  return MT == 1 ? blocks_as<T, HD, kDrop, false>(query_blocks<NA, HD>()) : m2_blocks<HD>(NATTN_TC_DQ_M2_BLOCKS);
-}
+constexpr int dq_blocks() { return blocks_as<T, HD, kDrop, false>(query_blocks<NA, HD>()); }
 
 template <typename T, int NA, int HD, bool kDrop>
 constexpr int dkv_blocks_as() { return blocks_as<T, HD, kDrop, false>(dkv_blocks<T, NA, HD>()); }

@@ -74,73 +74,59 @@ constexpr size_t tile_bytes() {
 }
 
 // With 2 stages (NATTN_TC_STAGES), 16-bit, 4 warps: 15 / 25 / 45 / 85 KiB at head dims 16 / 32 / 64 / 128; TF32 (block_warps):
-// 25 / 45 KiB (4 warps), 42.5 / 82.5 KiB (2 warps). MT m-tiles: MT tiles of Q rows a warp.
-template <typename T, int HD, int MT = 1>
+// 25 / 45 KiB (4 warps), 42.5 / 82.5 KiB (2 warps).
+template <typename T, int HD>
 constexpr size_t fwd_smem_bytes() {
-  return size_t(block_warps<T, HD>()) * (2 * kTcStages + MT) * tile_bytes<T, HD>();  // per warp: stages x (K, V) + its Q rows
+  return size_t(block_warps<T, HD>()) * (2 * kTcStages + 1) * tile_bytes<T, HD>();  // per warp: stages x (K, V) + its Q rows
 }
 
 // With 2 stages, 16-bit, 4 warps: 18 / 30 / 54 / 102 KiB; TF32: 30 / 54 KiB (4 warps), 51 / 99 KiB (2 warps).
-// MT m-tiles: MT tiles each of Q and dO rows a warp.
-template <typename T, int HD, int MT = 1>
+template <typename T, int HD>
 constexpr size_t dq_smem_bytes() {
-  return size_t(block_warps<T, HD>()) * (2 * kTcStages + 2 * MT) * tile_bytes<T, HD>();  // stages x (K, V) + its Q, dO
+  return size_t(block_warps<T, HD>()) * (2 * kTcStages + 2) * tile_bytes<T, HD>();  // stages x (K, V) + its Q, dO
 }
 
 // Box shape: the measured fixed shapes (16, 4x4, 2x2x4) unless NATTN_TC_BOX=model asks for
 // the per-problem key-slot model (common/tiling.cuh), kept opt-in until measured alone.
-// TOKENS: a warp's box (QW, or QW times the forward's m-tiles).
-template <int NA, int TOKENS = QW>
+template <int NA>
 void set_box(Params& p) {
   static const bool model = [] {
     const char* s = getenv("NATTN_TC_BOX");
     return s && !strcmp(s, "model");
   }();
-  if (model) model_box(p, TOKENS, CW);
-  else fixed_box<NA, TOKENS>(p.box);
-}
-
-// Sets p's box to TOKENS tokens a warp and returns the blocks of W warps its grid needs.
-template <int NA, int TOKENS>
-unsigned box_blocks(Params& p, int W) {
-  set_box<NA, TOKENS>(p);
-  return unsigned((num_warps<NA>(p, p.box) + W - 1) / W);
+  if (model) model_box(p, QW, CW);
+  else fixed_box<NA, QW>(p.box);
 }
 
 template <typename T, int NA, int HD, bool kDrop>
 void launch_forward_as(const Params& problem, cudaStream_t stream) {
-  constexpr int MT = fwd_mtiles<T, NA, HD, kDrop>();
-  constexpr int W = block_warps<T, HD>();
   Params p = problem;
-  const dim3 grid(box_blocks<NA, QW * MT>(p, W), unsigned(p.heads), unsigned(p.batch));
-  constexpr size_t smem = fwd_smem_bytes<T, HD, MT>();
-  static const bool allowed = allow_smem(forward_kernel<T, NA, HD, kDrop, MT>, smem);
+  set_box<NA>(p);
+  const int64_t warps = num_warps<NA>(p, p.box);
+  constexpr int W = block_warps<T, HD>();
+  const dim3 grid(unsigned((warps + W - 1) / W), unsigned(p.heads), unsigned(p.batch));
+  constexpr size_t smem = fwd_smem_bytes<T, HD>();
+  static const bool allowed = allow_smem(forward_kernel<T, NA, HD, kDrop>, smem);
   (void)allowed;
-  forward_kernel<T, NA, HD, kDrop, MT><<<grid, W * 32, smem, stream>>>(p);
+  forward_kernel<T, NA, HD, kDrop><<<grid, W * 32, smem, stream>>>(p);
 }
 
 template <typename T, int NA, int HD, bool kDrop>
 void launch_backward_as(const Params& problem, cudaStream_t stream) {
-  constexpr int MT = dq_mtiles<T, NA, HD, kDrop>();
+  Params p = problem;
+  set_box<NA>(p);
+  const int64_t warps = num_warps<NA>(p, p.box);
   constexpr int W = block_warps<T, HD>();
-  Params p = problem;  // the dK/dV pass's boxes, and the dQ pass's with one m-tile
-  const unsigned blocks = box_blocks<NA, QW>(p, W);
-  Params p2;  // with two m-tiles, the dQ pass's own boxes (and grid)
-  unsigned q_blocks = blocks;
-  if constexpr (MT > 1) {
-    p2 = problem;
-    q_blocks = box_blocks<NA, QW * MT>(p2, W);
-  }
-  const Params& pq = MT > 1 ? p2 : p;
-  constexpr size_t smem = dq_smem_bytes<T, HD, MT>();
+  const unsigned blocks = unsigned((warps + W - 1) / W);
+  constexpr size_t smem = dq_smem_bytes<T, HD>();
   // TF32 at head dim 128: 2 x 49.75 KiB + up to 48 KiB of dRPB = 147.5 KiB (an SM80 block may have 163)
   constexpr size_t dkv_max = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(kMaxDrpbSmemBytes);
   // Room for the staged bias table where it keeps the block within an SM80's 163 KiB.
   constexpr size_t bias_room = dkv_max + size_t(kStagedBiasBytes) <= size_t(163 * 1024) ? kStagedBiasBytes : 0;
-  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop, MT>, smem) &&
+  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem) &&
                               allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_max + bias_room);
   (void)allowed;
-  backward_dq_kernel<T, NA, HD, kDrop, MT><<<dim3(q_blocks, p.heads, p.batch), W * 32, smem, stream>>>(pq);
+  backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), W * 32, smem, stream>>>(p);
   Params pk = p;
   const int64_t rpb_bytes = drpb_stage_bytes(p);
   // dRPB staged when its table fits (rpb_in_smem 1), and the bias table beside it (2) when

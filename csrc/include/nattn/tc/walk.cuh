@@ -11,19 +11,17 @@
 
 namespace nattn { namespace tc {
 
-// The rows a lane holds in the accumulator fragments of MT m-tiles (box tokens lane / 4 +
-// 8 r, r < 2 MT; m-tile mt has rows 2 mt and 2 mt + 1): their tokens (group coordinates),
-// windows (or inverse windows) and whether they are real.
-template <int NA, bool kInverse, int MT = 1>
+// The two rows a lane holds in the accumulator fragments: their tokens (group
+// coordinates), windows (or inverse windows) and whether they are real.
+template <int NA, bool kInverse>
 struct Rows {
-  static constexpr int R = 2 * MT;
-  int ig[R][3];
-  AxisRange win[R][3];
-  bool ok[R];
+  int ig[2][3];
+  AxisRange win[2][3];
+  bool ok[2];
 
   __device__ __forceinline__ Rows(const Params& p, const int* first, const int* L, int lane) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < 2; ++r) {
       ok[r] = lane_token<NA>(p.box, lane / 4 + 8 * r, first, L, ig[r]);
 #pragma unroll
       for (int a = 0; a < NA; ++a) {
@@ -34,14 +32,11 @@ struct Rows {
     }
   }
   // Stages this lane's pieces of the rows' tokens of tensor X (at its (b, h) origin, token
-  // strides xs, dilation group g) into the warp's own-rows tiles `dst` (one per m-tile).
+  // strides xs, dilation group g) into the warp's own-rows tile `dst`.
   template <typename T, int HD>
   __device__ __forceinline__ void stage(typename Layout<T, HD>::S* dst, const Params& p, const T* X,
                                         const int64_t* xs, const int* g, int dim, int lane) const {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      stage_rows<T, HD>(dst + mt * Layout<T, HD>::TILE, X + spatial_offset<NA>(p, xs, ig[2 * mt], g),
-                        X + spatial_offset<NA>(p, xs, ig[2 * mt + 1], g), dim, lane);
+    stage_rows<T, HD>(dst, X + spatial_offset<NA>(p, xs, ig[0], g), X + spatial_offset<NA>(p, xs, ig[1], g), dim, lane);
   }
   // Row r's part of the RPB index (tiling::rpb_index adds a column's part).
   __device__ __forceinline__ int rpb_part(const Params& p, const int* rmult, int r) const {
@@ -51,13 +46,11 @@ struct Rows {
 
 // The columns a lane holds in the score fragments: chunk tokens 2tq, 2tq + 1, 8 + 2tq and
 // 9 + 2tq (column q = 2 * n-tile + odd), whether each lies in the window of each of the
-// lane's R rows, and their RPB column parts.
-template <int R>
-struct ColsOf {
-  bool ok[R][4];
+// lane's two rows, and their RPB column parts.
+struct Cols {
+  bool ok[2][4];
   int rpb[4];
 };
-using Cols = ColsOf<2>;
 
 __device__ __forceinline__ int col_token(int q, int tq) { return (q >> 1) * 8 + 2 * tq + (q & 1); }
 
@@ -106,7 +99,7 @@ __device__ __forceinline__ void bias_instanced(int at, F&& f) {
 // the [B, N, H] LSE (lanes 0-15) or delta (lanes 16-31), `rst` the per-axis row strides).
 // Whole addresses travel, not offsets: each lane adds its one base pointer, so the loop does
 // not rebuild X's, Y's and the LSE's head bases (64-bit products of Params' strides) per chunk.
-template <typename T, int NA, int HD, bool kInverse, bool kSide = false, int MT = 1>
+template <typename T, int NA, int HD, bool kInverse, bool kSide = false>
 struct Walk {
   using Lt = Layout<T, HD>;
   using S = typename Lt::S;
@@ -114,7 +107,7 @@ struct Walk {
   static constexpr int TPI = 32 / PPK;      // tokens per copy instruction of the warp
   static constexpr int NS = kSide ? 2 : 1;
   const Params& p;
-  const Rows<NA, kInverse, MT>& rw;
+  const Rows<NA, kInverse>& rw;
   S* buf;
   const T* src;            // this lane's tensor at (b, h): X for lanes 0-15, Y for 16-31
   GroupStrides<NA> st[2];  // this lane's tensor, the LSE / delta row (kSide)
@@ -131,7 +124,7 @@ struct Walk {
   float* side;
   const float* side_src;
 
-  __device__ __forceinline__ Walk(const Params& p_, const Rows<NA, kInverse, MT>& rw_, const int* g, const AxisRange* u_,
+  __device__ __forceinline__ Walk(const Params& p_, const Rows<NA, kInverse>& rw_, const int* g, const AxisRange* u_,
                                   S* buf_, int lane_, const T* X_, const int64_t* xst, int xdim, const T* Y_,
                                   const int64_t* yst, int ydim, bool rows_, float* side_ = nullptr,
                                   int64_t row0_ = 0, int h_ = 0, const int64_t* rst = nullptr)
@@ -258,8 +251,8 @@ struct Walk {
   // Chunk ci's columns (the lane's 4 fragment columns); with kTok also their token indices
   // mod 2^32 (dropout's mask words; g: the box's dilation group).
   template <bool kTok = false>
-  __device__ __forceinline__ void take(int ci, ColsOf<2 * MT>& cl, const int* rmult, bool rpb,
-                                       uint32_t* tok = nullptr, const int* g = nullptr) {
+  __device__ __forceinline__ void take(int ci, Cols& cl, const int* rmult, bool rpb, uint32_t* tok = nullptr,
+                                       const int* g = nullptr) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int f = ci * CW + col_token(q, lane % 4);
@@ -267,7 +260,7 @@ struct Walk {
       int c[3];
       ui.coords(f, c);
 #pragma unroll
-      for (int r = 0; r < 2 * MT; ++r) cl.ok[r][q] = in && in_window<NA>(rw.win[r], c);
+      for (int r = 0; r < 2; ++r) cl.ok[r][q] = in && in_window<NA>(rw.win[r], c);
       cl.rpb[q] = rpb ? rpb_dot<NA>(c, rmult) : 0;
       if constexpr (kTok) tok[q] = token_word<NA>(p, c, g);
     }
@@ -276,25 +269,23 @@ struct Walk {
 
 // A warp's walk over the keys of its query rows' windows (forward and dQ pass), with what
 // their scores need besides: the head's RPB table and the rows' part of its index and, with
-// dropout, the head's key stream and the rows' query tokens (one m-tile: MT = 1).
-template <typename T, int NA, int HD, bool kDrop, int MT = 1>
+// dropout, the head's key stream and the rows' query tokens.
+template <typename T, int NA, int HD, bool kDrop>
 struct RowWalk {
-  static_assert(MT == 1 || !kDrop, "dropout's keep bits cover one m-tile");
-  Walk<T, NA, HD, false, false, MT> walk;
+  Walk<T, NA, HD, false> walk;
   const float* rpb;
-  int rrow[2 * MT];
+  int rrow[2];
   DropKeys drop;
   uint32_t qtok[2];
 
-  __device__ __forceinline__ RowWalk(const Params& p, const Rows<NA, false, MT>& rw, const int* g,
-                                     const AxisRange* u, typename Layout<T, HD>::S* buf, int lane, int b, int h,
-                                     int hkv, const int* rmult)
+  __device__ __forceinline__ RowWalk(const Params& p, const Rows<NA, false>& rw, const int* g, const AxisRange* u,
+                                     typename Layout<T, HD>::S* buf, int lane, int b, int h, int hkv,
+                                     const int* rmult)
       : walk(p, rw, g, u, buf, lane, head_base<const T>(p.k, p.k_s, b, hkv), p.k_s, p.dim,
              head_base<const T>(p.v, p.v_s, b, hkv), p.v_s, p.dim_v,
              all_token_rows(p, kRowsK | kRowsV)),
-        rpb(p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr) {
-#pragma unroll
-    for (int r = 0; r < 2 * MT; ++r) rrow[r] = rw.rpb_part(p, rmult, r);
+        rpb(p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr),
+        rrow{rw.rpb_part(p, rmult, 0), rw.rpb_part(p, rmult, 1)} {
     if constexpr (kDrop) {
       drop.init(p, b, h);
       qtok[0] = token_word<NA>(p, rw.ig[0], g);
