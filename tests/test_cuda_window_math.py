@@ -9,7 +9,9 @@ checks that the Hopper family's query boxes and their rows cover every token exa
 that its kernels' box walk (BoxWalk) visits the boxes the step index decodes to;
 csrc/tests/sm90_box_mask_check.cu checks its one-bit-per-group window masks against direct
 coordinate tests
-(the output, and split-KV's box-local partial rows, are written through that mapping)."""
+(the output, and split-KV's box-local partial rows, are written through that mapping);
+csrc/tests/drpb_fixed_check.cu checks the fixed-point dRPB's scale (no 32-bit overflow in a
+block, the rounding step relative to the head's largest |dS|)."""
 
 import os
 import shutil
@@ -32,8 +34,9 @@ def _build_and_run(tmp_path, name):
 
 
 # window math, the tensor-core walk, the unfused window ops, the Hopper query boxes' rows and
-# window masks
-CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_check", "sm90_box_mask_check"]
+# window masks, the fixed-point dRPB's scale
+CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_check", "sm90_box_mask_check",
+          "drpb_fixed_check"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")

@@ -180,6 +180,8 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
                 (long long)pr.kv_splits);
   p.kv_splits = pr.kv_splits > 1 ? int(pr.kv_splits) : 1;
   p.o_part = p.lse_part = nullptr;
+  p.drpb_max = nullptr;
+  p.drpb_fixed = nullptr;
   if (dropout) {
     p.drop_rng = reinterpret_cast<const int64_t*>(pr.rng_ptr);
     p.drop_threshold = uint32_t(pr.dropout_threshold);

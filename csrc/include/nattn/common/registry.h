@@ -46,6 +46,11 @@ struct Params {
   // times one row stride (32-bit index math) instead of one 64-bit product per axis.
   int tok_stride[3], tok_step[3];
   int token_rows;
+  // Host-set, tc backward with a staged dRPB: the fixed-point workspace (common/drpb_fixed.cuh):
+  // each query head's largest |dS| as float bits, and the int64 table [H, rpb_head_size]
+  // (null: dRPB summed in float32).
+  unsigned* drpb_max;
+  long long* drpb_fixed;
 };
 
 enum TokenRows : int { kRowsQ = 1, kRowsK = 2, kRowsV = 4, kRowsGradOut = 8 };

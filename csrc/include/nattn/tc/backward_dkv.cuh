@@ -1,8 +1,10 @@
 // The tensor-core backward's dK/dV pass: per box of 16 keys over their inverse
 // neighbourhoods, for every query head of the KV head: S^T = K Q^T, dP^T = V dO^T,
-// dV += P^T dO, dK += dS^T Q, and dRPB (staged per block, common/drpb.cuh).
+// dV += P^T dO, dK += dS^T Q, and dRPB (staged per block in fixed point, common/drpb_fixed.cuh,
+// where its table fits; else float32 atomics on global memory).
 #pragma once
 #include "nattn/common/drpb.cuh"
+#include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/softmax.cuh"
 #include "nattn/tc/walk.cuh"
 
@@ -35,6 +37,9 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
   // p.rpb_in_smem == 2: the bias table of the KV head's query heads is copied beside dRPB's,
   // so the score loop reads it from shared memory (32-bit addresses, shorter latency).
   const bool stage_bias = stage_rpb && p.rpb_in_smem == 2;
+  // A staged dRPB is summed in fixed point (32-bit integers; the launcher stages it only with
+  // the workspace); otherwise float32 atomics on global memory.
+  static_assert(W * QW <= kFixedMaxTerms, "fixed-point dRPB: more keys a block than its bound");
   float* const bias_smem = drpb_smem + smem_len;
   if (stage_bias) {  // pre-scaled to log2 units: the score's FFMA adds it
     const float* src = p.rpb + int64_t(hkv) * smem_len;
@@ -83,6 +88,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       // dRPB there too (a staged bias implies a staged dRPB), from per-head bases.
       const float* const bias_head = bias_smem + hg * p.rpb_head_size;
       float* const drpb_head = drpb_smem + hg * p.rpb_head_size;
+      int* const fixed_head = reinterpret_cast<int*>(drpb_head);
+      const float fixed_scale = stage_rpb ? drpb_fixed_scale(p.drpb_max[h]) : 0.f;
       const int bias_at = !rpb ? kNoBias : stage_bias ? kBiasShared : kBiasGlobal;
       DropKeys drop;  // the mask of query head h
       if constexpr (kDrop) drop.init(p, b, h);
@@ -137,7 +144,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
             dp[nt][e] = ds;
             if constexpr (kRpb) {
               if (ok) {  // one address space per branch: no generic atomics
-                if (kShared || stage_rpb) atomicAdd(drpb_head + ridx, ds);  // a staged bias implies it
+                if (kShared || stage_rpb) atomicAdd(fixed_head + ridx, __float2int_rn(ds * fixed_scale));  // native: no CAS loop
                 else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
               }
             }
@@ -160,7 +167,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
     store_rows<T, HD>(DV + spatial_offset<NA>(p, p.dv_s, rw.ig[0], g), DV + spatial_offset<NA>(p, p.dv_s, rw.ig[1], g),
                       rw.ok[0], rw.ok[1], dv, keep_scale, keep_scale, p.dim_v, tq);
   }
-  if (stage_rpb) drpb_stage_flush(p, hkv, drpb_smem, smem_len);
+  if (stage_rpb) drpb_fixed_flush(p, hkv, reinterpret_cast<const int*>(drpb_smem), smem_len);
 #endif
 }
 

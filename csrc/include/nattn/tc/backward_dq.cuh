@@ -1,6 +1,8 @@
 // The tensor-core backward's dQ pass: delta = rowsum(dO * O) - dLSE, then S, dP = dO V^T,
-// dS = P (dP - delta), dQ += dS K over a warp's window union; writes dQ and delta.
+// dS = P (dP - delta), dQ += dS K over a warp's window union; writes dQ and delta (and, with
+// RPB, each head's largest |dS| for the fixed-point dRPB of the dK/dV pass).
 #pragma once
+#include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/softmax.cuh"
 #include "nattn/tc/walk.cuh"
 
@@ -90,6 +92,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, NA, HD
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dq[nt][e] = 0.f;
+  unsigned ds_max = 0;  // with RPB: the largest |dS| of the lane's scores, as float bits
   if constexpr (Lt::kF32) walk.template round_own_rows_tf32<2>(sQ, lane);  // the Q and dO rows
   for (int ci = 0; ci < walk.chunks; ++ci) {
     walk.arrive(ci);
@@ -112,12 +115,17 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, NA, HD
         float dpe = dp[nt][e];
         if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
         s[nt][e] = ok ? fast_exp2(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
+        if constexpr (decltype(with_rpb)::value) ds_max = drpb_abs_max(ds_max, s[nt][e]);
       });
     });
     unsigned dsa[Lt::AREGS];
     pack_a<T>(dsa, s);
     mma_rows<T, HD>(dq, dsa, sK, lane);
     __syncwarp();
+  }
+  if (p.drpb_max) {  // warp-uniform: every lane of a warp with a box gets here
+    ds_max = __reduce_max_sync(0xffffffffu, ds_max);
+    if (lane == 0) atomicMax(p.drpb_max + h, ds_max);
   }
   cp_async_wait<0>();
   T* DQ = head_base<T>(p.dq, p.dq_s, b, h);

@@ -126,15 +126,21 @@ void launch_backward_as(const Params& problem, cudaStream_t stream) {
   static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem) &&
                               allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_max + bias_room);
   (void)allowed;
+  // A staged dRPB sums in fixed point (deterministic, native integer atomics): the dQ pass
+  // records each head's largest |dS| into its workspace first. Without the workspace the
+  // dK/dV pass adds float32 into global memory.
+  int64_t rpb_bytes = drpb_stage_bytes(p);
+  const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
+  if (!fixed) rpb_bytes = 0;
   backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), W * 32, smem, stream>>>(p);
   Params pk = p;
-  const int64_t rpb_bytes = drpb_stage_bytes(p);
   // dRPB staged when its table fits (rpb_in_smem 1), and the bias table beside it (2) when
   // that fits too.
   const bool bias_fits = rpb_bytes > 0 && rpb_bytes <= int64_t(bias_room);
   pk.rpb_in_smem = rpb_bytes > 0 ? (bias_fits ? 2 : 1) : 0;
   const size_t dkv_smem = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(rpb_bytes) * size_t(pk.rpb_in_smem);
   backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), W * 32, dkv_smem, stream>>>(pk);
+  if (fixed) drpb_fixed_end(pk, stream);
 }
 
 // A call with attention dropout (Params::drop_rng) runs the kDrop instances.

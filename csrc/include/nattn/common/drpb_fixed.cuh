@@ -1,0 +1,90 @@
+// dRPB summed in fixed point: integer additions, so the sum is the same in any order
+// (bitwise-reproducible dRPB) and a block adds a score with one native shared-memory integer
+// atomic instead of a float compare-and-swap loop (float atomics on shared memory are CAS loops
+// on SM80 / SM90).
+//
+// The dQ pass, which computes every score's dS before the dK/dV pass, records the largest
+// |dS| of each query head h (bits of a non-negative float: as unsigned integers they order
+// as the floats do, and a NaN's bits exceed every finite value's and infinity's). The dK/dV
+// pass then adds round(dS * 2^s_h) into a 32-bit table per block, s_h = kFixedBits - e_h
+// where |dS| < 2^e_h: a term is below 2^(kFixedBits + 1) even if the pass's dS exceeds
+// the dQ pass's maximum by rounding (up to 2x), and a block's kFixedMaxTerms terms of one
+// entry (each key meets a table entry of a query head through at most one query: the entry
+// is the key's relative position) stay below 2^31. A block's table is added to an int64
+// table in global memory; a finishing kernel writes each entry times 2^-s_h as float32.
+// The rounding error of a term is at most 2^-kFixedBits of its head's largest |dS|
+// (float32 atomics round each partial sum instead). Heads whose largest |dS| is NaN or
+// infinite get NaN in every entry.
+#pragma once
+#include "nattn/common/registry.h"
+
+namespace nattn {
+
+constexpr int kFixedBits = 23;
+constexpr int kFixedMaxTerms = 64;  // keys a block of the fixed-point dK/dV pass owns, at most
+static_assert(kFixedMaxTerms * (2ll << kFixedBits) < (1ll << 31), "a block's sum of one entry must fit 32 bits");
+
+// s_h for the largest-|dS| bits m; heads without a finite largest |dS| return 0 (their
+// table is overwritten with NaN). The scale stays a normal float: s_h in [-126, 126].
+__host__ __device__ inline int drpb_fixed_shift(unsigned m) {
+  if (m >= 0x7f800000u) return 0;
+  const int biased = int(m >> 23);  // m < 2^(biased - 126): the exponent field bounds it
+  int e = biased == 0 ? -126 : biased - 126;
+  const int s = kFixedBits - e;
+  return s > 126 ? 126 : (s < -126 ? -126 : s);
+}
+
+// 2^s as a float (s in [-126, 126]).
+__device__ __forceinline__ float drpb_fixed_scale(unsigned m) { return __int_as_float((drpb_fixed_shift(m) + 127) << 23); }
+
+// |ds|'s bits folded into a running maximum (NaN's bits win).
+__device__ __forceinline__ unsigned drpb_abs_max(unsigned running, float ds) {
+  const unsigned bits = __float_as_uint(ds) & 0x7fffffffu;
+  return bits > running ? bits : running;
+}
+
+// The block's staged 32-bit table added to the int64 table of KV head hkv's query heads;
+// every thread of the block calls it.
+__device__ __forceinline__ void drpb_fixed_flush(const Params& p, int hkv, const int* smem, int64_t len) {
+  __syncthreads();
+  unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hkv) * p.groups * p.rpb_head_size;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
+    if (smem[i] != 0) atomicAdd(dst + i, (unsigned long long)(long long)smem[i]);  // two's complement: signed sums
+}
+
+// drpb = table * 2^-s_h, one thread per entry (NaN for heads without a finite maximum).
+static __global__ void drpb_fixed_finish_kernel(const Params p) {  // static: one per translation unit
+  const int64_t n = int64_t(p.heads) * p.rpb_head_size;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const unsigned m = p.drpb_max[i / p.rpb_head_size];
+    const double v = double(p.drpb_fixed[i]) * ldexp(1.0, -drpb_fixed_shift(m));
+    p.drpb[i] = m >= 0x7f800000u ? __int_as_float(0x7fc00000) : float(v);
+  }
+}
+
+// Host: the stream-ordered workspace of a fixed-point dRPB (query heads' maxima, then the
+// int64 table), zeroed; false (and p untouched) when it cannot be had: the caller keeps the
+// float32 path.
+inline bool drpb_fixed_begin(Params& p, cudaStream_t stream) {
+  const size_t max_bytes = (size_t(p.heads) * sizeof(unsigned) + 15) / 16 * 16;
+  const size_t bytes = max_bytes + size_t(p.heads) * size_t(p.rpb_head_size) * sizeof(long long);
+  char* ws = nullptr;
+  if (cudaMallocAsync(reinterpret_cast<void**>(&ws), bytes, stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaMemsetAsync(ws, 0, bytes, stream);
+  p.drpb_max = reinterpret_cast<unsigned*>(ws);
+  p.drpb_fixed = reinterpret_cast<long long*>(ws + max_bytes);
+  return true;
+}
+
+// Host: writes p.drpb from the fixed-point table and frees the workspace.
+inline void drpb_fixed_end(const Params& p, cudaStream_t stream) {
+  const int64_t n = int64_t(p.heads) * p.rpb_head_size;
+  const unsigned blocks = unsigned((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
+  drpb_fixed_finish_kernel<<<blocks, 256, 0, stream>>>(p);
+  cudaFreeAsync(p.drpb_max, stream);
+}
+
+}  // namespace nattn
