@@ -6,36 +6,38 @@
 // The dQ pass, which computes every score's dS before the dK/dV pass, records the largest
 // |dS| of each query head h (bits of a non-negative float: as unsigned integers they order
 // as the floats do, and a NaN's bits exceed every finite value's and infinity's). The dK/dV
-// pass then adds round(dS * 2^s_h) into a 32-bit table per block, s_h = kFixedBits - e_h
-// where |dS| < 2^e_h: a term is below 2^(kFixedBits + 1) even if the pass's dS exceeds
-// the dQ pass's maximum by rounding (up to 2x), and a block's kFixedMaxTerms terms of one
-// entry (each key meets a table entry of a query head through at most one query: the entry
-// is the key's relative position) stay below 2^31. A block's table is added to an int64
-// table in global memory; a finishing kernel writes each entry times 2^-s_h as float32.
-// The rounding error of a term is at most 2^-kFixedBits of its head's largest |dS|
-// (float32 atomics round each partial sum instead). Heads whose largest |dS| is NaN or
-// infinite get NaN in every entry.
+// pass then adds round(dS * 2^s_h) into a 32-bit table per block, s_h = bits - e_h where
+// |dS| < 2^e_h: a term is below 2^(bits + 1) even if the pass's dS exceeds the dQ pass's
+// maximum by rounding (up to 2x), and the block's terms of one entry (each key meets a table
+// entry of a query head through at most one query: the entry is the key's relative
+// position), at most its keys, stay below 2^31: bits = fixed_bits(keys a block). A block's
+// table is added to an int64 table in global memory; a finishing kernel writes each entry
+// times 2^-s_h as float32. The rounding error of a term is at most 2^-bits of its head's
+// largest |dS| (float32 atomics instead round each partial sum). Heads whose largest |dS| is
+// NaN or infinite get NaN in every entry.
 #pragma once
 #include "nattn/common/registry.h"
 
 namespace nattn {
 
-constexpr int kFixedBits = 23;
-constexpr int kFixedMaxTerms = 64;  // keys a block of the fixed-point dK/dV pass owns, at most
-static_assert(kFixedMaxTerms * (2ll << kFixedBits) < (1ll << 31), "a block's sum of one entry must fit 32 bits");
+// Fraction bits for blocks of up to `terms` keys: terms * 2^(bits + 1) <= 2^30.
+__host__ __device__ constexpr int fixed_bits(int terms) { return terms <= 1 ? 29 : fixed_bits((terms + 1) / 2) - 1; }
+static_assert(fixed_bits(64) == 23 && fixed_bits(128) == 22 && fixed_bits(100) == 22, "fixed_bits");
 
 // s_h for the largest-|dS| bits m; heads without a finite largest |dS| return 0 (their
 // table is overwritten with NaN). The scale stays a normal float: s_h in [-126, 126].
-__host__ __device__ inline int drpb_fixed_shift(unsigned m) {
+__host__ __device__ inline int drpb_fixed_shift(unsigned m, int bits) {
   if (m >= 0x7f800000u) return 0;
   const int biased = int(m >> 23);  // m < 2^(biased - 126): the exponent field bounds it
-  int e = biased == 0 ? -126 : biased - 126;
-  const int s = kFixedBits - e;
+  const int e = biased == 0 ? -126 : biased - 126;
+  const int s = bits - e;
   return s > 126 ? 126 : (s < -126 ? -126 : s);
 }
 
 // 2^s as a float (s in [-126, 126]).
-__device__ __forceinline__ float drpb_fixed_scale(unsigned m) { return __int_as_float((drpb_fixed_shift(m) + 127) << 23); }
+__device__ __forceinline__ float drpb_fixed_scale(unsigned m, int bits) {
+  return __int_as_float((drpb_fixed_shift(m, bits) + 127) << 23);
+}
 
 // |ds|'s bits folded into a running maximum (NaN's bits win).
 __device__ __forceinline__ unsigned drpb_abs_max(unsigned running, float ds) {
@@ -53,11 +55,11 @@ __device__ __forceinline__ void drpb_fixed_flush(const Params& p, int hkv, const
 }
 
 // drpb = table * 2^-s_h, one thread per entry (NaN for heads without a finite maximum).
-static __global__ void drpb_fixed_finish_kernel(const Params p) {  // static: one per translation unit
+static __global__ void drpb_fixed_finish_kernel(const Params p, int bits) {  // static: one per translation unit
   const int64_t n = int64_t(p.heads) * p.rpb_head_size;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const unsigned m = p.drpb_max[i / p.rpb_head_size];
-    const double v = double(p.drpb_fixed[i]) * ldexp(1.0, -drpb_fixed_shift(m));
+    const double v = double(p.drpb_fixed[i]) * ldexp(1.0, -drpb_fixed_shift(m, bits));
     p.drpb[i] = m >= 0x7f800000u ? __int_as_float(0x7fc00000) : float(v);
   }
 }
@@ -79,11 +81,11 @@ inline bool drpb_fixed_begin(Params& p, cudaStream_t stream) {
   return true;
 }
 
-// Host: writes p.drpb from the fixed-point table and frees the workspace.
-inline void drpb_fixed_end(const Params& p, cudaStream_t stream) {
+// Host: writes p.drpb from the fixed-point table (summed with `bits`) and frees the workspace.
+inline void drpb_fixed_end(const Params& p, int bits, cudaStream_t stream) {
   const int64_t n = int64_t(p.heads) * p.rpb_head_size;
   const unsigned blocks = unsigned((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
-  drpb_fixed_finish_kernel<<<blocks, 256, 0, stream>>>(p);
+  drpb_fixed_finish_kernel<<<blocks, 256, 0, stream>>>(p, bits);
   cudaFreeAsync(p.drpb_max, stream);
 }
 
