@@ -13,7 +13,8 @@
 //   P^T = exp2(S^T scale log2e + bias - LSE log2e), masked: the query inside the window
 //   dS^T = P^T (dP^T - delta)
 //   dV += P^T dO, dK += dS^T Q         (wgmma, P^T and dS^T from registers)
-// with dRPB added per score (in shared memory when the table fits, drpb.cuh). dK * scale
+// with dRPB added per score (in shared memory when the table fits: in fixed point after the
+// deterministic dQ pass, common/drpb_fixed.cuh, else float32, drpb.cuh). dK * scale
 // and dV leave through the K and V rows' shared memory in 16-byte stores. No atomics on
 // dK / dV: a KV head's every query head runs in the one CTA.
 #pragma once
@@ -21,6 +22,7 @@
 #include <math.h>
 
 #include "nattn/common/drpb.cuh"
+#include "nattn/common/drpb_fixed.cuh"
 #include "nattn/sm90/backward_delta.cuh"
 #include "nattn/sm90/box_mask.cuh"
 #include "nattn/sm90/forward.cuh"
@@ -110,6 +112,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = warpgroup_index();
   const int steps = tile.tiles * p.groups;  // (query head, query box) pairs
   const bool stage_rpb = p.rpb != nullptr && p.rpb_in_smem;
+  // After the deterministic dQ pass a staged table is in fixed point (32-bit integers; the
+  // launcher stages it only with the workspace); the KV-parallel dQ mode stages float32.
+  const bool fixed = stage_rpb && !DQ_ATOMIC;
+  constexpr int kFixed = fixed_bits(2 * kWgRows);  // the CTA's keys bound an entry's terms
   const int64_t rpb_len = int64_t(p.groups) * p.rpb_head_size;
 
   if (threadIdx.x == 0) {
@@ -425,6 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (it >= 1) dq_product(it - 1);
       }
       if (has_rpb) {  // dRPB from the 16-bit dS^T (masked scores have P = 0, so dS = 0 exactly)
+        const float fixed_scale = fixed ? drpb_fixed_scale(p.drpb_max[h], kFixed) : 0.f;
 #pragma unroll
         for (int i = 0; i < kNq / 2; i += 2) {
           const float2 ds = unpack2<T>(da[i / 8][(i % 8) / 2]);
@@ -436,8 +443,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             int ridx = row[(i / 2) % 2].rpb;
 #pragma unroll
             for (int a = 0; a < NA; ++a) ridx -= (origin[a] + CB::offset(col, a)) * rpb_mult[a];
-            if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, v);  // one address
-            else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, v);      // space each
+            if (fixed)  // native integer atomic, no CAS loop
+              atomicAdd(reinterpret_cast<int*>(drpb_smem) + hg * p.rpb_head_size + ridx, __float2int_rn(v * fixed_scale));
+            else if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, v);  // one address
+            else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, v);           // space each
           }
         }
       }
@@ -474,7 +483,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<uint4*>(out_v + off_v + ch * 8) = *reinterpret_cast<const uint4*>(stage_v + R::offset(kr, ch * 8));
       }
     }
-    if (stage_rpb) {  // the consumers' staged dRPB into the gradient (producers have left)
+    if (fixed) {  // the consumers' staged dRPB into the int64 table (producers have left)
+      named_sync(5, 256);
+      const int* src = reinterpret_cast<const int*>(drpb_smem);
+      unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(h_kv) * p.groups * p.rpb_head_size;
+      for (int64_t i = threadIdx.x - 128; i < rpb_len; i += 256)
+        if (src[i] != 0) atomicAdd(dst + i, (unsigned long long)(long long)src[i]);
+    } else if (stage_rpb) {  // ... or into the float32 gradient
       named_sync(5, 256);
       float* dst = p.drpb + int64_t(h_kv) * p.groups * p.rpb_head_size;
       for (int64_t i = threadIdx.x - 128; i < rpb_len; i += 256)

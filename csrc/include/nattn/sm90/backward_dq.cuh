@@ -7,11 +7,13 @@
 //   P = exp2(S scale log2e + bias - LSE log2e), masked as the forward masks
 //   dS = P (dP - delta)              (delta = rowsum(dO O) - dLSE, backward_delta.cuh)
 //   dQ += dS K                       (wgmma, dS from registers, K MN-major)
-// and at the end dQ * scale goes out through shared memory in 16-byte stores.
+// and at the end dQ * scale goes out through shared memory in 16-byte stores. With RPB it
+// also records each query head's largest |dS| for the dK/dV pass's fixed-point dRPB.
 #pragma once
 #include <cuda.h>
 #include <math.h>
 
+#include "nattn/common/drpb_fixed.cuh"
 #include "nattn/sm90/box_mask.cuh"
 #include "nattn/sm90/forward.cuh"
 #include "nattn/sm90/smem_tile.cuh"
@@ -122,6 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < HD / 2; ++i) dq[i] = 0.f;
   const bool has_rpb = p.rpb != nullptr;
+  unsigned ds_max = 0;  // with RPB: the largest |dS| of the lane's scores, as float bits
   const unsigned char* q_tile = smem + S::kQ;
   const unsigned char* do_tile = smem + S::kDo;
   mbar_wait(rows_full, 0);
@@ -181,6 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         float x = sc[i] * p.scale_log2;
         if (in && has_rpb) x += __ldg(p.rpb + row[r].rpb + rpb_col) * kLog2e;
         sc[i] = in ? fast_exp2(x - lse2[r]) * (dp[i] - dlt[r]) : 0.f;
+        ds_max = drpb_abs_max(ds_max, sc[i]);
       }
     }
     uint32_t ds[kNk / 16][4];
@@ -198,6 +202,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) mbar_arrive(empty + s);
   }
 
+  if (p.drpb_max) {  // every lane of the consumer warps gets here
+    ds_max = __reduce_max_sync(0xffffffffu, ds_max);
+    if (lane == 0) atomicMax(p.drpb_max + h, ds_max);
+  }
   // dQ * scale through the warpgroup's own Q rows (no longer read), then whole-row stores.
   unsigned char* stage = smem + S::kQ;
 #pragma unroll

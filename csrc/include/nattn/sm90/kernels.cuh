@@ -202,11 +202,16 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
     p.dq_accum = nullptr;
   }
   (void)cudaGetLastError();  // a failed allocation: the deterministic pass instead
-  p.rpb_in_smem = rpb_bytes > 0;
+  // A staged dRPB sums in fixed point (common/drpb_fixed.cuh: deterministic, native integer
+  // atomics): the dQ pass records each query head's largest |dS| first. Without the
+  // workspace the dK/dV pass adds float32 into global memory.
+  const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
+  p.rpb_in_smem = fixed;
   backward_dq_kernel<T, NA, HD, Tl><<<dim3(ctas, problem.heads, problem.batch), kThreads, Dq::kAlloc, stream>>>(
-      problem, l->dq_q, l->dq_do, l->dq_k, l->dq_v);
-  backward_dkv_kernel<T, NA, HD, Tl, false><<<dkv_grid, kThreads, Dkv::kAllocFixed + size_t(rpb_bytes), stream>>>(
+      p, l->dq_q, l->dq_do, l->dq_k, l->dq_v);
+  backward_dkv_kernel<T, NA, HD, Tl, false><<<dkv_grid, kThreads, Dkv::kAllocFixed + size_t(fixed ? rpb_bytes : 0), stream>>>(
       p, l->kv_k, l->kv_v, l->kv_q, l->kv_do, l->kv_q);
+  if (fixed) drpb_fixed_end(p, fixed_bits(2 * kWgRows), stream);
 }
 
 }  }  // namespace nattn::sm90
