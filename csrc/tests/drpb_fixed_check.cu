@@ -4,7 +4,8 @@
 // blocks of the tensor-core (64 keys) and Hopper (128) dK/dV passes: every scaled term stays
 // below 2^(bits + 1), a block's terms of one entry (one per key) sum without overflowing 32
 // bits, the rounding step is at most 2^-(bits - 1) of the largest value (down to 2^-100), and
-// NaN / infinity maxima take the NaN path. Prints "ok <cases>" or the first failure.
+// NaN / infinity maxima take the NaN path; the SIMT family's int64 bound (a whole call's terms
+// of one entry) too. Prints "ok <cases>" or the first failure.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,6 +21,14 @@ static unsigned bits_of(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
 
 int main() {
   long cases = 0;
+  // the SIMT family's int64 tables: a call's terms of one entry at the bound stay below 2^62
+  for (long long terms = 1; terms <= (1ll << 40); terms = terms * 3 + 1) {
+    const int bits = fixed_bits_wide(terms);
+    if (bits > 52 || ldexp(double(terms), bits + 1) > ldexp(1.0, 62)) {
+      printf("fail: fixed_bits_wide(%lld) = %d overflows int64 or a double's mantissa\n", terms, bits);
+      return 1;
+    }
+  }
   if (drpb_fixed_shift(bits_of(INFINITY), 23) != 0 || drpb_fixed_shift(bits_of(NAN) & 0x7fffffffu, 23) != 0) {
     printf("fail: a non-finite maximum must take the NaN path\n");
     return 1;

@@ -1,4 +1,4 @@
-"""GPU tier: the dRPB of the tensor-core and Hopper backwards in fixed point
+"""GPU tier: the dRPB of the tensor-core, SIMT and Hopper backwards in fixed point
 (csrc/include/nattn/common/drpb_fixed.cuh): bitwise equal from run to run, accurate per head
 when the heads' gradients differ by many orders of magnitude (each head has its own scale),
 zero for a zero gradient, NaN for a head whose gradient holds a NaN. Each family forced with
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
     pytest.skip("needs an SM80+ GPU (the tensor-core family)", allow_module_level=True)
 _LIB = library.load()
-FAMILIES = ["tc"] + (["sm90"] if torch.cuda.get_device_capability() == (9, 0) and _LIB is not None
-                     and any(f == "sm90" for f, _, _ in _LIB.kernels) else [])
+FAMILIES = ["tc", "simt"] + (["sm90"] if torch.cuda.get_device_capability() == (9, 0) and _LIB is not None
+                             and any(f == "sm90" for f, _, _ in _LIB.kernels) else [])
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 SEED = random.randrange(2**31)
@@ -56,9 +56,10 @@ def drpb(q, k, v, rpb, grad, kw, backend="cuda", dtype=None):
 
 
 @pytest.mark.parametrize("i", range(12))
-def test_drpb_is_bitwise_repeatable(i):
+def test_drpb_is_bitwise_repeatable(i, family):
     rng = random.Random(SEED + i)
-    args = problem(rng, 1 + i % 3, rng.choice((torch.bfloat16, torch.float16)))
+    dtypes = (torch.float32, torch.bfloat16) if family == "simt" else (torch.bfloat16, torch.float16)
+    args = problem(rng, 1 + i % 3, rng.choice(dtypes))
     first = drpb(*args)
     assert torch.isfinite(first).all()
     for _ in range(2):

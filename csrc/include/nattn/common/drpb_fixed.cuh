@@ -20,9 +20,23 @@
 
 namespace nattn {
 
+__host__ __device__ constexpr int ceil_log2(long long x) {
+  int n = 0;
+  while ((1ll << n) < x) ++n;
+  return n;
+}
+
 // Fraction bits for blocks of up to `terms` keys: terms * 2^(bits + 1) <= 2^30.
-__host__ __device__ constexpr int fixed_bits(int terms) { return terms <= 1 ? 29 : fixed_bits((terms + 1) / 2) - 1; }
+__host__ __device__ constexpr int fixed_bits(int terms) { return 29 - ceil_log2(terms); }
 static_assert(fixed_bits(64) == 23 && fixed_bits(128) == 22 && fixed_bits(100) == 22, "fixed_bits");
+
+// The SIMT family's float32 dRPB wants more than 32-bit blocks give: its blocks stage int64
+// tables, so the bound is the whole call's terms of one entry (one per key token and batch):
+// terms * 2^(bits + 1) <= 2^62, at most 52 bits (a double's mantissa).
+__host__ __device__ constexpr int fixed_bits_wide(long long terms) {
+  return 61 - ceil_log2(terms) < 52 ? 61 - ceil_log2(terms) : 52;
+}
+static_assert(fixed_bits_wide(1 << 19) == 42 && fixed_bits_wide(2) == 52, "fixed_bits_wide");
 
 // s_h for the largest-|dS| bits m; heads without a finite largest |dS| return 0 (their
 // table is overwritten with NaN). The scale stays a normal float: s_h in [-126, 126].
@@ -45,6 +59,19 @@ __device__ __forceinline__ unsigned drpb_abs_max(unsigned running, float ds) {
   return bits > running ? bits : running;
 }
 
+// A block's largest |dS| into head_max without a barrier (the SIMT dQ pass returns early for
+// threads past the last query): every thread folds its maximum m into the block's (blk[0])
+// and counts itself in (blk[1]); the last one adds the block's maximum to the head's. blk
+// is zeroed before any thread returns.
+__device__ __forceinline__ void drpb_max_arrive(unsigned* blk, unsigned m, unsigned* head_max) {
+  atomicMax(blk, m);
+  __threadfence_block();  // the max before the count
+  if (atomicAdd(blk + 1, 1u) == blockDim.x - 1) {
+    __threadfence_block();
+    atomicMax(head_max, atomicOr(blk, 0u));
+  }
+}
+
 // The block's staged 32-bit table added to the int64 table of KV head hkv's query heads;
 // every thread of the block calls it.
 __device__ __forceinline__ void drpb_fixed_flush(const Params& p, int hkv, const int* smem, int64_t len) {
@@ -52,6 +79,14 @@ __device__ __forceinline__ void drpb_fixed_flush(const Params& p, int hkv, const
   unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hkv) * p.groups * p.rpb_head_size;
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
     if (smem[i] != 0) atomicAdd(dst + i, (unsigned long long)(long long)smem[i]);  // two's complement: signed sums
+}
+
+// The same for a staged int64 table (the SIMT family's).
+__device__ __forceinline__ void drpb_fixed_flush_wide(const Params& p, int hkv, const long long* smem, int64_t len) {
+  __syncthreads();
+  unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hkv) * p.groups * p.rpb_head_size;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
+    if (smem[i] != 0) atomicAdd(dst + i, (unsigned long long)smem[i]);
 }
 
 // drpb = table * 2^-s_h, one thread per entry (NaN for heads without a finite maximum).

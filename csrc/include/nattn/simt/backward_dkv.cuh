@@ -1,7 +1,9 @@
 // The SIMT backward's dK/dV pass: per key, over its inverse neighbourhood (every query head
-// of its KV head): dK, dV and dRPB (staged per block, common/drpb.cuh).
+// of its KV head): dK, dV and dRPB (staged per block: in int64 fixed point with the launcher's
+// workspace, common/drpb_fixed.cuh, else float32, common/drpb.cuh).
 #pragma once
 #include "nattn/common/drpb.cuh"
+#include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/softmax.cuh"
 #include "nattn/simt/common.cuh"
 #include "nattn/simt/dropout.cuh"
@@ -12,13 +14,16 @@ namespace nattn { namespace simt {
 template <typename T, int NA, int HD, bool kDrop>
 __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) {
   constexpr int C = cpt<HD>(), TPQ = tpq<HD>(), QPB = kThreads / TPQ, U = kBwdChunk;
-  extern __shared__ float drpb_smem[];  // [groups, rpb_head_size] when p.rpb_in_smem
+  extern __shared__ __align__(8) float drpb_smem[];  // [groups, rpb_head_size] when p.rpb_in_smem (int64: twice)
   const int lane = threadIdx.x % TPQ;
   const int64_t kj = int64_t(blockIdx.x) * QPB + threadIdx.x / TPQ;
   const int hkv = blockIdx.y, b = blockIdx.z;
   const bool stage = p.rpb != nullptr && p.rpb_in_smem;
+  const bool fixed = stage && p.drpb_fixed != nullptr;  // an int64 table: twice the words
+  long long* const fixed_smem = reinterpret_cast<long long*>(drpb_smem);
+  const int bits = fixed_bits_wide((long long)p.batch * p.tokens);  // a table entry's terms: one per key
   const int64_t smem_len = int64_t(p.groups) * p.rpb_head_size;
-  if (stage) drpb_stage_begin(drpb_smem, smem_len);
+  if (stage) drpb_stage_begin(drpb_smem, fixed ? 2 * smem_len : smem_len);
   if (kj < p.tokens) {  // no early return: the block meets again at the dRPB flush
     const unsigned mask = group_mask<TPQ>();
     const int ch = lane * C;
@@ -47,6 +52,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
       const T* DO = static_cast<const T*>(p.grad_out) + int64_t(b) * p.grad_out_s[0] +
                     int64_t(h) * p.grad_out_s[4] + ch;
       const float* rpb = p.rpb ? p.rpb + int64_t(h) * p.rpb_head_size : nullptr;
+      const float fixed_scale = fixed ? drpb_fixed_scale(p.drpb_max[h], bits) : 0.f;
       const int64_t row0 = int64_t(b) * p.tokens * p.heads + h;
       BoxCursor<NA, 3> cur(inv, g, p, strides, -1, jg);  // walks queries; off[2]: token index
       DropKeys drop;  // the mask of query head h
@@ -85,7 +91,10 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
             dk[i] = fmaf(ds, qq[u][i], dk[i]);
           }
           if (rpb && lane == 0) {
-            if (stage) atomicAdd(drpb_smem + int64_t(hg) * p.rpb_head_size + ridx[u], ds);
+            if (fixed)  // exact: a power-of-two scale, then the float's integer value
+              atomicAdd(reinterpret_cast<unsigned long long*>(fixed_smem) + int64_t(hg) * p.rpb_head_size + ridx[u],
+                        (unsigned long long)__float2ll_rn(ds * fixed_scale));
+            else if (stage) atomicAdd(drpb_smem + int64_t(hg) * p.rpb_head_size + ridx[u], ds);
             else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx[u], ds);
           }
         }
@@ -105,7 +114,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
       store_channels<C>(static_cast<T*>(p.dv) + int64_t(b) * p.dv_s[0] + token_offset<NA>(c, p.dv_s) +
                             int64_t(hkv) * p.dv_s[4] + ch, dv, ch, p.dim_v);
   }
-  if (stage) drpb_stage_flush(p, hkv, drpb_smem, smem_len);
+  if (fixed) drpb_fixed_flush_wide(p, hkv, fixed_smem, smem_len);
+  else if (stage) drpb_stage_flush(p, hkv, drpb_smem, smem_len);
 }
 
 }  }  // namespace nattn::simt

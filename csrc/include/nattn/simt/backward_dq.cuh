@@ -1,5 +1,7 @@
-// The SIMT backward's dQ pass: per query, delta = rowsum(dO * O) - dLSE and dQ over its window.
+// The SIMT backward's dQ pass: per query, delta = rowsum(dO * O) - dLSE and dQ over its window
+// (and, with a fixed-point dRPB, each head's largest |dS|: common/drpb_fixed.cuh).
 #pragma once
+#include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/softmax.cuh"
 #include "nattn/simt/common.cuh"
 #include "nattn/simt/dropout.cuh"
@@ -12,8 +14,16 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
   constexpr int C = cpt<HD>(), TPQ = tpq<HD>(), QPB = kThreads / TPQ, U = kBwdChunk;
   const int lane = threadIdx.x % TPQ;
   const int64_t qi = int64_t(blockIdx.x) * QPB + threadIdx.x / TPQ;
-  if (qi >= p.tokens) return;
   const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.groups;
+  __shared__ unsigned blk_max[2];  // fixed-point dRPB: the block's largest |dS|, threads counted
+  if (p.drpb_max) {
+    if (threadIdx.x == 0) blk_max[0] = blk_max[1] = 0;
+    __syncthreads();
+  }
+  if (qi >= p.tokens) {
+    if (p.drpb_max) drpb_max_arrive(blk_max, 0, p.drpb_max + h);
+    return;
+  }
   const unsigned mask = group_mask<TPQ>();
   const int ch = lane * C;
   const bool has_qk = ch < p.dim;
@@ -50,6 +60,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
   float dq[C];
 #pragma unroll
   for (int i = 0; i < C; ++i) dq[i] = 0.f;
+  unsigned ds_max = 0;  // with a fixed-point dRPB: the largest |dS| of the query's scores, as float bits
   for (int base = 0; base < total; base += U) {
     float kk[U][C], red[2 * U];  // red: logits, then dP
     float bias[U];
@@ -73,6 +84,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
       float dp = red[U + u];
       if constexpr (kDrop) dp = keep[u] ? dp * p.drop_scale : 0.f;  // m dP / (1 - p)
       const float ds = ok ? exp2f(red[u] + bias[u] - lse2) * (dp - delta) : 0.f;
+      ds_max = drpb_abs_max(ds_max, ds);
 #pragma unroll
       for (int i = 0; i < C; ++i) dq[i] = fmaf(ds, kk[u][i], dq[i]);
     }
@@ -83,6 +95,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
     store_channels<C>(static_cast<T*>(p.dq) + int64_t(b) * p.dq_s[0] + token_offset<NA>(c, p.dq_s) +
                           int64_t(h) * p.dq_s[4] + ch, dq, ch, p.dim);
   }
+  if (p.drpb_max) drpb_max_arrive(blk_max, ds_max, p.drpb_max + h);
 }
 
 }  }  // namespace nattn::simt

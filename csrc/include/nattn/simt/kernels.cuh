@@ -40,15 +40,20 @@ void launch_forward_as(const Params& p, cudaStream_t stream) {
 }
 
 template <typename T, int NA, int HD, bool kDrop>
-void launch_backward_as(const Params& p, cudaStream_t stream) {
+void launch_backward_as(const Params& problem, cudaStream_t stream) {
   constexpr int QPB = kThreads / tpq<HD>();
+  Params p = problem;
   const unsigned blocks = unsigned((p.tokens + QPB - 1) / QPB);
+  const int64_t smem = drpb_stage_bytes(p);  // larger tables go straight to global atomics
+  // A staged dRPB whose int64 table fits sums in fixed point (deterministic): the dQ pass
+  // records each head's largest |dS| into the workspace first.
+  const bool fixed = smem > 0 && 2 * smem <= kMaxDrpbSmemBytes && drpb_fixed_begin(p, stream);
   backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), kThreads, 0, stream>>>(p);
   Params pk = p;
-  const int64_t smem = drpb_stage_bytes(p);  // larger tables go straight to global atomics
   pk.rpb_in_smem = smem > 0;
   backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), kThreads,
-                                          pk.rpb_in_smem ? size_t(smem) : 0, stream>>>(pk);
+                                          pk.rpb_in_smem ? size_t(fixed ? 2 * smem : smem) : 0, stream>>>(pk);
+  if (fixed) drpb_fixed_end(pk, fixed_bits_wide((long long)p.batch * p.tokens), stream);
 }
 
 // A call with attention dropout (Params::drop_rng) runs the kDrop instances.
