@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|optimize|qkav|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|optimize|qkav|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -52,6 +52,16 @@ if [[ $what == *quick* ]]; then
       --error-exitcode 9 python3 tests/gpu/sanitize_sweep.py > "$OUT/sanitizer_quick.log" 2>&1
     echo "compute-sanitizer memcheck (tc sweep) rc=$?"; tail -2 "$OUT/sanitizer_quick.log"
   done
+fi
+# backward: after a change to the backward passes of every family (~5 minutes with quick): the
+# Hopper backward sweep (and its determinism tests) and the sweep on SIMT alone.
+if [[ $what == *backward* ]]; then
+  echo "== GPU sm90 backward sweep, NATTN_FAMILY=sm90"
+  NATTN_FAMILY=sm90 timeout ${SM90_BWD_TIMEOUT:-300} python3 -m pytest -m gpu tests/gpu/test_sm90_backward.py -q -n 0 \
+    --maxfail=25 -p no:cacheprovider 2>&1 | tee -a "$OUT/backward.log" | tail -5
+  echo "== GPU sweep, NATTN_FAMILY=simt"
+  NATTN_FAMILY=simt timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu tests/gpu/test_cuda_vs_reference.py -q -n 0 \
+    --maxfail=25 -p no:cacheprovider 2>&1 | tee -a "$OUT/backward.log" | tail -3
 fi
 if [[ $what == all || $what == *sanitize* ]]; then
   timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
