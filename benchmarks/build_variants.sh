@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds tuning variants of libnattn (bf16 only, one arch) into variants/NAME.so, for one
-# device call that times them side by side (`bash tests/gpu/run_device.sh variants`).
+# Builds tuning variants of libnattn (bf16 only, one arch) into variants/NAME.so (and
+# .dev/var/NAME.so.xz, compressed: carry `.dev` to the device), for one device call that
+# times them side by side (`bash tests/gpu/run_device.sh variants`).
 # Usage: bash benchmarks/build_variants.sh NAME="-DMACRO=VALUE ..." [NAME=...] ...
 # Example (the register caps of csrc/include/nattn/tc/kernels.cuh):
 #   bash benchmarks/build_variants.sh base="" dkv32x4="-DNATTN_TC_DKV_BLOCKS_HD32=4" \
@@ -25,5 +26,9 @@ for spec in "$@"; do
   cmake --build "$dir" --parallel "${NATTN_N_WORKERS:-$(nproc)}" > "$dir.build.log" 2>&1 \
     || { tail -30 "$dir.build.log"; exit 1; }
   cp "$dir/libnattn.so" "variants/$name.so"
-  ls -la "variants/$name.so"
+  # and compressed for the device tool's carry limit (carry .dev; run_device.sh unpacks it)
+  mkdir -p .dev/var
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(open(sys.argv[1], 'rb'), lzma.open(sys.argv[2], 'wb', preset=1))" \
+    "variants/$name.so" ".dev/var/$name.so.xz"
+  ls -la "variants/$name.so" ".dev/var/$name.so.xz"
 done

@@ -21,6 +21,14 @@ xz=${LIB_XZ:-.dev/libnattn.so.xz}
 if [[ -f $xz && ( -n ${LIB_XZ:-} || ! -f nattn/_cuda/libnattn.so ) ]]; then
   python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open('nattn/_cuda/libnattn.so', 'wb'))" "$xz"
 fi
+# Tuning builds travel compressed too (benchmarks/build_variants.sh writes .dev/var/NAME.so.xz;
+# ~10 MiB each uncompressed): unpacked into variants/ for the variants / varcheck / ab modes.
+for f in .dev/var/*.so.xz; do
+  [[ -f $f ]] || continue
+  mkdir -p variants
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    "$f" "variants/$(basename "$f" .xz)"
+done
 python3 -c "import nattn.build_info as b; print(b.build_config())" 2>&1 | tee "$OUT/build_info.txt"
 if [[ $what == all || $what == *tests* ]]; then  # TEST_LIBS: libraries to test (default: the package's)
   for lib in ${TEST_LIBS:-nattn/_cuda/libnattn.so}; do
