@@ -52,6 +52,7 @@ _FAMILY = "simt"
 _MAX_GRID_YZ = 65535
 _ERR_LEN = 2048
 _MAX_TEMPLATES = 256  # cached problem layouts (cleared when full)
+_DRPB_STAGE_BYTES = 48 * 1024  # kMaxDrpbSmemBytes (csrc/include/nattn/common/drpb.cuh)
 _Problem = ctypes.c_int64 * kernel_table.NUM_PROBLEM_FIELDS
 # Indices of the pointer fields, in the order _pack passes the tensors.
 _PTR_SLOTS = tuple(kernel_table.FIELD_OFFSETS[f"{n}_ptr"] for n in (
@@ -177,6 +178,11 @@ class CudaBackend(Backend):
             return []
         if _DROPOUT_FAMILY not in families:
             return [f"libnattn at {lib.path} has no attention dropout (dropout_p > 0): rebuild it"]
+        return self._tc_reasons(lib, q, v, params)
+
+    def _tc_reasons(self, lib, q, v, params) -> List[str]:
+        """Why libnattn's tensor-core family does not run this problem (empty: it does), worded
+        for the call with attention dropout that needs it."""
         head = "dropout_p > 0 runs on libnattn's tensor-core family only"
         dtype = _DTYPE_NAMES.get(q.dtype)
         tf32 = q.dtype == torch.float32 and _tf32.allowed()
@@ -392,9 +398,31 @@ class CudaBackend(Backend):
         self._call(lib, lib.forward, fields, device, params.scale)
         return out, lse
 
+    def _alert_drpb_not_deterministic(self, lib, q, v, rpb, params) -> None:
+        """torch's deterministic-algorithms alert (an error, or a warning with warn_only) for an
+        RPB gradient libnattn sums with float atomics: the families stage a KV head's tables in
+        fixed point (integer sums, the same in any order) when they fit in _DRPB_STAGE_BYTES
+        of shared memory, at 4 bytes an entry on the tensor-core and Hopper families and 8 on
+        the SIMT one (csrc/include/nattn/common/drpb_fixed.cuh)."""
+        entry_bytes = 8 if self._tc_reasons(lib, q, v, params) else 4  # SIMT's int64 tables
+        table_bytes = (q.shape[-2] // v.shape[-2]) * rpb[0].numel() * entry_bytes
+        if table_bytes <= _DRPB_STAGE_BYTES:
+            return
+        msg = (f"nattn's RPB gradient of {q.shape[-2] // v.shape[-2]} x {tuple(rpb.shape[1:])} bias tables "
+               f"a KV head ({table_bytes} bytes at {entry_bytes} an entry, above the {_DRPB_STAGE_BYTES} "
+               "its kernels sum in fixed point) is summed with float atomics, whose order may vary "
+               "between runs, but torch.use_deterministic_algorithms(True) is set")
+        if torch.is_deterministic_algorithms_warn_only_enabled():
+            warnings.warn(msg, UserWarning, stacklevel=4)
+        else:
+            raise RuntimeError(msg + "; a smaller kernel (or fewer query heads a KV head) keeps it "
+                               "deterministic, or use torch.use_deterministic_algorithms(True, warn_only=True)")
+
     def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, config=kernel_config.DEFAULT,
                     rng=None, grads_into=None):
         lib = self._lib()
+        if rpb is not None and torch.are_deterministic_algorithms_enabled():
+            self._alert_drpb_not_deterministic(lib, q, v, rpb, params)
         if _needs_copy(grad_out):  # e.g. expanded (stride 0) gradients of a .sum()
             grad_out = grad_out.contiguous()
         if _needs_copy(out):
