@@ -1,7 +1,9 @@
 """The cuda backend under torch.use_deterministic_algorithms(True): an RPB gradient libnattn
 sums in fixed point (a KV head's tables within the 48 KiB its kernels stage: 4 bytes an entry
 on the tensor-core and Hopper families, 8 on SIMT) passes; a larger one, summed with float
-atomics, raises torch's alert (a warning with warn_only). CPU only: a stand-in library."""
+atomics, raises torch's alert (a warning with warn_only), and warns for a call that asked for
+the deterministic configuration (deterministic=True pins "dq=pass"). CPU only: a stand-in
+library."""
 
 import pytest
 import torch
@@ -23,15 +25,15 @@ def lib(monkeypatch):
     torch.use_deterministic_algorithms(False)
 
 
-def backward(kernel, dtype=torch.float16, heads=2, heads_kv=2):
+def backward(kernel, dtype=torch.float16, heads=2, heads_kv=2, backend=CUDA):
     """One 2-D backward with an RPB of ``kernel`` (odd) through the stand-in library."""
     side = kernel + 2
     q = torch.randn(1, side, side, heads, 16, dtype=dtype)
     kv = torch.randn(1, side, side, heads_kv, 16, dtype=dtype)
     rpb = torch.randn(heads, 2 * kernel - 1, 2 * kernel - 1)
     params = normalize(q, kv, kv, 2, kernel, rpb=rpb)
-    out, lse = CUDA.na_forward(q, kv, kv, rpb, params)
-    return CUDA.na_backward(q, kv, kv, rpb, out, lse, out, None, params)
+    out, lse = backend.na_forward(q, kv, kv, rpb, params)
+    return backend.na_backward(q, kv, kv, rpb, out, lse, out, None, params)
 
 
 def test_tables_the_kernels_stage_pass(lib):
@@ -65,3 +67,15 @@ def test_simt_forced_counts_eight_bytes(lib, monkeypatch):
     with pytest.raises(RuntimeError, match="8 an entry"):
         backward(41, torch.float16)
     assert cuda_backend._DRPB_STAGE_BYTES == 48 * 1024
+
+
+def test_deterministic_configuration_warns(lib, recwarn):
+    """Without torch's switch, the pinned deterministic configuration warns about a float-atomic
+    dRPB (and stays silent for a staged one)."""
+    pinned = CUDA.configured("dq=pass")
+    backward(55, backend=pinned)
+    assert not [w for w in recwarn if "float atomics" in str(w.message)]
+    with pytest.warns(UserWarning, match="asked for a deterministic backward"):
+        backward(57, backend=pinned)
+    backward(57)  # the default configuration: no promise, no warning (pytest.warns took the one above)
+    assert not [w for w in recwarn if "float atomics" in str(w.message)]

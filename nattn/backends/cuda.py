@@ -398,12 +398,13 @@ class CudaBackend(Backend):
         self._call(lib, lib.forward, fields, device, params.scale)
         return out, lse
 
-    def _alert_drpb_not_deterministic(self, lib, q, v, rpb, params) -> None:
+    def _alert_drpb_not_deterministic(self, lib, q, v, rpb, params, torch_switch: bool) -> None:
         """torch's deterministic-algorithms alert (an error, or a warning with warn_only) for an
-        RPB gradient libnattn sums with float atomics: the families stage a KV head's tables in
-        fixed point (integer sums, the same in any order) when they fit in _DRPB_STAGE_BYTES
-        of shared memory, at 4 bytes an entry on the tensor-core and Hopper families and 8 on
-        the SIMT one (csrc/include/nattn/common/drpb_fixed.cuh)."""
+        RPB gradient libnattn sums with float atomics, or (``torch_switch`` off: the call asked
+        for the deterministic configuration, ``deterministic=True``) a warning: the families
+        stage a KV head's tables in fixed point (integer sums, the same in any order) when they
+        fit in _DRPB_STAGE_BYTES of shared memory, at 4 bytes an entry on the tensor-core and
+        Hopper families and 8 on the SIMT one (csrc/include/nattn/common/drpb_fixed.cuh)."""
         entry_bytes = 8 if self._tc_reasons(lib, q, v, params) else 4  # SIMT's int64 tables
         table_bytes = (q.shape[-2] // v.shape[-2]) * rpb[0].numel() * entry_bytes
         if table_bytes <= _DRPB_STAGE_BYTES:
@@ -411,8 +412,9 @@ class CudaBackend(Backend):
         msg = (f"nattn's RPB gradient of {q.shape[-2] // v.shape[-2]} x {tuple(rpb.shape[1:])} bias tables "
                f"a KV head ({table_bytes} bytes at {entry_bytes} an entry, above the {_DRPB_STAGE_BYTES} "
                "its kernels sum in fixed point) is summed with float atomics, whose order may vary "
-               "between runs, but torch.use_deterministic_algorithms(True) is set")
-        if torch.is_deterministic_algorithms_warn_only_enabled():
+               "between runs, but " + ("torch.use_deterministic_algorithms(True) is set" if torch_switch
+                                      else "the call asked for a deterministic backward"))
+        if not torch_switch or torch.is_deterministic_algorithms_warn_only_enabled():
             warnings.warn(msg, UserWarning, stacklevel=4)
         else:
             raise RuntimeError(msg + "; a smaller kernel (or fewer query heads a KV head) keeps it "
@@ -421,8 +423,10 @@ class CudaBackend(Backend):
     def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, config=kernel_config.DEFAULT,
                     rng=None, grads_into=None):
         lib = self._lib()
-        if rpb is not None and torch.are_deterministic_algorithms_enabled():
-            self._alert_drpb_not_deterministic(lib, q, v, rpb, params)
+        if rpb is not None:
+            torch_switch = torch.are_deterministic_algorithms_enabled()
+            if torch_switch or config.dq_mode == kernel_config.DQ_MODES["pass"]:  # deterministic=True pins it
+                self._alert_drpb_not_deterministic(lib, q, v, rpb, params, torch_switch)
         if _needs_copy(grad_out):  # e.g. expanded (stride 0) gradients of a .sum()
             grad_out = grad_out.contiguous()
         if _needs_copy(out):
