@@ -406,10 +406,11 @@ class CudaBackend(Backend):
         fit in _DRPB_STAGE_BYTES of shared memory, at 4 bytes an entry on the tensor-core and
         Hopper families and 8 on the SIMT one (csrc/include/nattn/common/drpb_fixed.cuh)."""
         entry_bytes = 8 if self._tc_reasons(lib, q, v, params) else 4  # SIMT's int64 tables
-        table_bytes = (q.shape[-2] // v.shape[-2]) * rpb[0].numel() * entry_bytes
+        groups = q.shape[-2] // v.shape[-2]  # query heads a KV head: the tables one block stages
+        table_bytes = groups * rpb[0].numel() * entry_bytes
         if table_bytes <= _DRPB_STAGE_BYTES:
             return
-        msg = (f"nattn's RPB gradient of {q.shape[-2] // v.shape[-2]} x {tuple(rpb.shape[1:])} bias tables "
+        msg = (f"nattn's RPB gradient of {groups} x {tuple(rpb.shape[1:])} bias tables "
                f"a KV head ({table_bytes} bytes at {entry_bytes} an entry, above the {_DRPB_STAGE_BYTES} "
                "its kernels sum in fixed point) is summed with float atomics, whose order may vary "
                "between runs, but " + ("torch.use_deterministic_algorithms(True) is set" if torch_switch

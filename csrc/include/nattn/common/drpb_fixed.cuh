@@ -72,21 +72,22 @@ __device__ __forceinline__ void drpb_max_arrive(unsigned* blk, unsigned m, unsig
   }
 }
 
-// The block's staged 32-bit table added to the int64 table of KV head hkv's query heads;
-// every thread of the block calls it.
-__device__ __forceinline__ void drpb_fixed_flush(const Params& p, int hkv, const int* smem, int64_t len) {
-  __syncthreads();
+// Adds a block's staged table (32-bit entries, or the SIMT family's 64-bit ones) to the int64
+// table of KV head hkv's query heads, from threads first, first + step, ...; the caller has
+// synchronised the threads that staged it.
+template <typename E>
+__device__ __forceinline__ void drpb_fixed_add(const Params& p, int hkv, const E* smem, int64_t len, unsigned first,
+                                               unsigned step) {
   unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hkv) * p.groups * p.rpb_head_size;
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
+  for (int64_t i = first; i < len; i += step)
     if (smem[i] != 0) atomicAdd(dst + i, (unsigned long long)(long long)smem[i]);  // two's complement: signed sums
 }
 
-// The same for a staged int64 table (the SIMT family's).
-__device__ __forceinline__ void drpb_fixed_flush_wide(const Params& p, int hkv, const long long* smem, int64_t len) {
+// The same by every thread of the block, after a barrier; every thread of the block calls it.
+template <typename E>
+__device__ __forceinline__ void drpb_fixed_flush(const Params& p, int hkv, const E* smem, int64_t len) {
   __syncthreads();
-  unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hkv) * p.groups * p.rpb_head_size;
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x)
-    if (smem[i] != 0) atomicAdd(dst + i, (unsigned long long)smem[i]);
+  drpb_fixed_add(p, hkv, smem, len, threadIdx.x, blockDim.x);
 }
 
 // drpb = table * 2^-s_h, one thread per entry (NaN for heads without a finite maximum).

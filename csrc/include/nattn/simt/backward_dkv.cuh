@@ -11,6 +11,10 @@
 namespace nattn { namespace simt {
 
 // ------------------------------------------------------ backward: dK, dV, dRPB per key
+// Fraction bits of the fixed-point dRPB (int64 tables): a table entry's terms in the call are
+// at most one per key token and batch.
+__host__ __device__ inline int drpb_bits(const Params& p) { return fixed_bits_wide((long long)p.batch * p.tokens); }
+
 template <typename T, int NA, int HD, bool kDrop>
 __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) {
   constexpr int C = cpt<HD>(), TPQ = tpq<HD>(), QPB = kThreads / TPQ, U = kBwdChunk;
@@ -21,7 +25,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
   const bool stage = p.rpb != nullptr && p.rpb_in_smem;
   const bool fixed = stage && p.drpb_fixed != nullptr;  // an int64 table: twice the words
   long long* const fixed_smem = reinterpret_cast<long long*>(drpb_smem);
-  const int bits = fixed_bits_wide((long long)p.batch * p.tokens);  // a table entry's terms: one per key
+  const int bits = fixed ? drpb_bits(p) : 0;
   const int64_t smem_len = int64_t(p.groups) * p.rpb_head_size;
   if (stage) drpb_stage_begin(drpb_smem, fixed ? 2 * smem_len : smem_len);
   if (kj < p.tokens) {  // no early return: the block meets again at the dRPB flush
@@ -114,7 +118,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkv_kernel(const Params p) 
       store_channels<C>(static_cast<T*>(p.dv) + int64_t(b) * p.dv_s[0] + token_offset<NA>(c, p.dv_s) +
                             int64_t(hkv) * p.dv_s[4] + ch, dv, ch, p.dim_v);
   }
-  if (fixed) drpb_fixed_flush_wide(p, hkv, fixed_smem, smem_len);
+  if (fixed) drpb_fixed_flush(p, hkv, fixed_smem, smem_len);
   else if (stage) drpb_stage_flush(p, hkv, drpb_smem, smem_len);
 }
 

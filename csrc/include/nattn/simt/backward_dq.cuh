@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Params p) {
       float dp = red[U + u];
       if constexpr (kDrop) dp = keep[u] ? dp * p.drop_scale : 0.f;  // m dP / (1 - p)
       const float ds = ok ? exp2f(red[u] + bias[u] - lse2) * (dp - delta) : 0.f;
-      ds_max = drpb_abs_max(ds_max, ds);
+      if (p.drpb_max) ds_max = drpb_abs_max(ds_max, ds);  // only for a fixed-point dRPB
 #pragma unroll
       for (int i = 0; i < C; ++i) dq[i] = fmaf(ds, kk[u][i], dq[i]);
     }

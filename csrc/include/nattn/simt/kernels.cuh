@@ -53,7 +53,7 @@ void launch_backward_as(const Params& problem, cudaStream_t stream) {
   pk.rpb_in_smem = smem > 0;
   backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), kThreads,
                                           pk.rpb_in_smem ? size_t(fixed ? 2 * smem : smem) : 0, stream>>>(pk);
-  if (fixed) drpb_fixed_end(pk, fixed_bits_wide((long long)p.batch * p.tokens), stream);
+  if (fixed) drpb_fixed_end(pk, drpb_bits(p), stream);
 }
 
 // A call with attention dropout (Params::drop_rng) runs the kDrop instances.

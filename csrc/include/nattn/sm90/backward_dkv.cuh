@@ -30,6 +30,9 @@
 
 namespace nattn { namespace sm90 {
 
+// Fraction bits of the fixed-point dRPB: a CTA's 128 keys bound a table entry's terms.
+constexpr int kDrpbFixedBits = fixed_bits(2 * kWgRows);
+
 // The KV-parallel dQ's fp32 staging of one consumer warpgroup: its 64 query rows x HD / 2
 // channels (the warpgroups split the channels), as boxes of kInner channels in the layout the
 // copy engine reads for a swizzled fp32 box (rows of 128 bytes, or 64 at head dim 32).
@@ -115,7 +118,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // After the deterministic dQ pass a staged table is in fixed point (32-bit integers; the
   // launcher stages it only with the workspace); the KV-parallel dQ mode stages float32.
   const bool fixed = stage_rpb && !DQ_ATOMIC;
-  constexpr int kFixed = fixed_bits(2 * kWgRows);  // the CTA's keys bound an entry's terms
   const int64_t rpb_len = int64_t(p.groups) * p.rpb_head_size;
 
   if (threadIdx.x == 0) {
@@ -431,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (it >= 1) dq_product(it - 1);
       }
       if (has_rpb) {  // dRPB from the 16-bit dS^T (masked scores have P = 0, so dS = 0 exactly)
-        const float fixed_scale = fixed ? drpb_fixed_scale(p.drpb_max[h], kFixed) : 0.f;
+        const float fixed_scale = fixed ? drpb_fixed_scale(p.drpb_max[h], kDrpbFixedBits) : 0.f;
 #pragma unroll
         for (int i = 0; i < kNq / 2; i += 2) {
           const float2 ds = unpack2<T>(da[i / 8][(i % 8) / 2]);
@@ -485,10 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (fixed) {  // the consumers' staged dRPB into the int64 table (producers have left)
       named_sync(5, 256);
-      const int* src = reinterpret_cast<const int*>(drpb_smem);
-      unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(h_kv) * p.groups * p.rpb_head_size;
-      for (int64_t i = threadIdx.x - 128; i < rpb_len; i += 256)
-        if (src[i] != 0) atomicAdd(dst + i, (unsigned long long)(long long)src[i]);
+      drpb_fixed_add(p, h_kv, reinterpret_cast<const int*>(drpb_smem), rpb_len, threadIdx.x - 128, 256);
     } else if (stage_rpb) {  // ... or into the float32 gradient
       named_sync(5, 256);
       float* dst = p.drpb + int64_t(h_kv) * p.groups * p.rpb_head_size;

@@ -211,7 +211,7 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
       p, l->dq_q, l->dq_do, l->dq_k, l->dq_v);
   backward_dkv_kernel<T, NA, HD, Tl, false><<<dkv_grid, kThreads, Dkv::kAllocFixed + size_t(fixed ? rpb_bytes : 0), stream>>>(
       p, l->kv_k, l->kv_v, l->kv_q, l->kv_do, l->kv_q);
-  if (fixed) drpb_fixed_end(p, fixed_bits(2 * kWgRows), stream);
+  if (fixed) drpb_fixed_end(p, kDrpbFixedBits, stream);
 }
 
 }  }  // namespace nattn::sm90

@@ -17,6 +17,12 @@ constexpr int dkv_warp_bytes() {
   return (2 * kTcStages + 2) * Layout<T, HD>::TILE * int(sizeof(typename Layout<T, HD>::S)) + kTcStages * 2 * CW * 4;
 }
 
+// Fraction bits of the fixed-point dRPB: a block's keys bound a table entry's terms.
+template <typename T, int HD>
+constexpr int dkv_fixed_bits() {
+  return fixed_bits(block_warps<T, HD>() * QW);
+}
+
 template <typename T, int NA, int HD, bool kDrop>
 __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA, HD, kDrop>())
     backward_dkv_kernel(const Params p) {
@@ -39,7 +45,6 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
   const bool stage_bias = stage_rpb && p.rpb_in_smem == 2;
   // A staged dRPB is summed in fixed point (32-bit integers; the launcher stages it only with
   // the workspace); otherwise float32 atomics on global memory.
-  constexpr int kBits = fixed_bits(W * QW);  // the block's keys bound a table entry's terms
   float* const bias_smem = drpb_smem + smem_len;
   if (stage_bias) {  // pre-scaled to log2 units: the score's FFMA adds it
     const float* src = p.rpb + int64_t(hkv) * smem_len;
@@ -89,7 +94,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       const float* const bias_head = bias_smem + hg * p.rpb_head_size;
       float* const drpb_head = drpb_smem + hg * p.rpb_head_size;
       int* const fixed_head = reinterpret_cast<int*>(drpb_head);
-      const float fixed_scale = stage_rpb ? drpb_fixed_scale(p.drpb_max[h], kBits) : 0.f;
+      const float fixed_scale = stage_rpb ? drpb_fixed_scale(p.drpb_max[h], dkv_fixed_bits<T, HD>()) : 0.f;
       const int bias_at = !rpb ? kNoBias : stage_bias ? kBiasShared : kBiasGlobal;
       DropKeys drop;  // the mask of query head h
       if constexpr (kDrop) drop.init(p, b, h);

@@ -140,7 +140,7 @@ void launch_backward_as(const Params& problem, cudaStream_t stream) {
   pk.rpb_in_smem = rpb_bytes > 0 ? (bias_fits ? 2 : 1) : 0;
   const size_t dkv_smem = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(rpb_bytes) * size_t(pk.rpb_in_smem);
   backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), W * 32, dkv_smem, stream>>>(pk);
-  if (fixed) drpb_fixed_end(pk, fixed_bits(W * QW), stream);
+  if (fixed) drpb_fixed_end(pk, dkv_fixed_bits<T, HD>(), stream);
 }
 
 // A call with attention dropout (Params::drop_rng) runs the kDrop instances.
