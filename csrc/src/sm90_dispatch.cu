@@ -50,8 +50,12 @@ constexpr int kTcRpbMaxHeadDim = 64;
 // The backward with an RPB (call 4, forward + backward, bf16, ms, tc vs the default's sm90
 // backward): 2-D D64 13x13 1.53 vs 2.90, 17x17 2.53 vs 3.99, 21x21 3.07 vs 5.43, D32 21x21
 // 2.23 vs 5.03; 3-D D64 5x9x9 3.38 vs 6.38, 7x9x9 4.48 vs 8.46: the sm90 dK/dV pass's dRPB
-// makes it ~2x slower. With an RPB the backward runs sm90 only from this many keys.
-constexpr int64_t kSm90MinWindowBackwardRpb = 2048;
+// makes it ~2x slower. Twenty-first session, with both dK/dV passes' dRPB in fixed point
+// (PERF.md call 2; backward = f+b - forward, GPU time, tc vs sm90): 2-D D64 13x13 0.98 vs
+// 1.69, 21x21 1.97 vs 3.13, 31x31 4.40 vs 4.35, 45x45 (B8) 3.14 vs 2.53; D32 21x21 1.39 vs
+// 2.88; 3-D D64 5x7x7 1.13 vs 2.54, 7x9x9 2.83 vs 4.71, 9x13x13 8.14 vs 8.41. With an RPB
+// the backward runs sm90 only from this many keys (per NA dim; 1-D not measured).
+constexpr int64_t kSm90MinWindowBackwardRpb[3] = {2048, 1024, 2048};
 // Thirteenth session (PERF.md; 2-D forward at head dims 64 and 128, ms): without dilation,
 // stride or causality sm90 wins from 7x7 too (56x56 B32: 7x7 0.161 vs 0.197, 9x9 0.185 vs
 // 0.238, 11x11 0.244 vs 0.309, 7x7 at head dim 128 0.161 vs 0.197; 112x112 7x7 0.163 vs
@@ -266,7 +270,7 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
   if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;
   if (!backward && p.rpb && head_dim <= kTcRpbMaxHeadDim && window <= kTcRpbMaxWindow[p.na_dim - 1]) return false;
-  if (backward && p.rpb && window < kSm90MinWindowBackwardRpb) return false;
+  if (backward && p.rpb && window < kSm90MinWindowBackwardRpb[p.na_dim - 1]) return false;
   if (!backward && p.na_dim == 2 && head_dim <= kSm90SmallHeadDim) return window >= kSm90MinWindow2dSmallHead;
   if (!backward && p.na_dim == 2 && plain_2d_window(p))
     return window >= (head_dim <= 64 ? kSm90MinWindow2dPlainHead64 : kSm90MinWindow2dPlain);

@@ -30,6 +30,9 @@ for f in .dev/var/*.so.xz; do
     "$f" "variants/$(basename "$f" .xz)"
 done
 python3 -c "import nattn.build_info as b; print(b.build_config())" 2>&1 | tee "$OUT/build_info.txt"
+# An uninstalled source tree has no nattn.models (setup.py maps models/ there): link it
+# before any test or benchmark imports it.
+python3 -c "import nattn.models" 2>/dev/null || ln -sfn ../models nattn/models
 if [[ $what == all || $what == *tests* ]]; then  # TEST_LIBS: libraries to test (default: the package's)
   for lib in ${TEST_LIBS:-nattn/_cuda/libnattn.so}; do
     echo "== GPU tests with $lib"
@@ -75,6 +78,11 @@ if [[ $what == all || $what == *sanitize* ]]; then
   timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
     python3 tests/gpu/sanitize_sweep.py > "$OUT/sanitizer.log" 2>&1
   echo "compute-sanitizer rc=$?"; tail -5 "$OUT/sanitizer.log"
+  for tool in memcheck racecheck; do  # the SIMT family (its dQ pass counts threads with shared atomics)
+    NATTN_FAMILY=simt NATTN_SANITIZE_CASES=12 timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool $tool \
+      --error-exitcode 9 python3 tests/gpu/sanitize_sweep.py > "$OUT/sanitizer_simt_$tool.log" 2>&1
+    echo "compute-sanitizer $tool (simt) rc=$?"; tail -2 "$OUT/sanitizer_simt_$tool.log"
+  done
   for tool in memcheck racecheck synccheck; do  # the Hopper family (TMA, mbarriers, wgmma)
     NATTN_FAMILY=sm90 timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool $tool --error-exitcode 9 \
       python3 tests/gpu/sanitize_sm90.py > "$OUT/sanitizer_sm90_$tool.log" 2>&1
@@ -121,8 +129,6 @@ fi
 if [[ $what == *host* ]]; then  # host time per call (kernels negligible)
   timeout 60 python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/host.txt" | tail -2
 fi
-# An uninstalled source tree has no nattn.models (setup.py maps models/ there): link it.
-python3 -c "import nattn.models" 2>/dev/null || ln -sfn ../models nattn/models
 if [[ $what == *compile* ]]; then  # eager vs torch.compile step of a NAT model, graph breaks
   timeout ${COMPILE_TIMEOUT:-400} python3 benchmarks/compile_profile.py ${COMPILE_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/compile.txt" | tail -50
 fi
@@ -170,12 +176,13 @@ if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
   ab_rounds "${AB_PROBLEMS:-dinat-s1-2d,mid-2d-k13,video-3d,video-b1-k7}" "${specs[@]}"
 fi
 # The default choice against NATTN_FAMILY=sm90 (its default pair), forward and forward +
-# backward, for moving the dispatch thresholds (src/sm90_dispatch.cu: kSm90MinWindow*). FB_PROBLEMS:
+# backward, for moving the dispatch thresholds (src/sm90_dispatch.cu: kSm90MinWindow*). AB_ARGS as
+# for ab (graphs, rpb); FB_PROBLEMS:
 # bench names or ad-hoc shapes (benchmarks/library_ab.py: SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]).
 if [[ $what == *familyab* ]]; then
   probs=${FB_PROBLEMS:-56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,28x28-k7x7-b32-h8-d64-dil2x2,56x56-k9x9-b32-h4-d64,16x32x32-k3x7x7-b2-h8-d64}
   for fam in default sm90; do
-    NATTN_FAMILY=$([[ $fam == sm90 ]] && echo sm90) timeout 200 python3 benchmarks/library_ab.py $fam "$probs" bwd 2>&1 \
+    NATTN_FAMILY=$([[ $fam == sm90 ]] && echo sm90) timeout 200 python3 benchmarks/library_ab.py $fam "$probs" bwd ${AB_ARGS:-} 2>&1 \
       | grep -v "^ \|^Traceback" | tee -a "$OUT/familyab.txt"
   done
 fi

@@ -86,9 +86,13 @@ def test_3d_windows_up_to_567_keys_run_tc_with_rpb():
     assert forward_family((5, 9, 9), rpb=True, **kw) == "tc"
 
 
-def test_backward_with_rpb_runs_tc():
-    # measured (PERF.md, sixteenth session, f+b): with RPB the sm90 backward is ~2x slower than
-    # tc at 169-567 keys (2-D D64 13x13 2.90 vs 1.53 ms); without RPB 2-D at head dim 64 runs
-    # the sm90 backward from 150 keys
+def test_backward_with_rpb_runs_tc_below_1024_keys_in_2d():
+    # measured (PERF.md, twenty-first session, backward): with RPB the sm90 backward is 1.6-2x
+    # slower than tc at 169-441 keys (2-D D64 13x13 1.69 vs 0.98 ms), ties at 31x31 and wins
+    # at 45x45 (2.53 vs 3.14); without RPB 2-D at head dim 64 runs the sm90 backward from 150 keys
     assert families(13, rpb=False, dim=64, backward=True)["dkv"] == "sm90"
     assert families(13, rpb=True, dim=64, backward=True)["dkv"] == "tc"
+    assert families(31, rpb=True, dim=64, spatial=(40, 40), batch=1, backward=True)["dkv"] == "tc"
+    assert families(33, rpb=True, dim=64, spatial=(40, 40), batch=1, backward=True)["dkv"] == "sm90"
+    # 3-D keeps tc up to 2048 keys (9x13x13: 8.14 vs 8.41 ms)
+    assert families((9, 13, 13), rpb=True, dim=64, spatial=(12, 16, 16), batch=1, backward=True)["dkv"] == "tc"
