@@ -87,7 +87,7 @@ def test_3d_windows_up_to_567_keys_run_tc_with_rpb():
 
 
 def test_backward_with_rpb_runs_tc_below_1024_keys_in_2d():
-    # measured (PERF.md, twenty-first session, backward): with RPB the sm90 backward is 1.6-2x
+    # measured (PERF.md, twenty-first session, backward): with RPB the sm90 backward is 1.5-2.1x
     # slower than tc at 169-441 keys (2-D D64 13x13 1.69 vs 0.98 ms), ties at 31x31 and wins
     # at 45x45 (2.53 vs 3.14); without RPB 2-D at head dim 64 runs the sm90 backward from 150 keys
     assert families(13, rpb=False, dim=64, backward=True)["dkv"] == "sm90"
