@@ -177,12 +177,12 @@ if [[ $what == *variants* ]]; then  # tuning builds carried in variants/*.so
 fi
 # The default choice against NATTN_FAMILY=sm90 (its default pair), forward and forward +
 # backward, for moving the dispatch thresholds (src/sm90_dispatch.cu: kSm90MinWindow*). AB_ARGS as
-# for ab (graphs, rpb); FB_PROBLEMS:
+# for ab (graphs, rpb); FB_FAMILIES (default "default sm90"; e.g. "default sm90 tc"); FB_PROBLEMS:
 # bench names or ad-hoc shapes (benchmarks/library_ab.py: SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]).
 if [[ $what == *familyab* ]]; then
   probs=${FB_PROBLEMS:-56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,28x28-k7x7-b32-h8-d64-dil2x2,56x56-k9x9-b32-h4-d64,16x32x32-k3x7x7-b2-h8-d64}
-  for fam in default sm90; do
-    NATTN_FAMILY=$([[ $fam == sm90 ]] && echo sm90) timeout 200 python3 benchmarks/library_ab.py $fam "$probs" bwd ${AB_ARGS:-} 2>&1 \
+  for fam in ${FB_FAMILIES:-default sm90}; do  # default: the library's choice; else NATTN_FAMILY=<fam>
+    NATTN_FAMILY=$([[ $fam != default ]] && echo $fam) timeout 200 python3 benchmarks/library_ab.py $fam "$probs" bwd ${AB_ARGS:-} 2>&1 \
       | grep -v "^ \|^Traceback" | tee -a "$OUT/familyab.txt"
   done
 fi
