@@ -46,9 +46,9 @@ struct Params {
   // times one row stride (32-bit index math) instead of one 64-bit product per axis.
   int tok_stride[3], tok_step[3];
   int token_rows;
-  // Host-set, tc backward with a staged dRPB: the fixed-point workspace (common/drpb_fixed.cuh):
-  // each query head's largest |dS| as float bits, and the int64 table [H, rpb_head_size]
-  // (null: dRPB summed in float32).
+  // Host-set by a backward launcher (tc, sm90, SIMT) that stages dRPB in fixed point: the
+  // workspace (common/drpb_fixed.cuh): each query head's largest |dS| as float bits, and the
+  // int64 table [H, rpb_head_size] (null: dRPB summed in float32).
   unsigned* drpb_max;
   long long* drpb_fixed;
 };
