@@ -33,8 +33,12 @@ namespace nattn { namespace host {
 // Twelfth session (after the plain mask, BoxWalk and LDS/STS: PERF.md, twelfth session): in
 // 3-D sm90 now wins from 3x7x7 (147 keys; 16x32x32 B2 H8 D64: 0.290 vs 0.301 ms; 5x7x7 0.327
 // vs 0.429, at head dim 128 0.394 vs 0.885) and still loses at 3x5x5 (0.241 vs 0.201).
+// Twenty-second session (PERF.md call 1; bf16, CUDA-graph replays, ms, tc vs sm90, head dim
+// 32, no RPB): tc's passes have caught up below 11x11 (DiNAT 56x56 B32 H4 7x7 0.104 vs
+// 0.112, dilation 4 on 28x28 0.056 vs 0.063, 9x9 0.126 vs 0.134, NAT's 14x14 B128 H8 0.060
+// vs 0.076), sm90 still wins 13x13 (0.179 vs 0.194).
 constexpr int64_t kSm90MinWindow[3] = {128, 150, 128};
-constexpr int64_t kSm90MinWindow2dSmallHead = 49;
+constexpr int64_t kSm90MinWindow2dSmallHead = 121;
 // Fifteenth session (PERF.md calls 4-7, bf16, GPU time, ms): with an RPB the 64-query pairs'
 // forward loses that lead at 7x7 (every key box is partly masked, so each score takes the
 // mask's bias path): DiNAT 56x56 B32 H4 D32 0.144 vs tc's 0.126, dilation 4 on 28x28 B32 H8

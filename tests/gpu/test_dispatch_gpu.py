@@ -53,10 +53,15 @@ def forward_family(kernel, rpb: bool, **kw):
     return families(kernel, rpb, **kw)["forward"]
 
 
-def test_head_dim_32_7x7_forward_runs_sm90_without_rpb_and_tc_with_it():
-    # measured (PERF.md, seventh and fifteenth sessions): sm90 0.112 vs tc 0.122 ms without
-    # RPB, tc 0.126 vs sm90 0.144 with it (DiNAT 56x56 B32 H4)
-    assert forward_family(7, rpb=False) == "sm90"
+def test_head_dim_32_forward_runs_tc_below_11x11_and_sm90_from_it():
+    # measured (PERF.md, twenty-second session; DiNAT 56x56 B32 H4): without RPB tc 0.104 vs
+    # sm90 0.112 ms at 7x7, 0.126 vs 0.134 at 9x9, sm90 ahead at 13x13 (0.179 vs 0.194); with
+    # RPB tc up to 13x13 (fifteenth and sixteenth sessions)
+    assert forward_family(7, rpb=False) == "tc"
+    assert forward_family(9, rpb=False) == "tc"
+    assert forward_family(7, rpb=False, dilation=3) == "tc"
+    assert forward_family(11, rpb=False) == "sm90"
+    assert forward_family(13, rpb=False) == "sm90"
     assert forward_family(7, rpb=True) == "tc"
     assert forward_family(7, rpb=True, dilation=3) == "tc"
 
