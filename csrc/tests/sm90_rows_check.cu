@@ -7,6 +7,9 @@
 // row unwritten or written twice. Also: the kernels' box walk (BoxWalk: each step's box
 // origin advanced like an odometer, and the pass count) visits the same boxes, in the same
 // order, as decoding the step index directly, for the forward's and the dK/dV pass's tiles.
+// And the backward's skipped steps (seen_steps): each consumer warpgroup's half of the CTA's
+// box sees nothing of a box its walk only releases: no (query, key) pair of the dQ pass's half
+// and box is in a window, nor of the dK/dV pass's box and half.
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +88,70 @@ static int check_walk(long long& checks) {
   return 0;
 }
 
+// Whether query q sees key k (group coordinates, per axis).
+template <int NA>
+static bool sees(const Params& p, const CtaTile& t, const int* q, const int* k) {
+  for (int a = 0; a < NA; ++a) {
+    const AxisRange w = query_window(q[a], t.len[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
+    if (k[a] < w.start || k[a] >= w.start + w.count) return false;
+  }
+  return true;
+}
+
+// Every step of a CTA's walk outside seen_steps' range, for each half cw of its box RB (the
+// dQ pass: RB queries, B key boxes; kInverse, the dK/dV pass: RB keys, B query boxes): no
+// valid row of the half and valid element of the box form a visible pair.
+template <int NA, class RB, class B, bool kInverse>
+static int skipped_unseen(const Params& p, const CtaTile& t, long long& checks) {
+  for (int cw = 0; cw < 2; ++cw) {
+    int first, last;
+    seen_steps<RB, B, kInverse>(p, t, cw, first, last);
+    if (first < 0 || last > t.tiles || first > last) {
+      printf("seen_steps [%d, %d) outside the walk's %d boxes\n", first, last, t.tiles);
+      return 1;
+    }
+    int origin[3], pass;
+    for (int it = 0; it < t.tiles; ++it) {
+      if (it >= first && it < last) continue;
+      decoded<NA, B>(t, it, origin, pass);
+      for (int r = cw * RB::kSize / 2; r < (cw + 1) * RB::kSize / 2; ++r) {
+        int x[3];
+        bool ok = true;
+        for (int a = 0; a < NA; ++a) ok = ok && (x[a] = t.q0[a] + RB::offset(r, a)) < t.len[a];
+        if (!ok) continue;
+        for (int e = 0; e < B::kSize; ++e) {
+          int y[3];
+          bool in = true;
+          for (int a = 0; a < NA; ++a) in = in && (y[a] = origin[a] + B::offset(e, a)) < t.len[a] && y[a] >= 0;
+          if (!in) continue;
+          ++checks;
+          if (kInverse ? sees<NA>(p, t, y, x) : sees<NA>(p, t, x, y)) {
+            printf("%s: warpgroup %d skips step %d (seen [%d, %d) of %d) but its row %d sees box element %d "
+                   "(na %d, spatial %d,%d,%d, kernel %d,%d,%d, stride %d,%d,%d, causal %d,%d,%d)\n",
+                   kInverse ? "dK/dV" : "dQ", cw, it, first, last, t.tiles, r, e, NA, p.spatial[0], p.spatial[1],
+                   p.spatial[2], p.kernel[0], p.kernel[1], p.kernel[2], p.stride[0], p.stride[1], p.stride[2],
+                   p.causal[0], p.causal[1], p.causal[2]);
+            return 1;
+          }
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+// The backward's pairs (128-token box RB, 64-token box B): both passes of a random problem.
+template <int NA, class RB, class B>
+static int check_skips(long long& checks) {
+  const Params p = random_problem<NA>();
+  for (int64_t box = 0; box < num_cta_tiles<RB>(p); ++box) {
+    CtaTile tile;
+    if (cta_tile<NA, RB, B>(p, box, tile) && skipped_unseen<NA, RB, B, false>(p, tile, checks)) return 1;
+    if (cta_tile_inverse<NA, RB, B>(p, box, tile) && skipped_unseen<NA, RB, B, true>(p, tile, checks)) return 1;
+  }
+  return 0;
+}
+
 template <int NA, class QB>
 static int check(long long& checks) {
   const Params p = random_problem<NA>();
@@ -128,6 +195,9 @@ int main() {
     if (check_walk<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) || check_walk<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
         check_walk<2, Box<8, 8, 1>, Box<7, 16, 1>>(checks) || check_walk<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks) ||
         check_walk<3, Box<4, 4, 8>, Box<2, 4, 16>>(checks) || check_walk<3, Box<2, 4, 8>, Box<1, 5, 16>>(checks))
+      return 1;
+    if (check_skips<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) || check_skips<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
+        check_skips<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks))
       return 1;
   }
   printf("ok %lld\n", checks);

@@ -307,8 +307,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive(dq_full + cw);
     };
 
+    // Query boxes none of whose queries see this warpgroup's keys (seen_steps; one query head
+    // per KV head: with several the walk repeats per head): only released, their copies waited
+    // for as in the dQ pass. The KV-parallel dQ computes every step: it needs both
+    // warpgroups' dS^T of each, zeros included. Not in 1-D: 1 box in 34 at the 2048-key
+    // anchor, and the second loop bound made the bf16 head-dim-128 instance spill.
+    int first_step = 0, last_step = steps;
+    if (!DQ_ATOMIC && NA > 1 && p.groups == 1) seen_steps<RB, CB, true>(p, tile, cw, first_step, last_step);
+    auto release_only = [&](int it) {
+      const int s = it % S::kStages, phase = (it / S::kStages) & 1;
+      mbar_wait(qd_full + s, phase);
+      mbar_wait(ld_full + s, phase);
+      mbar_arrive(ld_empty + s);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + s);
+    };
     BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
-    for (int it = 0; it < steps; ++it, walk.next(tile)) {
+    for (int it = 0; it < first_step; ++it, walk.next(tile)) release_only(it);
+    for (int it = first_step; it < last_step; ++it, walk.next(tile)) {
       const int s = it % S::kStages, phase = (it / S::kStages) & 1;
       const int hg = walk.pass, h = h_kv * p.groups + hg;
       const unsigned char* q_tile = smem + S::kQ + s * C::kBytes;
@@ -453,6 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    for (int it = last_step; it < steps; ++it) release_only(it);
 
     if constexpr (DQ_ATOMIC) {
       if (steps > 0) {  // the last step's dQ, then its reduction finishes before the CTA goes

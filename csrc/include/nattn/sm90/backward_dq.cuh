@@ -129,8 +129,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const unsigned char* do_tile = smem + S::kDo;
   mbar_wait(rows_full, 0);
 
+  // Key boxes this warpgroup's queries do not see (seen_steps): only released. Their copies are
+  // waited for even so: a warpgroup releasing slots unread could run a whole ring ahead and
+  // arrive twice on one phase of `empty`, letting the producer refill a slot the other
+  // warpgroup still reads.
+  int first_step, last_step;
+  seen_steps<QB, KB, false>(p, tile, cw, first_step, last_step);
+  auto release_only = [&](int k) {
+    const int s = k % S::kStages, phase = (k / S::kStages) & 1;
+    mbar_wait(k_full + s, phase);
+    mbar_wait(v_full + s, phase);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + s);
+  };
   BoxWalk<NA, KB> walk(tile);
-  for (int k = 0; k < tile.tiles; ++k, walk.next(tile)) {
+  for (int k = 0; k < first_step; ++k, walk.next(tile)) release_only(k);
+  for (int k = first_step; k < last_step; ++k, walk.next(tile)) {
     const int s = k % S::kStages, phase = (k / S::kStages) & 1;
     const unsigned char* k_tile = smem + S::kK + s * C::kBytes;
     const unsigned char* v_tile = smem + S::kV + s * C::kBytes;
@@ -201,6 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + s);
   }
+  for (int k = last_step; k < tile.tiles; ++k) release_only(k);
 
   if (p.drpb_max) {  // every lane of the consumer warps gets here
     ds_max = __reduce_max_sync(0xffffffffu, ds_max);

@@ -206,4 +206,36 @@ __device__ __forceinline__ void unmasked_boxes(const Params& p, const CtaTile& t
   }
 }
 
+// Where, along axis 0 (group coordinates), what warpgroup cw's half of box RB sees ends
+// (half 0) or starts (half 1): the keys in any window of the half's queries, or (kInverse,
+// the dK/dV pass) the queries that see any of the half's keys. The halves split RB along axis
+// 0, so on the other axes each half sees the CTA's whole walk, and along axis 0 the walk starts
+// where half 0's range does and ends where half 1's does (windows and inverse ranges only grow
+// with the position): half 0 can miss boxes at the walk's end, half 1 at its start
+// (FLUX-sized 2-D windows: 1 of 22 rows of 4-row boxes each, 3-D: 1 of 19 frames).
+template <class RB, bool kInverse>
+NATTN_HD int unseen_edge(const Params& p, const CtaTile& tile, int cw) {
+  const int row = nattn_min(tile.q0[0] + (cw == 0 ? RB::extent(0) / 2 - 1 : RB::extent(0) / 2), tile.len[0] - 1);
+  const bool c = p.causal[0] != 0;
+  const AxisRange r = kInverse ? key_inverse(row, tile.len[0], p.kernel[0], p.stride[0], c)
+                               : query_window(row, tile.len[0], p.kernel[0], p.stride[0], c);
+  return cw == 0 ? r.start + r.count - 1 : r.start;
+}
+
+// The steps [first, last) of a CTA's single walk over boxes B (no passes) that warpgroup cw
+// computes; it only releases the others. Axis 0 is the walk's slowest (BoxWalk), so the
+// boxes a half does not see form a suffix of the walk (half 0) or a prefix (half 1): with the
+// loops' bounds moved, the loop bodies stay as they were (a skip test inside them made the 2-D
+// dK/dV pass spill).
+template <class RB, class B, bool kInverse>
+NATTN_HD void seen_steps(const Params& p, const CtaTile& tile, int cw, int& first, int& last) {
+  first = 0;
+  last = tile.tiles;
+  if (tile.tiles == 0) return;
+  const int per_row = tile.tiles / tile.nk[0];                      // boxes per step along axis 0
+  const int d = unseen_edge<RB, kInverse>(p, tile, cw) - tile.lo[0];  // the edge, from the walk's start
+  if (cw == 0) last = d < 0 ? 0 : nattn_min(tile.tiles, (d / B::extent(0) + 1) * per_row);
+  else first = d < 0 ? 0 : nattn_min(tile.tiles, d / B::extent(0) * per_row);
+}
+
 }  }  // namespace nattn::sm90
