@@ -232,7 +232,7 @@ NATTN_HD void seen_steps(const Params& p, const CtaTile& tile, int cw, int& firs
   first = 0;
   last = tile.tiles;
   if (tile.tiles == 0) return;
-  const int per_row = tile.tiles / tile.nk[0];                      // boxes per step along axis 0
+  const int per_row = tile.tiles / tile.nk[0];                      // boxes per axis-0 row of the walk
   const int d = unseen_edge<RB, kInverse>(p, tile, cw) - tile.lo[0];  // the edge, from the walk's start
   if (cw == 0) last = d < 0 ? 0 : nattn_min(tile.tiles, (d / B::extent(0) + 1) * per_row);
   else first = d < 0 ? 0 : nattn_min(tile.tiles, d / B::extent(0) * per_row);
