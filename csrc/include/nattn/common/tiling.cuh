@@ -150,11 +150,8 @@ NATTN_HD void box_union(const Params& p, const int* box, const int* first, const
 #pragma unroll
   for (int a = 0; a < NA; ++a) {
     const int last = nattn_min(first[a] + box[a], L[a]) - 1;
-    const bool c = p.causal[a] != 0;
-    const AxisRange lo = kInverse ? key_inverse(first[a], L[a], p.kernel[a], p.stride[a], c)
-                                  : query_window(first[a], L[a], p.kernel[a], p.stride[a], c);
-    const AxisRange hi = kInverse ? key_inverse(last, L[a], p.kernel[a], p.stride[a], c)
-                                  : query_window(last, L[a], p.kernel[a], p.stride[a], c);
+    const AxisRange lo = axis_range<kInverse>(p, a, first[a], L[a]);
+    const AxisRange hi = axis_range<kInverse>(p, a, last, L[a]);
     u[a] = {lo.start, hi.start + hi.count - lo.start};
   }
 }

@@ -58,6 +58,14 @@ NATTN_HD AxisRange key_inverse(int jg, int len_g, int k, int s, bool causal) {
   return {first, end - first};
 }
 
+// Along axis a of problem P: the keys token ig sees, or (kInverse) the queries that see key ig.
+template <bool kInverse, class P>
+NATTN_HD AxisRange axis_range(const P& p, int a, int ig, int len_g) {
+  const bool c = p.causal[a] != 0;
+  return kInverse ? key_inverse(ig, len_g, p.kernel[a], p.stride[a], c)
+                  : query_window(ig, len_g, p.kernel[a], p.stride[a], c);
+}
+
 // Number of tokens of dilation group g along an axis of length len: ceil((len - g) / d).
 NATTN_HD int group_len(int len, int g, int d) { return d == 1 ? len - g : (len - g + d - 1) / d; }
 

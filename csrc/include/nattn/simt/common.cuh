@@ -198,8 +198,7 @@ __device__ __forceinline__ void token_windows(int64_t i, const Params& p, int* c
     g[a] = c[a] % p.dilation[a];
     ig[a] = c[a] / p.dilation[a];
     const int len = group_len(p.spatial[a], g[a], p.dilation[a]);
-    win[a] = kInverse ? key_inverse(ig[a], len, p.kernel[a], p.stride[a], p.causal[a] != 0)
-                      : query_window(ig[a], len, p.kernel[a], p.stride[a], p.causal[a] != 0);
+    win[a] = axis_range<kInverse>(p, a, ig[a], len);
   }
 }
 

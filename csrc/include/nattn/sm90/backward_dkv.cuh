@@ -28,6 +28,12 @@
 #include "nattn/sm90/forward.cuh"
 #include "nattn/sm90/smem_tile.cuh"
 
+// Build switch for A/B runs (benchmarks/build_variants.sh): 0 waits for each step's dK
+// product before the next step's S^T is issued.
+#ifndef NATTN_SM90_DKV_DEFER_DK
+#define NATTN_SM90_DKV_DEFER_DK 1
+#endif
+
 namespace nattn { namespace sm90 {
 
 // Fraction bits of the fixed-point dRPB: a CTA's 128 keys bound a table entry's terms.
@@ -322,6 +328,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + s);
     };
+    // kDeferDk: a step's dK product is waited for only once the next step's S^T is issued, so
+    // that S^T follows dK on the tensor pipe instead of after this warpgroup's wait (a step is
+    // one dependent chain: S^T -> P^T -> dV, dP^T -> dS^T -> dK); the step's Q / dO stage is
+    // released then. dK (and its A operand, dS^T) stay in flight across the loop's back edge:
+    // their registers are the same in every step, so ptxas keeps the products pipelined (an
+    // S^T issued at the end of a step was not: C7515). Not with the KV-parallel dQ, whose
+    // staging and products read dS^T after dK. 2-D only: the 1-D and 3-D instances (every
+    // head dim) made ptxas serialize every wgmma of the kernel ("insufficient register
+    // resources for the wgmma pipeline", C7511).
+    constexpr bool kDeferDk = NATTN_SM90_DKV_DEFER_DK && !DQ_ATOMIC && NA == 2;
+    uint32_t pa[kNq / 16][4], da[kNq / 16][4];
+    auto release_stage = [&](int it) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + it % S::kStages);  // the stage's Q and dO are read
+    };
     BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
     for (int it = 0; it < first_step; ++it, walk.next(tile)) release_only(it);
     for (int it = first_step; it < last_step; ++it, walk.next(tile)) {
@@ -346,6 +367,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       // at head dim 128, S^T, dP^T, dK and dV left too few registers (spills).
       if (!late_dp) issue_dp(dpt, do_tile);
       wgmma_commit();
+      if (kDeferDk && it > first_step) {
+        wgmma_wait<1>();  // the previous step's dK product is done; S^T may still run
+        fence_regs(dk);
+        fence_regs(da);
+        release_stage(it - 1);
+      }
       wgmma_wait<0>();
       fence_regs(st);
       fence_regs(dpt);
@@ -398,7 +425,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           st[i] = in ? fast_exp2(x - lse_of(i)) : 0.f;
         }
       }
-      uint32_t pa[kNq / 16][4], da[kNq / 16][4];
 #pragma unroll
       for (int i = 0; i < kNq / 2; i += 2) pa[i / 8][(i % 8) / 2] = pack2<T>(st[i], st[i + 1]);
       // dS^T = P^T (dP^T - delta), packed as dK's A operand; at head dim 128 with P^T back from
@@ -433,13 +459,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dk, da[kk], C::mn_major(q_tile, kk), 1);
       wgmma_commit();
-      wgmma_wait<0>();
+      if (!kDeferDk) {
+        wgmma_wait<0>();
+        fence_regs(dk);
+        fence_regs(da);
+        release_stage(it);
+      }
       fence_regs(dv);
-      fence_regs(dk);
       fence_regs(pa);
-      fence_regs(da);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);  // the stage's Q and dO are read
       if constexpr (DQ_ATOMIC) {
         // This step's dS^T into its set, then the previous step's dQ product (deferred by a
         // step, so that a warpgroup waits for the other one's dS^T only when it is a whole
@@ -468,6 +495,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+    }
+    if (kDeferDk && last_step > first_step) {  // the last step's dK product
+      wgmma_wait<0>();
+      fence_regs(dk);
+      release_stage(last_step - 1);
     }
     for (int it = last_step; it < steps; ++it) release_only(it);
 

@@ -196,11 +196,8 @@ __device__ __forceinline__ void unmasked_boxes(const Params& p, const CtaTile& t
     }
     first = nattn_min(first, tile.len[a] - 1);
     last = nattn_min(last, tile.len[a] - 1);
-    const bool c = p.causal[a] != 0;
-    const AxisRange rf = kInverse ? key_inverse(first, tile.len[a], p.kernel[a], p.stride[a], c)
-                                  : query_window(first, tile.len[a], p.kernel[a], p.stride[a], c);
-    const AxisRange rl = kInverse ? key_inverse(last, tile.len[a], p.kernel[a], p.stride[a], c)
-                                  : query_window(last, tile.len[a], p.kernel[a], p.stride[a], c);
+    const AxisRange rf = axis_range<kInverse>(p, a, first, tile.len[a]);
+    const AxisRange rl = axis_range<kInverse>(p, a, last, tile.len[a]);
     lo[a] = rl.start;
     hi[a] = rf.start + rf.count - 1;
   }
@@ -216,9 +213,7 @@ __device__ __forceinline__ void unmasked_boxes(const Params& p, const CtaTile& t
 template <class RB, bool kInverse>
 NATTN_HD int unseen_edge(const Params& p, const CtaTile& tile, int cw) {
   const int row = nattn_min(tile.q0[0] + (cw == 0 ? RB::extent(0) / 2 - 1 : RB::extent(0) / 2), tile.len[0] - 1);
-  const bool c = p.causal[0] != 0;
-  const AxisRange r = kInverse ? key_inverse(row, tile.len[0], p.kernel[0], p.stride[0], c)
-                               : query_window(row, tile.len[0], p.kernel[0], p.stride[0], c);
+  const AxisRange r = axis_range<kInverse>(p, 0, row, tile.len[0]);
   return cw == 0 ? r.start + r.count - 1 : r.start;
 }
 

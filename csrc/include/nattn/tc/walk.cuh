@@ -24,11 +24,7 @@ struct Rows {
     for (int r = 0; r < 2; ++r) {
       ok[r] = lane_token<NA>(p.box, lane / 4 + 8 * r, first, L, ig[r]);
 #pragma unroll
-      for (int a = 0; a < NA; ++a) {
-        const bool c = p.causal[a] != 0;
-        win[r][a] = kInverse ? key_inverse(ig[r][a], L[a], p.kernel[a], p.stride[a], c)
-                             : query_window(ig[r][a], L[a], p.kernel[a], p.stride[a], c);
-      }
+      for (int a = 0; a < NA; ++a) win[r][a] = axis_range<kInverse>(p, a, ig[r][a], L[a]);
     }
   }
   // Stages this lane's pieces of the rows' tokens of tensor X (at its (b, h) origin, token
