@@ -33,6 +33,10 @@
 #ifndef NATTN_SM90_DKV_DEFER_DK
 #define NATTN_SM90_DKV_DEFER_DK 1
 #endif
+// ... and 0 keeps the 1-D and 3-D dK product in its own step (kShiftDk below).
+#ifndef NATTN_SM90_DKV_SHIFT_DK
+#define NATTN_SM90_DKV_SHIFT_DK 1
+#endif
 
 namespace nattn { namespace sm90 {
 
@@ -334,11 +338,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     // released then. dK (and its A operand, dS^T) stay in flight across the loop's back edge:
     // their registers are the same in every step, so ptxas keeps the products pipelined (an
     // S^T issued at the end of a step was not: C7515). Not with the KV-parallel dQ, whose
-    // staging and products read dS^T after dK. 2-D only: the 1-D and 3-D instances (every
-    // head dim) made ptxas serialize every wgmma of the kernel ("insufficient register
-    // resources for the wgmma pipeline", C7511).
-    constexpr bool kDeferDk = NATTN_SM90_DKV_DEFER_DK && !DQ_ATOMIC && NA == 2;
-    uint32_t pa[kNq / 16][4], da[kNq / 16][4];
+    // staging and products read dS^T after dK. 2-D at head dim 128 only: the 1-D and 3-D
+    // instances (every head dim) made ptxas serialize every wgmma of the kernel
+    // ("insufficient register resources for the wgmma pipeline", C7511), and at head dim 64
+    // kShiftDk measured faster (PERF.md, twenty-third session).
+    constexpr bool kDeferDk = NATTN_SM90_DKV_DEFER_DK && !DQ_ATOMIC && NA == 2 && HD == 128;
+    // kShiftDk (1-D, 2-D up to head dim 64, 3-D at 64): step it issues its S^T, then step
+    // it - 1's dK product (dS^T kept in da_prev), and computes P^T while that product runs,
+    // as the dQ pass does with dQ (backward_dq.cuh); every product is waited for inside its
+    // step. Not in 3-D at head dims 32 and 128 (spills), nor in 2-D at 128 (spills; kDeferDk).
+    constexpr bool kShiftDk = NATTN_SM90_DKV_SHIFT_DK && !DQ_ATOMIC && !kDeferDk && (NA < 3 || HD == 64);
+    uint32_t pa[kNq / 16][4], da[kNq / 16][4], da_prev[kShiftDk ? kNq / 16 : 1][4];
+    auto issue_dk = [&](int it, const uint32_t (&a)[kNq / 16][4]) {
+      const unsigned char* q_tile = smem + S::kQ + (it % S::kStages) * C::kBytes;
+#pragma unroll
+      for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dk, a[kk], C::mn_major(q_tile, kk), 1);
+      wgmma_commit();
+    };
     auto release_stage = [&](int it) {
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + it % S::kStages);  // the stage's Q and dO are read
@@ -367,13 +383,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       // at head dim 128, S^T, dP^T, dK and dV left too few registers (spills).
       if (!late_dp) issue_dp(dpt, do_tile);
       wgmma_commit();
+      const bool dk_behind = kShiftDk && it > first_step;
       if (kDeferDk && it > first_step) {
         wgmma_wait<1>();  // the previous step's dK product is done; S^T may still run
         fence_regs(dk);
         fence_regs(da);
         release_stage(it - 1);
       }
-      wgmma_wait<0>();
+      if (dk_behind) {
+        if constexpr (kShiftDk) issue_dk(it - 1, da_prev);
+        wgmma_wait<1>();  // S^T (and dP^T) are in; the previous step's dK product may still run
+      } else {
+        wgmma_wait<0>();
+      }
       fence_regs(st);
       fence_regs(dpt);
       mbar_wait(ld_full + s, phase);
@@ -443,23 +465,35 @@ __global__ void __launch_bounds__(kThreads, 1)
       // With dP^T in (!late_dp), dS^T before dV's product is issued: read while a product
       // was in flight, the S^T / dP^T accumulators made ptxas serialize every wgmma of the
       // kernel (C7514); dV's and dK's products then run back to back.
-      if (!late_dp) ds_packed();
+      // (kShiftDk: after dV's product, whatever late_dp: beside the previous step's dK product
+      // in flight, the 16-bit dS^T written here made ptxas serialize the kernel's wgmma, C7515)
+      if (!late_dp && !kShiftDk) ds_packed();
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dv, pa[kk], C::mn_major(do_tile, kk), 1);
       if (late_dp) issue_dp(dpt, do_tile);
       wgmma_commit();
-      if (late_dp) {
+      if (late_dp || kShiftDk) {  // (kShiftDk: also dV's product, not in flight across steps)
         wgmma_wait<0>();
         fence_regs(dpt);
-        ds_packed();
       }
+      if (dk_behind) {
+        fence_regs(dk);
+        if constexpr (kShiftDk) fence_regs(da_prev);
+        release_stage(it - 1);
+      }
+      if (late_dp || kShiftDk) ds_packed();
       mbar_arrive(ld_empty + s);  // this thread's reads of the LSE / delta rows are done
-      wgmma_fence();
+      if constexpr (kShiftDk) {
 #pragma unroll
-      for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dk, da[kk], C::mn_major(q_tile, kk), 1);
-      wgmma_commit();
-      if (!kDeferDk) {
+        for (int i = 0; i < kNq / 16; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) da_prev[i][j] = da[i][j];
+      } else {
+        wgmma_fence();
+        issue_dk(it, da);
+      }
+      if (!kDeferDk && !kShiftDk) {
         wgmma_wait<0>();
         fence_regs(dk);
         fence_regs(da);
@@ -500,6 +534,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_regs(dk);
       release_stage(last_step - 1);
+    }
+    if constexpr (kShiftDk) {
+      if (last_step > first_step) {  // the last step's dK product
+        wgmma_fence();
+        issue_dk(last_step - 1, da_prev);
+        wgmma_wait<0>();
+        fence_regs(dk);
+        release_stage(last_step - 1);
+      }
     }
     for (int it = last_step; it < steps; ++it) release_only(it);
 

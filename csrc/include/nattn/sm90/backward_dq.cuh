@@ -18,6 +18,12 @@
 #include "nattn/sm90/forward.cuh"
 #include "nattn/sm90/smem_tile.cuh"
 
+// Build switch for A/B runs (benchmarks/build_variants.sh): 0 waits for each step's dQ
+// product before the next step's S and dP are issued.
+#ifndef NATTN_SM90_DQ_PIPELINED
+#define NATTN_SM90_DQ_PIPELINED 1
+#endif
+
 namespace nattn { namespace sm90 {
 
 // Shared memory of the dQ pass: the CTA's Q and dO rows, then STAGES (K, V) boxes.
@@ -142,6 +148,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + s);
   };
+  // kPipelined: step k issues its S and dP, then the previous step's dQ product, and computes
+  // its dS while that dQ product runs (as the forward overlaps its softmax with P V); dS
+  // waits in ds_prev for the next step. Every product is waited for inside its step: in
+  // flight across the loop's back edge, ptxas serialized the kernel's wgmma (C7511).
+  constexpr bool kPipelined = NATTN_SM90_DQ_PIPELINED;
+  uint32_t ds_prev[kNk / 16][4];
+  auto issue_dq = [&](int k, const uint32_t (&ds)[kNk / 16][4]) {
+    const unsigned char* k_tile = smem + S::kK + (k % S::kStages) * C::kBytes;
+#pragma unroll
+    for (int kk = 0; kk < kNk / 16; ++kk) wgmma_rs<T, HD>(dq, ds[kk], C::mn_major(k_tile, kk), 1);
+    wgmma_commit();
+  };
+  auto release_slot = [&](int k) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + k % S::kStages);
+  };
   BoxWalk<NA, KB> walk(tile);
   for (int k = 0; k < first_step; ++k, walk.next(tile)) release_only(k);
   for (int k = first_step; k < last_step; ++k, walk.next(tile)) {
@@ -159,7 +181,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < HD / 16; ++kk)
       wgmma_ss<T, kNk>(dp, R::k_major(do_tile, cw * kWgRows, kk), C::k_major(v_tile, 0, kk), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
+    const bool dq_behind = kPipelined && k > first_step;
+    if (dq_behind) {
+      issue_dq(k - 1, ds_prev);
+      wgmma_wait<1>();  // S and dP are in; the previous step's dQ product may still run
+    } else {
+      wgmma_wait<0>();
+    }
     fence_regs(sc);
     fence_regs(dp);
 
@@ -205,15 +233,32 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kNk / 2; i += 2) ds[i / 8][(i % 8) / 2] = pack2<T>(sc[i], sc[i + 1]);
 
-    wgmma_fence();
+    if (kPipelined) {
+      if (dq_behind) {
+        wgmma_wait<0>();
+        fence_regs(dq);
+        fence_regs(ds_prev);
+        release_slot(k - 1);
+      }
 #pragma unroll
-    for (int kk = 0; kk < kNk / 16; ++kk) wgmma_rs<T, HD>(dq, ds[kk], C::mn_major(k_tile, kk), 1);
-    wgmma_commit();
+      for (int i = 0; i < kNk / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ds_prev[i][j] = ds[i][j];
+    } else {
+      wgmma_fence();
+      issue_dq(k, ds);
+      wgmma_wait<0>();
+      fence_regs(dq);
+      fence_regs(ds);
+      release_slot(k);
+    }
+  }
+  if (kPipelined && last_step > first_step) {  // the last step's dQ product
+    wgmma_fence();
+    issue_dq(last_step - 1, ds_prev);
     wgmma_wait<0>();
     fence_regs(dq);
-    fence_regs(ds);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + s);
+    release_slot(last_step - 1);
   }
   for (int k = last_step; k < tile.tiles; ++k) release_only(k);
 
