@@ -29,6 +29,12 @@
 #include "nattn/sm90/tiles.cuh"
 #include "nattn/sm90/wgmma_ops.cuh"
 
+// Build switch (off until GPU-verified, STATUS item 0b): 1 pipelines a 64-query CTA's key
+// boxes one after the other (S and P never live at once).
+#ifndef NATTN_SM90_LONE_PIPELINED
+#define NATTN_SM90_LONE_PIPELINED 0
+#endif
+
 namespace nattn { namespace sm90 {
 
 constexpr int kThreads = 384;  // 128-query CTAs: producer warpgroup + two consumer warpgroups
@@ -312,15 +318,19 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   // warpgroup computes the softmax of box k (issued just before). Two consumer warpgroups
   // also take turns issuing (barriers 3 and 4), so one's softmax overlaps the other's
   // products; a lone warpgroup overlaps with the SM's other CTAs instead.
+  // A 64-query CTA pipelines its boxes too where its registers allow (key boxes of at most
+  // 96 keys: with 112 and 128 the S of one box beside the P of the previous one spilled).
+  constexpr bool kLonePipelined = NATTN_SM90_LONE_PIPELINED && KB::kSize <= 96;
   const int my_turn = 3 + cw, their_turn = 4 - cw;
   float sc[kNk / 2], alpha[2];
   uint32_t pa[kNk / 16][4];
   mbar_wait(q_full, 0);  // also before the epilogue reuses the Q buffer (a split may walk nothing)
   if (tile.tiles == 0) {
     // a split-KV slice past the union's last row of key boxes: no keys, LSE -inf
-  } else if (!kPair || HD > 128) {
-    // A lone warpgroup runs its boxes one after the other (S and P never live at once:
-    // registers for two CTAs per SM); the SM's other CTA fills the waits. So do the two
+  } else if ((!kPair && !kLonePipelined) || HD > 128) {
+    // A lone warpgroup with larger key boxes runs its boxes one after the other (S and P
+    // never live at once: registers for two CTAs per SM); the SM's other CTA fills the
+    // waits. So do the two
     // warpgroups at head dim 256, whose O takes 128 registers a thread (the pipelined loop
     // below, with S of the next box live beside P, spilled there).
     for (int k = 0; k < tile.tiles; ++k) {
