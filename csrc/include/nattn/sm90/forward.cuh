@@ -29,8 +29,9 @@
 #include "nattn/sm90/tiles.cuh"
 #include "nattn/sm90/wgmma_ops.cuh"
 
-// Build switch (off until GPU-verified, STATUS item 0b): 1 pipelines a 64-query CTA's key
-// boxes one after the other (S and P never live at once).
+// Build switch (off until GPU-verified, docs/dev/STATUS.md item 0b'): 1 pipelines a 64-query
+// CTA's key boxes (S of a box issued with P V of the previous one); 0 runs them one after the
+// other (S and P never live at once).
 #ifndef NATTN_SM90_LONE_PIPELINED
 #define NATTN_SM90_LONE_PIPELINED 0
 #endif
