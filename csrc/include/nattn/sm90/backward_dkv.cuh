@@ -324,13 +324,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     // anchor, and the second loop bound made the bf16 head-dim-128 instance spill.
     int first_step = 0, last_step = steps;
     if (!DQ_ATOMIC && NA > 1 && p.groups == 1) seen_steps<RB, CB, true>(p, tile, cw, first_step, last_step);
+    auto release_stage = [&](int it) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + it % S::kStages);  // the stage's Q and dO are read
+    };
     auto release_only = [&](int it) {
       const int s = it % S::kStages, phase = (it / S::kStages) & 1;
       mbar_wait(qd_full + s, phase);
       mbar_wait(ld_full + s, phase);
       mbar_arrive(ld_empty + s);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);
+      release_stage(it);
     };
     // kDeferDk: a step's dK product is waited for only once the next step's S^T is issued, so
     // that S^T follows dK on the tensor pipe instead of after this warpgroup's wait (a step is
@@ -354,10 +357,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dk, a[kk], C::mn_major(q_tile, kk), 1);
       wgmma_commit();
-    };
-    auto release_stage = [&](int it) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + it % S::kStages);  // the stage's Q and dO are read
     };
     BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
     for (int it = 0; it < first_step; ++it, walk.next(tile)) release_only(it);
@@ -530,19 +529,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    if (kDeferDk && last_step > first_step) {  // the last step's dK product
+    if ((kDeferDk || kShiftDk) && last_step > first_step) {  // the last step's dK product
+      if constexpr (kShiftDk) {
+        wgmma_fence();
+        issue_dk(last_step - 1, da_prev);
+      }
       wgmma_wait<0>();
       fence_regs(dk);
       release_stage(last_step - 1);
-    }
-    if constexpr (kShiftDk) {
-      if (last_step > first_step) {  // the last step's dK product
-        wgmma_fence();
-        issue_dk(last_step - 1, da_prev);
-        wgmma_wait<0>();
-        fence_regs(dk);
-        release_stage(last_step - 1);
-      }
     }
     for (int it = last_step; it < steps; ++it) release_only(it);
 

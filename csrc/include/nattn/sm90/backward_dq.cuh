@@ -141,12 +141,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // warpgroup still reads.
   int first_step, last_step;
   seen_steps<QB, KB, false>(p, tile, cw, first_step, last_step);
+  auto release_slot = [&](int k) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + k % S::kStages);
+  };
   auto release_only = [&](int k) {
     const int s = k % S::kStages, phase = (k / S::kStages) & 1;
     mbar_wait(k_full + s, phase);
     mbar_wait(v_full + s, phase);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + s);
+    release_slot(k);
   };
   // kPipelined: step k issues its S and dP, then the previous step's dQ product, and computes
   // its dS while that dQ product runs (as the forward overlaps its softmax with P V); dS
@@ -159,10 +162,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kNk / 16; ++kk) wgmma_rs<T, HD>(dq, ds[kk], C::mn_major(k_tile, kk), 1);
     wgmma_commit();
-  };
-  auto release_slot = [&](int k) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + k % S::kStages);
   };
   BoxWalk<NA, KB> walk(tile);
   for (int k = 0; k < first_step; ++k, walk.next(tile)) release_only(k);

@@ -331,9 +331,8 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   } else if ((!kPair && !kLonePipelined) || HD > 128) {
     // A lone warpgroup with larger key boxes runs its boxes one after the other (S and P
     // never live at once: registers for two CTAs per SM); the SM's other CTA fills the
-    // waits. So do the two
-    // warpgroups at head dim 256, whose O takes 128 registers a thread (the pipelined loop
-    // below, with S of the next box live beside P, spilled there).
+    // waits. So do the two warpgroups at head dim 256, whose O takes 128 registers a thread
+    // (the pipelined loop below, with S of the next box live beside P, spilled there).
     for (int k = 0; k < tile.tiles; ++k) {
       issue_s(k, sc);
       wgmma_wait<0>();
