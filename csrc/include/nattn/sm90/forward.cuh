@@ -29,11 +29,11 @@
 #include "nattn/sm90/tiles.cuh"
 #include "nattn/sm90/wgmma_ops.cuh"
 
-// Build switch (off until GPU-verified, docs/dev/STATUS.md item 0b'): 1 pipelines a 64-query
-// CTA's key boxes (S of a box issued with P V of the previous one); 0 runs them one after the
-// other (S and P never live at once).
+// Build switch: 1 (default; 3% faster on 13x13 / 15x15 2-D windows, PERF.md twenty-fourth
+// session) pipelines a 64-query CTA's key boxes of <= 96 keys (S of a box issued with P V of
+// the previous one); 0 runs them one after the other (S and P never live at once).
 #ifndef NATTN_SM90_LONE_PIPELINED
-#define NATTN_SM90_LONE_PIPELINED 0
+#define NATTN_SM90_LONE_PIPELINED 1
 #endif
 
 namespace nattn { namespace sm90 {
