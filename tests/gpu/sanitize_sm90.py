@@ -30,18 +30,27 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
         assert all(torch.isfinite(g).all() for g in grads), str(case)
         print(f"case done: {case}", flush=True)  # a sanitizer run cut short still says how far it got
-    # A 64-query pair (several CTAs per SM, the RPB table staged in shared memory) on
-    # hundreds of query boxes.
+    # The 64-query pairs (several CTAs per SM, the RPB table staged in shared memory) on
+    # hundreds of query boxes: one walking its key boxes one after the other (112 keys), one
+    # pipelined (96-key boxes, S of a box beside P of the previous one).
     q, k, v = (torch.randn(8, 40, 40, 2, 32, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     rpb = torch.randn(2, 13, 13, device="cuda")
-    os.environ["NATTN_SM90_TILE"] = "q8x8_k7x16"
-    try:
-        out = nattn.na2d(q, k, v, 7, rpb=rpb, backend="cuda")
+    for tile in ("q8x8_k7x16", "q8x8_k4x24"):
+        os.environ["NATTN_SM90_TILE"] = tile
+        try:
+            out = nattn.na2d(q, k, v, 7, rpb=rpb, backend="cuda")
+            torch.cuda.synchronize()
+        finally:
+            del os.environ["NATTN_SM90_TILE"]
+        assert torch.isfinite(out).all(), tile
+    # Split-KV: slices of each query box's key boxes, merged by their own kernel.
+    q, k, v = (torch.randn(1, 1024, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for splits in (2, 3, 8, 16):
+        with torch.no_grad():
+            out, lse = nattn.na1d(q, k, v, 509, backend=f"cuda:kv={splits}", return_lse=True)
         torch.cuda.synchronize()
-    finally:
-        del os.environ["NATTN_SM90_TILE"]
-    assert torch.isfinite(out).all()
-    print(f"sm90 sanitize sweep: {count} cases ran, and one on a 64-query pair")
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all(), f"kv={splits}"
+    print(f"sm90 sanitize sweep: {count} cases ran, two on 64-query pairs, four split-KV forwards")
 
 
 if __name__ == "__main__":
