@@ -31,8 +31,8 @@ struct Params {
   int tile_q[3], tile_k[3];  // host: the call's tile pair (query / key box; zeros: default)
   int dq_mode;               // host: 0 default, 1 deterministic dQ pass, 2 KV-parallel dQ
   int kv_splits;             // sm90 forward: CTAs per query box over slices of its key boxes
-  float* o_part;             // ... their outputs, fp32 [splits, B, N, H, D_v] (null: no split)
-  float* lse_part;           // ... and LSEs, fp32 [splits, B, N, H]
+  float* o_part;             // ... their rows' outputs, fp32, box-local (split_kv_merge.cuh; null: no split)
+  float* lse_part;           // ... and the rows' LSEs, fp32, in the same slots
   // Attention dropout (docs/semantics.md; families in kernel_table.DROPOUT_FAMILIES): the
   // call's int64 [seed, offset] on the device (null: no dropout), the keep threshold
   // floor(p * 2^32) (common/philox.cuh) and 1 / (1 - p), the factor of kept weights.
