@@ -9,7 +9,7 @@ from typing import List
 
 import torch
 
-from . import report
+from . import gpu_state, report
 from .floors import BWD_FACTOR, floors, measure_rates
 from .problems import Problem, cpu_copy, shrink
 from .progress import Progress
@@ -195,6 +195,7 @@ def run(args, problems: List[Problem]) -> dict:
               f"{' (TF32 on)' if dtype == torch.float32 and torch.get_float32_matmul_precision() != 'highest' else ''}: "
               f"copy {rates.copy_bytes_per_s / 1e12:.2f} TB/s, dense SDPA {rates.dense_flops_per_s / 1e12:.3g} TFLOP/s")
     print(header, flush=True)
+    state_before = gpu_state.read(device) if cuda else None
     rows = build_rows(args, device)
     results = []
     start = time.perf_counter()
@@ -210,6 +211,10 @@ def run(args, problems: List[Problem]) -> dict:
         bar.write(report.problem_block(res, color))
         bar.advance()
     bar.close()
+    state_after = gpu_state.read(device) if cuda else None
+    if state_after is not None:  # sustained load can throttle the clock (power, heat)
+        before = f"at the start {gpu_state.describe(state_before)}; " if state_before else ""
+        print(f"GPU state: {before}at the end {gpu_state.describe(state_after)}")
     mismatches = [(r["name"], row["name"]) for r in results for row in r.get("rows", [])
                   if (row.get("check") or {}).get("ok") is False]
     if mismatches:
@@ -217,4 +222,5 @@ def run(args, problems: List[Problem]) -> dict:
         print(report._paint(text, report.RED, color))
     return {"header": header, "device": str(device), "dtype": str(dtype), "torch": torch.__version__,
             "rates": rates.to_dict(), "backprop": args.backprop, "results": results,
-            "mismatches": mismatches, "seconds": time.perf_counter() - start}
+            "mismatches": mismatches, "seconds": time.perf_counter() - start,
+            "gpu_state": {"start": state_before, "end": state_after}}
