@@ -37,6 +37,13 @@
 #ifndef NATTN_SM90_DKV_SHIFT_DK
 #define NATTN_SM90_DKV_SHIFT_DK 1
 #endif
+// ... and 1 gives the 2-D head-dim-128 deterministic instance's consumers 240 registers
+// (producers 32: 65536 a CTA), where the shift of the dK product compiles without spills,
+// and runs that shift instead of the deferred wait (kWideRegs below). Off until measured
+// (docs/dev/STATUS.md item 0a': compiled clean, not GPU-run).
+#ifndef NATTN_SM90_DKV_WIDE_REGS
+#define NATTN_SM90_DKV_WIDE_REGS 0
+#endif
 
 namespace nattn { namespace sm90 {
 
@@ -105,6 +112,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   using R = typename S::Rows;
   using C = typename S::Cols;
   constexpr int kRank = NA + 2;
+  // Register split between the producer and consumer warpgroups (setmaxnreg).
+  constexpr bool kWideRegs = NATTN_SM90_DKV_WIDE_REGS && !DQ_ATOMIC && NA == 2 && HD == 128;
+  constexpr int kProducerRegs = kWideRegs ? 32 : 40, kConsumerRegs = kWideRegs ? 240 : 232;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* kv_full = bars;
@@ -155,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {  // ------------------------------------------------ producers
-    regs_dealloc<40>();
+    regs_dealloc<kProducerRegs>();
     if (warp == 0 && lane == 0) {  // K, V once; Q, dO per step
       int c[5];
       mbar_expect_tx(kv_full, 2 * R::kBytes);
@@ -219,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       bulk_wait<0>();  // the reductions are done before the CTA ends
     }
   } else {  // ------------------------------------------------------- consumers
-    regs_alloc<232>();
+    regs_alloc<kConsumerRegs>();
     const int cw = wg - 1;  // consumer warpgroup 0 or 1: key rows 64 cw ..
     const int wr = (warp % 4) * 16;
     const int g4 = lane / 4, t4 = lane % 4;
@@ -345,11 +355,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // instances (every head dim) made ptxas serialize every wgmma of the kernel
     // ("insufficient register resources for the wgmma pipeline", C7511), and at head dim 64
     // kShiftDk measured faster (PERF.md, twenty-third session).
-    constexpr bool kDeferDk = NATTN_SM90_DKV_DEFER_DK && !DQ_ATOMIC && NA == 2 && HD == 128;
+    constexpr bool kDeferDk = NATTN_SM90_DKV_DEFER_DK && !DQ_ATOMIC && NA == 2 && HD == 128 && !kWideRegs;
     // kShiftDk (1-D, 2-D up to head dim 64, 3-D at 64): step it issues its S^T, then step
     // it - 1's dK product (dS^T kept in da_prev), and computes P^T while that product runs,
     // as the dQ pass does with dQ (backward_dq.cuh); every product is waited for inside its
-    // step. Not in 3-D at head dims 32 and 128 (spills), nor in 2-D at 128 (spills; kDeferDk).
+    // step. Not in 3-D at head dims 32 and 128 (spills), nor in 2-D at 128 (spills at 232
+    // registers: kDeferDk; with kWideRegs it fits).
     constexpr bool kShiftDk = NATTN_SM90_DKV_SHIFT_DK && !DQ_ATOMIC && !kDeferDk && (NA < 3 || HD == 64);
     uint32_t pa[kNq / 16][4], da[kNq / 16][4], da_prev[kShiftDk ? kNq / 16 : 1][4];
     auto issue_dk = [&](int it, const uint32_t (&a)[kNq / 16][4]) {
