@@ -314,6 +314,13 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + k % S::kStages);
   };
+  // O *= alpha. Once the row maxima settle (most boxes of a large window) alpha is 1: skipped.
+  auto rescale_o = [&](const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < HD / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+    }
+  };
 
   // Pipelined as FlashAttention-3 does: while the tensor cores run P_{k-1} V_{k-1}, the
   // warpgroup computes the softmax of box k (issued just before). Two consumer warpgroups
@@ -338,10 +345,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       wgmma_wait<0>();
       fence_regs(sc);
       softmax(sc, alpha);
-      if (k > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < HD / 2; ++i) o[i] *= alpha[(i / 2) % 2];
-      }
+      if (k > 0) rescale_o(alpha);
       pack_p(sc, pa);
       issue_pv(k, pa);
       wgmma_wait<0>();
@@ -350,36 +354,32 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       release(k);
     }
   } else {
-  issue_s(0, sc);
-  wgmma_wait<0>();
-  fence_regs(sc);
-  softmax(sc, alpha);
-  pack_p(sc, pa);
-  if (kPair && cw == 1 && tile.tiles > 1) named_arrive(their_turn, 256);  // warpgroup 0 goes first
-  for (int k = 1; k < tile.tiles; ++k) {
-    if (kPair) named_sync(my_turn, 256);
-    issue_s(k, sc);
-    issue_pv(k - 1, pa);
-    if (kPair && (cw == 0 || k + 1 < tile.tiles)) named_arrive(their_turn, 256);
-    wgmma_wait<1>();  // S of box k is in; P_{k-1} V_{k-1} may still run
+    issue_s(0, sc);
+    wgmma_wait<0>();
     fence_regs(sc);
     softmax(sc, alpha);
+    pack_p(sc, pa);
+    if (kPair && cw == 1 && tile.tiles > 1) named_arrive(their_turn, 256);  // warpgroup 0 goes first
+    for (int k = 1; k < tile.tiles; ++k) {
+      if (kPair) named_sync(my_turn, 256);
+      issue_s(k, sc);
+      issue_pv(k - 1, pa);
+      if (kPair && (cw == 0 || k + 1 < tile.tiles)) named_arrive(their_turn, 256);
+      wgmma_wait<1>();  // S of box k is in; P_{k-1} V_{k-1} may still run
+      fence_regs(sc);
+      softmax(sc, alpha);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+      release(k - 1);
+      rescale_o(alpha);
+      pack_p(sc, pa);
+    }
+    issue_pv(tile.tiles - 1, pa);
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
-    release(k - 1);
-    // Once the row maxima settle (most boxes of a large window) alpha is 1: skip the rescale.
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int i = 0; i < HD / 2; ++i) o[i] *= alpha[(i / 2) % 2];
-    }
-    pack_p(sc, pa);
-  }
-  issue_pv(tile.tiles - 1, pa);
-  wgmma_wait<0>();
-  fence_regs(o);
-  fence_regs(pa);
-  release(tile.tiles - 1);
+    release(tile.tiles - 1);
   }
 
   // O / l through shared memory (the warpgroup's own query rows, no longer read), then
