@@ -37,12 +37,14 @@
 #ifndef NATTN_SM90_DKV_SHIFT_DK
 #define NATTN_SM90_DKV_SHIFT_DK 1
 #endif
-// ... and 1 gives the 2-D head-dim-128 deterministic instance's consumers 240 registers
-// (producers 32: 65536 a CTA), where the shift of the dK product compiles without spills,
-// and runs that shift instead of the deferred wait (kWideRegs below). Off until measured
-// (docs/dev/STATUS.md item 0a': compiled clean, not GPU-run).
+// ... and 1 (default) gives the 3-D head-dim-128 deterministic instance's consumers 240
+// registers (producers 24: 64512 a CTA, what a 384-thread CTA is launched with at one CTA per
+// SM; with producers at 32 the consumers' setmaxnreg waited forever), where the shift of the
+// dK product compiles without spills, and runs that shift (kWideRegs below): HunyuanVideo
+// f+b 0.5% faster (PERF.md, twenty-fifth session). In 2-D at head dim 128 the same split ran
+// no faster than the deferred dK wait, which stays.
 #ifndef NATTN_SM90_DKV_WIDE_REGS
-#define NATTN_SM90_DKV_WIDE_REGS 0
+#define NATTN_SM90_DKV_WIDE_REGS 1
 #endif
 
 namespace nattn { namespace sm90 {
@@ -113,8 +115,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = typename S::Cols;
   constexpr int kRank = NA + 2;
   // Register split between the producer and consumer warpgroups (setmaxnreg).
-  constexpr bool kWideRegs = NATTN_SM90_DKV_WIDE_REGS && !DQ_ATOMIC && NA == 2 && HD == 128;
-  constexpr int kProducerRegs = kWideRegs ? 32 : 40, kConsumerRegs = kWideRegs ? 240 : 232;
+  constexpr bool kWideRegs = NATTN_SM90_DKV_WIDE_REGS && !DQ_ATOMIC && NA == 3 && HD == 128;
+  constexpr int kProducerRegs = kWideRegs ? 24 : 40, kConsumerRegs = kWideRegs ? 240 : 232;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* kv_full = bars;
@@ -195,12 +197,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int h = h_kv * p.groups + walk.pass;
         const int* origin = walk.origin;
         float* ld = reinterpret_cast<float*>(smem + S::kLd) + s * 2 * kNq;
+        // The box's row 0 (always a real token: the walk's origins lie inside the union) and
+        // each row's index as an offset from it, in 32 bits (fewer than 2^31 tokens x heads,
+        // prepare_backward checks): with 64-bit token math per row this warp spilled at 24
+        // registers (the wide-register split, kWideRegs).
+        unsigned first = 0;
+#pragma unroll
+        for (int a = 0; a < NA; ++a) first = first * unsigned(p.spatial[a]) + unsigned(tile.g[a] + p.dilation[a] * origin[a]);
+        const float* lse_box = p.lse + (int64_t(b) * p.tokens + first) * p.heads + h;
+        const float* delta_box = p.delta + (int64_t(b) * p.tokens + first) * p.heads + h;
+#pragma unroll
         for (int col = lane; col < kNq; col += 32) {
-          int64_t token;
-          const bool ok = box_row_token<NA, CB>(p, tile, origin, col, token);
-          const int64_t idx = (int64_t(b) * p.tokens + token) * p.heads + h;
-          ld[col] = ok ? lse_log2(p.lse[idx]) : INFINITY;
-          ld[kNq + col] = ok ? p.delta[idx] : 0.f;
+          bool ok = true;
+          unsigned rel = 0;
+#pragma unroll
+          for (int a = 0; a < NA; ++a) {
+            if (CB::extent(a) > 1) ok = ok && origin[a] + CB::offset(col, a) < tile.len[a];  // (origins are real)
+            rel = rel * unsigned(p.spatial[a]) + unsigned(p.dilation[a] * CB::offset(col, a));
+          }
+          const unsigned at = rel * unsigned(p.heads);
+          ld[col] = ok ? lse_log2(lse_box[at]) : INFINITY;
+          ld[kNq + col] = ok ? delta_box[at] : 0.f;
         }
         mbar_arrive(ld_full + s);
       }
@@ -356,12 +373,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ("insufficient register resources for the wgmma pipeline", C7511), and at head dim 64
     // kShiftDk measured faster (PERF.md, twenty-third session).
     constexpr bool kDeferDk = NATTN_SM90_DKV_DEFER_DK && !DQ_ATOMIC && NA == 2 && HD == 128 && !kWideRegs;
-    // kShiftDk (1-D, 2-D up to head dim 64, 3-D at 64): step it issues its S^T, then step
-    // it - 1's dK product (dS^T kept in da_prev), and computes P^T while that product runs,
-    // as the dQ pass does with dQ (backward_dq.cuh); every product is waited for inside its
-    // step. Not in 3-D at head dims 32 and 128 (spills), nor in 2-D at 128 (spills at 232
-    // registers: kDeferDk; with kWideRegs it fits).
-    constexpr bool kShiftDk = NATTN_SM90_DKV_SHIFT_DK && !DQ_ATOMIC && !kDeferDk && (NA < 3 || HD == 64);
+    // kShiftDk (1-D, 2-D up to head dim 64, 3-D at 64 and, with kWideRegs, 128): step it
+    // issues its S^T, then step it - 1's dK product (dS^T kept in da_prev), and computes P^T
+    // while that product runs, as the dQ pass does with dQ (backward_dq.cuh); every product
+    // is waited for inside its step. Not in 3-D at head dim 32 (spills), nor at 128 in 232
+    // registers (spills; in 2-D kDeferDk instead).
+    constexpr bool kShiftDk = NATTN_SM90_DKV_SHIFT_DK && !DQ_ATOMIC && !kDeferDk && (NA < 3 || HD == 64 || kWideRegs);
     uint32_t pa[kNq / 16][4], da[kNq / 16][4], da_prev[kShiftDk ? kNq / 16 : 1][4];
     auto issue_dk = [&](int it, const uint32_t (&a)[kNq / 16][4]) {
       const unsigned char* q_tile = smem + S::kQ + (it % S::kStages) * C::kBytes;

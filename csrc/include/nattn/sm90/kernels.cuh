@@ -103,6 +103,8 @@ template <typename T, int NA, int HD, class Tl>
 const char* prepare_backward(const Params& p, void* workspace) {
   if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64 or 128)";
   static_assert(Tl::K::kSize == 64 && Tl::Q::kSize == kQueryRows, "the backward pairs a 128-token box with a 64-token box");
+  // The dK/dV pass's LSE / delta loader finds a row as a 32-bit offset (backward_dkv.cuh).
+  if (p.tokens * p.heads > 0x7fffffff) return "more than 2^31 - 1 tokens x heads per batch entry";
   if (NA == 3)  // the dK/dV pass keeps 3-D window bounds as 16-bit pairs (backward_dkv.cuh)
     for (int a = 0; a < 3; ++a)
       if (p.spatial[a] > 32767) return "3-D axes above 32767 tokens";
