@@ -21,6 +21,8 @@
 #include <cuda.h>
 #include <math.h>
 
+#include <type_traits>
+
 #include "nattn/common/drpb.cuh"
 #include "nattn/common/drpb_fixed.cuh"
 #include "nattn/sm90/backward_delta.cuh"
@@ -116,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kRank = NA + 2;
   // Register split between the producer and consumer warpgroups (setmaxnreg).
   constexpr bool kWideRegs = NATTN_SM90_DKV_WIDE_REGS && !DQ_ATOMIC && NA == 3 && HD == 128;
-  constexpr int kProducerRegs = kWideRegs ? 24 : 40, kConsumerRegs = kWideRegs ? 240 : 232;
+  using Regs = typename std::conditional<kWideRegs, RegisterSplit<24, 240>, DefaultRegisterSplit>::type;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* kv_full = bars;
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {  // ------------------------------------------------ producers
-    regs_dealloc<kProducerRegs>();
+    regs_dealloc<Regs::kProducer>();
     if (warp == 0 && lane == 0) {  // K, V once; Q, dO per step
       int c[5];
       mbar_expect_tx(kv_full, 2 * R::kBytes);
@@ -246,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       bulk_wait<0>();  // the reductions are done before the CTA ends
     }
   } else {  // ------------------------------------------------------- consumers
-    regs_alloc<kConsumerRegs>();
+    regs_alloc<Regs::kConsumer>();
     const int cw = wg - 1;  // consumer warpgroup 0 or 1: key rows 64 cw ..
     const int wr = (warp % 4) * 16;
     const int g4 = lane / 4, t4 = lane % 4;

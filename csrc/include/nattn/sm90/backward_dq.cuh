@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {  // ------------------------------------------------ producer
-    regs_dealloc<40>();
+    regs_dealloc<DefaultRegisterSplit::kProducer>();
     if (warp != 0 || lane != 0) return;
     int c[5];
     mbar_expect_tx(rows_full, 2 * R::kBytes);
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---------------------------------------------------------------- consumers
-  regs_alloc<232>();
+  regs_alloc<DefaultRegisterSplit::kConsumer>();
   const int cw = wg - 1;  // consumer warpgroup 0 or 1: query rows 64 cw ..
   const int wr = (warp % 4) * 16;
   const int g4 = lane / 4, t4 = lane % 4;

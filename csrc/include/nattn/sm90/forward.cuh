@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   __syncthreads();
 
   if (producer) {  // ---------------------------------------------- producer
-    if (kPair) regs_dealloc<40>();
+    if (kPair) regs_dealloc<DefaultRegisterSplit::kProducer>();
     if (lane != 0 || (kPair && warp != 0)) return;
     int c[5];
     mbar_expect_tx(q_full, R::kBytes);
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   }
 
   // ---------------------------------------------------------------- consumers
-  if (kPair) regs_alloc<232>();
+  if (kPair) regs_alloc<DefaultRegisterSplit::kConsumer>();
   const int cw = kPair ? wg - 1 : 0;  // consumer warpgroup: query rows 64 cw ..
   const int wr = (warp % 4) * 16;     // the warp's first row inside the warpgroup
   const int g4 = lane / 4, t4 = lane % 4;
