@@ -206,8 +206,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         unsigned first = 0;
 #pragma unroll
         for (int a = 0; a < NA; ++a) first = first * unsigned(p.spatial[a]) + unsigned(tile.g[a] + p.dilation[a] * origin[a]);
-        const float* lse_box = p.lse + (int64_t(b) * p.tokens + first) * p.heads + h;
-        const float* delta_box = p.delta + (int64_t(b) * p.tokens + first) * p.heads + h;
+        const int64_t row0 = (int64_t(b) * p.tokens + first) * p.heads + h;  // [B, N, H] index
+        const float* lse_box = p.lse + row0;
+        const float* delta_box = p.delta + row0;
 #pragma unroll
         for (int col = lane; col < kNq; col += 32) {
           bool ok = true;
@@ -374,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // instances (every head dim) made ptxas serialize every wgmma of the kernel
     // ("insufficient register resources for the wgmma pipeline", C7511), and at head dim 64
     // kShiftDk measured faster (PERF.md, twenty-third session).
-    constexpr bool kDeferDk = NATTN_SM90_DKV_DEFER_DK && !DQ_ATOMIC && NA == 2 && HD == 128 && !kWideRegs;
+    constexpr bool kDeferDk = NATTN_SM90_DKV_DEFER_DK && !DQ_ATOMIC && NA == 2 && HD == 128;
     // kShiftDk (1-D, 2-D up to head dim 64, 3-D at 64 and, with kWideRegs, 128): step it
     // issues its S^T, then step it - 1's dK product (dS^T kept in da_prev), and computes P^T
     // while that product runs, as the dQ pass does with dQ (backward_dq.cuh); every product
