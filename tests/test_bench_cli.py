@@ -126,6 +126,31 @@ def test_cpu_smoke_run_end_to_end(tmp_path, capsys, quick_timing):
     assert "| smoke-1d |" in out
 
 
+def test_heads_first_layout_passes_heads_first_views(tmp_path, capsys, quick_timing, monkeypatch):
+    """--layout heads-first: nattn's rows get [B, H, *spatial, D] storage viewed heads-last
+    (what the kernels see), checked against the reference like any row."""
+    from nattn.bench import rows as rows_mod
+
+    seen = []
+    real = rows_mod.NattnRow.forward
+
+    def spy(self, q, k, v, *rest):
+        seen.append((q.stride(), q.shape, q.is_leaf))
+        return real(self, q, k, v, *rest)
+
+    monkeypatch.setattr(rows_mod.NattnRow, "forward", spy)
+    js = tmp_path / "r.json"
+    argv = ["-i", "6", "10", "-w", "3", "-n", "3", "-d", "8", "--no-peers", "--no-progress", "--device", "cpu",
+            "--backprop", "--layout", "heads-first", "--json", str(js)]
+    assert main(argv) == 0, capsys.readouterr().out
+    row = json.loads(js.read_text())["results"][0]["rows"][0]
+    assert row["name"] == "nattn:auto (heads-first)" and row["check"]["ok"] is True and row["fwd_bwd_ms"] > 0
+    stride, shape, leaf = seen[-1]
+    assert shape[1:] == (6, 10, 3, 8) and stride[1:] == (80, 8, 480, 1) and leaf  # heads-first storage
+    with pytest.raises(SystemExit):
+        parse(["--suite", "smoke", "--layout", "heads-middle"])
+
+
 def test_mismatch_is_reported_in_red(monkeypatch, capsys, quick_timing):
     """A wrong backend is never hidden: its check fails, the run says MISMATCH and exits 1."""
     from nattn.bench import rows as rows_mod

@@ -11,7 +11,9 @@ csrc/tests/sm90_box_mask_check.cu checks its one-bit-per-group window masks agai
 coordinate tests
 (the output, and split-KV's box-local partial rows, are written through that mapping);
 csrc/tests/drpb_fixed_check.cu checks the fixed-point dRPB's scale (no 32-bit overflow in a
-block, the rounding step relative to the head's largest |dS|)."""
+block, the rounding step relative to the head's largest |dS|); csrc/tests/sm90_map_spec_check.cu
+checks that the Hopper tensor maps address the element the strides give in every layout the
+API accepts (heads-first tensors included) and decline the layouts they cannot express."""
 
 import os
 import shutil
@@ -34,9 +36,9 @@ def _build_and_run(tmp_path, name):
 
 
 # window math, the tensor-core walk, the unfused window ops, the Hopper query boxes' rows and
-# window masks, the fixed-point dRPB's scale
+# window masks, the fixed-point dRPB's scale, the Hopper tensor maps' addressing
 CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_check", "sm90_box_mask_check",
-          "drpb_fixed_check"]
+          "drpb_fixed_check", "sm90_map_spec_check"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")

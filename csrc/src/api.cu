@@ -255,7 +255,7 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
                 (long long)pr.device, cudaGetErrorString(e));
   // The Hopper family where it takes the problem (its prepare steps write the tensor maps
   // into `workspace`); else the tensor-core or SIMT entry build_params chose.
-  alignas(64) unsigned char workspace[nattn::kPrepareBytes];
+  alignas(nattn::kPrepareAlign) unsigned char workspace[nattn::kPrepareBytes];
   if (p.dtype != 0) {
     // A forward naming its tile pair or a split-KV factor runs the Hopper family (or fails
     // saying why), whatever the window.

@@ -9,6 +9,7 @@ from typing import List, Optional
 import torch
 
 from .problems import SUITES, Problem
+from .rows import LAYOUTS
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "float32 on tensor cores (SM80+) and the check allows TF32's rounding")
     run.add_argument("--backend", action="append", default=[], metavar="NAME",
                      help="also time nattn with this backend (repeatable); nattn's automatic choice always runs")
+    run.add_argument("--layout", choices=LAYOUTS, default=LAYOUTS[0],
+                     help="memory layout of nattn's q/k/v: heads-last [B, *spatial, H, D] tensors, or "
+                          "heads-first [B, H, *spatial, D] tensors viewed heads-last (SDPA-style code)")
     run.add_argument("--no-peers", action="store_true", help="skip the dense SDPA and flex rows")
     run.add_argument("--cuda-graphs", action="store_true",
                      help="time CUDA-graph replays of each call: the GPU's time without Python's launch "

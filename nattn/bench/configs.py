@@ -99,7 +99,7 @@ def optimize(problems, args) -> str:
         out.append(f"{p.name}: the default and {len(names) - 1} configuration(s)")
         timed = []
         for name in names:
-            r = time_row(NattnRow(name), p, device, dtype, args.backprop, 1, args.cuda_graphs)
+            r = time_row(NattnRow(name, getattr(args, "layout", "heads-last")), p, device, dtype, args.backprop, 1, args.cuda_graphs)
             timed.append((name, r.get(key), r.get("note", "")))
         default = timed[0][1]
         best = min((t for t in timed if t[1] is not None), key=lambda t: t[1], default=None)

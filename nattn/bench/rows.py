@@ -70,24 +70,40 @@ class Row:
         return out
 
 
-class NattnRow(Row):
-    """nattn's public API with a named backend (None: automatic choice, shown in the name)."""
+def heads_first_view(x: torch.Tensor) -> torch.Tensor:
+    """The same values stored heads-first (``[B, H, *spatial, D]``, the layout of SDPA-style
+    code) and viewed heads-last, as such code would pass them (a leaf again for autograd)."""
+    stored = x.detach().movedim(-2, 1).contiguous()
+    return stored.movedim(1, -2).requires_grad_(x.requires_grad)
 
-    def __init__(self, backend: Optional[str] = None):
+
+LAYOUTS = ("heads-last", "heads-first")
+
+
+class NattnRow(Row):
+    """nattn's public API with a named backend (None: automatic choice, shown in the name), on
+    heads-last tensors or on heads-first ones viewed heads-last (``layout``)."""
+
+    def __init__(self, backend: Optional[str] = None, layout: str = "heads-last"):
         self.backend = backend
-        self.name = f"nattn:{backend}" if backend else "nattn:auto"
+        self.layout = layout
+        self.name = (f"nattn:{backend}" if backend else "nattn:auto") + (f" ({layout})" if layout != LAYOUTS[0] else "")
         self._p = None
+
+    def _laid_out(self, t: Dict[str, torch.Tensor]):
+        qkv = (t["q"], t["k"], t["v"])
+        return tuple(heads_first_view(x) for x in qkv) if self.layout == "heads-first" else qkv
 
     def resolve(self, p: Problem, t: Dict[str, torch.Tensor]) -> str:
         """Which backend runs (raises NoBackendError with every reason when none can)."""
-        return choose_na_backend(t["q"], t["k"], t["v"], t.get("rpb"), params_of(p), self.backend)
+        return choose_na_backend(*self._laid_out(t), t.get("rpb"), params_of(p), self.backend)
 
     def reason(self, p, device, backward):
         return None  # the backend's own check runs in resolve()/the call, with its reasons
 
     def prepare(self, p, t):
         self._p = p
-        return (t["q"], t["k"], t["v"], t.get("ek"), t.get("ev"), t.get("rpb"))
+        return (*self._laid_out(t), t.get("ek"), t.get("ev"), t.get("rpb"))
 
     def forward(self, q, k, v, ek, ev, rpb):
         p = self._p

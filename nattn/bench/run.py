@@ -96,8 +96,9 @@ def time_row(row: Row, p: Problem, device, dtype, backprop: bool, n_sets: int, g
 
 
 def build_rows(args, device) -> List[Row]:
-    rows: List[Row] = [NattnRow(None)]
-    rows += [NattnRow(name) for name in args.backend]
+    layout = getattr(args, "layout", "heads-last")
+    rows: List[Row] = [NattnRow(None, layout)]
+    rows += [NattnRow(name, layout) for name in args.backend]
     if not args.no_peers:
         rows += [DenseRow(), FlexPeerRow()]
     return rows

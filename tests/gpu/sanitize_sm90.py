@@ -30,6 +30,15 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
         assert all(torch.isfinite(g).all() for g in grads), str(case)
         print(f"case done: {case}", flush=True)  # a sanitizer run cut short still says how far it got
+    # Heads-first tensors ([B, H, *spatial, D] viewed heads-last: their tensor maps merge the
+    # heads with the batch), forward and backward, the output's gradient heads-first too.
+    q, k, v = (torch.randn(2, 4, 6, 12, 16, 64, device="cuda", dtype=torch.bfloat16).movedim(1, -2).requires_grad_()
+               for _ in range(3))
+    out = nattn.na3d(q, k, v, (3, 5, 5), backend="cuda")
+    g_out = torch.randn(2, 4, 6, 12, 16, 64, device="cuda", dtype=torch.bfloat16).movedim(1, -2)
+    grads = torch.autograd.grad(out, (q, k, v), g_out)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "heads-first"
     # The 64-query pairs (several CTAs per SM, the RPB table staged in shared memory) on
     # hundreds of query boxes: one walking its key boxes one after the other (112 keys), one
     # pipelined (96-key boxes, S of a box beside P of the previous one).
@@ -50,7 +59,7 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
             out, lse = nattn.na1d(q, k, v, 509, backend=f"cuda:kv={splits}", return_lse=True)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), f"kv={splits}"
-    print(f"sm90 sanitize sweep: {count} cases ran, two on 64-query pairs, four split-KV forwards")
+    print(f"sm90 sanitize sweep: {count} cases ran, one heads-first, two on 64-query pairs, four split-KV forwards")
 
 
 if __name__ == "__main__":

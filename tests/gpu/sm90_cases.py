@@ -1,6 +1,7 @@
 """Random NA problems that the Hopper (sm90) forward takes: fp16/bf16, D == D_v in
-{32, 64, 128} (the forward's sweeps add 256), heads-last tensors whose head stride is the head dim (plain or sliced from
-one projection), dilation within the copy engine's element strides. Every other feature
+{32, 64, 128} (the forward's sweeps add 256), tensors in the layouts its tensor maps express
+(heads-last, sliced from one projection, heads-first [B, H, *spatial, D] viewed heads-last),
+dilation within the copy engine's element strides. Every other feature
 (odd/even kernels, stride, causal, GQA/MQA, RPB, extra keys, scale) is drawn at random."""
 
 import random
@@ -37,7 +38,7 @@ def random_sm90_case(rng: random.Random, na_dim: int, wide: bool = False, dims=S
         spatial=spatial, kernel=kernel, stride=stride, dilation=dilation, causal=causal,
         batch=rng.choice([1, 2, 3]), heads=heads, heads_kv=heads_kv, dim=dim, dim_v=dim,
         extra=rng.choice([0, 0, 0, 5]), rpb=rpb, dtype=rng.choice((torch.float16, torch.bfloat16)),
-        layout=rng.choice(["plain", "plain", "fused"]), scale=rng.choice([None, None, 0.2]),
+        layout=rng.choice(["plain", "plain", "fused", "heads_major"]), scale=rng.choice([None, None, 0.2]),
         seed=rng.randint(0, 2**31))
 
 

@@ -38,14 +38,19 @@ def run(case, t, backend):
         rpb=t.get("rpb"), backend=backend, return_lse=True)
 
 
-def gradients(case, backend, leaves_of=None):
-    """Output, LSE and the gradient of every leaf for random output and LSE gradients."""
+def gradients(case, backend, leaves_of=None, heads_first_grad=False):
+    """Output, LSE and the gradient of every leaf for random output and LSE gradients (the
+    output's gradient heads-last, or a heads-first [B, H, *spatial, D] tensor viewed
+    heads-last)."""
     t, leaves = make_inputs(case)
     if leaves_of is not None:
         t, leaves = leaves_of(t, leaves)
     out, lse = run(case, t, backend)
     g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
-    g_out = torch.randn(out.shape, generator=g, device="cuda").to(out.dtype)
+    shape = out.shape if not heads_first_grad else (out.shape[0], out.shape[-2], *out.shape[1:-2], out.shape[-1])
+    g_out = torch.randn(shape, generator=g, device="cuda").to(out.dtype)
+    if heads_first_grad:
+        g_out = g_out.movedim(1, -2)
     g_lse = torch.randn(lse.shape, generator=g, device="cuda").to(lse.dtype)
     grads = torch.autograd.grad([out, lse], leaves, [g_out, g_lse])
     return out.detach(), lse.detach(), grads
@@ -58,9 +63,9 @@ def check(name, got, want, tol):
     assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
 
 
-def compare(case):
-    o_c, l_c, g_c = gradients(case, "cuda")
-    o_r, l_r, g_r = gradients(case, "reference")
+def compare(case, heads_first_grad=False):
+    o_c, l_c, g_c = gradients(case, "cuda", heads_first_grad=heads_first_grad)
+    o_r, l_r, g_r = gradients(case, "reference", heads_first_grad=heads_first_grad)
     tol = TOL[case.dtype]
     check("out", o_c, o_r, tol)
     check("lse", l_c, l_r, 1e-4)
@@ -76,6 +81,17 @@ def test_sm90_backward_matches_reference(case):
 @pytest.mark.parametrize("case", WIDE, ids=[f"wide{i}-{c}" for i, c in enumerate(WIDE)])
 def test_sm90_backward_wide_windows(case):
     compare(case)
+
+
+HEADS_FIRST = [dataclasses.replace(c, layout=layout) for c, layout in
+               zip(sm90_sweep(60, seed=5151), ["heads_major", "plain", "fused"] * 20)]
+
+
+@pytest.mark.parametrize("case", HEADS_FIRST, ids=[f"hf{i}-{c}" for i, c in enumerate(HEADS_FIRST)])
+def test_sm90_backward_heads_first_grad_out(case):
+    """The output's gradient heads-first (its tensor map merges heads with the batch) with
+    q / k / v heads-first, heads-last or sliced from one projection."""
+    compare(case, heads_first_grad=True)
 
 
 SMALL = [dataclasses.replace(c, layout="plain") for c in sm90_sweep(80, seed=8383)

@@ -111,7 +111,9 @@ def test_sm90_small_pairs_on_many_boxes(case, monkeypatch):
 
 
 def test_sm90_declines_what_it_cannot_take():
-    """A heads-major view (head stride != head dim) is declined with the reason named."""
-    q = torch.randn(1, 4, 16, 16, 64, device="cuda", dtype=torch.bfloat16).permute(0, 2, 3, 1, 4)
+    """q sliced from a heads-first [B, 3, H, *spatial, D] stack (head stride != head dim, batch
+    stride != heads x head stride: no tensor map expresses it) is declined with the reason named."""
+    qkv = torch.randn(2, 3, 4, 16, 16, 64, device="cuda", dtype=torch.bfloat16)
+    q = qkv[:, 0].permute(0, 2, 3, 1, 4)
     with pytest.raises(Exception, match="head stride"):
         nattn.na2d(q, q, q, 5, backend="cuda")

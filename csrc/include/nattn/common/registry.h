@@ -51,6 +51,9 @@ struct Params {
   // int64 table [H, rpb_head_size] (null: dRPB summed in float32).
   unsigned* drpb_max;
   long long* drpb_fixed;
+  // Host-set by the sm90 launchers: a kRows* bit per tensor whose tensor map has its heads
+  // next to the batch instead of inside a token's row (sm90/tensor_map_spec.h).
+  int map_heads_outer;
 };
 
 enum TokenRows : int { kRowsQ = 1, kRowsK = 2, kRowsV = 4, kRowsGradOut = 8 };
@@ -58,8 +61,10 @@ enum TokenRows : int { kRowsQ = 1, kRowsK = 2, kRowsV = 4, kRowsGradOut = 8 };
 // Whether every tensor of `tensors` (kRows* bits) stores its tokens as rows.
 __host__ __device__ inline bool all_token_rows(const Params& p, int tensors) { return (p.token_rows & tensors) == tensors; }
 
-// Bytes of the host workspace a family's prepare step may fill (64-byte aligned).
-constexpr int kPrepareBytes = 1024;
+// Bytes of the host workspace a family's prepare step may fill, and its alignment (sm90:
+// eight tensor maps, 128-byte aligned CUtensorMap objects, and a word).
+constexpr int kPrepareBytes = 1152;
+constexpr int kPrepareAlign = 128;
 
 using LaunchFn = void (*)(const Params&, cudaStream_t);
 // Whether a family takes a problem: nullptr when it does (workspace filled), else why not.

@@ -172,10 +172,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     regs_dealloc<Regs::kProducer>();
     if (warp == 0 && lane == 0) {  // K, V once; Q, dO per step
       int c[5];
+      const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
+      const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
       mbar_expect_tx(kv_full, 2 * R::kBytes);
       for (int cb = 0; cb < R::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, tile.q0, h_kv * HD + cb * R::kChannels, b, c);
+        box_coords<NA>(p, tile, tile.q0, hk.channel + cb * R::kChannels, hk.outer, c);
         tma_load<kRank>(smem + S::kK + cb * R::kBlockBytes, &map_k, kv_full, c);
+        box_coords<NA>(p, tile, tile.q0, hv.channel + cb * R::kChannels, hv.outer, c);
         tma_load<kRank>(smem + S::kV + cb * R::kBlockBytes, &map_v, kv_full, c);
       }
       BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
@@ -184,10 +187,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (it >= S::kStages) mbar_wait(empty + s, ((it / S::kStages) - 1) & 1);
         const int h = h_kv * p.groups + walk.pass;
         const int* origin = walk.origin;
+        const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
+        const HeadCoords hdo = head_coords<HD>(p, kRowsGradOut, p.heads, h, b);
         mbar_expect_tx(qd_full + s, 2 * C::kBytes);
         for (int cb = 0; cb < C::kBlocks; ++cb) {
-          box_coords<NA>(p, tile, origin, h * HD + cb * C::kChannels, b, c);
+          box_coords<NA>(p, tile, origin, hq.channel + cb * C::kChannels, hq.outer, c);
           tma_load<kRank>(smem + S::kQ + s * C::kBytes + cb * C::kBlockBytes, &map_q, qd_full + s, c);
+          box_coords<NA>(p, tile, origin, hdo.channel + cb * C::kChannels, hdo.outer, c);
           tma_load<kRank>(smem + S::kDo + s * C::kBytes + cb * C::kBlockBytes, &map_do, qd_full + s, c);
         }
       }

@@ -88,10 +88,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     regs_dealloc<DefaultRegisterSplit::kProducer>();
     if (warp != 0 || lane != 0) return;
     int c[5];
+    const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
+    const HeadCoords hdo = head_coords<HD>(p, kRowsGradOut, p.heads, h, b);
     mbar_expect_tx(rows_full, 2 * R::kBytes);
     for (int cb = 0; cb < R::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, tile.q0, h * HD + cb * R::kChannels, b, c);
+      box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
       tma_load<kRank>(smem + S::kQ + cb * R::kBlockBytes, &map_q, rows_full, c);
+      box_coords<NA>(p, tile, tile.q0, hdo.channel + cb * R::kChannels, hdo.outer, c);
       tma_load<kRank>(smem + S::kDo + cb * R::kBlockBytes, &map_do, rows_full, c);
     }
     produce_kv_ring<NA, HD, KB, C, S::kStages>(p, tile, h_kv, b, smem + S::kK, smem + S::kV, &map_k, &map_v,

@@ -26,6 +26,7 @@
 #include "nattn/sm90/forward_masks.cuh"
 #include "nattn/sm90/ptx.cuh"
 #include "nattn/sm90/smem_tile.cuh"
+#include "nattn/sm90/tensor_map_spec.h"
 #include "nattn/sm90/tiles.cuh"
 #include "nattn/sm90/wgmma_ops.cuh"
 
@@ -90,14 +91,15 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) { return pack_f16(lo, hi); }
 
 // TMA coordinates (innermost first) of a box: channel, the spatial axes from last to
-// first (real coordinates: group g plus dilation times the group coordinate), batch.
+// first (real coordinates: group g plus dilation times the group coordinate), the outer
+// axis (batch, or batch x heads: head_coords).
 template <int NA>
 __device__ __forceinline__ void box_coords(const Params& p, const CtaTile& t, const int* first, int channel,
-                                           int batch, int* c) {
+                                           int outer, int* c) {
   c[0] = channel;
 #pragma unroll
   for (int a = 0; a < NA; ++a) c[NA - a] = t.g[a] + p.dilation[a] * first[a];
-  c[NA + 1] = batch;
+  c[NA + 1] = outer;
 }
 
 // The producer's walk over a CTA's key boxes (the forward and the dQ pass): key and value box
@@ -109,6 +111,8 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
                                                 const CUtensorMap* map_k, const CUtensorMap* map_v,
                                                 uint64_t* k_full, uint64_t* v_full, uint64_t* empty) {
   constexpr int kRank = NA + 2;
+  const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
+  const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
   int c[5];
   BoxWalk<NA, KB> walk(tile);
   for (int k = 0; k < tile.tiles; ++k, walk.next(tile)) {
@@ -116,12 +120,12 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
     if (k >= STAGES) mbar_wait(empty + s, ((k / STAGES) - 1) & 1);
     mbar_expect_tx(k_full + s, C::kBytes);
     for (int cb = 0; cb < C::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, walk.origin, h_kv * HD + cb * C::kChannels, b, c);
+      box_coords<NA>(p, tile, walk.origin, hk.channel + cb * C::kChannels, hk.outer, c);
       tma_load<kRank>(k_ring + s * C::kBytes + cb * C::kBlockBytes, map_k, k_full + s, c);
     }
     mbar_expect_tx(v_full + s, C::kBytes);
     for (int cb = 0; cb < C::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, walk.origin, h_kv * HD + cb * C::kChannels, b, c);
+      box_coords<NA>(p, tile, walk.origin, hv.channel + cb * C::kChannels, hv.outer, c);
       tma_load<kRank>(v_ring + s * C::kBytes + cb * C::kBlockBytes, map_v, v_full + s, c);
     }
   }
@@ -189,9 +193,10 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     if (kPair) regs_dealloc<DefaultRegisterSplit::kProducer>();
     if (lane != 0 || (kPair && warp != 0)) return;
     int c[5];
+    const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
     mbar_expect_tx(q_full, R::kBytes);
     for (int cb = 0; cb < R::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, tile.q0, h * HD + cb * R::kChannels, b, c);
+      box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
       tma_load<kRank>(smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
     }
     produce_kv_ring<NA, HD, KB, C, S::kStages>(p, tile, h_kv, b, smem + S::kK, smem + S::kV, &map_k, &map_v,

@@ -22,6 +22,7 @@ namespace nattn { namespace sm90 {
 // What prepare_forward leaves for launch_forward (in Params::prepared).
 struct ForwardLaunch {
   CUtensorMap q, k, v;
+  int heads_outer;  // Params::map_heads_outer of the maps
 };
 static_assert(sizeof(ForwardLaunch) <= kPrepareBytes, "workspace too small");
 
@@ -51,12 +52,15 @@ const char* prepare_forward(const Params& p, void* workspace) {
   if ((why = encode(&l->q, mq, p.q, kBf16))) return why;
   if ((why = encode(&l->k, mk, p.k, kBf16))) return why;
   if ((why = encode(&l->v, mv, p.v, kBf16))) return why;
+  l->heads_outer = (mq.heads_outer ? kRowsQ : 0) | (mk.heads_outer ? kRowsK : 0) | (mv.heads_outer ? kRowsV : 0);
   return nullptr;
 }
 
 template <typename T, int NA, int HD, class Tl>
-void launch_forward(const Params& p, cudaStream_t stream) {
-  const ForwardLaunch* l = static_cast<const ForwardLaunch*>(p.prepared);
+void launch_forward(const Params& problem, cudaStream_t stream) {
+  const ForwardLaunch* l = static_cast<const ForwardLaunch*>(problem.prepared);
+  Params p = problem;
+  p.map_heads_outer = l->heads_outer;
   using Cta = ForwardCta<Tl, HD>;
   constexpr int base = ForwardSmem<Tl, HD>::kAlloc;
   constexpr int most = base + Cta::kRpbStageFloats * int(sizeof(float));
@@ -96,6 +100,7 @@ void launch_forward(const Params& p, cudaStream_t stream) {
 struct BackwardLaunch {
   CUtensorMap dq_q, dq_do, dq_k, dq_v;
   CUtensorMap kv_k, kv_v, kv_q, kv_do;
+  int heads_outer;  // Params::map_heads_outer of the maps (both passes' agree: same strides)
 };
 static_assert(sizeof(BackwardLaunch) <= kPrepareBytes, "workspace too small");
 
@@ -113,14 +118,21 @@ const char* prepare_backward(const Params& p, void* workspace) {
     big[a] = Tl::Q::extent(a);
     small[a] = Tl::K::extent(a);
   }
-  struct Map { const char* name; CUtensorMap* dst; const int64_t* s; const void* ptr; int heads; const int* box; };
+  struct Map {
+    const char* name; int bit; CUtensorMap* dst; const int64_t* s; const void* ptr; int heads; const int* box;
+  };
   BackwardLaunch* l = static_cast<BackwardLaunch*>(workspace);
   const Map maps[] = {
-      {"q", &l->dq_q, p.q_s, p.q, p.heads, big},          {"grad_out", &l->dq_do, p.grad_out_s, p.grad_out, p.heads, big},
-      {"k", &l->dq_k, p.k_s, p.k, p.heads_kv, small},     {"v", &l->dq_v, p.v_s, p.v, p.heads_kv, small},
-      {"k", &l->kv_k, p.k_s, p.k, p.heads_kv, big},       {"v", &l->kv_v, p.v_s, p.v, p.heads_kv, big},
-      {"q", &l->kv_q, p.q_s, p.q, p.heads, small},        {"grad_out", &l->kv_do, p.grad_out_s, p.grad_out, p.heads, small},
+      {"q", kRowsQ, &l->dq_q, p.q_s, p.q, p.heads, big},
+      {"grad_out", kRowsGradOut, &l->dq_do, p.grad_out_s, p.grad_out, p.heads, big},
+      {"k", kRowsK, &l->dq_k, p.k_s, p.k, p.heads_kv, small},
+      {"v", kRowsV, &l->dq_v, p.v_s, p.v, p.heads_kv, small},
+      {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, big},
+      {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, big},
+      {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, small},
+      {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, small},
   };
+  l->heads_outer = 0;
   if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
   if (int64_t(p.batch) * p.tokens * p.heads * (HD / 8) / kDeltaThreads >= 0x7fffffff) return "too many rows for the grid";
   constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
@@ -128,6 +140,7 @@ const char* prepare_backward(const Params& p, void* workspace) {
     MapSpec spec;
     const char* why = map_spec(p, m.s, m.heads, HD, m.box, spec);
     if (!why) why = encode(m.dst, spec, m.ptr, kBf16);
+    if (spec.heads_outer) l->heads_outer |= m.bit;
     if (why) {
       static thread_local char named[400];
       snprintf(named, sizeof named, "%s: %s", m.name, why);
@@ -152,6 +165,8 @@ inline bool dq_atomic_requested(const Params& p) {
 template <typename T, int NA, int HD, class Tl>
 void launch_backward(const Params& problem, cudaStream_t stream) {
   const BackwardLaunch* l = static_cast<const BackwardLaunch*>(problem.prepared);
+  Params p = problem;
+  p.map_heads_outer = l->heads_outer;
   using Dq = DqSmem<HD, Tl::K::kSize>;
   using Dkv = DkvSmem<HD, Tl::K::kSize, false>;
   using DkvAtomic = DkvSmem<HD, Tl::K::kSize, true>;
@@ -168,7 +183,6 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
   const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);
   delta_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(problem);
   const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem));
-  Params p = problem;
   const int64_t rpb_bytes = drpb_stage_bytes(p);
   const dim3 dkv_grid(ctas, p.heads_kv, p.batch);
   p.dq_accum = nullptr;

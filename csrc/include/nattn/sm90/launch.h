@@ -7,7 +7,7 @@
 namespace nattn { namespace sm90 {
 
 // Whether the family takes this forward problem: nullptr when it does (and the launch
-// state is written to `workspace`, kPrepareBytes, 64-byte aligned), else the reason.
+// state is written to `workspace`, kPrepareBytes, kPrepareAlign-byte aligned), else the reason.
 template <typename T, int NA, int HD, class Tile> const char* prepare_forward(const Params& p, void* workspace);
 template <typename T, int NA, int HD, class Tile> void launch_forward(const Params& p, cudaStream_t stream);
 // The backward of the pairs in SM90_BACKWARD_TILES (a 128-token and a 64-token box).

@@ -2,10 +2,17 @@
 // the copy engine can address the tensor that way: plain host code with no driver call, so
 // that libnattn's problem checks (src/api.cu) can ask it on any toolkit. tensor_map.h encodes it.
 //
-// A map has rank NA + 2, innermost first: heads x channels merged into one axis (so the
-// tensor's head stride must equal its head dim), the spatial axes from last to first, the
-// batch. Its box is one key (or query) box of 64 channels (32 at head dim 32); the spatial
-// element strides are the dilations, so a box of E tokens spans E * d real tokens.
+// A map has rank NA + 2, innermost first: the channels, the spatial axes from last to first,
+// and an outer axis. Heads sit in one of two places:
+// - inside a token's row (head stride == head dim: plain heads-last tensors, q/k/v sliced
+//   from one fused projection): the innermost axis is heads x channels, the outer the batch;
+//   a head's first channel is at coordinate h * D, batch b at b;
+// - next to the batch (batch stride == heads x head stride, or one batch entry: heads-first
+//   [B, H, *spatial, D] tensors viewed heads-last): the innermost axis is the D channels, the
+//   outer batch x heads; head h of batch b is at outer coordinate b * H + h
+//   (MapSpec::heads_outer; the kernels' head_coords).
+// Its box is one key (or query) box of 64 channels (32 at head dim 32); the spatial element
+// strides are the dilations, so a box of E tokens spans E * d real tokens.
 #pragma once
 #include <stdint.h>
 
@@ -19,6 +26,7 @@ struct MapSpec {
   uint64_t stride_bytes[4];
   uint32_t box[5];
   uint32_t element_stride[5];
+  bool heads_outer;  // heads merged with the batch (above), else inside a token's row
 };
 
 // Fills a map spec for tensor `ptr` with element strides s (batch, axes 0..2, heads),
@@ -28,9 +36,13 @@ struct MapSpec {
 inline const char* map_spec(const Params& p, const int64_t* s, int heads, int hd, const int* box, MapSpec& m,
                             int eb = 2, int inner = 0) {
   const int nd = p.na_dim;
-  if (heads > 1 && s[4] != hd) return "head stride differs from the head dim";
+  m.heads_outer = heads > 1 && s[4] != hd;
+  if (m.heads_outer && p.batch > 1 && s[0] != int64_t(heads) * s[4])
+    return "a head stride other than the head dim needs the batch stride to be heads x head stride "
+           "(heads-first [B, H, *spatial, D] tensors viewed heads-last)";
+  if (m.heads_outer && int64_t(p.batch) * heads > 0x7fffffff) return "more than 2^31 - 1 batch x heads";
   m.rank = nd + 2;
-  m.dim[0] = uint64_t(heads) * hd;
+  m.dim[0] = m.heads_outer ? uint64_t(hd) : uint64_t(heads) * hd;
   m.box[0] = inner ? inner : hd >= 64 ? 64 : hd;
   m.element_stride[0] = 1;
   for (int a = 0; a < nd; ++a) {
@@ -42,8 +54,8 @@ inline const char* map_spec(const Params& p, const int64_t* s, int heads, int hd
     if (p.dilation[a] > 8) return "dilation above 8 (the copy engine's largest element stride)";
     if (m.box[i] > 256) return "box extent times dilation above 256";
   }
-  m.dim[nd + 1] = uint64_t(p.batch);
-  m.stride_bytes[nd] = uint64_t(s[0]) * eb;
+  m.dim[nd + 1] = uint64_t(p.batch) * (m.heads_outer ? heads : 1);
+  m.stride_bytes[nd] = uint64_t(m.heads_outer ? s[4] : s[0]) * eb;
   m.box[nd + 1] = 1;
   m.element_stride[nd + 1] = 1;
   uint64_t packed = m.dim[0] * eb;  // the stride a packed tensor would have
@@ -51,10 +63,22 @@ inline const char* map_spec(const Params& p, const int64_t* s, int heads, int hd
     uint64_t& st = m.stride_bytes[i - 1];
     if (m.dim[i] == 1) st = (packed + 15) / 16 * 16;  // never stepped along: any legal stride
     if (st == 0 || st % 16 || st >= (uint64_t(1) << 40))
-      return "a token or batch stride is zero, or not a multiple of 16 bytes below 2^40";
+      return "a token, head or batch stride is zero, or not a multiple of 16 bytes below 2^40";
     packed = st * m.dim[i];
   }
   return nullptr;
+}
+
+// Where head h of batch entry b starts in a tensor's map: the channel coordinate of its
+// first channel and the outer coordinate, for heads inside a token's row (h * HD, b) or next
+// to the batch (0, b * heads + h). `tensor` is the tensor's kRows* bit in
+// Params::map_heads_outer (the launchers copy it from the maps' MapSpec::heads_outer).
+struct HeadCoords {
+  int channel, outer;
+};
+template <int HD>
+__host__ __device__ __forceinline__ HeadCoords head_coords(const Params& p, int tensor, int heads, int h, int b) {
+  return (p.map_heads_outer & tensor) ? HeadCoords{0, b * heads + h} : HeadCoords{h * HD, b};
 }
 
 }  }  // namespace nattn::sm90
