@@ -10,6 +10,8 @@
 // And the backward's skipped steps (seen_steps): each consumer warpgroup's half of the CTA's
 // box sees nothing of a box its walk only releases: no (query, key) pair of the dQ pass's half
 // and box is in a window, nor of the dK/dV pass's box and half.
+// And with a query range (the forward's, a halo rank's own queries): the launched boxes still
+// hold every query of the range, each once.
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,10 @@ static Params random_problem() {
     p.stride[a] = rnd(1, p.kernel[a]);
     p.causal[a] = rnd(0, 3) == 0;
     p.tokens *= p.spatial[a];
+  }
+  for (int a = 0; a < 3; ++a) {  // every query (the forward's query range: the whole axis)
+    p.q_lo[a] = 0;
+    p.q_hi[a] = p.spatial[a];
   }
   return p;
 }
@@ -152,9 +158,26 @@ static int check_skips(long long& checks) {
   return 0;
 }
 
+// Whether token t (row-major) lies in the problem's query range on every axis.
+static bool in_range(const Params& p, int64_t t) {
+  for (int a = p.na_dim - 1; a >= 0; --a) {
+    const int i = int(t % p.spatial[a]);
+    t /= p.spatial[a];
+    if (i < p.q_lo[a] || i >= p.q_hi[a]) return false;
+  }
+  return true;
+}
+
+// Every token of the grid is a row of exactly one launched box; with a random query range
+// (`ranged`, as a halo rank computes only its own queries), every token of the range is,
+// and no token is a row of two boxes.
 template <int NA, class QB>
-static int check(long long& checks) {
-  const Params p = random_problem<NA>();
+static int check(long long& checks, bool ranged = false) {
+  Params p = random_problem<NA>();
+  for (int a = 0; ranged && a < NA; ++a) {
+    p.q_lo[a] = rnd(0, p.spatial[a] - 1);
+    p.q_hi[a] = rnd(p.q_lo[a] + 1, p.spatial[a]);
+  }
   std::vector<int> seen(p.tokens, 0);
   const int64_t boxes = num_cta_tiles<QB>(p);
   for (int64_t box = 0; box < boxes; ++box) {
@@ -174,7 +197,7 @@ static int check(long long& checks) {
   }
   for (int64_t t = 0; t < p.tokens; ++t) {
     ++checks;
-    if (seen[t] != 1) {
+    if (seen[t] > 1 || (seen[t] == 0 && in_range(p, t))) {
       printf("token %lld covered %d times (na %d, spatial %d,%d,%d, dilation %d,%d,%d, box %d,%d,%d)\n",
              (long long)t, seen[t], NA, p.spatial[0], p.spatial[1], p.spatial[2], p.dilation[0], p.dilation[1],
              p.dilation[2], QB::extent(0), QB::extent(1), QB::extent(2));
@@ -191,6 +214,10 @@ int main() {
         check<2, Box<8, 16, 1>>(checks) || check<2, Box<8, 8, 1>>(checks) ||
         check<3, Box<2, 8, 8>>(checks) || check<3, Box<4, 4, 8>>(checks) || check<3, Box<4, 8, 4>>(checks) ||
         check<3, Box<2, 4, 8>>(checks))
+      return 1;
+    if (check<1, Box<128, 1, 1>>(checks, true) || check<1, Box<64, 1, 1>>(checks, true) ||
+        check<2, Box<8, 16, 1>>(checks, true) || check<2, Box<8, 8, 1>>(checks, true) ||
+        check<3, Box<2, 8, 8>>(checks, true) || check<3, Box<4, 8, 4>>(checks, true))
       return 1;
     if (check_walk<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) || check_walk<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
         check_walk<2, Box<8, 8, 1>, Box<7, 16, 1>>(checks) || check_walk<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks) ||

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-ABI_VERSION = 4  # 3: attention dropout (dropout_threshold, dropout_p_bits, rng_ptr); 4: allow_tf32
+ABI_VERSION = 5  # 3: attention dropout (dropout_threshold, dropout_p_bits, rng_ptr); 4: allow_tf32; 5: query_range
 
 # dtype code shared by C and Python (the index into this tuple).
 DTYPES = ("float32", "float16", "bfloat16")
@@ -163,6 +163,11 @@ PROBLEM_FIELDS: Tuple[Tuple[str, int], ...] = (
     # ABI 4: 1 when a float32 call may run TF32 tensor-core products (TF32_FAMILY's float32
     # instances, SM80+), 0 for the SIMT family's exact fp32; 0 with 16-bit inputs.
     ("allow_tf32", 1),
+    # ABI 5: the forward's query range per axis, [lo 0..2, hi 0..2) in real coordinates (all
+    # zeros: every query). A family that takes it (sm90) computes only the query boxes that
+    # hold queries of the range; rows outside it may be left as the caller filled them (the
+    # cuda backend: output 0, LSE +inf). Others compute every row.
+    ("query_range", 6),
 )
 # Families whose kernels run attention dropout (the Hopper family declines a problem with it,
 # which then runs on the tensor-core family where it can, else on SIMT).
@@ -210,7 +215,7 @@ del _o
 # without the dropout fields (such a library has no dropout; the cuda backend declines it),
 # ABI 3 is ABI 4 without allow_tf32 (such a library runs float32 on its SIMT family only).
 ABI_PROBLEM_FIELDS: Dict[int, int] = {2: FIELD_OFFSETS["dropout_threshold"], 3: FIELD_OFFSETS["allow_tf32"],
-                                      ABI_VERSION: NUM_PROBLEM_FIELDS}
+                                      4: FIELD_OFFSETS["query_range"], ABI_VERSION: NUM_PROBLEM_FIELDS}
 
 
 def _pad3(extents) -> Tuple[int, int, int]:

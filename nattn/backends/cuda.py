@@ -59,6 +59,7 @@ _PTR_SLOTS = tuple(kernel_table.FIELD_OFFSETS[f"{n}_ptr"] for n in (
     "q", "k", "v", "out", "lse", "rpb", "grad_out", "grad_lse", "delta", "dq", "dk", "dv", "drpb"))
 _RNG_SLOT = kernel_table.FIELD_OFFSETS["rng_ptr"]
 _TF32_SLOT = kernel_table.FIELD_OFFSETS["allow_tf32"]
+_QUERY_RANGE_SLOT = kernel_table.FIELD_OFFSETS["query_range"]
 # The families that run attention dropout (kernel_table.DROPOUT_FAMILIES): the tensor-core one
 # with its limits, and the SIMT one everywhere else (older libraries list it only with
 # NATTN_SIMT_DROPOUT=1).
@@ -100,6 +101,16 @@ def _strides(t: torch.Tensor, na_dim: int) -> Tuple[int, ...]:
     """[batch, axis 0..2, heads] element strides; 0 for size-1 and absent axes."""
     s = [st if n > 1 else 0 for st, n in zip(t.stride(), t.shape)]
     return (s[0], *s[1 : 1 + na_dim], *(0,) * (3 - na_dim), s[-2])
+
+
+def _set_query_range(fields, query_range, spatial) -> None:
+    """The problem struct's query_range (ABI 5): lo per axis, then hi per axis."""
+    if len(query_range) != len(spatial) or any(not 0 <= lo < hi <= n for (lo, hi), n in zip(query_range, spatial)):
+        raise ValueError(f"query_range must hold one (lo, hi) with 0 <= lo < hi <= size per spatial axis "
+                         f"{tuple(spatial)}, got {query_range!r}")
+    for a, (lo, hi) in enumerate(query_range):
+        fields[_QUERY_RANGE_SLOT + a] = int(lo)
+        fields[_QUERY_RANGE_SLOT + 3 + a] = int(hi)
 
 
 def _per_axis(values, na_dim: int, fill: int = 1) -> Tuple[int, ...]:
@@ -316,6 +327,7 @@ class CudaBackend(Backend):
         vals += config.fields()
         vals += (*dropout_fields(params.dropout_p), 0)  # dropout_threshold, dropout_p_bits, rng_ptr (per call)
         vals += (0,)  # allow_tf32 (per call: _pack)
+        vals += (0,) * 6  # query_range (per call: na_forward)
         assert len(vals) == kernel_table.NUM_PROBLEM_FIELDS
         return _Problem(*vals), device
 
@@ -389,12 +401,23 @@ class CudaBackend(Backend):
             raise RuntimeError(f"nattn cuda backend: {library.load_error()}")
         return lib
 
-    def na_forward(self, q, k, v, rpb, params, config=kernel_config.DEFAULT, rng=None):
+    def na_forward(self, q, k, v, rpb, params, config=kernel_config.DEFAULT, rng=None, query_range=None):
+        """``query_range``: ``((lo, hi), ...)`` per spatial axis (real coordinates): only those
+        queries are needed (nattn.distributed's halo ranks). The Hopper family then computes
+        just the query boxes holding them; rows it leaves out read output 0 and LSE +inf (no
+        probability: the backward gives them and takes from them no gradient). Other families,
+        and libraries before ABI 5, compute every row."""
         lib = self._lib()
-        out = q.new_empty(*q.shape[:-1], v.shape[-1])
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        if query_range is None:
+            out = q.new_empty(*q.shape[:-1], v.shape[-1])
+            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        else:
+            out = q.new_zeros(*q.shape[:-1], v.shape[-1])
+            lse = torch.full(q.shape[:-1], math.inf, dtype=torch.float32, device=q.device)
         rpb32 = None if rpb is None else rpb.to(torch.float32).contiguous()
         fields, device = self._pack(params, q, k, v, out, lse, rpb32, config=config, rng=rng)
+        if query_range is not None:
+            _set_query_range(fields, query_range, q.shape[1 : 1 + params.na_dim])
         self._call(lib, lib.forward, fields, device, params.scale)
         return out, lse
 
@@ -483,8 +506,8 @@ class _Configured(Backend):
     def deterministic_configuration(self):
         return self.parent.deterministic_configuration()
 
-    def na_forward(self, q, k, v, rpb, params, rng=None):
-        return self.parent.na_forward(q, k, v, rpb, params, self.config, rng=rng)
+    def na_forward(self, q, k, v, rpb, params, rng=None, query_range=None):
+        return self.parent.na_forward(q, k, v, rpb, params, self.config, rng=rng, query_range=query_range)
 
     def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, rng=None, grads_into=None):
         return self.parent.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, self.config, rng=rng,

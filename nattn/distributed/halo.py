@@ -5,8 +5,10 @@ the ranks that own them; the backward returns the halo's dK and dV to their owne
 The local attention runs on the region of the axis that holds the rank's queries and their
 windows, widened to whole stride x dilation blocks so that every window, dilation group and
 stride leader is the one of the unsharded problem; the region's other queries are zeros and
-their outputs are dropped (compute the kernels spend on them is the price of running an
-unmodified NA op; the traffic is the halo alone)."""
+their outputs are dropped. Where the cuda backend runs the region (no extra keys/values), it
+is told the rank's query range: the Hopper kernels then compute only the query boxes that
+hold the rank's queries, not the halo's (other backends compute the whole region); the
+traffic is the halo alone either way."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from ..functional import neighborhood_attention
+from .._eager import _first_order_only, _grads_off, _no_autocast
+from ..backends import get as get_backend
+from ..functional import _checked_and_chosen, neighborhood_attention
 from ..params import BoolOrTuple, IntOrTuple, normalize_window_args
 from ..windows import axis_window
 from .ulysses import _AllToAll, _all_sizes, _check_shards, _pad_to, _world
@@ -65,6 +69,46 @@ class _HaloGather(torch.autograd.Function):
             if n:
                 out.narrow(axis_dim, a, n).add_(back[r].narrow(axis_dim, 0, n))
         return out, None, None, None, None, None
+
+
+class _RangedNA(torch.autograd.Function):
+    """NA of the region through the cuda backend with only ``query_range``'s queries needed:
+    the rows it leaves out hold output 0 and LSE +inf, so the unchanged backward gives them,
+    and takes from them, no gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rpb, params, name, query_range):
+        impl = get_backend(name)
+        with _no_autocast(q, impl):
+            out, lse = impl.na_forward(q, k, v, rpb, params, query_range=query_range)
+        ctx.save_for_backward(q, k, v, rpb, out, lse)
+        ctx.params, ctx.name = params, name
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, rpb, out, lse = ctx.saved_tensors
+        impl = get_backend(ctx.name)
+        with _grads_off(), _no_autocast(q, impl):
+            if grad_out is None:
+                grad_out = torch.zeros_like(out)
+            dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params)
+        dq, dk, dv, drpb = _first_order_only((dq, dk, dv, drpb if rpb is not None else None))
+        return dq, dk, dv, drpb, None, None, None
+
+
+def _region_na(q, k, v, kernel_size, stride, dilation, is_causal, scale, additional_keys, additional_values,
+               rpb, backend, na_dim, query_range):
+    """(out, lse) of NA on the region: through _RangedNA where the cuda backend runs it, else
+    the plain functional call (every row computed)."""
+    if additional_keys is None and additional_values is None and q.is_cuda and not torch.compiler.is_compiling():
+        params, name = _checked_and_chosen(q, k, v, na_dim, kernel_size, stride, dilation, is_causal, scale,
+                                           rpb, None, None, backend, None, None)
+        if name.split(":")[0] == "cuda":
+            return _RangedNA.apply(q, k, v, rpb, params, name, query_range)
+    return neighborhood_attention(q, k, v, kernel_size, stride, dilation, is_causal, scale, additional_keys,
+                                  additional_values, rpb, backend, True, na_dim=na_dim)
 
 
 def na_halo(
@@ -119,9 +163,10 @@ def na_halo(
         shape[axis_dim] = n
         return query.new_zeros(shape)
     q_region = torch.cat([zeros(own0 - lo), query, zeros(hi - own1)], dim=axis_dim)  # others' queries: 0
-    out, lse = neighborhood_attention(q_region, k_region, v_region, kernel_size, stride, dilation, is_causal,
-                                      scale, additional_keys, additional_values, rpb, backend, True,
-                                      na_dim=na_dim)
+    query_range = [(0, n) for n in query.shape[1 : 1 + na_dim]]
+    query_range[axis] = (own0 - lo, own1 - lo)  # this rank's queries in the region
+    out, lse = _region_na(q_region, k_region, v_region, kernel_size, stride, dilation, is_causal, scale,
+                          additional_keys, additional_values, rpb, backend, na_dim, tuple(query_range))
     out = out.narrow(axis_dim, own0 - lo, sizes[rank])
     if not return_lse:
         return out

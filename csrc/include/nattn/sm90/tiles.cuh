@@ -66,11 +66,23 @@ NATTN_HD int qtiles_per_group(int len, int d, int box) {
   return (longest + box - 1) / box;
 }
 
+// The query boxes a forward launches along axis a, per dilation group: from box `first`,
+// `count` of them, those holding queries of the range [q_lo, q_hi) in some group (the
+// whole axis: every box, qtiles_per_group). Group coordinates j of the range's queries run
+// from q_lo / d (rounded down over the groups) to (q_hi - 1) / d.
+struct BoxRange {
+  int first, count;
+};
+NATTN_HD BoxRange query_boxes(const Params& p, int a, int box) {
+  const int d = p.dilation[a];
+  const int first = p.q_lo[a] / d / box, last = (p.q_hi[a] - 1) / d / box;
+  return BoxRange{first, last - first + 1};
+}
+
 template <class QB>
 NATTN_HD int64_t num_cta_tiles(const Params& p) {
   int64_t n = 1;
-  for (int a = 0; a < p.na_dim; ++a)
-    n *= int64_t(p.dilation[a]) * qtiles_per_group(p.spatial[a], p.dilation[a], QB::extent(a));
+  for (int a = 0; a < p.na_dim; ++a) n *= int64_t(p.dilation[a]) * query_boxes(p, a, QB::extent(a)).count;
   return n;
 }
 
@@ -79,11 +91,12 @@ template <int NA, class QB, class KB>
 NATTN_HD bool cta_tile(const Params& p, int64_t index, CtaTile& t) {
   t.tiles = 1;
   for (int a = NA - 1; a >= 0; --a) {
-    const int d = p.dilation[a], per = qtiles_per_group(p.spatial[a], d, QB::extent(a));
-    const int i = int(index % (int64_t(d) * per));
-    index /= int64_t(d) * per;
-    t.g[a] = i / per;
-    t.q0[a] = (i % per) * QB::extent(a);
+    const int d = p.dilation[a];
+    const BoxRange r = query_boxes(p, a, QB::extent(a));
+    const int i = int(index % (int64_t(d) * r.count));
+    index /= int64_t(d) * r.count;
+    t.g[a] = i / r.count;
+    t.q0[a] = (r.first + i % r.count) * QB::extent(a);
     t.len[a] = group_len(p.spatial[a], t.g[a], d);
     if (t.q0[a] >= t.len[a]) return false;
     const bool c = p.causal[a] != 0;
