@@ -67,12 +67,12 @@ def fake(*shape, dtype=torch.bfloat16):
 def test_abi_3_appends_the_dropout_fields():
     names = [name for name, _ in kernel_table.PROBLEM_FIELDS]
     assert kernel_table.ABI_VERSION >= 3
-    assert names[-4:-1] == ["dropout_threshold", "dropout_p_bits", "rng_ptr"]  # then ABI 4's allow_tf32
+    assert names[-5:-2] == ["dropout_threshold", "dropout_p_bits", "rng_ptr"]  # then ABI 4's allow_tf32, 5's query_range
     assert F["rng_ptr"] == kernel_table.ABI_PROBLEM_FIELDS[3] - 1
     assert kernel_table.DROPOUT_FAMILIES == ("tc", "simt")
     header = kernel_table.problem_header()
     assert f"#define NATTN_ABI_VERSION {kernel_table.ABI_VERSION}" in header
-    for name in names[-4:-1]:
+    for name in names[-5:-2]:
         assert f"  int64_t {name};" in header
 
 

@@ -62,13 +62,14 @@ def fake(*shape, dtype=torch.float32):
 # ------------------------------------------------------------------ the problem struct
 def test_abi_4_appends_allow_tf32():
     names = [name for name, _ in kernel_table.PROBLEM_FIELDS]
-    assert kernel_table.ABI_VERSION == 4
-    assert names[-1] == "allow_tf32" and F["allow_tf32"] == kernel_table.NUM_PROBLEM_FIELDS - 1
+    assert kernel_table.ABI_VERSION == 5  # 5 appends query_range after it
+    assert names[-2] == "allow_tf32" and F["allow_tf32"] == F["query_range"] - 1
     assert kernel_table.ABI_PROBLEM_FIELDS == {2: F["dropout_threshold"], 3: F["allow_tf32"],
-                                               4: kernel_table.NUM_PROBLEM_FIELDS}
+                                               4: F["query_range"], 5: kernel_table.NUM_PROBLEM_FIELDS}
     assert F["rng_ptr"] == kernel_table.ABI_PROBLEM_FIELDS[3] - 1  # ABI 3's last field
     header = kernel_table.problem_header()
-    assert "#define NATTN_ABI_VERSION 4" in header and "  int64_t allow_tf32;" in header
+    assert "#define NATTN_ABI_VERSION 5" in header and "  int64_t allow_tf32;" in header
+    assert "  int64_t query_range[6];" in header
 
 
 def test_kernel_table_has_tf32_rows_for_the_tensor_core_family_only():
@@ -99,7 +100,7 @@ def test_the_switch_is_read_on_every_call(lib, monkeypatch, dtype):
         CUDA.configured("dq=pass").na_backward(q, q, q, None, out, lse, out, None, params)
         assert len(lib.calls) == 2
         for fields in lib.calls:
-            assert len(fields) == kernel_table.NUM_PROBLEM_FIELDS and fields[F["abi_version"]] == 4
+            assert len(fields) == kernel_table.NUM_PROBLEM_FIELDS and fields[F["abi_version"]] == kernel_table.ABI_VERSION
             assert fields[F["allow_tf32"]] == int(on and dtype == torch.float32)
             assert fields[F["q_ptr"]] == q.data_ptr()
     template, _ = CUDA._template(params, (q, q, q, out, None, None, None, None))

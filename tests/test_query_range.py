@@ -43,7 +43,7 @@ class RangedReference(ReferenceBackend):
 
     def __init__(self):
         super().__init__()
-        self.ranges = []
+        self.ranges, self.backward_ranges = [], []
 
     def na_forward(self, q, k, v, rpb, params, config=None, rng=None, query_range=None):
         out, lse = super().na_forward(q, k, v, rpb, params)
@@ -58,6 +58,10 @@ class RangedReference(ReferenceBackend):
             keep &= ((idx >= lo) & (idx < hi)).view(shape)
         keep = keep.view(1, *keep.shape, 1)
         return out * keep.unsqueeze(-1), torch.where(keep, lse, torch.full_like(lse, math.inf))
+
+    def na_backward(self, *args, query_range=None, **kwargs):
+        self.backward_ranges.append(None if query_range is None else tuple(query_range))
+        return super().na_backward(*args, **kwargs)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -93,6 +97,7 @@ def test_ranged_forward_and_backward_equal_the_whole_region(seed, monkeypatch):
     g_out = torch.randn_like(sliced(out_r))
     g_lse = torch.randn_like(sliced(lse_r))
     grads_r = torch.autograd.grad([sliced(out_r), sliced(lse_r)], inputs, [g_out, g_lse])
+    assert fake.backward_ranges == [query_range]
     out_f, lse_f = NAFunction.apply(q, k, v, rpb, params, "reference")  # the whole region
     grads_f = torch.autograd.grad([sliced(out_f), sliced(lse_f)], inputs, [g_out, g_lse])
     torch.testing.assert_close(sliced(out_r), sliced(out_f))

@@ -179,7 +179,7 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
     return fail(err, err_len, kInvalid, pr, what, "kv_splits must be in [0, 64] (0 or 1: no split), got %lld",
                 (long long)pr.kv_splits);
   p.kv_splits = pr.kv_splits > 1 ? int(pr.kv_splits) : 1;
-  // ABI 5: the forward's query range (all zeros: every query).
+  // ABI 5: the query range (all zeros: every query).
   bool ranged = false;
   for (int a = 0; a < 6; ++a) ranged = ranged || pr.query_range[a] != 0;
   for (int a = 0; a < 3; ++a) {
@@ -187,9 +187,9 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
     p.q_hi[a] = p.spatial[a];
     if (!ranged || a >= p.na_dim) continue;
     const int64_t lo = pr.query_range[a], hi = pr.query_range[3 + a];
-    if (backward || lo < 0 || hi <= lo || hi > p.spatial[a])
-      return fail(err, err_len, kInvalid, pr, what, "query_range axis %d: need 0 <= lo < hi <= size (%d), got [%lld, %lld)%s",
-                  a, p.spatial[a], (long long)lo, (long long)hi, backward ? "; the backward takes none" : "");
+    if (lo < 0 || hi <= lo || hi > p.spatial[a])
+      return fail(err, err_len, kInvalid, pr, what, "query_range axis %d: need 0 <= lo < hi <= size (%d), got [%lld, %lld)",
+                  a, p.spatial[a], (long long)lo, (long long)hi);
     p.q_lo[a] = int(lo);
     p.q_hi[a] = int(hi);
   }

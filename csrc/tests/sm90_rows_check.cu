@@ -10,8 +10,9 @@
 // And the backward's skipped steps (seen_steps): each consumer warpgroup's half of the CTA's
 // box sees nothing of a box its walk only releases: no (query, key) pair of the dQ pass's half
 // and box is in a window, nor of the dK/dV pass's box and half.
-// And with a query range (the forward's, a halo rank's own queries): the launched boxes still
-// hold every query of the range, each once.
+// And with a query range (a halo rank's own queries): the launched boxes still hold every
+// query of the range, each once, and the dK/dV pass's clipped walk every query of the range
+// that sees one of its keys.
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,11 +147,43 @@ static int skipped_unseen(const Params& p, const CtaTile& t, long long& checks) 
   return 0;
 }
 
+// With a query range, the dK/dV pass's walk (cta_tile_inverse, clipped to the range) still
+// holds, per axis, every query of the range whose window holds one of the CTA's keys.
+template <int NA, class RB, class B>
+static int check_inverse_range(long long& checks) {
+  Params p = random_problem<NA>();
+  for (int a = 0; a < NA; ++a) {
+    p.q_lo[a] = rnd(0, p.spatial[a] - 1);
+    p.q_hi[a] = rnd(p.q_lo[a] + 1, p.spatial[a]);
+  }
+  for (int64_t box = 0; box < num_key_ctas<RB>(p); ++box) {
+    CtaTile t;
+    if (!cta_tile_inverse<NA, RB, B>(p, box, t)) continue;
+    for (int a = 0; a < NA; ++a) {
+      const int d = p.dilation[a], g = t.g[a];
+      for (int x = t.q0[a]; x < nattn_min(t.q0[a] + RB::extent(a), t.len[a]); ++x) {
+        const AxisRange inv = key_inverse(x, t.len[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
+        for (int j = inv.start; j < inv.start + inv.count; ++j) {
+          const int real = g + d * j;
+          if (real < p.q_lo[a] || real >= p.q_hi[a]) continue;
+          ++checks;
+          if (t.nk[a] == 0 || j < t.lo[a] || j >= t.lo[a] + t.nk[a] * B::extent(a)) {
+            printf("dK/dV walk with a query range misses query %d of key %d on axis %d (walk %d + %d boxes, "
+                   "range [%d, %d), na %d)\n", j, x, a, t.lo[a], t.nk[a], p.q_lo[a], p.q_hi[a], NA);
+            return 1;
+          }
+        }
+      }
+    }
+  }
+  return 0;
+}
+
 // The backward's pairs (128-token box RB, 64-token box B): both passes of a random problem.
 template <int NA, class RB, class B>
 static int check_skips(long long& checks) {
   const Params p = random_problem<NA>();
-  for (int64_t box = 0; box < num_cta_tiles<RB>(p); ++box) {
+  for (int64_t box = 0; box < num_key_ctas<RB>(p); ++box) {
     CtaTile tile;
     if (cta_tile<NA, RB, B>(p, box, tile) && skipped_unseen<NA, RB, B, false>(p, tile, checks)) return 1;
     if (cta_tile_inverse<NA, RB, B>(p, box, tile) && skipped_unseen<NA, RB, B, true>(p, tile, checks)) return 1;
@@ -225,6 +258,10 @@ int main() {
       return 1;
     if (check_skips<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) || check_skips<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
         check_skips<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks))
+      return 1;
+    if (check_inverse_range<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) ||
+        check_inverse_range<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
+        check_inverse_range<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks))
       return 1;
   }
   printf("ok %lld\n", checks);

@@ -445,7 +445,10 @@ class CudaBackend(Backend):
                                "deterministic, or use torch.use_deterministic_algorithms(True, warn_only=True)")
 
     def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, config=kernel_config.DEFAULT,
-                    rng=None, grads_into=None):
+                    rng=None, grads_into=None, query_range=None):
+        """``query_range``: the forward's (the output gradient must be zero outside it). The
+        Hopper backward then computes dQ only on the query boxes holding the range's queries
+        (the others' dQ reads 0) and walks only the range's queries for dK / dV."""
         lib = self._lib()
         if rpb is not None:
             torch_switch = torch.are_deterministic_algorithms_enabled()
@@ -460,7 +463,8 @@ class CudaBackend(Backend):
         # Same layout as the inputs where it is dense (what the fake impl promises); no layout
         # check: a dense input passed it (same strides, offset 0), others get contiguous ones.
         if grads_into is None:
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            dq = torch.empty_like(q) if query_range is None else torch.zeros_like(q)
+            dk, dv = torch.empty_like(k), torch.empty_like(v)
         else:  # the caller's (views of a packed gradient: heads-last rows like q's)
             dq, dk, dv = grads_into
         delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
@@ -470,6 +474,10 @@ class CudaBackend(Backend):
             drpb = torch.zeros(rpb.shape, dtype=torch.float32, device=q.device)
         fields, device = self._pack(params, q, k, v, out, lse, rpb32, grad_out, grad_lse, delta,
                                     dq, dk, dv, drpb, config=config, rng=rng)
+        if query_range is not None:
+            if grads_into is not None:
+                grads_into[0].zero_()
+            _set_query_range(fields, query_range, q.shape[1 : 1 + params.na_dim])
         self._call(lib, lib.backward, fields, device, params.scale)
         if drpb is not None:
             drpb = drpb.to(rpb.dtype)
@@ -509,9 +517,10 @@ class _Configured(Backend):
     def na_forward(self, q, k, v, rpb, params, rng=None, query_range=None):
         return self.parent.na_forward(q, k, v, rpb, params, self.config, rng=rng, query_range=query_range)
 
-    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, rng=None, grads_into=None):
+    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, rng=None, grads_into=None,
+                    query_range=None):
         return self.parent.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, self.config, rng=rng,
-                                       grads_into=grads_into)
+                                       grads_into=grads_into, query_range=query_range)
 
 
 register_backend(CudaBackend())

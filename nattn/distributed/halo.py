@@ -72,9 +72,9 @@ class _HaloGather(torch.autograd.Function):
 
 
 class _RangedNA(torch.autograd.Function):
-    """NA of the region through the cuda backend with only ``query_range``'s queries needed:
-    the rows it leaves out hold output 0 and LSE +inf, so the unchanged backward gives them,
-    and takes from them, no gradient."""
+    """NA of the region through the cuda backend with only ``query_range``'s queries needed
+    (the caller uses no other row: their output gradient is zero): the rows the forward leaves
+    out hold output 0 and LSE +inf, and the backward walks the range's queries only."""
 
     @staticmethod
     def forward(ctx, q, k, v, rpb, params, name, query_range):
@@ -82,7 +82,7 @@ class _RangedNA(torch.autograd.Function):
         with _no_autocast(q, impl):
             out, lse = impl.na_forward(q, k, v, rpb, params, query_range=query_range)
         ctx.save_for_backward(q, k, v, rpb, out, lse)
-        ctx.params, ctx.name = params, name
+        ctx.params, ctx.name, ctx.query_range = params, name, query_range
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -93,7 +93,8 @@ class _RangedNA(torch.autograd.Function):
         with _grads_off(), _no_autocast(q, impl):
             if grad_out is None:
                 grad_out = torch.zeros_like(out)
-            dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params)
+            dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params,
+                                                query_range=ctx.query_range)
         dq, dk, dv, drpb = _first_order_only((dq, dk, dv, drpb if rpb is not None else None))
         return dq, dk, dv, drpb, None, None, None
 

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
-from nattn.backends import get as get_backend  # noqa: E402
+from nattn.distributed.halo import _RangedNA  # noqa: E402
 from nattn.params import NAParams  # noqa: E402
 from gpu_cases import make_inputs  # noqa: E402
 from sm90_cases import sm90_sweep  # noqa: E402
@@ -41,12 +41,18 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     grads = torch.autograd.grad(out, (q, k, v), g_out)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "heads-first"
-    # The forward's query range (a halo rank's own queries): only the boxes holding them run.
-    q, k, v = (torch.randn(1, 12, 20, 24, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    # A query range (a halo rank's own queries): only the boxes holding them run, forward and
+    # dQ pass; the dK/dV pass walks those queries only.
+    q, k, v = (torch.randn(1, 12, 20, 24, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
     params = NAParams((5, 7, 7), (1, 1, 1), (1, 1, 1), (False, False, False), 0.125)
-    out, lse = get_backend("cuda").na_forward(q, k, v, None, params, query_range=((3, 9), (0, 20), (5, 17)))
+    query_range = ((3, 9), (0, 20), (5, 17))
+    out, lse = _RangedNA.apply(q, k, v, None, params, "cuda", query_range)
+    keep = torch.zeros(12, 20, 24, 1, 1, device="cuda", dtype=torch.bfloat16)
+    keep[3:9, :, 5:17] = 1
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out) * keep)
     torch.cuda.synchronize()
-    assert torch.isfinite(out).all(), "query range"
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "query range"
     # The 64-query pairs (several CTAs per SM, the RPB table staged in shared memory) on
     # hundreds of query boxes: one walking its key boxes one after the other (112 keys), one
     # pipelined (96-key boxes, S of a box beside P of the previous one).

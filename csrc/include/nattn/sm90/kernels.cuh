@@ -133,7 +133,7 @@ const char* prepare_backward(const Params& p, void* workspace) {
       {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, small},
   };
   l->heads_outer = 0;
-  if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
+  if (num_key_ctas<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
   if (int64_t(p.batch) * p.tokens * p.heads * (HD / 8) / kDeltaThreads >= 0x7fffffff) return "too many rows for the grid";
   constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
   for (const Map& m : maps) {
@@ -182,9 +182,9 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
   const int64_t rows = int64_t(problem.batch) * problem.tokens * problem.heads;
   const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);
   delta_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(problem);
-  const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem));
+  const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem));  // the dQ pass: the query range's boxes
   const int64_t rpb_bytes = drpb_stage_bytes(p);
-  const dim3 dkv_grid(ctas, p.heads_kv, p.batch);
+  const dim3 dkv_grid(unsigned(num_key_ctas<typename Tl::Q>(problem)), p.heads_kv, p.batch);  // every key box
   p.dq_accum = nullptr;
   const size_t accum_bytes = size_t(rows) * HD * sizeof(float);
   if (dq_atomic_requested(problem) && cudaMallocAsync(reinterpret_cast<void**>(&p.dq_accum), accum_bytes, stream) == cudaSuccess) {

@@ -115,7 +115,18 @@ NATTN_HD bool cta_tile(const Params& p, int64_t index, CtaTile& t) {
 // the query boxes (CB) covering the union of its keys' inverse neighbourhoods (the queries
 // whose windows hold them). Inverse ranges start and end non-decreasing in the key, so the
 // extreme keys bound the union; a CTA whose keys no query sees walks nothing (tiles 0).
-// Decodes like cta_tile (q0 is the first key here); lo / nk then count query boxes.
+// The dK/dV pass's CTAs: every key box of the grid, whatever the query range.
+template <class RB>
+NATTN_HD int64_t num_key_ctas(const Params& p) {
+  int64_t n = 1;
+  for (int a = 0; a < p.na_dim; ++a)
+    n *= int64_t(p.dilation[a]) * qtiles_per_group(p.spatial[a], p.dilation[a], RB::extent(a));
+  return n;
+}
+
+// Decodes like cta_tile (q0 is the first key here); lo / nk then count query boxes. Only
+// queries of the query range are walked (a halo rank's own; every query by default): the
+// others add nothing (their rows hold LSE +inf, or a zero output gradient).
 template <int NA, class RB, class CB>
 NATTN_HD bool cta_tile_inverse(const Params& p, int64_t index, CtaTile& t) {
   t.tiles = 1;
@@ -131,8 +142,11 @@ NATTN_HD bool cta_tile_inverse(const Params& p, int64_t index, CtaTile& t) {
     const int last = nattn_min(t.q0[a] + RB::extent(a) - 1, t.len[a] - 1);
     const AxisRange first_inv = key_inverse(t.q0[a], t.len[a], p.kernel[a], p.stride[a], c);
     const AxisRange last_inv = key_inverse(last, t.len[a], p.kernel[a], p.stride[a], c);
-    t.lo[a] = first_inv.start;
-    const int hi = last_inv.start + last_inv.count - 1;
+    // the range's queries of group g: group coordinates ceil((q_lo - g) / d) to
+    // floor((q_hi - 1 - g) / d) (-1: none)
+    const int g = t.g[a], top = p.q_hi[a] - 1 - g;
+    t.lo[a] = nattn_max(first_inv.start, (p.q_lo[a] - g + d - 1) / d);
+    const int hi = nattn_min(last_inv.start + last_inv.count - 1, top < 0 ? -1 : top / d);
     t.nk[a] = hi >= t.lo[a] ? (hi - t.lo[a] + CB::extent(a)) / CB::extent(a) : 0;
     t.tiles *= t.nk[a];
   }
