@@ -17,7 +17,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from .._eager import _first_order_only, _grads_off, _no_autocast
+from .._eager import _first_order_only, _functorch_active, _grads_off, _no_autocast, eager_ok
 from ..backends import get as get_backend
 from ..functional import _checked_and_chosen, neighborhood_attention
 from ..params import BoolOrTuple, IntOrTuple, normalize_window_args
@@ -103,7 +103,9 @@ def _region_na(q, k, v, kernel_size, stride, dilation, is_causal, scale, additio
                rpb, backend, na_dim, query_range):
     """(out, lse) of NA on the region: through _RangedNA where the cuda backend runs it, else
     the plain functional call (every row computed)."""
-    if additional_keys is None and additional_values is None and q.is_cuda and not torch.compiler.is_compiling():
+    # nothing watching the call (compile, FLOP counters, functorch: the op path below)
+    if additional_keys is None and additional_values is None and q.is_cuda and eager_ok(q, k, v, rpb) \
+            and not _functorch_active():
         params, name = _checked_and_chosen(q, k, v, na_dim, kernel_size, stride, dilation, is_causal, scale,
                                            rpb, None, None, backend, None, None)
         if name.split(":")[0] == "cuda":
