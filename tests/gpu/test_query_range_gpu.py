@@ -3,7 +3,8 @@ their own queries). On fresh random problems the sm90 forward is forced (NATTN_F
 with a random range per axis: the range's rows must equal the whole problem's bit for bit
 (the same boxes compute them), every other row is either computed the same way or left as
 the backend filled it (output 0, LSE +inf), and the backward through the halo's Function
-gives the gradients of NA on the whole problem (gradients only on the range's rows)."""
+(the range in the backward too) gives the gradients of NA on the whole problem, gradients
+only on the range's rows, up to the order of the fp32 sums."""
 
 import dataclasses
 import os
@@ -27,6 +28,9 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
     pytest.skip("needs a compute capability 9.0 GPU", allow_module_level=True)
 
 CASES = [dataclasses.replace(c, extra=0) for c in sm90_sweep(int(os.environ.get("NATTN_QRANGE_CASES", "150")), seed=4343)]
+
+
+ORDER_TOL = {torch.float16: 1e-4, torch.bfloat16: 8e-4}  # summation order only (16-bit ulps)
 
 
 def params_of(case):
@@ -80,6 +84,10 @@ def test_sm90_query_range(case, monkeypatch):
     got = torch.autograd.grad([o1, l1], inputs, [g_out, g_lse])
     o2, l2 = NAFunction.apply(q, k, v, rpb, params, "cuda")
     want = torch.autograd.grad([o2, l2], inputs, [g_out, g_lse])
+    # The dK/dV walk starts at the range's first query, so its 64-query boxes group the sum
+    # over queries differently (the out-of-range rows add exact zeros either way): the fp32
+    # sums differ in rounding, and a 16-bit gradient by an ulp here and there (measured:
+    # 1.0e-5 relative at fp16).
     for name, a, b in zip(("dq", "dk", "dv", "drpb"), got, want):
         assert torch.isfinite(a).all(), name
-        assert rel_err(a, b) <= 1e-5, f"{name}: {rel_err(a, b):.2e}"
+        assert rel_err(a, b) <= ORDER_TOL[case.dtype], f"{name}: {rel_err(a, b):.2e}"
