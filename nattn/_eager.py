@@ -172,14 +172,19 @@ class NAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        q, k, v, rpb, out, lse = ctx.saved_tensors
-        impl = get_backend(ctx.backend)
-        with _grads_off(), _no_autocast(q, impl):
-            if grad_out is None:  # only the LSE was used
-                grad_out = torch.zeros_like(out)
-            dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params)
-        dq, dk, dv, drpb = _first_order_only((dq, dk, dv, drpb if rpb is not None else None))
-        return dq, dk, dv, drpb, None, None
+        return (*na_backward_saved(ctx, grad_out, grad_lse), None, None)
+
+
+def na_backward_saved(ctx, grad_out, grad_lse, **backend_kwargs):
+    """``(dq, dk, dv, drpb)`` from a Function's saved ``(q, k, v, rpb, out, lse)``, ``params``
+    and ``backend`` (NAFunction's; nattn.distributed's ranged NA passes its query range)."""
+    q, k, v, rpb, out, lse = ctx.saved_tensors
+    impl = get_backend(ctx.backend)
+    with _grads_off(), _no_autocast(q, impl):
+        if grad_out is None:  # only the LSE was used
+            grad_out = torch.zeros_like(out)
+        dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params, **backend_kwargs)
+    return _first_order_only((dq, dk, dv, drpb if rpb is not None else None))
 
 
 class NAFunctionFast(torch.autograd.Function):

@@ -163,10 +163,10 @@ PROBLEM_FIELDS: Tuple[Tuple[str, int], ...] = (
     # ABI 4: 1 when a float32 call may run TF32 tensor-core products (TF32_FAMILY's float32
     # instances, SM80+), 0 for the SIMT family's exact fp32; 0 with 16-bit inputs.
     ("allow_tf32", 1),
-    # ABI 5: the forward's query range per axis, [lo 0..2, hi 0..2) in real coordinates (all
-    # zeros: every query). A family that takes it (sm90) computes only the query boxes that
-    # hold queries of the range; rows outside it may be left as the caller filled them (the
-    # cuda backend: output 0, LSE +inf). Others compute every row.
+    # ABI 5: the query range per axis, [lo 0..2, hi 0..2) in real coordinates (all zeros:
+    # every query). A family that takes it (sm90) computes only the query boxes that hold
+    # queries of the range, forward and backward; rows outside it may be left as the caller
+    # filled them (the cuda backend: output 0, LSE +inf, dQ 0). Others compute every row.
     ("query_range", 6),
 )
 # Families whose kernels run attention dropout (the Hopper family declines a problem with it,

@@ -463,8 +463,7 @@ class CudaBackend(Backend):
         # Same layout as the inputs where it is dense (what the fake impl promises); no layout
         # check: a dense input passed it (same strides, offset 0), others get contiguous ones.
         if grads_into is None:
-            dq = torch.empty_like(q) if query_range is None else torch.zeros_like(q)
-            dk, dv = torch.empty_like(k), torch.empty_like(v)
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         else:  # the caller's (views of a packed gradient: heads-last rows like q's)
             dq, dk, dv = grads_into
         delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
@@ -475,8 +474,7 @@ class CudaBackend(Backend):
         fields, device = self._pack(params, q, k, v, out, lse, rpb32, grad_out, grad_lse, delta,
                                     dq, dk, dv, drpb, config=config, rng=rng)
         if query_range is not None:
-            if grads_into is not None:
-                grads_into[0].zero_()
+            dq.zero_()  # the rows of query boxes the dQ pass does not launch
             _set_query_range(fields, query_range, q.shape[1 : 1 + params.na_dim])
         self._call(lib, lib.backward, fields, device, params.scale)
         if drpb is not None:

@@ -74,7 +74,7 @@ def optimize(problems, args) -> str:
     and print the best with its speedup, then a table. Needs a 9.0 GPU."""
     from ..backends import BACKENDS
     from ..backends.cuda import split_kv_configurations
-    from .rows import NattnRow
+    from .rows import LAYOUTS, NattnRow
     from .run import time_row
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -99,7 +99,8 @@ def optimize(problems, args) -> str:
         out.append(f"{p.name}: the default and {len(names) - 1} configuration(s)")
         timed = []
         for name in names:
-            r = time_row(NattnRow(name, getattr(args, "layout", "heads-last")), p, device, dtype, args.backprop, 1, args.cuda_graphs)
+            row = NattnRow(name, getattr(args, "layout", LAYOUTS[0]))
+            r = time_row(row, p, device, dtype, args.backprop, 1, args.cuda_graphs)
             timed.append((name, r.get(key), r.get("note", "")))
         default = timed[0][1]
         best = min((t for t in timed if t[1] is not None), key=lambda t: t[1], default=None)

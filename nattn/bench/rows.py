@@ -84,7 +84,7 @@ class NattnRow(Row):
     """nattn's public API with a named backend (None: automatic choice, shown in the name), on
     heads-last tensors or on heads-first ones viewed heads-last (``layout``)."""
 
-    def __init__(self, backend: Optional[str] = None, layout: str = "heads-last"):
+    def __init__(self, backend: Optional[str] = None, layout: str = LAYOUTS[0]):
         self.backend = backend
         self.layout = layout
         self.name = (f"nattn:{backend}" if backend else "nattn:auto") + (f" ({layout})" if layout != LAYOUTS[0] else "")
@@ -92,7 +92,7 @@ class NattnRow(Row):
 
     def _laid_out(self, t: Dict[str, torch.Tensor]):
         qkv = (t["q"], t["k"], t["v"])
-        return tuple(heads_first_view(x) for x in qkv) if self.layout == "heads-first" else qkv
+        return tuple(heads_first_view(x) for x in qkv) if self.layout == LAYOUTS[1] else qkv
 
     def resolve(self, p: Problem, t: Dict[str, torch.Tensor]) -> str:
         """Which backend runs (raises NoBackendError with every reason when none can)."""

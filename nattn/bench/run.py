@@ -13,7 +13,7 @@ from . import gpu_state, report
 from .floors import BWD_FACTOR, floors, measure_rates
 from .problems import Problem, cpu_copy, shrink
 from .progress import Progress
-from .rows import DenseRow, FlexPeerRow, NattnRow, Row, make_inputs
+from .rows import LAYOUTS, DenseRow, FlexPeerRow, NattnRow, Row, make_inputs
 from .timing import median_ms, rotation_count
 from .verify import check
 
@@ -96,7 +96,7 @@ def time_row(row: Row, p: Problem, device, dtype, backprop: bool, n_sets: int, g
 
 
 def build_rows(args, device) -> List[Row]:
-    layout = getattr(args, "layout", "heads-last")
+    layout = getattr(args, "layout", LAYOUTS[0])
     rows: List[Row] = [NattnRow(None, layout)]
     rows += [NattnRow(name, layout) for name in args.backend]
     if not args.no_peers:

@@ -17,7 +17,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from .._eager import _first_order_only, _functorch_active, _grads_off, _no_autocast, eager_ok
+from .._eager import _functorch_active, _no_autocast, eager_ok, na_backward_saved
 from ..backends import get as get_backend
 from ..functional import _checked_and_chosen, neighborhood_attention
 from ..params import BoolOrTuple, IntOrTuple, normalize_window_args
@@ -82,21 +82,13 @@ class _RangedNA(torch.autograd.Function):
         with _no_autocast(q, impl):
             out, lse = impl.na_forward(q, k, v, rpb, params, query_range=query_range)
         ctx.save_for_backward(q, k, v, rpb, out, lse)
-        ctx.params, ctx.name, ctx.query_range = params, name, query_range
+        ctx.params, ctx.backend, ctx.query_range = params, name, query_range
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        q, k, v, rpb, out, lse = ctx.saved_tensors
-        impl = get_backend(ctx.name)
-        with _grads_off(), _no_autocast(q, impl):
-            if grad_out is None:
-                grad_out = torch.zeros_like(out)
-            dq, dk, dv, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, ctx.params,
-                                                query_range=ctx.query_range)
-        dq, dk, dv, drpb = _first_order_only((dq, dk, dv, drpb if rpb is not None else None))
-        return dq, dk, dv, drpb, None, None, None
+        return (*na_backward_saved(ctx, grad_out, grad_lse, query_range=ctx.query_range), None, None, None)
 
 
 def _region_na(q, k, v, kernel_size, stride, dilation, is_causal, scale, additional_keys, additional_values,

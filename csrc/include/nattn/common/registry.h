@@ -54,9 +54,10 @@ struct Params {
   // Host-set by the sm90 launchers: a kRows* bit per tensor whose tensor map has its heads
   // next to the batch instead of inside a token's row (sm90/tensor_map_spec.h).
   int map_heads_outer;
-  // The forward's query range per axis, [q_lo, q_hi) in real coordinates (host-filled; the
-  // whole axis unless the call names one): sm90 launches only the query boxes holding
-  // queries of it (tiles.cuh, cta_tile); other families compute every query.
+  // The call's query range per axis, [q_lo, q_hi) in real coordinates (host-filled; the
+  // whole axis unless the call names one): sm90's forward and dQ pass launch only the query
+  // boxes holding queries of it and its dK/dV pass walks only those queries (tiles.cuh,
+  // cta_tile / cta_tile_inverse); other families compute every query.
   int q_lo[3], q_hi[3];
 };
 

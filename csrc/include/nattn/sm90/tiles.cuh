@@ -66,7 +66,7 @@ NATTN_HD int qtiles_per_group(int len, int d, int box) {
   return (longest + box - 1) / box;
 }
 
-// The query boxes a forward launches along axis a, per dilation group: from box `first`,
+// The query boxes the forward and the dQ pass launch along axis a, per dilation group: from box `first`,
 // `count` of them, those holding queries of the range [q_lo, q_hi) in some group (the
 // whole axis: every box, qtiles_per_group). Group coordinates j of the range's queries run
 // from q_lo / d (rounded down over the groups) to (q_hi - 1) / d.
@@ -114,10 +114,6 @@ NATTN_HD bool cta_tile(const Params& p, int64_t index, CtaTile& t) {
   return true;
 }
 
-// The backward's dK/dV pass: a CTA owns a box of keys (RB, the 128-token box) and walks
-// the query boxes (CB) covering the union of its keys' inverse neighbourhoods (the queries
-// whose windows hold them). Inverse ranges start and end non-decreasing in the key, so the
-// extreme keys bound the union; a CTA whose keys no query sees walks nothing (tiles 0).
 // The dK/dV pass's CTAs: every key box of the grid, whatever the query range.
 template <class RB>
 NATTN_HD int64_t num_key_ctas(const Params& p) {
@@ -127,6 +123,10 @@ NATTN_HD int64_t num_key_ctas(const Params& p) {
   return n;
 }
 
+// The backward's dK/dV pass: a CTA owns a box of keys (RB, the 128-token box) and walks
+// the query boxes (CB) covering the union of its keys' inverse neighbourhoods (the queries
+// whose windows hold them). Inverse ranges start and end non-decreasing in the key, so the
+// extreme keys bound the union; a CTA whose keys no query sees walks nothing (tiles 0).
 // Decodes like cta_tile (q0 is the first key here); lo / nk then count query boxes. Only
 // queries of the query range are walked (a halo rank's own; every query by default): the
 // others add nothing (their rows hold LSE +inf, or a zero output gradient).
