@@ -84,7 +84,8 @@ static int walk_matches(const Params& p, const CtaTile& t, const char* what, lon
 // walking query boxes KB) of a random problem.
 template <int NA, class QB, class KB>
 static int check_walk(long long& checks) {
-  const Params p = random_problem<NA>();
+  Params p = random_problem<NA>();
+  set_query_boxes<QB>(p);
   for (int64_t box = 0; box < num_cta_tiles<QB>(p); ++box) {
     CtaTile tile;
     if (cta_tile<NA, QB, KB>(p, box, tile) && walk_matches<NA, KB>(p, tile, "forward", checks)) return 1;
@@ -182,7 +183,8 @@ static int check_inverse_range(long long& checks) {
 // The backward's pairs (128-token box RB, 64-token box B): both passes of a random problem.
 template <int NA, class RB, class B>
 static int check_skips(long long& checks) {
-  const Params p = random_problem<NA>();
+  Params p = random_problem<NA>();
+  set_query_boxes<RB>(p);
   for (int64_t box = 0; box < num_key_ctas<RB>(p); ++box) {
     CtaTile tile;
     if (cta_tile<NA, RB, B>(p, box, tile) && skipped_unseen<NA, RB, B, false>(p, tile, checks)) return 1;
@@ -211,6 +213,7 @@ static int check(long long& checks, bool ranged = false) {
     p.q_lo[a] = rnd(0, p.spatial[a] - 1);
     p.q_hi[a] = rnd(p.q_lo[a] + 1, p.spatial[a]);
   }
+  set_query_boxes<QB>(p);
   std::vector<int> seen(p.tokens, 0);
   const int64_t boxes = num_cta_tiles<QB>(p);
   for (int64_t box = 0; box < boxes; ++box) {

@@ -59,6 +59,11 @@ struct Params {
   // boxes holding queries of it and its dK/dV pass walks only those queries (tiles.cuh,
   // cta_tile / cta_tile_inverse); other families compute every query.
   int q_lo[3], q_hi[3];
+  // Host-set by the sm90 launchers for the launch's query box (sm90/tiles.cuh,
+  // set_query_boxes): per axis and dilation group, the first query box holding a query of
+  // the range and how many do. The CTAs decode their box from these with no arithmetic on
+  // the range or the dilation.
+  int qbox_first[3], qbox_count[3];
 };
 
 enum TokenRows : int { kRowsQ = 1, kRowsK = 2, kRowsV = 4, kRowsGradOut = 8 };

@@ -61,6 +61,7 @@ void launch_forward(const Params& problem, cudaStream_t stream) {
   const ForwardLaunch* l = static_cast<const ForwardLaunch*>(problem.prepared);
   Params p = problem;
   p.map_heads_outer = l->heads_outer;
+  set_query_boxes<typename Tl::Q>(p);
   using Cta = ForwardCta<Tl, HD>;
   constexpr int base = ForwardSmem<Tl, HD>::kAlloc;
   constexpr int most = base + Cta::kRpbStageFloats * int(sizeof(float));
@@ -167,6 +168,7 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
   const BackwardLaunch* l = static_cast<const BackwardLaunch*>(problem.prepared);
   Params p = problem;
   p.map_heads_outer = l->heads_outer;
+  set_query_boxes<typename Tl::Q>(p);  // the dQ pass's decode
   using Dq = DqSmem<HD, Tl::K::kSize>;
   using Dkv = DkvSmem<HD, Tl::K::kSize, false>;
   using DkvAtomic = DkvSmem<HD, Tl::K::kSize, true>;

@@ -89,18 +89,29 @@ NATTN_HD int64_t num_cta_tiles(const Params& p) {
   return n;
 }
 
-// Decodes a CTA index; false when the box holds no query (a short dilation group).
+// Fills Params::qbox_first / qbox_count for query box QB (host, before a launch that decodes
+// with cta_tile): the CTAs then read each axis's box range instead of deriving it.
+template <class QB>
+inline void set_query_boxes(Params& p) {
+  for (int a = 0; a < 3; ++a) {
+    const BoxRange r = a < p.na_dim ? query_boxes(p, a, QB::extent(a)) : BoxRange{0, 1};
+    p.qbox_first[a] = r.first;
+    p.qbox_count[a] = r.count;
+  }
+}
+
+// Decodes a CTA index (< 2^31: 32-bit division; set_query_boxes<QB> filled the box ranges);
+// false when the box holds no query (a short dilation group).
 template <int NA, class QB, class KB>
-NATTN_HD bool cta_tile(const Params& p, int64_t index, CtaTile& t) {
+NATTN_HD bool cta_tile(const Params& p, unsigned index, CtaTile& t) {
   t.tiles = 1;
   for (int a = NA - 1; a >= 0; --a) {
-    const int d = p.dilation[a];
-    const BoxRange r = query_boxes(p, a, QB::extent(a));
-    const int i = int(index % (int64_t(d) * r.count));
-    index /= int64_t(d) * r.count;
-    t.g[a] = i / r.count;
-    t.q0[a] = (r.first + i % r.count) * QB::extent(a);
-    t.len[a] = group_len(p.spatial[a], t.g[a], d);
+    const unsigned d = unsigned(p.dilation[a]), per = unsigned(p.qbox_count[a]);
+    const unsigned i = index % (d * per);
+    index /= d * per;
+    t.g[a] = int(i / per);
+    t.q0[a] = (p.qbox_first[a] + int(i % per)) * QB::extent(a);
+    t.len[a] = group_len(p.spatial[a], t.g[a], int(d));
     if (t.q0[a] >= t.len[a]) return false;
     const bool c = p.causal[a] != 0;
     const int last = nattn_min(t.q0[a] + QB::extent(a) - 1, t.len[a] - 1);
@@ -127,18 +138,20 @@ NATTN_HD int64_t num_key_ctas(const Params& p) {
 // the query boxes (CB) covering the union of its keys' inverse neighbourhoods (the queries
 // whose windows hold them). Inverse ranges start and end non-decreasing in the key, so the
 // extreme keys bound the union; a CTA whose keys no query sees walks nothing (tiles 0).
-// Decodes like cta_tile (q0 is the first key here); lo / nk then count query boxes. Only
+// Decodes like cta_tile (q0 is the first key here; the grid is every key box, num_key_ctas);
+// lo / nk then count query boxes. Only
 // queries of the query range are walked (a halo rank's own; every query by default): the
 // others add nothing (their rows hold LSE +inf, or a zero output gradient).
 template <int NA, class RB, class CB>
-NATTN_HD bool cta_tile_inverse(const Params& p, int64_t index, CtaTile& t) {
+NATTN_HD bool cta_tile_inverse(const Params& p, unsigned index, CtaTile& t) {
   t.tiles = 1;
   for (int a = NA - 1; a >= 0; --a) {
-    const int d = p.dilation[a], per = qtiles_per_group(p.spatial[a], d, RB::extent(a));
-    const int i = int(index % (int64_t(d) * per));
-    index /= int64_t(d) * per;
-    t.g[a] = i / per;
-    t.q0[a] = (i % per) * RB::extent(a);
+    const int d = p.dilation[a];
+    const unsigned per = unsigned(qtiles_per_group(p.spatial[a], d, RB::extent(a)));
+    const unsigned i = index % (unsigned(d) * per);
+    index /= unsigned(d) * per;
+    t.g[a] = int(i / per);
+    t.q0[a] = int(i % per) * RB::extent(a);
     t.len[a] = group_len(p.spatial[a], t.g[a], d);
     if (t.q0[a] >= t.len[a]) return false;
     const bool c = p.causal[a] != 0;
