@@ -90,8 +90,9 @@ def test_hopper_problems_go_to_cuda_first(monkeypatch):
     assert heuristics.runs_hopper(grad_q, params((80, 80)))
     assert na_auto_order(ORDER, grad_q, params((80, 80))) == ORDER
     assert not heuristics.runs_hopper(grad_q, params((18, 24, 24)))  # no 3-D backward in this "build"
-    v48 = SimpleNamespace(shape=(1, 8, 8, 2, 64))  # D_v != D: not the Hopper family
-    assert not heuristics.runs_hopper(q, params((80, 80)), v48)
+    v48 = SimpleNamespace(shape=(1, 8, 8, 2, 64))
+    monkeypatch.setattr(heuristics, "_sm90_instances", lambda dtype, na: ((32, 64, 128, 256), None))
+    assert not heuristics.runs_hopper(q, params((80, 80)), v48)  # D_v != D on a build that never pads
     monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 1))
     assert not heuristics.runs_hopper(q, params((80, 80)))
     monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 0))
@@ -107,3 +108,46 @@ def test_hopper_problems_go_to_cuda_first(monkeypatch):
     assert na_auto_order(ORDER, grad_q, params((25, 25))) == ["flex", "cuda", "reference"]
     with torch.no_grad():
         assert na_auto_order(ORDER, grad_q, params((25, 25))) == ORDER
+
+
+def test_head_dims_without_a_hopper_instance_run_it_padded_from_large_windows(monkeypatch):
+    """D != D_v, or a head dim between the Hopper instances: libnattn runs them on the
+    instance of the next head dim with zero-padded copies from its padded minimum window
+    (the copies and padded channels cost too much below it, where tc runs them natively),
+    forwards above head dim 128 (no tc instance) at any window; training calls need the
+    instance's backward."""
+    monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(heuristics, "_capability_major", lambda index: 9)
+    monkeypatch.setattr(heuristics, "_sm90_min_window", lambda dtype, na, backward=False, head_dim=0: 128)
+    monkeypatch.setattr(heuristics, "_sm90_has_backward", lambda dtype, na, hd: hd <= 128)
+    monkeypatch.setattr(heuristics, "_sm90_instances", lambda dtype, na: ((32, 64, 128, 256), 401))
+
+    def q_of(dim, grad=False):
+        return SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16, shape=(1, 8, 8, 2, dim),
+                               requires_grad=grad)
+
+    v = lambda dim: SimpleNamespace(shape=(1, 8, 8, 2, dim))  # noqa: E731
+    padded = heuristics.padded_hopper_head_dim
+    assert padded(q_of(64), params((21, 21)), v(128)) == 128  # D != D_v: the larger instance
+    assert padded(q_of(96), params((21, 21)), v(96)) == 128  # between instances
+    assert padded(q_of(48), params((21, 21)), v(32)) == 64
+    assert padded(q_of(64), params((19, 21)), v(128)) is None  # 399 keys: tc runs it natively
+    assert padded(q_of(64), params((21, 21)), v(64)) is None  # an instance of its own
+    assert padded(q_of(192), params((7, 7)), v(192)) == 256  # above tc's 128: any window
+    assert padded(q_of(192), params((21, 21)), v(192), training=True) is None  # no backward at 256
+    assert not heuristics.runs_hopper(q_of(192, grad=True), params((21, 21)), v(192))
+    assert padded(q_of(96), params((21, 21)), v(96), training=True) == 128
+    assert heuristics.runs_hopper(q_of(96, grad=True), params((21, 21)), v(96))
+    assert heuristics.runs_hopper(q_of(64), params((80, 80)), v(128))
+    assert na_auto_order(ORDER, q_of(64), params((80, 80)), v(128)) == ORDER  # cuda ahead of flex
+    assert na_auto_order(ORDER, q_of(64), params((19, 21)), v(128)) == ORDER  # tc's own window
+    assert na_auto_order(ORDER, q_of(64), params((33, 33)), v(256)) == ORDER  # flex's window, padded to 256
+    monkeypatch.setattr(heuristics, "_sm90_instances", lambda dtype, na: ((32, 64, 128, 256), 0 if na == 1 else 401))
+    assert padded(q_of(64), params((2048,)), v(128)) is None  # 1-D: flex runs D != D_v faster
+    assert padded(q_of(192), params((2048,)), v(192)) == 256  # ... but has no head dim above 128 either
+    assert padded(q_of(64), params((21, 21)), v(128)) == 128
+    fp32 = SimpleNamespace(**{**vars(q_of(96)), "dtype": torch.float32})
+    assert padded(fp32, params((21, 21)), v(96)) is None  # the Hopper family is 16-bit
+    monkeypatch.setattr(heuristics, "_sm90_instances", lambda dtype, na: ((32, 64, 128, 256), None))
+    assert padded(q_of(64), params((80, 80)), v(128)) is None  # an older library: never padded
+    assert na_auto_order(ORDER, q_of(64), params((80, 80)), v(128)) == ["flex", "cuda", "reference"]

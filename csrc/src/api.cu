@@ -14,6 +14,7 @@
 #include "nattn/problem.h"  // generated from nattn/_cuda/kernel_table.py
 #include "nattn/simt/launch.h"
 #include "sm90_dispatch.h"
+#include "sm90_padded.h"
 
 #define NATTN_API extern "C" __attribute__((visibility("default")))
 
@@ -251,6 +252,16 @@ int build_params(const int64_t* fields, int64_t n_fields, double scale, bool bac
   return kOk;
 }
 
+// The launches' outcome: kOk, or the launch error naming the family and head-dim bucket.
+int launched(const char* family, int head_dim, const NattnProblem& pr, const char* what, char* err, int64_t err_len) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return fail(err, err_len, kCudaError, pr, what, "kernel launch (%s family, head-dim bucket %d) failed: %s", family,
+                head_dim, cudaGetErrorString(e));
+  if (err && err_len > 0) err[0] = '\0';
+  return kOk;
+}
+
 int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, bool backward,
         char* err, int64_t err_len) {
   nattn::Params p;
@@ -277,6 +288,17 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
     const bool required = family_cap() == kCapSm90Only || named;
     const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
     const char* why = nullptr;
+    // Head dims without a Hopper instance of their own (D != D_v, or between its head dims):
+    // zero-padded copies (sm90_padded.h) where that beats the native families, or is required.
+    const int padded = p.drop_rng ? 0 : sm90_padded_head_dim(p, backward);
+    if (padded && sm90_allowed(int(pr.device)) && (required || sm90_padded_preferred(p, padded, backward))) {
+      why = run_sm90_padded(p, padded, backward, static_cast<cudaStream_t>(stream));
+      if (!why) return launched("sm90 (zero-padded head dims)", padded, pr, what, err, err_len);
+      if (required)
+        return fail(err, err_len, kNotCompiled, pr, what, "%s, but the Hopper family declines the zero-padded head dims: %s",
+                    named ? "the call names a Hopper configuration (tile pair or split-KV)" : "NATTN_FAMILY=sm90", why);
+      why = nullptr;  // declined before any launch: the usual choice below
+    }
     // The Hopper family's entry for this call, prepared (its tensor maps in `workspace`).
     auto try_sm90 = [&]() {
       const nattn::KernelEntry* h = backward ? find_sm90_backward(p, dim_max, &why) : find_sm90(p, dim_max, &why);
@@ -307,12 +329,7 @@ int run(const int64_t* fields, int64_t n_fields, double scale, void* stream, boo
                   named ? "the call names a Hopper configuration (tile pair or split-KV)" : "NATTN_FAMILY=sm90", why);
   }
   (backward ? entry->backward : entry->forward)(p, static_cast<cudaStream_t>(stream));
-  e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return fail(err, err_len, kCudaError, pr, what, "kernel launch (%s family, head-dim bucket %d) failed: %s",
-                entry->family, entry->head_dim, cudaGetErrorString(e));
-  if (err && err_len > 0) err[0] = '\0';
-  return kOk;
+  return launched(entry->family, entry->head_dim, pr, what, err, err_len);
 }
 
 }  // namespace

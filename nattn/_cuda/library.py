@@ -76,6 +76,9 @@ class Library:
         self.sm90_min_window_backward = (_int_table(lib, "nattn_sm90_min_window_backward", _NA_DIMS)
                                          or dict(self.sm90_min_window))
         self.sm90_min_window_backward_head = _int_table(lib, "nattn_sm90_min_window_backward_head", _NA_HEAD_DIMS)
+        # Per NA dim, the window from which head dims without a Hopper instance (D != D_v, or
+        # between its head dims) run it zero-padded (0: never; empty: older builds, which never pad).
+        self.sm90_padded_min_window = _int_table(lib, "nattn_sm90_padded_min_window", _NA_DIMS)
         # (dtype, na_dim, head_dim) with a Hopper backward (none: older builds)
         self.sm90_backward = set()
         if hasattr(lib, "nattn_sm90_has_backward"):

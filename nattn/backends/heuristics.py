@@ -108,17 +108,55 @@ def hopper_dtype(q, v=None):
     return str(q.dtype).replace("torch.", "")
 
 
+def _sm90_instances(dtype_name: str, na_dim: int) -> tuple:
+    """The head dims of this build's Hopper instances for a dtype and NA dim, and the window
+    from which libnattn runs other head dims zero-padded on them (0: only forwards above
+    head dim 128, at any window; None: an older build, which never pads)."""
+    from .._cuda import library
+    lib = library.load()
+    if lib is None:
+        return (), None
+    table = getattr(lib, "sm90_padded_min_window", None)  # empty or absent: an older build
+    return tuple(lib.kernels.get(("sm90", dtype_name, na_dim), ())), table.get(na_dim, 0) if table else None
+
+
+def padded_hopper_head_dim(q, params: NAParams, v=None, training: bool = False) -> Optional[int]:
+    """The Hopper instance head dim libnattn runs this problem at with zero-padded copies of
+    its tensors (docs/kernels.md, "Head dims without an instance"): D != D_v, or a head dim
+    between the family's (48, 72, 96, ...), on a 9.0 GPU in fp16/bf16, from the library's
+    padded minimum window for the NA dim (none in 1-D, where flex wins; forwards with a head
+    dim above 128, which the tensor-core family does not take, at any window). None: native
+    head dims, or no padding."""
+    dim_v = v.shape[-1] if v is not None else q.shape[-1]
+    need = max(q.shape[-1], dim_v)
+    if getattr(q, "dtype", None) not in TC_DTYPES or (q.shape[-1] == dim_v and dim_v in SM90_HEAD_DIMS):
+        return None
+    if _capability(q.device.index or 0) != (9, 0):
+        return None
+    dtype_name = str(q.dtype).replace("torch.", "")
+    na_dim = len(params.kernel_size)
+    dims, minimum = _sm90_instances(dtype_name, na_dim)
+    dims = [d for d in dims if d >= need and (not training or _sm90_has_backward(dtype_name, na_dim, d))]
+    if minimum is None or not dims:
+        return None
+    hd = dims[0]
+    if not training and need > TC_MAX_HEAD_DIM:
+        return hd
+    own = _sm90_min_window(dtype_name, na_dim, backward=training, head_dim=hd)
+    return hd if minimum > 0 and own is not None and params.window_size >= max(minimum, own) else None
+
+
 def runs_hopper(q, params: NAParams, v=None) -> bool:
     """Would libnattn run this call on its Hopper family (a 9.0 GPU, fp16/bf16, D == D_v in
-    SM90_HEAD_DIMS, a window at least its measured minimum), the backward too when the call
-    needs gradients? Measured on the H200 (docs/dev/PERF.md, fifth session): from those
+    SM90_HEAD_DIMS, a window at least its measured minimum; other head dims zero-padded,
+    padded_hopper_head_dim), the backward too when the call needs gradients? Measured on the H200 (docs/dev/PERF.md, fifth session): from those
     windows on its forward and forward + backward beat flex (FLUX 80x80: 69.9 vs 217 ms
     forward + backward; HunyuanVideo 18x24x24: 341 vs 844; 1-D w2048: 2.71 vs 2.76)."""
     dtype_name = hopper_dtype(q, v)
-    if dtype_name is None:
-        return False
-    dim_v = q.shape[-1]
     training = needs_grads(q, v)
+    if dtype_name is None:
+        return padded_hopper_head_dim(q, params, v, training) is not None
+    dim_v = q.shape[-1]
     if training and not _sm90_has_backward(dtype_name, len(params.kernel_size), dim_v):
         return False
     minimum = _sm90_min_window(dtype_name, len(params.kernel_size), backward=training, head_dim=dim_v)

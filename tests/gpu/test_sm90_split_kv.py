@@ -71,9 +71,16 @@ def test_split_kv_matches_the_reference(case, pair, splits):
 
 
 def test_split_kv_where_the_hopper_family_cannot_run_fails_with_the_reason():
-    q = torch.randn(1, 64, 64, 2, 48, device="cuda", dtype=torch.bfloat16)  # head dim 48: no sm90 kernel
-    with pytest.raises(RuntimeError, match="names a Hopper configuration"):
-        nattn.na2d(q, q, q, 33, backend="cuda:kv=4")
+    q = torch.randn(1, 4096, 2, 64, device="cuda", dtype=torch.bfloat16)
+    # dilation 3 on 128-token boxes: 384 elements, above the copy engine's 256
+    with pytest.raises(RuntimeError, match="names a Hopper configuration.*dilation above 256"):
+        nattn.na1d(q, q, q, 129, dilation=3, backend="cuda:kv=4")
+
+
+def test_split_kv_runs_head_dims_without_an_instance_zero_padded():
+    q = torch.randn(1, 64, 64, 2, 48, device="cuda", dtype=torch.bfloat16)  # head dim 48: the 64 instance
+    out = nattn.na2d(q, q, q, 33, backend="cuda:kv=4")
+    torch.testing.assert_close(out, nattn.na2d(q, q, q, 33, backend="reference"), atol=2e-2, rtol=2e-2)
 
 
 def test_split_kv_on_the_3d_64_query_pair_at_head_dim_32_is_declined_with_the_reason():

@@ -1,0 +1,122 @@
+"""GPU tier, Hopper family: head dims without an sm90 instance of their own (D != D_v, or
+between the instances: 16, 48, 72, 96, ...) run it on the next instance with zero-padded
+copies (csrc/src/sm90_padded.h). Forced with NATTN_FAMILY=sm90 (read by libnattn per call:
+a call the family declines is an error), on fresh random problems of every other feature,
+against the reference: output and LSE, the gradients of everything, a query range."""
+
+import dataclasses
+import os
+import random
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+import nattn  # noqa: E402
+from nattn.backends import get as get_backend  # noqa: E402
+from nattn.params import NAParams  # noqa: E402
+from gpu_cases import make_inputs, rel_err  # noqa: E402
+from sm90_cases import sm90_sweep  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("needs a compute capability 9.0 GPU", allow_module_level=True)
+
+# (D, D_v): different head dims, head dims between the instances (32, 64, 128; 256 in the
+# forward), and forwards above 128 (padded to 256, which has no backward).
+BACKWARD_DIMS = [(64, 128), (128, 64), (32, 64), (64, 32), (32, 128), (96, 96), (48, 48), (72, 72), (80, 64),
+                 (16, 16), (40, 24), (112, 112), (8, 56)]
+FORWARD_DIMS = BACKWARD_DIMS + [(192, 192), (160, 128), (128, 256), (256, 64), (64, 200)]
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+
+
+def with_dims(cases, dims, seed):
+    rng = random.Random(seed)
+    return [dataclasses.replace(c, dim=d, dim_v=dv) for c in cases for d, dv in [rng.choice(dims)]]
+
+
+FORWARD = with_dims(sm90_sweep(int(os.environ.get("NATTN_SM90_PADDED_CASES", "300")), seed=3131), FORWARD_DIMS, 1)
+BACKWARD = with_dims(sm90_sweep(int(os.environ.get("NATTN_SM90_PADDED_BWD_CASES", "200")), seed=3232),
+                     BACKWARD_DIMS, 2)
+RANGED = with_dims([dataclasses.replace(c, extra=0) for c in sm90_sweep(30, seed=3333)], BACKWARD_DIMS, 3)
+
+
+def run(case, t, backend):
+    return FUNCS[len(case.spatial)](
+        t["query"], t["key"], t["value"], case.kernel, stride=case.stride,
+        dilation=case.dilation, is_causal=case.causal, scale=case.scale,
+        additional_keys=t.get("additional_keys"), additional_values=t.get("additional_values"),
+        rpb=t.get("rpb"), backend=backend, return_lse=True)
+
+
+def check(name, got, want, tol):
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{name}: non-finite values"
+    err = rel_err(got, want)
+    assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.parametrize("case", FORWARD, ids=[f"{i}-{c}" for i, c in enumerate(FORWARD)])
+def test_sm90_padded_forward(case, monkeypatch):
+    monkeypatch.setenv("NATTN_FAMILY", "sm90")
+    t, _ = make_inputs(case)
+    with torch.no_grad():
+        out, lse = run(case, t, "cuda")
+        ref_out, ref_lse = run(case, t, "reference")
+    check("out", out, ref_out, TOL[case.dtype])
+    check("lse", lse, ref_lse, 1e-4)
+
+
+@pytest.mark.parametrize("case", BACKWARD, ids=[f"{i}-{c}" for i, c in enumerate(BACKWARD)])
+def test_sm90_padded_backward(case, monkeypatch):
+    monkeypatch.setenv("NATTN_FAMILY", "sm90")
+    results = []
+    for backend in ("cuda", "reference"):
+        t, leaves = make_inputs(case)
+        out, lse = run(case, t, backend)
+        g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
+        g_out = torch.randn(out.shape, generator=g, device="cuda").to(out.dtype)
+        g_lse = torch.randn(lse.shape, generator=g, device="cuda")
+        results.append((out.detach(), lse.detach(), torch.autograd.grad([out, lse], leaves, [g_out, g_lse])))
+    (o_c, l_c, g_c), (o_r, l_r, g_r) = results
+    tol = TOL[case.dtype]
+    check("out", o_c, o_r, tol)
+    check("lse", l_c, l_r, 1e-4)
+    for i, (gc, gr) in enumerate(zip(g_c, g_r)):
+        check(f"grad_leaf{i}", gc, gr, 2 * tol)
+
+
+@pytest.mark.parametrize("case", RANGED, ids=[f"{i}-{c}" for i, c in enumerate(RANGED)])
+def test_sm90_padded_query_range(case, monkeypatch):
+    """Rows outside a query range read output 0, LSE +inf and dQ 0 through the padded
+    copies too (the copies back carry zeros there); rows inside equal the whole call's."""
+    monkeypatch.setenv("NATTN_FAMILY", "sm90")
+    rng = random.Random(case.seed)
+    query_range = tuple((lo, rng.randint(lo + 1, n)) for n in case.spatial for lo in [rng.randrange(n)])
+    t, _ = make_inputs(case)
+    q, k, v = (t[n].detach() for n in ("query", "key", "value"))
+    rpb = t["rpb"].detach() if "rpb" in t else None
+    params = NAParams(case.kernel, case.stride, case.dilation, case.causal,
+                      case.scale if case.scale is not None else case.dim ** -0.5)
+    impl = get_backend("cuda")
+    out_r, lse_r = impl.na_forward(q, k, v, rpb, params, query_range=query_range)
+    out_f, lse_f = impl.na_forward(q, k, v, rpb, params)
+    keep = torch.ones(case.spatial, dtype=torch.bool, device="cuda")
+    for a, (lo, hi) in enumerate(query_range):
+        idx = torch.arange(case.spatial[a], device="cuda").view([-1 if i == a else 1 for i in range(len(case.spatial))])
+        keep &= (idx >= lo) & (idx < hi)
+    keep = keep.view(1, *case.spatial, 1)
+    assert torch.equal(torch.where(keep.unsqueeze(-1), out_r, out_f), out_f)
+    left = ~keep.expand_as(lse_r) & (lse_r != lse_f)
+    assert torch.isinf(lse_r[left]).all() and (out_r[left.unsqueeze(-1).expand_as(out_r)] == 0).all()
+    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
+    g_out = torch.randn(out_f.shape, generator=g, device="cuda").to(out_f.dtype) * keep.unsqueeze(-1)
+    dq, dk, dv, _ = impl.na_backward(q, k, v, rpb, out_r, lse_r, g_out, None, params, query_range=query_range)
+    dq_f, dk_f, dv_f, _ = impl.na_backward(q, k, v, rpb, out_f, lse_f, g_out, None, params)
+    for name, a, b in (("dq", dq, dq_f), ("dk", dk, dk_f), ("dv", dv, dv_f)):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, b) <= 8e-4, f"{name}: {rel_err(a, b):.2e}"
+    assert (dq[(~keep).unsqueeze(-1).expand_as(dq)] == 0).all()
