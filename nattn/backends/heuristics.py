@@ -61,8 +61,9 @@ def needs_grads(*tensors) -> bool:
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors if t is not None)
 
 
-# Head dims of the Hopper (sm90) family: D == D_v, one of these (compute capability 9.0;
-# 256: forward only).
+# Head dims of the Hopper (sm90) family's instances: D == D_v, one of these (compute
+# capability 9.0; 256: forward only). Other head dims run on zero-padded copies
+# (padded_hopper_head_dim).
 SM90_HEAD_DIMS = (32, 64, 128, 256)
 
 
