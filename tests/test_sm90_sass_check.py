@@ -42,3 +42,13 @@ def test_serialized_warpgroup_mmas_fail():
     serialized = dump(GOOD, "UTMALDG.4D", mma, wait, mma, wait, mma, wait)
     problems, _ = sass_check.check(serialized)
     assert len(problems) == 1 and "wgmma serialized (3 waits for 3 HGMMA" in problems[0]
+
+
+def test_helpers_need_no_products_but_no_local_memory():
+    """The Hopper family's helpers without products (delta, dQ conversion, split-KV merge,
+    the zero-padded head dims' copies) pass without HGMMA / UTMALDG, and fail with local
+    memory (the copies once kept their strides there: ~1 TB/s)."""
+    pad = "_ZN5nattn4host47_GLOBAL__N__d9e0993d_14_sm90_padded_cu_33f946c815pad_copy_kernelILb1ELi2EEEvNS1_7PadCopyE"
+    assert sass_check.check(dump(pad, "LDG.E.128", "STG.E.128")) == ([], 1)
+    problems, _ = sass_check.check(dump(pad, "STL.64 [R1], R4", "LDG.E.128", "STG.E.128"))
+    assert len(problems) == 1 and "local memory" in problems[0]

@@ -1,7 +1,8 @@
 """Checks the Hopper family's machine code in a built libnattn: every sm90 attention kernel
 (forward, dQ and dK/dV passes) must use the warpgroup MMA (HGMMA) and the bulk tensor copy
-engine (UTMALDG), no sm90 kernel (the backward's delta and dQ-conversion helpers included) may touch
-local memory (LDL/STL: spilled registers or a register array indexed at run time), and no
+engine (UTMALDG), no sm90 kernel (the backward's delta and dQ-conversion helpers, the
+split-KV merge and the zero-padded head dims' copies, src/sm90_padded.cu, included) may
+touch local memory (LDL/STL: spilled registers or an array indexed at run time), and no
 kernel may wait on the warpgroup MMAs after each one (as many WARPGROUP.DEPBAR as HGMMA: ptxas
 serialized them, warning C7514, because accumulators were read while a product was in flight).
 
@@ -80,7 +81,8 @@ def check(sass: str):
             continue
         n += 1
         ops = {op.split(".")[0] for op in opcodes(text)}
-        helper = any(h in name for h in ("delta_kernel", "dq_convert_kernel", "split_kv_merge_kernel"))  # no products
+        helpers = ("delta_kernel", "dq_convert_kernel", "split_kv_merge_kernel", "pad_copy_kernel")  # no products
+        helper = any(h in name for h in helpers)
         for op in REQUIRED if not helper else ():
             if op not in ops:
                 problems.append(f"{name}: no {op}")
