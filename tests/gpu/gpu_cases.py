@@ -193,6 +193,35 @@ def functional_call(case: GpuCase, t, p: float, backend="cuda"):
         dropout_p=p)
 
 
+def forward_backward(case: GpuCase, backend, leaves_of=None, heads_first_grad=False):
+    """Output, LSE and the gradient of every leaf of the functional call for random output and
+    LSE gradients from the case's seed (the output's gradient heads-last, or a heads-first
+    [B, H, *spatial, D] tensor viewed heads-last); ``leaves_of(t, leaves)`` may swap inputs."""
+    t, leaves = make_inputs(case)
+    if leaves_of is not None:
+        t, leaves = leaves_of(t, leaves)
+    out, lse = functional_call(case, t, 0.0, backend)
+    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
+    shape = out.shape if not heads_first_grad else (out.shape[0], out.shape[-2], *out.shape[1:-2], out.shape[-1])
+    g_out = torch.randn(shape, generator=g, device="cuda").to(out.dtype)
+    if heads_first_grad:
+        g_out = g_out.movedim(1, -2)
+    g_lse = torch.randn(lse.shape, generator=g, device="cuda").to(lse.dtype)
+    grads = torch.autograd.grad([out, lse], leaves, [g_out, g_lse])
+    return out.detach(), lse.detach(), grads
+
+
+def compare_gradients(case: GpuCase, tol: float, heads_first_grad=False):
+    """The cuda backend's output (within tol), LSE (1e-4) and every gradient (2 tol) against
+    the reference backend's on the same inputs and output gradients."""
+    o_c, l_c, g_c = forward_backward(case, "cuda", heads_first_grad=heads_first_grad)
+    o_r, l_r, g_r = forward_backward(case, "reference", heads_first_grad=heads_first_grad)
+    check("out", o_c, o_r, tol)
+    check("lse", l_c, l_r, 1e-4)
+    for i, (gc, gr) in enumerate(zip(g_c, g_r)):
+        check(f"grad_leaf{i}", gc, gr, 2 * tol)
+
+
 def seeded_forward_backward(case: GpuCase, p: float, seed: int, backend="cuda"):
     """Output, LSE and input gradients of functional_call after ``torch.manual_seed(seed)``
     (the dropout draw), with output gradients from the case's seed."""

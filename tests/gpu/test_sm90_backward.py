@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
-from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
+from gpu_cases import GpuCase, check, compare_gradients, forward_backward  # noqa: E402
 from sm90_cases import sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -26,51 +26,15 @@ if os.environ.get("NATTN_FAMILY") != "sm90":
 
 CASES = sm90_sweep(int(os.environ.get("NATTN_SM90_BWD_CASES", "1000")), seed=6161)
 WIDE = sm90_sweep(int(os.environ.get("NATTN_SM90_BWD_WIDE_CASES", "60")), seed=7272, wide=True)
-FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 
 
-def run(case, t, backend):
-    return FUNCS[len(case.spatial)](
-        t["query"], t["key"], t["value"], case.kernel, stride=case.stride,
-        dilation=case.dilation, is_causal=case.causal, scale=case.scale,
-        additional_keys=t.get("additional_keys"), additional_values=t.get("additional_values"),
-        rpb=t.get("rpb"), backend=backend, return_lse=True)
-
-
 def gradients(case, backend, leaves_of=None, heads_first_grad=False):
-    """Output, LSE and the gradient of every leaf for random output and LSE gradients (the
-    output's gradient heads-last, or a heads-first [B, H, *spatial, D] tensor viewed
-    heads-last)."""
-    t, leaves = make_inputs(case)
-    if leaves_of is not None:
-        t, leaves = leaves_of(t, leaves)
-    out, lse = run(case, t, backend)
-    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
-    shape = out.shape if not heads_first_grad else (out.shape[0], out.shape[-2], *out.shape[1:-2], out.shape[-1])
-    g_out = torch.randn(shape, generator=g, device="cuda").to(out.dtype)
-    if heads_first_grad:
-        g_out = g_out.movedim(1, -2)
-    g_lse = torch.randn(lse.shape, generator=g, device="cuda").to(lse.dtype)
-    grads = torch.autograd.grad([out, lse], leaves, [g_out, g_lse])
-    return out.detach(), lse.detach(), grads
-
-
-def check(name, got, want, tol):
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{name}: non-finite values from the sm90 backward"
-    err = rel_err(got, want)
-    assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
+    return forward_backward(case, backend, leaves_of, heads_first_grad)
 
 
 def compare(case, heads_first_grad=False):
-    o_c, l_c, g_c = gradients(case, "cuda", heads_first_grad=heads_first_grad)
-    o_r, l_r, g_r = gradients(case, "reference", heads_first_grad=heads_first_grad)
-    tol = TOL[case.dtype]
-    check("out", o_c, o_r, tol)
-    check("lse", l_c, l_r, 1e-4)
-    for i, (gc, gr) in enumerate(zip(g_c, g_r)):
-        check(f"grad_leaf{i}", gc, gr, 2 * tol)
+    compare_gradients(case, TOL[case.dtype], heads_first_grad)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{i}-{c}" for i, c in enumerate(CASES)])

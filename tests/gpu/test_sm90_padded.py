@@ -14,10 +14,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-import nattn  # noqa: E402
 from nattn.backends import get as get_backend  # noqa: E402
 from nattn.params import NAParams  # noqa: E402
-from gpu_cases import make_inputs, rel_err  # noqa: E402
+from gpu_cases import check, compare_gradients, functional_call, make_inputs, rel_err  # noqa: E402
 from sm90_cases import sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -30,7 +29,6 @@ BACKWARD_DIMS = [(64, 128), (128, 64), (32, 64), (64, 32), (32, 128), (96, 96), 
                  (16, 16), (40, 24), (112, 112), (8, 56)]
 FORWARD_DIMS = BACKWARD_DIMS + [(192, 192), (160, 128), (128, 256), (256, 64), (64, 200)]
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
-FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 
 
 def with_dims(cases, dims, seed):
@@ -44,28 +42,13 @@ BACKWARD = with_dims(sm90_sweep(int(os.environ.get("NATTN_SM90_PADDED_BWD_CASES"
 RANGED = with_dims([dataclasses.replace(c, extra=0) for c in sm90_sweep(30, seed=3333)], BACKWARD_DIMS, 3)
 
 
-def run(case, t, backend):
-    return FUNCS[len(case.spatial)](
-        t["query"], t["key"], t["value"], case.kernel, stride=case.stride,
-        dilation=case.dilation, is_causal=case.causal, scale=case.scale,
-        additional_keys=t.get("additional_keys"), additional_values=t.get("additional_values"),
-        rpb=t.get("rpb"), backend=backend, return_lse=True)
-
-
-def check(name, got, want, tol):
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    assert torch.isfinite(got).all(), f"{name}: non-finite values"
-    err = rel_err(got, want)
-    assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
-
-
 @pytest.mark.parametrize("case", FORWARD, ids=[f"{i}-{c}" for i, c in enumerate(FORWARD)])
 def test_sm90_padded_forward(case, monkeypatch):
     monkeypatch.setenv("NATTN_FAMILY", "sm90")
     t, _ = make_inputs(case)
     with torch.no_grad():
-        out, lse = run(case, t, "cuda")
-        ref_out, ref_lse = run(case, t, "reference")
+        out, lse = functional_call(case, t, 0.0, "cuda")
+        ref_out, ref_lse = functional_call(case, t, 0.0, "reference")
     check("out", out, ref_out, TOL[case.dtype])
     check("lse", lse, ref_lse, 1e-4)
 
@@ -73,20 +56,7 @@ def test_sm90_padded_forward(case, monkeypatch):
 @pytest.mark.parametrize("case", BACKWARD, ids=[f"{i}-{c}" for i, c in enumerate(BACKWARD)])
 def test_sm90_padded_backward(case, monkeypatch):
     monkeypatch.setenv("NATTN_FAMILY", "sm90")
-    results = []
-    for backend in ("cuda", "reference"):
-        t, leaves = make_inputs(case)
-        out, lse = run(case, t, backend)
-        g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
-        g_out = torch.randn(out.shape, generator=g, device="cuda").to(out.dtype)
-        g_lse = torch.randn(lse.shape, generator=g, device="cuda")
-        results.append((out.detach(), lse.detach(), torch.autograd.grad([out, lse], leaves, [g_out, g_lse])))
-    (o_c, l_c, g_c), (o_r, l_r, g_r) = results
-    tol = TOL[case.dtype]
-    check("out", o_c, o_r, tol)
-    check("lse", l_c, l_r, 1e-4)
-    for i, (gc, gr) in enumerate(zip(g_c, g_r)):
-        check(f"grad_leaf{i}", gc, gr, 2 * tol)
+    compare_gradients(case, TOL[case.dtype])
 
 
 @pytest.mark.parametrize("case", RANGED, ids=[f"{i}-{c}" for i, c in enumerate(RANGED)])
