@@ -13,7 +13,9 @@ coordinate tests
 csrc/tests/drpb_fixed_check.cu checks the fixed-point dRPB's scale (no 32-bit overflow in a
 block, the rounding step relative to the head's largest |dS|); csrc/tests/sm90_map_spec_check.cu
 checks that the Hopper tensor maps address the element the strides give in every layout the
-API accepts (heads-first tensors included) and decline the layouts they cannot express."""
+API accepts (heads-first tensors included) and decline the layouts they cannot express;
+csrc/tests/sm90_pad_copy_check.cu checks the zero-padded head dims' copies address each
+chunk's element in the strided tensor and its packed slot."""
 
 import os
 import shutil
@@ -36,9 +38,9 @@ def _build_and_run(tmp_path, name):
 
 
 # window math, the tensor-core walk, the unfused window ops, the Hopper query boxes' rows and
-# window masks, the fixed-point dRPB's scale, the Hopper tensor maps' addressing
+# window masks, the fixed-point dRPB's scale, the Hopper tensor maps' addressing, the padded copies
 CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_check", "sm90_box_mask_check",
-          "drpb_fixed_check", "sm90_map_spec_check"]
+          "drpb_fixed_check", "sm90_map_spec_check", "sm90_pad_copy_check"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")

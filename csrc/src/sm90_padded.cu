@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "nattn/sm90/pad_copy.cuh"
 #include "sm90_dispatch.h"
 
 namespace nattn { namespace host {
@@ -12,43 +13,21 @@ namespace {
 
 constexpr int kCopyThreads = 256;
 
-// One strided [B, *spatial, H, C] tensor and its packed [B, N, H, HD] copy (C <= HD, both
-// multiples of 8; HD a power of two): `pad` fills the copy (channels C..HD zero), else the
-// first C channels go back. 16 bytes (8 two-byte elements) a thread; grid (chunks, batch),
-// 32-bit index math within a batch entry (run_sm90_padded declines larger entries): with
-// 64-bit divisions per thread the copies ran at ~1 TB/s.
-struct PadCopy {
-  const void* src;
-  void* dst;
-  int64_t s[5];  // the strided tensor's element strides (batch, axes 0..2, heads)
-  unsigned spatial[3];
-  int na_dim, channels, part_shift;  // parts of 8 channels per row: 1 << part_shift
-  unsigned heads, items;             // items per batch entry: N * H * HD / 8
-};
+using nattn::sm90::PadCopy;
 
-// NA a template parameter: indexed by a runtime axis, the strides and sizes made every thread
-// copy the parameters into local memory (13 STL a thread; the copies moved ~1 TB/s).
+// `pad` fills the copy (channels C..HD zero), else the first C channels go back; grid
+// (items / kCopyThreads, batch).
 template <bool kPad, int NA>
 __global__ void __launch_bounds__(kCopyThreads) pad_copy_kernel(const PadCopy c) {
   const unsigned i = blockIdx.x * kCopyThreads + threadIdx.x;
   if (i >= c.items) return;
-  const unsigned part = i & ((1u << c.part_shift) - 1), row = i >> c.part_shift;
-  if (!kPad && int(part) * 8 >= c.channels) return;
-  unsigned token = row / c.heads;
-  int64_t off = int64_t(blockIdx.y) * c.s[0] + int64_t(row - token * c.heads) * c.s[4] + part * 8;
-#pragma unroll
-  for (int a = NA - 1; a > 0; --a) {
-    const unsigned up = token / c.spatial[a];
-    off += int64_t(token - up * c.spatial[a]) * c.s[1 + a];
-    token = up;
-  }
-  off += int64_t(token) * c.s[1];
-  const int64_t packed = (int64_t(blockIdx.y) * c.items + i) * 8;
+  int64_t off, packed;
+  const unsigned part = nattn::sm90::pad_copy_offsets<NA>(c, blockIdx.y, i, off, packed);
   if (kPad) {
     uint4 v = make_uint4(0, 0, 0, 0);
     if (int(part) * 8 < c.channels) v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(c.src) + off);
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(c.dst) + packed) = v;
-  } else {
+  } else if (int(part) * 8 < c.channels) {
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(c.dst) + off) =
         *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(c.src) + packed);
   }
