@@ -150,9 +150,10 @@ def padded_hopper_head_dim(q, params: NAParams, v=None, training: bool = False) 
 def runs_hopper(q, params: NAParams, v=None) -> bool:
     """Would libnattn run this call on its Hopper family (a 9.0 GPU, fp16/bf16, D == D_v in
     SM90_HEAD_DIMS, a window at least its measured minimum; other head dims zero-padded,
-    padded_hopper_head_dim), the backward too when the call needs gradients? Measured on the H200 (docs/dev/PERF.md, fifth session): from those
-    windows on its forward and forward + backward beat flex (FLUX 80x80: 69.9 vs 217 ms
-    forward + backward; HunyuanVideo 18x24x24: 341 vs 844; 1-D w2048: 2.71 vs 2.76)."""
+    padded_hopper_head_dim), the backward too when the call needs gradients? Measured on
+    the H200 (docs/dev/PERF.md, fifth session): from those windows on its forward and
+    forward + backward beat flex (FLUX 80x80: 69.9 vs 217 ms forward + backward;
+    HunyuanVideo 18x24x24: 341 vs 844; 1-D w2048: 2.71 vs 2.76)."""
     dtype_name = hopper_dtype(q, v)
     training = needs_grads(q, v)
     if dtype_name is None:

@@ -139,9 +139,9 @@ NATTN_HD int64_t num_key_ctas(const Params& p) {
 // whose windows hold them). Inverse ranges start and end non-decreasing in the key, so the
 // extreme keys bound the union; a CTA whose keys no query sees walks nothing (tiles 0).
 // Decodes like cta_tile (q0 is the first key here; the grid is every key box, num_key_ctas);
-// lo / nk then count query boxes. Only
-// queries of the query range are walked (a halo rank's own; every query by default): the
-// others add nothing (their rows hold LSE +inf, or a zero output gradient).
+// lo / nk then count query boxes. Only queries of the query range are walked (a halo rank's
+// own; every query by default): the others add nothing (their rows hold LSE +inf, or a zero
+// output gradient).
 template <int NA, class RB, class CB>
 NATTN_HD bool cta_tile_inverse(const Params& p, unsigned index, CtaTile& t) {
   t.tiles = 1;
