@@ -73,7 +73,26 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
             out, lse = nattn.na1d(q, k, v, 509, backend=f"cuda:kv={splits}", return_lse=True)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), f"kv={splits}"
-    print(f"sm90 sanitize sweep: {count} cases ran, one heads-first, one query range, two on 64-query pairs, four split-KV forwards")
+    # Head dims without an instance (src/sm90_padded.h): zero-padded copies in and out around
+    # the kernels, forward and backward, D != D_v (GQA, a heads-first value) and a head dim of
+    # 72 with a query range (the copies back carry the unwritten rows' zeros).
+    q, k = (torch.randn(2, 10, 14, 16, h, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for h in (4, 2))
+    v = torch.randn(2, 2, 10, 14, 16, 128, device="cuda", dtype=torch.bfloat16).movedim(1, -2).requires_grad_()
+    out = nattn.na3d(q, k, v, (3, 5, 7), backend="cuda")
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "padded D != D_v"
+    q, k, v = (torch.randn(1, 30, 28, 3, 72, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+    params = NAParams((9, 9), (1, 1), (1, 1), (False, False), 72 ** -0.5)
+    out, lse = _RangedNA.apply(q, k, v, None, params, "cuda", ((4, 19), (0, 28)))
+    keep = torch.zeros(30, 28, 1, 1, device="cuda", dtype=torch.float16)
+    keep[4:19] = 1
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out) * keep)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "padded query range"
+    print(f"sm90 sanitize sweep: {count} cases ran, one heads-first, one query range, two on 64-query pairs, "
+          "four split-KV forwards, two with zero-padded head dims")
 
 
 if __name__ == "__main__":
