@@ -31,6 +31,13 @@ def split(anchor, iters, with_rpb=False):
     def step():  # autograd.grad: no accumulation into .grad (an add kernel per input otherwise)
         torch.autograd.grad(na(q, k, v, kernel, dilation=dil, rpb=rpb, backend="cuda"), leaves, g)
 
+    report(name, step, iters)
+
+
+def report(name, step, iters):
+    """Warms ``step`` (one forward + backward) up, then prints each kernel's GPU time per step
+    over ``iters`` steps under torch.profiler, largest first (benchmarks/padded_head_dims.py
+    uses it too)."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()

@@ -10,9 +10,9 @@ Set NATTN_FAMILY=tc to time the tensor-core kernels on the same problems instead
 import argparse
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import nattn
+from kernel_split import report
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 # (batch, *spatial, heads), window, D, D_v: the rows of docs/dev/PERF.md, twenty-seventh session
@@ -24,7 +24,7 @@ PROBLEMS = [
 ]
 
 
-def profile_step(shape, window, d, dv, iters):
+def split(shape, window, d, dv, iters):
     q, k = (torch.randn(*shape, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     v = torch.randn(*shape, dv, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn(*shape, dv, device="cuda", dtype=torch.bfloat16)
@@ -33,18 +33,7 @@ def profile_step(shape, window, d, dv, iters):
     def step():  # autograd.grad: no accumulation into .grad
         torch.autograd.grad(fn(q, k, v, window), (q, k, v), g)
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            step()
-        torch.cuda.synchronize()
-    rows = sorted(((e.device_time_total / iters / 1000, e.key) for e in prof.key_averages()
-                   if e.device_time_total > 0), reverse=True)
-    print(f"\n{shape} window {window} D {d} / D_v {dv}: {sum(t for t, _ in rows):.3f} ms of kernels per f+b")
-    for t, key in rows[:8]:
-        print(f"  {t:8.3f} ms  {key[:90]}")
+    report(f"{shape} window {window} D {d} / D_v {dv}", step, iters)
 
 
 def main():
@@ -52,7 +41,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args()
     for shape, window, d, dv in PROBLEMS:
-        profile_step(shape, window, d, dv, args.iters)
+        split(shape, window, d, dv, args.iters)
 
 
 if __name__ == "__main__":
