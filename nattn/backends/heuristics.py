@@ -97,16 +97,25 @@ def _sm90_has_backward(dtype_name: str, na_dim: int, head_dim: int) -> bool:
     return lib is not None and (dtype_name, na_dim, head_dim) in lib.sm90_backward
 
 
+def _native_hopper_dims(q, v) -> bool:
+    """D == D_v, one of the Hopper instances' head dims (SM90_HEAD_DIMS)."""
+    dim_v = v.shape[-1] if v is not None else q.shape[-1]
+    return q.shape[-1] == dim_v and dim_v in SM90_HEAD_DIMS
+
+
+def _hopper_gpu_dtype(q):
+    """The dtype name ("bfloat16", "float16") of 16-bit tensors on a compute capability 9.0
+    GPU, else None."""
+    if getattr(q, "dtype", None) not in TC_DTYPES or _capability(q.device.index or 0) != (9, 0):
+        return None
+    return str(q.dtype).replace("torch.", "")
+
+
 def hopper_dtype(q, v=None):
     """The dtype name ("bfloat16", "float16") when the Hopper family's kernels could take
     these tensors (a compute capability 9.0 GPU, 16-bit, D == D_v among SM90_HEAD_DIMS), else
     None; whether this build has them is the library's to say."""
-    dim_v = v.shape[-1] if v is not None else q.shape[-1]
-    if getattr(q, "dtype", None) not in TC_DTYPES or q.shape[-1] != dim_v or dim_v not in SM90_HEAD_DIMS:
-        return None
-    if _capability(q.device.index or 0) != (9, 0):
-        return None
-    return str(q.dtype).replace("torch.", "")
+    return _hopper_gpu_dtype(q) if _native_hopper_dims(q, v) else None
 
 
 def _sm90_instances(dtype_name: str, na_dim: int) -> tuple:
@@ -128,13 +137,10 @@ def padded_hopper_head_dim(q, params: NAParams, v=None, training: bool = False) 
     padded minimum window for the NA dim (none in 1-D, where flex wins; forwards with a head
     dim above 128, which the tensor-core family does not take, at any window). None: native
     head dims, or no padding."""
-    dim_v = v.shape[-1] if v is not None else q.shape[-1]
-    need = max(q.shape[-1], dim_v)
-    if getattr(q, "dtype", None) not in TC_DTYPES or (q.shape[-1] == dim_v and dim_v in SM90_HEAD_DIMS):
+    dtype_name = _hopper_gpu_dtype(q)
+    if dtype_name is None or _native_hopper_dims(q, v):
         return None
-    if _capability(q.device.index or 0) != (9, 0):
-        return None
-    dtype_name = str(q.dtype).replace("torch.", "")
+    need = max(q.shape[-1], v.shape[-1] if v is not None else q.shape[-1])
     na_dim = len(params.kernel_size)
     dims, minimum = _sm90_instances(dtype_name, na_dim)
     dims = [d for d in dims if d >= need and (not training or _sm90_has_backward(dtype_name, na_dim, d))]
