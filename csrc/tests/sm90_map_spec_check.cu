@@ -116,8 +116,65 @@ static int check_one(Params p, Layout layout, int heads, long long& checks) {
   return 0;
 }
 
+// Boxes whose axis-0 extent times the dilation is above the copy engine's 256 elements (1-D
+// boxes of 64 and 128 tokens from dilation 3): the map's box is one piece, every piece fits,
+// and the pieces tma_load_box copies (box_piece) put each of the box's rows at its token
+// (first + row * dilation), each row once. Without pieces (the bulk reductions) such a box
+// is declined.
+static int check_pieces(long long& checks) {
+  const int extents[] = {8, 16, 32, 64, 128};
+  for (int extent : extents)
+    for (int d = 1; d <= 8; ++d) {
+      Params p = {};
+      p.na_dim = 1;
+      p.batch = 2;
+      p.spatial[0] = 4000;
+      p.spatial[1] = p.spatial[2] = 1;
+      p.dilation[0] = d;
+      p.dilation[1] = p.dilation[2] = 1;
+      int64_t s[5] = {int64_t(4000) * 128, 128, 0, 0, 64};
+      const int box[3] = {extent, 1, 1};
+      MapSpec m;
+      if (const char* why = map_spec(p, s, 2, 64, box, m)) {
+        printf("FAIL extent %d dilation %d declined (%s)\n", extent, d, why);
+        return 1;
+      }
+      const int n = box_pieces(extent, d), per = int(m.box[1]) / d;
+      if (m.box[1] > uint32_t(kMaxBoxElements) || m.element_stride[1] != uint32_t(d) || int(m.box[1]) % d ||
+          per * n != extent) {
+        printf("FAIL extent %d dilation %d: map box %u, %d pieces\n", extent, d, m.box[1], n);
+        return 1;
+      }
+      bool seen[128] = {};
+      for (int j = 0; j < n; ++j) {
+        const BoxPiece piece = box_piece(extent, d, j);
+        for (int r = 0; r < per; ++r) {
+          const int row = piece.step + r;
+          if (row >= extent || seen[row] || piece.offset + r * d != row * d) {
+            printf("FAIL extent %d dilation %d: piece %d row %d\n", extent, d, j, r);
+            return 1;
+          }
+          seen[row] = true;
+          ++checks;
+        }
+      }
+      for (int row = 0; row < extent; ++row)
+        if (!seen[row]) {
+          printf("FAIL extent %d dilation %d: row %d not copied\n", extent, d, row);
+          return 1;
+        }
+      const bool whole_fits = extent * d <= kMaxBoxElements;
+      if (!map_spec(p, s, 2, 64, box, m, 2, 0, false) != whole_fits || (whole_fits && n != 1)) {
+        printf("FAIL extent %d dilation %d: one box without pieces\n", extent, d);
+        return 1;
+      }
+    }
+  return 0;
+}
+
 int main() {
   long long checks = 0;
+  if (check_pieces(checks)) return 1;
   for (int n = 0; n < 4000; ++n) {
     Params p = {};
     p.na_dim = rnd(1, 3);

@@ -91,8 +91,29 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out) * keep)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "padded query range"
+    # 1-D boxes copied in pieces (dilation 3 to 8: box x dilation above the copy engine's 256
+    # elements), near the sequence's end, forward and backward with both dQ modes, and the
+    # 64-query pair's 128-key boxes in four pieces.
+    q, k, v = (torch.randn(2, 3001, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    for dilation, dq in ((3, "pass"), (4, "atomic"), (7, "pass"), (8, "atomic")):
+        os.environ["NATTN_SM90_DQ"] = dq
+        try:
+            out = nattn.na1d(q, k, v, 97, dilation=dilation, backend="cuda")
+            grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+            torch.cuda.synchronize()
+        finally:
+            del os.environ["NATTN_SM90_DQ"]
+        assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), f"dilation {dilation}"
+    os.environ["NATTN_SM90_TILE"] = "q64_k128"
+    try:
+        with torch.no_grad():
+            out = nattn.na1d(q, k, v, 150, dilation=8, backend="cuda")
+        torch.cuda.synchronize()
+    finally:
+        del os.environ["NATTN_SM90_TILE"]
+    assert torch.isfinite(out).all(), "q64_k128 at dilation 8"
     print(f"sm90 sanitize sweep: {count} cases ran, one heads-first, one query range, two on 64-query pairs, "
-          "four split-KV forwards, two with zero-padded head dims")
+          "four split-KV forwards, two with zero-padded head dims, five 1-D with boxes in pieces")
 
 
 if __name__ == "__main__":

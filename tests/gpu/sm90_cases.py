@@ -13,23 +13,20 @@ from cases import random_window
 
 SM90_DIMS = (32, 64, 128)  # forward and backward
 SM90_FORWARD_DIMS = SM90_DIMS + (256,)  # 256: forward only (pairs with 64-key boxes)
-# Query/key box extents per NA dim (csrc/include/nattn/sm90/tiles.cuh): a box times its
-# dilation must stay within the copy engine's 256 elements, and dilation within 8.
-BOX = {1: (128,), 2: (8, 16), 3: (2, 8, 8)}
+# The copy engine's element strides are the dilations: at most 8 (boxes above its 256
+# elements per axis, 1-D's 64 and 128 tokens from dilation 3, are copied in pieces).
+MAX_DILATION = 8
 
 
-def max_dilation(na_dim, axis):
-    return min(8, 256 // BOX[na_dim][axis])
-
-
-def random_sm90_case(rng: random.Random, na_dim: int, wide: bool = False, dims=SM90_DIMS) -> GpuCase:
+def random_sm90_case(rng: random.Random, na_dim: int, wide: bool = False, dims=SM90_DIMS,
+                     dilations=(1, 1, 1, 2, 3, 4, 8)) -> GpuCase:
     max_tokens = {1: 4000, 2: 3000, 3: 4000} if wide else {1: 1500, 2: 1200, 3: 1500}
     max_kernel = {1: 300, 2: 33, 3: 11} if wide else {1: 40, 2: 11, 3: 6}
     while True:
         spatial, kernel, stride, dilation, causal, rpb = random_window(
-            rng, na_dim, max_tokens[na_dim], max_kernel[na_dim], [1, 1, 1, 2, 3, 4, 8],
+            rng, na_dim, max_tokens[na_dim], max_kernel[na_dim], list(dilations),
             lambda r, kd: kd + r.choice([0, 1, 5, 17, r.randint(0, 300)]), causal_p=0.25, rpb_p=0.25)
-        if all(d <= max_dilation(na_dim, a) for a, d in enumerate(dilation)):
+        if max(dilation) <= MAX_DILATION:
             break
     heads_kv = rng.choice([1, 1, 2, 3])
     heads = heads_kv * rng.choice([1, 1, 2, 4])
@@ -45,3 +42,10 @@ def random_sm90_case(rng: random.Random, na_dim: int, wide: bool = False, dims=S
 def sm90_sweep(count: int, seed: int, wide: bool = False, dims=SM90_DIMS):
     rng = random.Random(seed)
     return [random_sm90_case(rng, 1 + i % 3, wide, dims) for i in range(count)]
+
+
+def dilated_1d_sweep(count: int, seed: int, dims=SM90_DIMS):
+    """1-D problems at dilation 3 to 8: their 64- and 128-token boxes span more than the copy
+    engine's 256 elements and are copied in pieces (csrc/include/nattn/sm90/tensor_map_spec.h)."""
+    rng = random.Random(seed)
+    return [random_sm90_case(rng, 1, wide=i % 2 == 1, dims=dims, dilations=(3, 4, 5, 6, 7, 8)) for i in range(count)]

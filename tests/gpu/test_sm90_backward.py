@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from gpu_cases import GpuCase, check, compare_gradients, forward_backward  # noqa: E402
-from sm90_cases import sm90_sweep  # noqa: E402
+from sm90_cases import dilated_1d_sweep, sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -91,6 +91,18 @@ def test_sm90_backward_kv_parallel_dq(case, monkeypatch):
     compare(case)
 
 
+DILATED_1D = dilated_1d_sweep(int(os.environ.get("NATTN_SM90_BWD_DILATED_CASES", "60")), seed=8383)
+
+
+@pytest.mark.parametrize("dq", ["pass", "atomic"])
+@pytest.mark.parametrize("case", DILATED_1D, ids=[f"dil{i}-{c}" for i, c in enumerate(DILATED_1D)])
+def test_sm90_backward_dilated_1d_boxes_in_pieces(case, dq, monkeypatch):
+    """1-D at dilation 3 to 8: the 128-key and 64-query boxes copied in pieces. The
+    KV-parallel dQ's bulk reductions take one box: above dilation 4 it runs the dQ pass."""
+    monkeypatch.setenv("NATTN_SM90_DQ", dq)
+    compare(case)
+
+
 @pytest.mark.parametrize("rpb", [False, True])
 def test_sm90_backward_is_deterministic(rpb):
     """Two backward runs of one problem give bitwise equal gradients (no atomics on dQ,
@@ -105,8 +117,13 @@ def test_sm90_backward_is_deterministic(rpb):
 
 
 def test_sm90_backward_declines_what_it_cannot_take():
-    """D != D_v has no sm90 backward: under NATTN_FAMILY=sm90 that is an error naming it."""
-    q = torch.randn(1, 16, 16, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(1, 16, 16, 2, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    with pytest.raises(Exception, match="head dims"):
-        nattn.na2d(q, q, v, 5, backend="cuda").sum().backward()
+    """Head dim 256 has a Hopper forward but no backward instance (and none above it to pad
+    to): under NATTN_FAMILY=sm90 the forward runs and the backward is an error naming it.
+    (D != D_v and head dims between the instances run on zero-padded copies:
+    test_sm90_padded.py.)"""
+    q, k, v = (torch.randn(1, 16, 16, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    out = nattn.na2d(q, k, v, 5, backend="cuda")
+    assert torch.isfinite(out).all()
+    with pytest.raises(Exception, match="head dim"):
+        out.sum().backward()

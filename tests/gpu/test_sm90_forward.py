@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
-from sm90_cases import SM90_FORWARD_DIMS, sm90_sweep  # noqa: E402
+from sm90_cases import SM90_FORWARD_DIMS, dilated_1d_sweep, sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -65,6 +65,12 @@ MANY_BOXES = [
             dim=32, dim_v=32, extra=0, rpb=True, dtype=torch.bfloat16, layout="plain", scale=None, seed=14),
 ]
 SMALL_PAIRS = {1: "q64_k128", 2: "q8x8_k4x24", 3: "q2x4x8_k1x5x16"}
+# 1-D boxes at dilation 3 to 8 (copied in pieces), on the default choice and on each 1-D pair.
+PAIRS_1D = [name for na, t, name in TILES if na == 1]
+DILATED_1D = [(pair, c) for j, pair in enumerate([None] + PAIRS_1D)
+              for c in dilated_1d_sweep(int(os.environ.get("NATTN_SM90_DILATED_CASES", "40")), seed=3131 + j,
+                                        dims=SM90_FORWARD_DIMS)
+              if pair is None or pair_takes(next(t for na, t, n in TILES if n == pair), c)]
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 
 
@@ -101,6 +107,13 @@ def test_sm90_forward_wide_windows(case):
 @pytest.mark.parametrize("tile,case", TILE_CASES, ids=[f"{t}-{i}-{c}" for i, (t, c) in enumerate(TILE_CASES)])
 def test_sm90_forward_every_tile_pair(tile, case, monkeypatch):
     monkeypatch.setenv("NATTN_SM90_TILE", tile)  # read by libnattn on every call
+    compare(case)
+
+
+@pytest.mark.parametrize("pair,case", DILATED_1D, ids=[f"{p or 'default'}-{i}-{c}" for i, (p, c) in enumerate(DILATED_1D)])
+def test_sm90_forward_dilated_1d_boxes_in_pieces(pair, case, monkeypatch):
+    if pair:
+        monkeypatch.setenv("NATTN_SM90_TILE", pair)
     compare(case)
 
 

@@ -72,9 +72,9 @@ def test_split_kv_matches_the_reference(case, pair, splits):
 
 def test_split_kv_where_the_hopper_family_cannot_run_fails_with_the_reason():
     q = torch.randn(1, 4096, 2, 64, device="cuda", dtype=torch.bfloat16)
-    # dilation 3 on 128-token boxes: 384 elements, above the copy engine's 256
-    with pytest.raises(RuntimeError, match="names a Hopper configuration.*dilation above 256"):
-        nattn.na1d(q, q, q, 129, dilation=3, backend="cuda:kv=4")
+    # dilation 9: above the copy engine's largest element stride (8)
+    with pytest.raises(RuntimeError, match="names a Hopper configuration.*dilation above 8"):
+        nattn.na1d(q, q, q, 129, dilation=9, backend="cuda:kv=4")
 
 
 def test_split_kv_runs_head_dims_without_an_instance_zero_padded():

@@ -177,9 +177,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_expect_tx(kv_full, 2 * R::kBytes);
       for (int cb = 0; cb < R::kBlocks; ++cb) {
         box_coords<NA>(p, tile, tile.q0, hk.channel + cb * R::kChannels, hk.outer, c);
-        tma_load<kRank>(smem + S::kK + cb * R::kBlockBytes, &map_k, kv_full, c);
+        tma_load_box<NA, RB, R::kRowBytes>(p, smem + S::kK + cb * R::kBlockBytes, &map_k, kv_full, c);
         box_coords<NA>(p, tile, tile.q0, hv.channel + cb * R::kChannels, hv.outer, c);
-        tma_load<kRank>(smem + S::kV + cb * R::kBlockBytes, &map_v, kv_full, c);
+        tma_load_box<NA, RB, R::kRowBytes>(p, smem + S::kV + cb * R::kBlockBytes, &map_v, kv_full, c);
       }
       BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
       for (int it = 0; it < steps; ++it, walk.next(tile)) {
@@ -192,9 +192,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_expect_tx(qd_full + s, 2 * C::kBytes);
         for (int cb = 0; cb < C::kBlocks; ++cb) {
           box_coords<NA>(p, tile, origin, hq.channel + cb * C::kChannels, hq.outer, c);
-          tma_load<kRank>(smem + S::kQ + s * C::kBytes + cb * C::kBlockBytes, &map_q, qd_full + s, c);
+          tma_load_box<NA, CB, C::kRowBytes>(p, smem + S::kQ + s * C::kBytes + cb * C::kBlockBytes, &map_q, qd_full + s, c);
           box_coords<NA>(p, tile, origin, hdo.channel + cb * C::kChannels, hdo.outer, c);
-          tma_load<kRank>(smem + S::kDo + s * C::kBytes + cb * C::kBlockBytes, &map_do, qd_full + s, c);
+          tma_load_box<NA, CB, C::kRowBytes>(p, smem + S::kDo + s * C::kBytes + cb * C::kBlockBytes, &map_do, qd_full + s, c);
         }
       }
     } else if (warp == 1) {  // LSE (log2 units; +inf for padding: no probability) and delta

@@ -54,7 +54,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   using S = DqSmem<HD, kNk>;
   using R = typename S::Rows;
   using C = typename S::Cols;
-  constexpr int kRank = NA + 2;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* rows_full = bars;
@@ -93,9 +92,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_expect_tx(rows_full, 2 * R::kBytes);
     for (int cb = 0; cb < R::kBlocks; ++cb) {
       box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
-      tma_load<kRank>(smem + S::kQ + cb * R::kBlockBytes, &map_q, rows_full, c);
+      tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kQ + cb * R::kBlockBytes, &map_q, rows_full, c);
       box_coords<NA>(p, tile, tile.q0, hdo.channel + cb * R::kChannels, hdo.outer, c);
-      tma_load<kRank>(smem + S::kDo + cb * R::kBlockBytes, &map_do, rows_full, c);
+      tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kDo + cb * R::kBlockBytes, &map_do, rows_full, c);
     }
     produce_kv_ring<NA, HD, KB, C, S::kStages>(p, tile, h_kv, b, smem + S::kK, smem + S::kV, &map_k, &map_v,
                                               k_full, v_full, empty);

@@ -102,6 +102,31 @@ __device__ __forceinline__ void box_coords(const Params& p, const CtaTile& t, co
   c[NA + 1] = outer;
 }
 
+// One channel block of a box (B: its Box type; ROW_BYTES: a tile row's bytes) into `dst`,
+// completing on `bar`: one bulk tensor copy, or box_pieces of them along axis 0 where the
+// box times the dilation is more than the copy engine's 256 elements (the map's box is then
+// one piece: map_spec). c: box_coords' coordinates (axis 0's is moved piece by piece).
+template <int NA, class B, int ROW_BYTES>
+__device__ __forceinline__ void tma_load_box(const Params& p, unsigned char* dst, const CUtensorMap* map,
+                                             uint64_t* bar, int* c) {
+  constexpr int kInner = B::kSize / B::extent(0);  // tile rows per axis-0 step
+  static_assert(B::extent(0) / box_pieces(B::extent(0), 8) * kInner % 8 == 0,
+                "pieces hold whole 8-row swizzle atoms");
+  const int d = p.dilation[0], n = box_pieces(B::extent(0), d);
+  // Boxes that fit at the largest dilation (every 2-D and 3-D box) keep the one copy without
+  // the runtime test (it made the 3-D head-dim-256 forward spill).
+  if (B::extent(0) * 8 <= kMaxBoxElements || n == 1) {
+    tma_load<NA + 2>(dst, map, bar, c);
+    return;
+  }
+  const int c0 = c[NA];
+  for (int j = 0; j < n; ++j) {
+    const BoxPiece piece = box_piece(B::extent(0), d, j);
+    c[NA] = c0 + piece.offset;
+    tma_load<NA + 2>(dst + piece.step * kInner * ROW_BYTES, map, bar, c);
+  }
+}
+
 // The producer's walk over a CTA's key boxes (the forward and the dQ pass): key and value box
 // k into ring slot k % STAGES, one bulk tensor copy per channel block each, once the consumers
 // have released the slot (its "empty" mbarrier); completions on the slot's full mbarriers.
@@ -110,7 +135,6 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
                                                 unsigned char* k_ring, unsigned char* v_ring,
                                                 const CUtensorMap* map_k, const CUtensorMap* map_v,
                                                 uint64_t* k_full, uint64_t* v_full, uint64_t* empty) {
-  constexpr int kRank = NA + 2;
   const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
   const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
   int c[5];
@@ -121,12 +145,12 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
     mbar_expect_tx(k_full + s, C::kBytes);
     for (int cb = 0; cb < C::kBlocks; ++cb) {
       box_coords<NA>(p, tile, walk.origin, hk.channel + cb * C::kChannels, hk.outer, c);
-      tma_load<kRank>(k_ring + s * C::kBytes + cb * C::kBlockBytes, map_k, k_full + s, c);
+      tma_load_box<NA, KB, C::kRowBytes>(p, k_ring + s * C::kBytes + cb * C::kBlockBytes, map_k, k_full + s, c);
     }
     mbar_expect_tx(v_full + s, C::kBytes);
     for (int cb = 0; cb < C::kBlocks; ++cb) {
       box_coords<NA>(p, tile, walk.origin, hv.channel + cb * C::kChannels, hv.outer, c);
-      tma_load<kRank>(v_ring + s * C::kBytes + cb * C::kBlockBytes, map_v, v_full + s, c);
+      tma_load_box<NA, KB, C::kRowBytes>(p, v_ring + s * C::kBytes + cb * C::kBlockBytes, map_v, v_full + s, c);
     }
   }
 }
@@ -144,7 +168,6 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   using S = ForwardSmem<Tl, HD>;
   using R = typename S::Rows;
   using C = typename S::Cols;
-  constexpr int kRank = NA + 2;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* q_full = bars;
@@ -197,7 +220,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     mbar_expect_tx(q_full, R::kBytes);
     for (int cb = 0; cb < R::kBlocks; ++cb) {
       box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
-      tma_load<kRank>(smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
+      tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
     }
     produce_kv_ring<NA, HD, KB, C, S::kStages>(p, tile, h_kv, b, smem + S::kK, smem + S::kV, &map_k, &map_v,
                                               k_full, v_full, empty);

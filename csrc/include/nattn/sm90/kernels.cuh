@@ -204,7 +204,7 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
     for (int a = 0; a < 3; ++a) box[a] = Tl::K::extent(a);
     MapSpec spec;
     CUtensorMap map_dq;
-    const char* why = map_spec(p, s, p.heads, HD, box, spec, 4, DqStage<HD>::kInner);
+    const char* why = map_spec(p, s, p.heads, HD, box, spec, 4, DqStage<HD>::kInner, false);
     if (!why) why = encode(&map_dq, spec, p.dq_accum, MapType::kFloat);
     if (!why) {
       p.rpb_in_smem = rpb_bytes > 0 && rpb_bytes <= DkvAtomic::kDrpbRoom;

@@ -12,13 +12,40 @@
 //   outer batch x heads; head h of batch b is at outer coordinate b * H + h
 //   (MapSpec::heads_outer; the kernels' head_coords).
 // Its box is one key (or query) box of 64 channels (32 at head dim 32); the spatial element
-// strides are the dilations, so a box of E tokens spans E * d real tokens.
+// strides are the dilations, so a box of E tokens spans E * d real tokens. The copy engine
+// takes at most 256 elements per axis: where E * d is more on axis 0 (1-D boxes of 64 or 128
+// tokens at dilation 3 to 8), the map's box is a piece of E / n tokens and the kernels copy
+// a box in n pieces (box_pieces; the tile's rows are axis-0 major, so the pieces' rows are
+// consecutive and land where one copy would put them).
 #pragma once
 #include <stdint.h>
 
 #include "nattn/common/registry.h"
 
 namespace nattn { namespace sm90 {
+
+// The copy engine's largest box extent per axis, in elements.
+constexpr int kMaxBoxElements = 256;
+
+// Pieces of a box of `extent` tokens along axis 0 at `dilation` (a power of two dividing the
+// extent; 1 when it fits the copy engine's box). Host (map_spec) and device (the producers'
+// copies) agree through this function.
+// (A loop, not recursion: a recursive call stays an extern call in device code, which
+// serializes the kernel's wgmma.)
+__host__ __device__ __forceinline__ constexpr int box_pieces(int extent, int dilation) {
+  int n = 1;
+  while (extent / n * dilation > kMaxBoxElements && (extent / n) % 2 == 0) n *= 2;
+  return n;
+}
+
+// Piece j of such a box: its first axis-0 step in the tile (times the tile rows per step
+// for its first row) and its axis-0 coordinate offset from the box's first (real tokens).
+struct BoxPiece {
+  int step, offset;
+};
+__host__ __device__ __forceinline__ constexpr BoxPiece box_piece(int extent, int dilation, int j) {
+  return BoxPiece{j * (extent / box_pieces(extent, dilation)), j * (extent / box_pieces(extent, dilation)) * dilation};
+}
 
 struct MapSpec {
   int rank;
@@ -32,9 +59,11 @@ struct MapSpec {
 // Fills a map spec for tensor `ptr` with element strides s (batch, axes 0..2, heads),
 // `heads` heads of `hd` channels, spatial box extents `box` (per axis 0..2); elements of
 // `eb` bytes, `inner` channels per box (0: 64, or hd below 64).
+// `pieces`: whether axis 0's box may be copied in pieces (box_pieces; not for the bulk
+// reductions, which take one box at a time).
 // Returns a reason when the copy engine cannot address the tensor this way.
 inline const char* map_spec(const Params& p, const int64_t* s, int heads, int hd, const int* box, MapSpec& m,
-                            int eb = 2, int inner = 0) {
+                            int eb = 2, int inner = 0, bool pieces = true) {
   const int nd = p.na_dim;
   m.heads_outer = heads > 1 && s[4] != hd;
   if (m.heads_outer && p.batch > 1 && s[0] != int64_t(heads) * s[4])
@@ -49,10 +78,11 @@ inline const char* map_spec(const Params& p, const int64_t* s, int heads, int hd
     const int i = nd - a;  // map axis of spatial axis a
     m.dim[i] = uint64_t(p.spatial[a]);
     m.stride_bytes[i - 1] = uint64_t(s[1 + a]) * eb;
-    m.box[i] = uint32_t(box[a] * p.dilation[a]);
+    const int n = a == 0 && pieces ? box_pieces(box[a], p.dilation[a]) : 1;
+    m.box[i] = uint32_t(box[a] / n * p.dilation[a]);
     m.element_stride[i] = uint32_t(p.dilation[a]);
     if (p.dilation[a] > 8) return "dilation above 8 (the copy engine's largest element stride)";
-    if (m.box[i] > 256) return "box extent times dilation above 256";
+    if (m.box[i] > kMaxBoxElements) return "box extent times dilation above 256";
   }
   m.dim[nd + 1] = uint64_t(p.batch) * (m.heads_outer ? heads : 1);
   m.stride_bytes[nd] = uint64_t(m.heads_outer ? s[4] : s[0]) * eb;
