@@ -269,9 +269,17 @@ bool plain_2d_window(const nattn::Params& p) {
   return true;
 }
 
+// 1-D at dilation above 2 (twenty-eighth session, PERF.md call 2; boxes copied in pieces
+// with an element stride of d: ~2x the undilated time at d = 4), tc vs sm90, GPU ms fwd /
+// f+b: 32768 tokens D128 w512 d8 0.761 / 2.56 vs 0.724 / 2.19, D64 w1024 d3 0.718 / 2.45
+// vs 0.359 / 1.10; 16384 tokens D64 w257 d5 0.218 / 0.781 vs 0.272 / 0.874. Such windows
+// run sm90 from this many keys per unit of dilation.
+constexpr int64_t kSm90MinWindow1dPerDilation = 64;
+
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   const int64_t window = window_keys(p);
   if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
+  if (p.na_dim == 1 && p.dilation[0] > 2 && window < kSm90MinWindow1dPerDilation * p.dilation[0]) return false;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;
   if (!backward && p.rpb && head_dim <= kTcRpbMaxHeadDim && window <= kTcRpbMaxWindow[p.na_dim - 1]) return false;
   if (backward && p.rpb && window < kSm90MinWindowBackwardRpb[p.na_dim - 1]) return false;

@@ -31,7 +31,7 @@ def families(kernel, rpb: bool, dilation=1, spatial=(28, 28), dim=32, heads=4, b
     q, k, v = (torch.randn(batch, *spatial, heads, dim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=backward) for _ in range(3))
     bias = torch.randn(heads, *(2 * w - 1 for w in kernel), device="cuda", requires_grad=backward) if rpb else None
-    fn = {2: nattn.na2d, 3: nattn.na3d}[len(kernel)]
+    fn = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}[len(kernel)]
     with torch.set_grad_enabled(backward), profile(activities=[ProfilerActivity.CUDA]) as prof:
         out = fn(q, k, v, kernel, dilation=dilation, rpb=bias, backend="cuda")
         if backward:
@@ -101,3 +101,13 @@ def test_backward_with_rpb_runs_tc_below_1024_keys_in_2d():
     assert families(33, rpb=True, dim=64, spatial=(40, 40), batch=1, backward=True)["dkv"] == "sm90"
     # 3-D keeps tc up to 2048 keys (9x13x13: 8.14 vs 8.41 ms)
     assert families((9, 13, 13), rpb=True, dim=64, spatial=(12, 16, 16), batch=1, backward=True)["dkv"] == "tc"
+
+
+def test_1d_dilation_above_2_runs_sm90_from_64_keys_per_unit_of_dilation():
+    # measured (PERF.md, twenty-eighth session, call 2; tc vs sm90, fwd / f+b ms): 16384 tokens
+    # B2 H8 D64 w257 dilation 5 0.218 / 0.781 vs 0.272 / 0.874; 32768 tokens D128 w512
+    # dilation 8 0.761 / 2.56 vs 0.724 / 2.19 (the boxes' copies in pieces, element stride d)
+    kw = dict(spatial=(16384,), dim=64, heads=8, batch=2, rpb=False, backward=True)
+    assert families((257,), dilation=5, **kw) == {"forward": "tc", "dkv": "tc"}
+    assert families((321,), dilation=5, **kw) == {"forward": "sm90", "dkv": "sm90"}
+    assert families((257,), dilation=2, **kw) == {"forward": "sm90", "dkv": "sm90"}
