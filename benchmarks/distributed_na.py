@@ -5,10 +5,11 @@ events, medians of 5 after 2 warm-ups), forward and forward + backward, with the
 one GPU and the peak memory per GPU.
 
     python benchmarks/distributed_na.py [--gpus 2] [--spatial 30,48,80] [--kernel 18,24,24]
-        [--schemes ulysses,ulysses:3,halo] [--axis 0] [--profile]
+        [--schemes ulysses,ulysses:3,halo,halo-overlap] [--axis 0] [--profile]
 
 A scheme `ulysses:C` runs na_ulysses with chunks=C (each rank's heads in C rounds, every
-round's all-to-all issued before the first local NA, so communication overlaps compute).
+round's all-to-all issued before the first local NA, so communication overlaps compute);
+`halo-overlap` runs na_halo with overlap=True (the interior queries while the halo travels).
 
 --profile also prints rank 0's torch.profiler table of three forwards per scheme (kernels,
 collectives and copies, grouped by input shape): where the time beyond the local NA goes.
@@ -65,8 +66,8 @@ def worker(rank, world, port, args, results):
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     q, k, v = (shard(t, args.axis).contiguous().requires_grad_(True) for t in problem(args))
     name, _, chunks = args.scheme.partition(":")
-    scheme = {"ulysses": na_ulysses, "halo": na_halo}[name]
-    kw = dict(chunks=int(chunks)) if chunks else {}
+    scheme = {"ulysses": na_ulysses, "halo": na_halo, "halo-overlap": na_halo}[name]
+    kw = dict(chunks=int(chunks)) if chunks else dict(overlap=True) if name == "halo-overlap" else {}
     na = lambda: scheme(q, k, v, args.kernel, na_dim=3, axis=args.axis, **kw)  # noqa: E731
     torch.cuda.reset_peak_memory_stats()
     fwd = timed(lambda: na().detach())
@@ -92,7 +93,8 @@ def main():
     ap.add_argument("--kernel", default="18,24,24")
     ap.add_argument("--heads", type=int, default=24)
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--schemes", default="ulysses,ulysses:3,halo", help="ulysses, ulysses:CHUNKS, halo")
+    ap.add_argument("--schemes", default="ulysses,ulysses:3,halo,halo-overlap",
+                    help="ulysses, ulysses:CHUNKS, halo, halo-overlap")
     ap.add_argument("--axis", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="rank 0's profile of three forwards per scheme")
     a = ap.parse_args()

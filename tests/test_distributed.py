@@ -13,7 +13,9 @@ import torch.multiprocessing as mp
 
 import nattn
 from nattn.distributed import ContextParallel, na_halo, na_ulysses, shard, shard_sizes, unshard
+from nattn.distributed.halo import interior, region
 from nattn.distributed.ulysses import _chunk_count
+from nattn.windows import axis_window
 from nattn.nn import NeighborhoodAttention2D, NeighborhoodAttention3D
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
@@ -35,6 +37,14 @@ HALO_CASES = [
     ((29,), (5,), (2,), (3,), (True,), 2, 1, 2, False, 0),
     ((12, 7), (7, 3), (1, 1), (1, 2), (False, False), 1, 1, 0, True, 0),
     ((9, 10, 4), (3, 5, 3), (2, 4, 1), (2, 1, 1), (True, False, False), 3, 1, 0, False, 1),
+]
+# Shards wide against their windows: every rank has interior queries (halo overlap=True
+# computes them from its own shard while the exchange runs).
+OVERLAP_CASES = [
+    ((41,), (5,), (1,), (2,), (False,), 2, 1, 2, False, 0),
+    ((37,), (6,), (3,), (1,), (True,), 2, 2, 0, False, 0),
+    ((30, 5), (5, 3), (1, 1), (1, 1), (False, False), 2, 1, 0, True, 0),
+    ((4, 33, 3), (3, 4, 3), (1, 2, 1), (1, 2, 1), (False, True, False), 1, 1, 0, False, 1),
 ]
 
 
@@ -83,12 +93,13 @@ def _check_case(case, rank, world, scheme=na_ulysses):
     torch.testing.assert_close(unshard(out.detach(), axis), ref.detach(), rtol=1e-10, atol=1e-10)
 
 
-def _check_module(rank, world, scheme="ulysses", chunks=1):
+def _check_module(rank, world, scheme="ulysses", chunks=1, overlap=False):
     """NeighborhoodAttention3D(context_parallel=...) on shards = the module on the whole input."""
     torch.manual_seed(7)  # the same weights and input on every rank
     m = NeighborhoodAttention3D(24, 6, (3, 3, 5), dilation=(1, 2, 1), rel_pos_bias=True).double()
+    plan = ContextParallel(axis=1, scheme=scheme, chunks=chunks, overlap=overlap)
     cp = NeighborhoodAttention3D(24, 6, (3, 3, 5), dilation=(1, 2, 1), rel_pos_bias=True,
-                                 context_parallel=ContextParallel(axis=1, scheme=scheme, chunks=chunks)).double()
+                                 context_parallel=plan).double()
     cp.load_state_dict(m.state_dict())
     x = torch.randn(2, 5, 9, 7, 24, dtype=torch.float64, requires_grad=True)
     ref = m(x)
@@ -120,8 +131,11 @@ def _worker(rank, world, port, cases):
         _check_module(rank, world, chunks=3)
         for case in HALO_CASES + cases:
             _check_case(case, rank, world, na_halo)
+        for case in OVERLAP_CASES + HALO_CASES + cases:
+            _check_case(case, rank, world, partial(na_halo, overlap=True))
         _check_module(rank, world)
         _check_module(rank, world, "halo")
+        _check_module(rank, world, "halo", overlap=True)
         with pytest.raises(ValueError, match="divide by the group size"):
             q = torch.randn(1, 8, 5, 4)
             na_ulysses(q, q, q, 3, na_dim=1) if world == 3 else na_ulysses(q[..., :3, :], q, q, 3, na_dim=1)
@@ -147,6 +161,49 @@ def test_module_argument_errors():
         ContextParallel(chunks=0)
     with pytest.raises(ValueError, match="ulysses"):
         ContextParallel(scheme="halo", chunks=2)
+    with pytest.raises(ValueError, match="halo"):
+        ContextParallel(overlap=True)
+    with pytest.raises(TypeError, match="overlap"):
+        ContextParallel(scheme="halo", overlap=1)
+
+
+def test_overlap_cases_have_interior_queries_on_every_rank():
+    for world in (2, 3):
+        for spatial, kernel, stride, dilation, causal, *_, axis in OVERLAP_CASES:
+            sizes = shard_sizes(spatial[axis], world)
+            sizes = sizes[1:] + sizes[:1]  # the order _check_case shards in
+            for r in range(world):
+                start = sum(sizes[:r])
+                window = (kernel[axis], stride[axis], dilation[axis], causal[axis])
+                assert interior(start, start + sizes[r], spatial[axis], *window) is not None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_interior_queries_keep_their_windows_on_the_shard_alone(seed):
+    """interior()'s queries have, on their region of the shard alone, the windows (keys,
+    validity, bias offsets) they have on the whole axis; the region lies inside the shard."""
+    g = torch.Generator().manual_seed(seed)
+    found = 0
+    for _ in range(150):
+        k, d = int(torch.randint(2, 9, (1,), generator=g)), int(torch.randint(1, 4, (1,), generator=g))
+        s = int(torch.randint(1, k + 1, (1,), generator=g))
+        causal = bool(torch.randint(0, 2, (1,), generator=g))
+        length = k * d + int(torch.randint(0, 60, (1,), generator=g))
+        start = int(torch.randint(0, length, (1,), generator=g))
+        stop = int(torch.randint(start + 1, length + 1, (1,), generator=g))
+        got = interior(start, stop, length, k, s, d, causal)
+        if got is None:
+            continue
+        found += 1
+        a, b = got
+        lo, hi = region(a, b, length, k, s, d, causal)
+        assert start <= a < b <= stop and start <= lo <= a and b <= hi <= stop
+        queries = list(range(a, b))
+        keys, valid, bias = axis_window(length, k, s, d, causal, queries=queries)
+        sub_keys, sub_valid, sub_bias = axis_window(hi - lo, k, s, d, causal, queries=[x - lo for x in queries])
+        assert torch.equal(valid, sub_valid) and torch.equal(bias[valid], sub_bias[sub_valid])
+        assert torch.equal(keys[valid], sub_keys[sub_valid] + lo)
+    assert found >= 20  # the check above ran on enough shards
 
 
 def test_rounds_divide_every_ranks_heads():

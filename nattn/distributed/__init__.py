@@ -22,13 +22,15 @@ __all__ = ["ContextParallel", "na_halo", "na_ulysses", "shard", "shard_sizes", "
 class ContextParallel:
     """How a module's input is sharded: contiguous shards along spatial ``axis``, one per
     rank of ``group`` (None: the default group), in rank order, and the scheme: ``"ulysses"``
-    (:func:`na_ulysses`, heads divisible by the group size) or ``"halo"`` (:func:`na_halo`).
+    (:func:`na_ulysses`, heads divisible by the group size) or ``"halo"`` (:func:`na_halo`;
+    ``overlap=True`` computes the interior queries while the halo is exchanged).
     Pass it as ``NeighborhoodAttention3D(..., context_parallel=ContextParallel(group, axis=0))``."""
 
     group: Optional[Any] = None
     axis: int = 0
     scheme: str = "ulysses"
     chunks: int = 1  # Ulysses: the heads in this many rounds, communication overlapping NA
+    overlap: bool = False  # halo: the exchange overlapping the interior queries' NA
 
     def __post_init__(self):
         if self.scheme not in ("ulysses", "halo"):
@@ -37,3 +39,7 @@ class ContextParallel:
             raise ValueError(f"chunks must be a positive int, got {self.chunks!r}")
         if self.chunks > 1 and self.scheme != "ulysses":
             raise ValueError("chunks applies to the 'ulysses' scheme only")
+        if not isinstance(self.overlap, bool):
+            raise TypeError(f"overlap must be a bool, got {self.overlap!r}")
+        if self.overlap and self.scheme != "halo":
+            raise ValueError("overlap applies to the 'halo' scheme only (Ulysses overlaps through chunks)")

@@ -8,11 +8,16 @@ stride leader is the one of the unsharded problem; the region's other queries ar
 their outputs are dropped. Where the cuda backend runs the region (no extra keys/values), it
 is told the rank's query range: the Hopper kernels then compute only the query boxes that
 hold the rank's queries, not the halo's (other backends compute the whole region); the
-traffic is the halo alone either way."""
+traffic is the halo alone either way.
+
+With ``overlap=True`` the exchange runs while the rank computes its interior queries (those
+whose windows lie in its own shard: :func:`interior`) on its own keys and values; the
+queries next to the shard's ends follow once the halo has arrived."""
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from functools import lru_cache
+from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -22,7 +27,7 @@ from ..backends import get as get_backend
 from ..functional import _checked_and_chosen, neighborhood_attention
 from ..params import BoolOrTuple, IntOrTuple, normalize_window_args
 from ..windows import axis_window
-from .ulysses import _AllToAll, _all_sizes, _check_shards, _pad_to, _world
+from .ulysses import _all_sizes, _check_shards, _pad_to, _world
 
 
 def region(start: int, stop: int, length: int, k: int, s: int, d: int, causal: bool) -> Tuple[int, int]:
@@ -41,34 +46,56 @@ def region(start: int, stop: int, length: int, k: int, s: int, d: int, causal: b
     return lo, hi
 
 
+@lru_cache(maxsize=1024)
+def interior(start: int, stop: int, length: int, k: int, s: int, d: int, causal: bool) -> Optional[Tuple[int, int]]:
+    """Queries [a, b) inside the shard [start, stop) whose region (:func:`region`) lies inside
+    the shard too, so that NA on the shard's own keys and values gives their exact windows:
+    the shard with a and b moved inwards one query at a time until that holds. None when no
+    query qualifies."""
+    a, b = start, stop
+    while a < b:
+        lo, hi = region(a, b, length, k, s, d, causal)
+        if lo >= start and hi <= stop:
+            return a, b
+        a, b = a + (lo < start), b - (hi > stop)
+    return None
+
+
 class _HaloGather(torch.autograd.Function):
-    """This rank's shard -> the region [lo, hi) of the axis it needs (pieces from the ranks
-    that own them, one all-to-all); backward: the region's gradient back to its owners, summed."""
+    """This rank's shard -> the pieces of other ranks' shards it needs, [P, ...] padded to
+    ``longest`` along the axis (one all-to-all; :func:`_region_of` joins them into the region
+    [lo, hi)); backward: the pieces' gradients back to their owners, summed. With a
+    ``pending`` list the forward returns before the collective completes and appends its work
+    handle there: wait on it before reading the output."""
 
     @staticmethod
-    def forward(ctx, x, axis_dim, send, recv, longest, group):
-        ctx.axis_dim, ctx.send, ctx.recv, ctx.longest, ctx.group = axis_dim, send, recv, longest, group
+    def forward(ctx, x, axis_dim, send, longest, group, pending=None):
+        ctx.axis_dim, ctx.send, ctx.group = axis_dim, send, group
         ctx.local_len = x.shape[axis_dim]
-        blocks = [_pad_to(x.narrow(axis_dim, a, n), axis_dim, longest) for a, n in send]
-        got = _AllToAll.apply(torch.stack(blocks), group)
-        return torch.cat([got[j].narrow(axis_dim, 0, n) for j, n in enumerate(recv) if n], dim=axis_dim)
+        blocks = torch.stack([_pad_to(x.narrow(axis_dim, a, n), axis_dim, longest) for a, n in send])
+        got = torch.empty(blocks.shape, dtype=blocks.dtype, device=blocks.device)
+        work = dist.all_to_all_single(got, blocks, group=group, async_op=pending is not None)
+        if pending is not None:
+            pending.append(work)
+        return got
 
     @staticmethod
     def backward(ctx, grad):
-        axis_dim, longest = ctx.axis_dim, ctx.longest
-        pieces, offset = [], 0
-        for n in ctx.recv:
-            pieces.append(_pad_to(grad.narrow(axis_dim, offset, n), axis_dim, longest))
-            offset += n
-        back = torch.empty_like(torch.stack(pieces))
-        dist.all_to_all_single(back, torch.stack(pieces).contiguous(), group=ctx.group)
-        shape = list(grad.shape)
+        axis_dim = ctx.axis_dim
+        back = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+        dist.all_to_all_single(back, grad.contiguous(), group=ctx.group)
+        shape = list(grad.shape[1:])
         shape[axis_dim] = ctx.local_len
         out = grad.new_zeros(shape)
         for r, (a, n) in enumerate(ctx.send):
             if n:
                 out.narrow(axis_dim, a, n).add_(back[r].narrow(axis_dim, 0, n))
         return out, None, None, None, None, None
+
+
+def _region_of(got: torch.Tensor, recv: List[int], axis_dim: int) -> torch.Tensor:
+    """The region from _HaloGather's pieces (rank order is axis order)."""
+    return torch.cat([got[j].narrow(axis_dim, 0, n) for j, n in enumerate(recv) if n], dim=axis_dim)
 
 
 class _RangedNA(torch.autograd.Function):
@@ -112,6 +139,7 @@ def na_halo(
     scale: Optional[float] = None, additional_keys: Optional[torch.Tensor] = None,
     additional_values: Optional[torch.Tensor] = None, rpb: Optional[torch.Tensor] = None,
     backend: Optional[str] = None, return_lse: bool = False, *, na_dim: int, axis: int = 0, group=None,
+    overlap: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Neighborhood attention of inputs sharded along spatial ``axis`` over ``group``, moving
     only the key/value halo.
@@ -123,6 +151,11 @@ def na_halo(
     NA there; the backward sends the region's key/value gradients back to their owners.
     ``rpb`` and the extra keys/values are used whole on every rank: their gradients on a
     rank are that rank's queries' share; sum them over the group.
+
+    ``overlap=True``: the key/value exchange runs while the rank computes its interior
+    queries (:func:`interior`) from its own keys and values; the queries at the shard's ends
+    follow on their regions once the halo has arrived (three NA calls instead of one; the
+    same results; the backward does not overlap).
     """
     world, rank = _world(group)
     _check_shards(query, key, value, na_dim, axis)
@@ -151,18 +184,51 @@ def na_halo(
     recv = [overlap(starts[j], starts[j] + sizes[j], lo, hi)[1] for j in range(world)]
     longest = max([1] + [overlap(starts[j], starts[j] + sizes[j], r0, r1)[1]
                          for j in range(world) for r0, r1 in regions])
-    k_region = _HaloGather.apply(key, axis_dim, send, recv, longest, group)
-    v_region = _HaloGather.apply(value, axis_dim, send, recv, longest, group)
+    window = (kernel[axis], strides[axis], dilations[axis], causal[axis])
+    inner = interior(own0, own1, length, *window) if overlap else None
+    if inner == (own0, own1):  # nothing waits for the halo: the gather's backward must still run
+        inner = None
+    pending = [] if inner is not None else None
+    # keys and values in one exchange (one collective each way: every rank issues the same ones
+    # in the same order, whatever its part of the graph)
+    kv_got = _HaloGather.apply(torch.cat([key, value], dim=-1), axis_dim, send, longest, group, pending)
+
+    def part(q, k, v, first, start, stop):
+        """(out, lse) of queries [start, stop) (axis coordinates) from q, k, v holding the
+        axis from ``first`` on."""
+        query_range = [(0, n) for n in q.shape[1 : 1 + na_dim]]
+        query_range[axis] = (start - first, stop - first)
+        out, lse = _region_na(q, k, v, kernel_size, stride, dilation, is_causal, scale, additional_keys,
+                              additional_values, rpb, backend, na_dim, tuple(query_range))
+        return out.narrow(axis_dim, start - first, stop - start), lse.narrow(axis_dim, start - first, stop - start)
+
+    parts = []
+    if inner is not None:  # while the exchange runs: the interior from this rank's own shard
+        i0, i1 = region(*inner, length, *window)
+        own = [t.narrow(axis_dim, i0 - own0, i1 - i0) for t in (query, key, value)]
+        parts.append(part(*own, i0, *inner))
+        for work in pending:
+            work.wait()
+    kv_region = _region_of(kv_got, recv, axis_dim)
+    k_region, v_region = kv_region.split([key.shape[-1], value.shape[-1]], dim=-1)
+
     def zeros(n):
         shape = list(query.shape)
         shape[axis_dim] = n
         return query.new_zeros(shape)
     q_region = torch.cat([zeros(own0 - lo), query, zeros(hi - own1)], dim=axis_dim)  # others' queries: 0
-    query_range = [(0, n) for n in query.shape[1 : 1 + na_dim]]
-    query_range[axis] = (own0 - lo, own1 - lo)  # this rank's queries in the region
-    out, lse = _region_na(q_region, k_region, v_region, kernel_size, stride, dilation, is_causal, scale,
-                          additional_keys, additional_values, rpb, backend, na_dim, tuple(query_range))
-    out = out.narrow(axis_dim, own0 - lo, sizes[rank])
-    if not return_lse:
-        return out
-    return out, lse.narrow(axis_dim, own0 - lo, sizes[rank])
+    region_tensors = (q_region, k_region, v_region)
+    if inner is None:
+        out, lse = part(*region_tensors, lo, own0, own1)
+    else:  # the shard's ends, each on its own (smaller) region where that lies in [lo, hi)
+        for start, stop in ((own0, inner[0]), (inner[1], own1)):
+            if start == stop:
+                continue
+            r0, r1 = region(start, stop, length, *window)
+            if not (lo <= r0 and r1 <= hi):
+                r0, r1 = lo, hi
+            sub = [t.narrow(axis_dim, r0 - lo, r1 - r0) for t in region_tensors]
+            parts.insert(0 if start == own0 else len(parts), part(*sub, r0, start, stop))
+        out = torch.cat([o for o, _ in parts], dim=axis_dim)
+        lse = torch.cat([x for _, x in parts], dim=axis_dim)
+    return (out, lse) if return_lse else out

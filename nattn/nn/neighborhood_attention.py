@@ -270,7 +270,8 @@ class NeighborhoodAttentionND(nn.Module):
             if self.training and self.attn_drop_p > 0:
                 raise NotImplementedError("attention dropout with context_parallel (no unfused distributed path)")
             from ..distributed import na_halo, na_ulysses
-            scheme = na_halo if cp.scheme == "halo" else partial(na_ulysses, chunks=cp.chunks)
+            scheme = (partial(na_halo, overlap=cp.overlap) if cp.scheme == "halo"
+                      else partial(na_ulysses, chunks=cp.chunks))
             out = scheme(q, k, v, self.kernel_size, self.stride, self.dilation, self.is_causal, self.scale,
                          extra_k, extra_v, self.rpb, self.backend, na_dim=n, axis=cp.axis, group=cp.group)
         elif self.training and self.attn_drop_p > 0 and self._fused_dropout(q, k, v, extra_k, extra_v):
