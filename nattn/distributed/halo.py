@@ -190,8 +190,11 @@ def na_halo(
         inner = None
     pending = [] if inner is not None else None
     # keys and values in one exchange (one collective each way: every rank issues the same ones
-    # in the same order, whatever its part of the graph)
-    kv_got = _HaloGather.apply(torch.cat([key, value], dim=-1), axis_dim, send, longest, group, pending)
+    # in the same order, whatever its part of the graph), heads x channels side by side in a
+    # token's row: the region's k and v are then views as of a fused projection, heads-last
+    # with head stride = head dim (the layout the Hopper kernels' tensor maps take)
+    kv = torch.cat([key.flatten(-2), value.flatten(-2)], dim=-1)
+    kv_got = _HaloGather.apply(kv, axis_dim, send, longest, group, pending)
 
     def part(q, k, v, first, start, stop):
         """(out, lse) of queries [start, stop) (axis coordinates) from q, k, v holding the
@@ -210,7 +213,8 @@ def na_halo(
         for work in pending:
             work.wait()
     kv_region = _region_of(kv_got, recv, axis_dim)
-    k_region, v_region = kv_region.split([key.shape[-1], value.shape[-1]], dim=-1)
+    k_flat, v_flat = kv_region.split([key.shape[-2] * key.shape[-1], value.shape[-2] * value.shape[-1]], dim=-1)
+    k_region, v_region = k_flat.unflatten(-1, key.shape[-2:]), v_flat.unflatten(-1, value.shape[-2:])
 
     def zeros(n):
         shape = list(query.shape)
