@@ -140,6 +140,12 @@ double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
     qbox_size *= e.qbox[a];
   }
   if (kbox_size <= 64) keys *= 1.15;
+  // Key boxes copied in pieces (1-D, box x dilation above 256: tensor_map_spec.h) ran the
+  // forward at half speed (twenty-eighth session, PERF.md call 3: 32768 tokens w2048 D128,
+  // 0.52 ms at dilation 1 and 2, 1.09 at 4 with 128-key boxes in two pieces, with the same
+  // L2 and DRAM bytes), while the backward's 64-token boxes (one copy at dilation 4) cost
+  // nothing extra: 64-key pairs win there.
+  if (nattn::sm90::box_pieces(e.kbox[0], p.dilation[0]) > 1) keys *= 2;
   if (qbox_size >= 128) return keys;
   const bool small_head = p.na_dim == 2 && e.head_dim <= kSm90SmallHeadDim;
   return keys * (small_head ? kSm90SmallQueryCost2dSmallHead : kSm90SmallQueryCost[p.na_dim - 1]);

@@ -46,8 +46,8 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
         f"runs by default from {minimum} keys per query (this window: {params.window_size})"
     lines.append(f"  sm90 (compute capability 9.0; {runs}; name one per call with backend='cuda:<name>', or "
                  "NATTN_SM90_TILE=<name> process-wide; cost: keys walked per query, 64-key boxes counted 1.15x, "
-                 "64-query boxes 1.3x in 1-D, 1.5x in 3-D, 0.6x in 2-D at head dim 32; backward: the pair "
-                 "the backward uses):")
+                 "64-query boxes 1.3x in 1-D, 1.5x in 3-D, 0.6x in 2-D at head dim 32, 1-D key boxes copied in "
+                 "two or more pieces (box x dilation above 256) 2x; backward: the pair the backward uses):")
     width = max(len(c["name"]) for c in configs)
     for c in configs:
         flags = [f for f, on in (("default", c["default"]), ("backward", c["backward"])) if on]
