@@ -13,9 +13,12 @@ import torch.multiprocessing as mp
 
 import nattn
 from nattn.distributed import ContextParallel, na_halo, na_ulysses, shard, shard_sizes, unshard
+from nattn.distributed import halo as halo_module
 from nattn.distributed.halo import interior, region
 from nattn.distributed.ulysses import _chunk_count
 from nattn.windows import axis_window
+
+_interior = interior
 from nattn.nn import NeighborhoodAttention2D, NeighborhoodAttention3D
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
@@ -129,13 +132,18 @@ def _worker(rank, world, port, cases):
         for case in rounds:
             _check_case(case, rank, world, partial(na_ulysses, chunks=3))
         _check_module(rank, world, chunks=3)
+        # which path runs: interior() is asked only with overlap=True
+        asked = []
+        halo_module.interior = lambda *a: asked.append(a) or _interior(*a)
         for case in HALO_CASES + cases:
             _check_case(case, rank, world, na_halo)
+        _check_module(rank, world, "halo")
+        assert not asked, "overlap=False computed an interior"
         for case in OVERLAP_CASES + HALO_CASES + cases:
             _check_case(case, rank, world, partial(na_halo, overlap=True))
-        _check_module(rank, world)
-        _check_module(rank, world, "halo")
         _check_module(rank, world, "halo", overlap=True)
+        assert len(asked) == len(OVERLAP_CASES + HALO_CASES + cases) + 1
+        _check_module(rank, world)
         with pytest.raises(ValueError, match="divide by the group size"):
             q = torch.randn(1, 8, 5, 4)
             na_ulysses(q, q, q, 3, na_dim=1) if world == 3 else na_ulysses(q[..., :3, :], q, q, 3, na_dim=1)

@@ -62,17 +62,20 @@ def interior(start: int, stop: int, length: int, k: int, s: int, d: int, causal:
 
 
 class _HaloGather(torch.autograd.Function):
-    """This rank's shard -> the pieces of other ranks' shards it needs, [P, ...] padded to
-    ``longest`` along the axis (one all-to-all; :func:`_region_of` joins them into the region
-    [lo, hi)); backward: the pieces' gradients back to their owners, summed. With a
-    ``pending`` list the forward returns before the collective completes and appends its work
-    handle there: wait on it before reading the output."""
+    """This rank's shards of ``tensors`` [B, *spatial, heads, channels] -> the pieces of other
+    ranks' shards it needs, every tensor's heads x channels side by side in a token's row,
+    [P, ...] padded to ``longest`` along the axis (one all-to-all; :func:`_region_of` joins
+    them into the region [lo, hi)); backward: the pieces' gradients back to their owners,
+    summed. With a ``pending`` list the forward returns before the collective completes and
+    appends its work handle there: wait on it before reading the output."""
 
     @staticmethod
-    def forward(ctx, x, axis_dim, send, longest, group, pending=None):
+    def forward(ctx, axis_dim, send, longest, group, pending, *tensors):
         ctx.axis_dim, ctx.send, ctx.group = axis_dim, send, group
-        ctx.local_len = x.shape[axis_dim]
-        blocks = torch.stack([_pad_to(x.narrow(axis_dim, a, n), axis_dim, longest) for a, n in send])
+        ctx.shapes = [t.shape for t in tensors]
+        flat = [t.flatten(-2) for t in tensors]
+        blocks = torch.stack([_pad_to(torch.cat([t.narrow(axis_dim, a, n) for t in flat], dim=-1), axis_dim, longest)
+                              for a, n in send])
         got = torch.empty(blocks.shape, dtype=blocks.dtype, device=blocks.device)
         work = dist.all_to_all_single(got, blocks, group=group, async_op=pending is not None)
         if pending is not None:
@@ -84,13 +87,17 @@ class _HaloGather(torch.autograd.Function):
         axis_dim = ctx.axis_dim
         back = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
         dist.all_to_all_single(back, grad.contiguous(), group=ctx.group)
-        shape = list(grad.shape[1:])
-        shape[axis_dim] = ctx.local_len
-        out = grad.new_zeros(shape)
-        for r, (a, n) in enumerate(ctx.send):
-            if n:
-                out.narrow(axis_dim, a, n).add_(back[r].narrow(axis_dim, 0, n))
-        return out, None, None, None, None, None
+        grads, offset = [], 0
+        for shape in ctx.shapes:
+            width = shape[-2] * shape[-1]
+            out = grad.new_zeros(shape)
+            flat = out.flatten(-2)
+            for r, (a, n) in enumerate(ctx.send):
+                if n:
+                    flat.narrow(axis_dim, a, n).add_(back[r].narrow(axis_dim, 0, n).narrow(-1, offset, width))
+            grads.append(out)
+            offset += width
+        return (None, None, None, None, None, *grads)
 
 
 def _region_of(got: torch.Tensor, recv: List[int], axis_dim: int) -> torch.Tensor:
@@ -174,15 +181,15 @@ def na_halo(
     dist.all_gather(every, mine, group=group)
     regions = [tuple(int(x) for x in t.tolist()) for t in every]
 
-    def overlap(a0, a1, b0, b1):
+    def meet(a0, a1, b0, b1):
         return max(a0, b0), max(0, min(a1, b1) - max(a0, b0))
     own0, own1 = starts[rank], starts[rank] + sizes[rank]
     send = []  # (local offset, length) of my shard in rank r's region
     for r0, r1 in regions:
-        a, n = overlap(own0, own1, r0, r1)
+        a, n = meet(own0, own1, r0, r1)
         send.append((a - own0 if n else 0, n))
-    recv = [overlap(starts[j], starts[j] + sizes[j], lo, hi)[1] for j in range(world)]
-    longest = max([1] + [overlap(starts[j], starts[j] + sizes[j], r0, r1)[1]
+    recv = [meet(starts[j], starts[j] + sizes[j], lo, hi)[1] for j in range(world)]
+    longest = max([1] + [meet(starts[j], starts[j] + sizes[j], r0, r1)[1]
                          for j in range(world) for r0, r1 in regions])
     window = (kernel[axis], strides[axis], dilations[axis], causal[axis])
     inner = interior(own0, own1, length, *window) if overlap else None
@@ -193,8 +200,7 @@ def na_halo(
     # in the same order, whatever its part of the graph), heads x channels side by side in a
     # token's row: the region's k and v are then views as of a fused projection, heads-last
     # with head stride = head dim (the layout the Hopper kernels' tensor maps take)
-    kv = torch.cat([key.flatten(-2), value.flatten(-2)], dim=-1)
-    kv_got = _HaloGather.apply(kv, axis_dim, send, longest, group, pending)
+    kv_got = _HaloGather.apply(axis_dim, send, longest, group, pending, key, value)
 
     def part(q, k, v, first, start, stop):
         """(out, lse) of queries [start, stop) (axis coordinates) from q, k, v holding the
