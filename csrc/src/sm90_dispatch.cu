@@ -275,11 +275,13 @@ bool plain_2d_window(const nattn::Params& p) {
   return true;
 }
 
-// 1-D at dilation above 2 (twenty-eighth session, PERF.md call 2; boxes copied in pieces
-// with an element stride of d: ~2x the undilated time at d = 4), tc vs sm90, GPU ms fwd /
-// f+b: 32768 tokens D128 w512 d8 0.761 / 2.56 vs 0.724 / 2.19, D64 w1024 d3 0.718 / 2.45
-// vs 0.359 / 1.10; 16384 tokens D64 w257 d5 0.218 / 0.781 vs 0.272 / 0.874. Such windows
-// run sm90 from this many keys per unit of dilation.
+// 1-D at dilation above 2 (twenty-eighth session, PERF.md call 2, with 128-key boxes in
+// pieces; from dilation 5 even 64-key boxes go in pieces), tc vs sm90, GPU ms fwd / f+b:
+// 32768 tokens D128 w512 d8 0.761 / 2.56 vs 0.724 / 2.19, D64 w1024 d3 0.718 / 2.45 vs
+// 0.359 / 1.10 (0.294 forward on the 64-key pair, call 4); 16384 tokens D64 w257 d5 0.218 /
+// 0.781 vs 0.272 / 0.874. Such windows run sm90 from this many keys per unit of dilation
+// (at dilation 3-4, where the 64-key pair avoids pieces, the crossover may lie lower: not
+// measured).
 constexpr int64_t kSm90MinWindow1dPerDilation = 64;
 
 bool sm90_preferred(const nattn::Params& p, bool backward) {
