@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "nattn/sm90/pad_copy.cuh"
+#include "nattn/sm90/tiles.cuh"
 #include "sm90_dispatch.h"
 
 namespace nattn { namespace host {
@@ -103,7 +104,7 @@ void packed_strides(const nattn::Params& p, int heads, int hd, int64_t* s) {
 
 bool ranged(const nattn::Params& p) {
   for (int a = 0; a < p.na_dim; ++a)
-    if (p.q_lo[a] > 0 || p.q_hi[a] < p.spatial[a]) return true;
+    if (nattn::sm90::axis_has_query_range(p, a)) return true;
   return false;
 }
 

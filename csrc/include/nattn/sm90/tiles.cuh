@@ -66,6 +66,10 @@ NATTN_HD int qtiles_per_group(int len, int d, int box) {
   return (longest + box - 1) / box;
 }
 
+// Whether axis a of the call has a query range narrower than the axis (Params::q_lo / q_hi:
+// a halo rank's own queries; the library checks 0 <= q_lo < q_hi <= the axis length).
+NATTN_HD bool axis_has_query_range(const Params& p, int a) { return p.q_lo[a] > 0 || p.q_hi[a] < p.spatial[a]; }
+
 // The query boxes the forward and the dQ pass launch along axis a, per dilation group: from box `first`,
 // `count` of them, those holding queries of the range [q_lo, q_hi) in some group (the
 // whole axis: every box, qtiles_per_group). Group coordinates j of the range's queries run
@@ -77,7 +81,7 @@ NATTN_HD BoxRange query_boxes(const Params& p, int a, int box) {
   const int d = p.dilation[a];
   // every query (the usual call): no division by d when it is 1, which the range's bounds
   // would cost every CTA before its first copy (~3% of a 13x13 2-D forward, measured)
-  if (p.q_lo[a] == 0 && p.q_hi[a] == p.spatial[a]) return BoxRange{0, qtiles_per_group(p.spatial[a], d, box)};
+  if (!axis_has_query_range(p, a)) return BoxRange{0, qtiles_per_group(p.spatial[a], d, box)};
   const int first = p.q_lo[a] / d / box, last = (p.q_hi[a] - 1) / d / box;
   return BoxRange{first, last - first + 1};
 }
@@ -160,7 +164,7 @@ NATTN_HD bool cta_tile_inverse(const Params& p, unsigned index, CtaTile& t) {
     const AxisRange last_inv = key_inverse(last, t.len[a], p.kernel[a], p.stride[a], c);
     t.lo[a] = first_inv.start;
     int hi = last_inv.start + last_inv.count - 1;
-    if (p.q_lo[a] > 0 || p.q_hi[a] < p.spatial[a]) {  // a query range (no divisions otherwise)
+    if (axis_has_query_range(p, a)) {  // no divisions otherwise
       // its queries of group g: group coordinates ceil((q_lo - g) / d) to
       // floor((q_hi - 1 - g) / d) (-1: none)
       const int g = t.g[a], top = p.q_hi[a] - 1 - g;
