@@ -40,6 +40,9 @@ HALO_CASES = [
     ((29,), (5,), (2,), (3,), (True,), 2, 1, 2, False, 0),
     ((12, 7), (7, 3), (1, 1), (1, 2), (False, False), 1, 1, 0, True, 0),
     ((9, 10, 4), (3, 5, 3), (2, 4, 1), (2, 1, 1), (True, False, False), 3, 1, 0, False, 1),
+    # causal, small window: the first rank's region is its own shard (nothing travels to it,
+    # yet it must take part in the exchange's backward)
+    ((40,), (3,), (1,), (1,), (True,), 2, 2, 0, False, 0),
 ]
 # Shards wide against their windows: every rank has interior queries (halo overlap=True
 # computes them from its own shard while the exchange runs).

@@ -100,9 +100,20 @@ class _HaloGather(torch.autograd.Function):
         return (None, None, None, None, None, *grads)
 
 
-def _region_of(got: torch.Tensor, recv: List[int], axis_dim: int) -> torch.Tensor:
-    """The region from _HaloGather's pieces (rank order is axis order)."""
-    return torch.cat([got[j].narrow(axis_dim, 0, n) for j, n in enumerate(recv) if n], dim=axis_dim)
+def _region_of(got: torch.Tensor, recv: List[int], axis_dim: int, rank: int, own: torch.Tensor,
+               widths: List[int]) -> List[torch.Tensor]:
+    """The region [lo, hi) of each gathered tensor (``widths``: their heads x channels in
+    _HaloGather's rows): the other ranks' pieces (rank order is axis order) around this
+    rank's own part ``own`` (a list of the tensors' slices), which never travels. Empty
+    pieces are kept: every rank's region then depends on ``got``, so every rank runs the
+    gather's backward collective, even one whose region is its own shard."""
+    out, offset = [], 0
+    for i, width in enumerate(widths):
+        pieces = [own[i] if j == rank else got[j].narrow(axis_dim, 0, n).narrow(-1, offset, width).unflatten(
+            -1, own[i].shape[-2:]) for j, n in enumerate(recv)]
+        out.append(torch.cat(pieces, dim=axis_dim))
+        offset += width
+    return out
 
 
 class _RangedNA(torch.autograd.Function):
@@ -184,13 +195,14 @@ def na_halo(
     def meet(a0, a1, b0, b1):
         return max(a0, b0), max(0, min(a1, b1) - max(a0, b0))
     own0, own1 = starts[rank], starts[rank] + sizes[rank]
-    send = []  # (local offset, length) of my shard in rank r's region
-    for r0, r1 in regions:
+    send = []  # (local offset, length) of my shard in rank r's region; nothing to myself
+    for r, (r0, r1) in enumerate(regions):
         a, n = meet(own0, own1, r0, r1)
-        send.append((a - own0 if n else 0, n))
+        send.append((a - own0, n) if n and r != rank else (0, 0))
     recv = [meet(starts[j], starts[j] + sizes[j], lo, hi)[1] for j in range(world)]
+    # the longest piece that travels (a rank's own part of its region stays where it is)
     longest = max([1] + [meet(starts[j], starts[j] + sizes[j], r0, r1)[1]
-                         for j in range(world) for r0, r1 in regions])
+                         for j in range(world) for r, (r0, r1) in enumerate(regions) if r != j])
     window = (kernel[axis], strides[axis], dilations[axis], causal[axis])
     inner = interior(own0, own1, length, *window) if overlap else None
     if inner == (own0, own1):  # nothing waits for the halo: the gather's backward must still run
@@ -198,8 +210,7 @@ def na_halo(
     pending = [] if inner is not None else None
     # keys and values in one exchange (one collective each way: every rank issues the same ones
     # in the same order, whatever its part of the graph), heads x channels side by side in a
-    # token's row: the region's k and v are then views as of a fused projection, heads-last
-    # with head stride = head dim (the layout the Hopper kernels' tensor maps take)
+    # token's row
     kv_got = _HaloGather.apply(axis_dim, send, longest, group, pending, key, value)
 
     def part(q, k, v, first, start, stop):
@@ -218,9 +229,10 @@ def na_halo(
         parts.append(part(*own, i0, *inner))
         for work in pending:
             work.wait()
-    kv_region = _region_of(kv_got, recv, axis_dim)
-    k_flat, v_flat = kv_region.split([key.shape[-2] * key.shape[-1], value.shape[-2] * value.shape[-1]], dim=-1)
-    k_region, v_region = k_flat.unflatten(-1, key.shape[-2:]), v_flat.unflatten(-1, value.shape[-2:])
+    mine = meet(own0, own1, lo, hi)
+    own_part = [t.narrow(axis_dim, mine[0] - own0, mine[1]) for t in (key, value)]
+    k_region, v_region = _region_of(kv_got, recv, axis_dim, rank, own_part,
+                                    [t.shape[-2] * t.shape[-1] for t in (key, value)])
 
     def zeros(n):
         shape = list(query.shape)
