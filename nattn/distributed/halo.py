@@ -61,43 +61,86 @@ def interior(start: int, stop: int, length: int, k: int, s: int, d: int, causal:
     return None
 
 
+def _pack(tensors, send, axis_dim: int, longest: int) -> torch.Tensor:
+    """The exchange's send buffer [P, ...]: for rank r the piece ``send[r]`` (local offset,
+    length along the axis) of every tensor, heads x channels side by side in a token's row,
+    padded to ``longest``."""
+    flat = [t.flatten(-2) for t in tensors]
+    return torch.stack([_pad_to(torch.cat([t.narrow(axis_dim, a, n) for t in flat], dim=-1), axis_dim, longest)
+                        for a, n in send])
+
+
+def _add_pieces(grads, back: torch.Tensor, send, axis_dim: int) -> list:
+    """``grads`` (one per tensor, not modified) plus the pieces' gradients ``back`` [P, ...]
+    that the other ranks returned, at the offsets the pieces were sent from."""
+    out, offset = [], 0
+    for g in grads:
+        g = g.clone()
+        flat, width = g.flatten(-2), g.shape[-2] * g.shape[-1]
+        for r, (a, n) in enumerate(send):
+            if n:
+                flat.narrow(axis_dim, a, n).add_(back[r].narrow(axis_dim, 0, n).narrow(-1, offset, width))
+        out.append(g)
+        offset += width
+    return out
+
+
 class _HaloGather(torch.autograd.Function):
     """This rank's shards of ``tensors`` [B, *spatial, heads, channels] -> the pieces of other
-    ranks' shards it needs, every tensor's heads x channels side by side in a token's row,
-    [P, ...] padded to ``longest`` along the axis (one all-to-all; :func:`_region_of` joins
-    them into the region [lo, hi)); backward: the pieces' gradients back to their owners,
-    summed. With a ``pending`` list the forward returns before the collective completes and
-    appends its work handle there: wait on it before reading the output."""
+    ranks' shards it needs (one all-to-all of :func:`_pack`'s buffer; :func:`_region_of`
+    joins them into the region [lo, hi)); backward: the pieces' gradients back to their
+    owners, summed."""
 
     @staticmethod
-    def forward(ctx, axis_dim, send, longest, group, pending, *tensors):
+    def forward(ctx, axis_dim, send, longest, group, *tensors):
         ctx.axis_dim, ctx.send, ctx.group = axis_dim, send, group
-        ctx.shapes = [t.shape for t in tensors]
-        flat = [t.flatten(-2) for t in tensors]
-        blocks = torch.stack([_pad_to(torch.cat([t.narrow(axis_dim, a, n) for t in flat], dim=-1), axis_dim, longest)
-                              for a, n in send])
+        blocks = _pack(tensors, send, axis_dim, longest)
         got = torch.empty(blocks.shape, dtype=blocks.dtype, device=blocks.device)
-        work = dist.all_to_all_single(got, blocks, group=group, async_op=pending is not None)
-        if pending is not None:
-            pending.append(work)
+        dist.all_to_all_single(got, blocks, group=group)
+        ctx.shapes = [t.shape for t in tensors]
         return got
 
     @staticmethod
     def backward(ctx, grad):
-        axis_dim = ctx.axis_dim
         back = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
         dist.all_to_all_single(back, grad.contiguous(), group=ctx.group)
-        grads, offset = [], 0
-        for shape in ctx.shapes:
-            width = shape[-2] * shape[-1]
-            out = grad.new_zeros(shape)
-            flat = out.flatten(-2)
-            for r, (a, n) in enumerate(ctx.send):
-                if n:
-                    flat.narrow(axis_dim, a, n).add_(back[r].narrow(axis_dim, 0, n).narrow(-1, offset, width))
-            grads.append(out)
-            offset += width
-        return (None, None, None, None, None, *grads)
+        zeros = [grad.new_zeros(shape) for shape in ctx.shapes]
+        return (None, None, None, None, *_add_pieces(zeros, back, ctx.send, ctx.axis_dim))
+
+
+# The overlapped exchange (na_halo(overlap=True)), forward and backward. Forward: _HaloEnd
+# marks k and v, the exchange starts outside autograd, the interior's NA runs, then
+# _HaloWait waits and hands the pieces to autograd. Backward (autograd runs nodes created
+# later first): _HaloWait's backward starts the pieces' gradients back to their owners
+# without waiting, the interior's NA backward runs meanwhile, and _HaloEnd's backward (its
+# inputs' last consumer) waits and adds what came back.
+class _HaloEnd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, state, *tensors):
+        ctx.state = state
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        work, back, send, axis_dim = ctx.state.pop("returning")
+        work.wait()
+        return (None, *_add_pieces(grads, back, send, axis_dim))
+
+
+class _HaloWait(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, state, *tensors):
+        ctx.state = state
+        work, got = state.pop("arriving")
+        work.wait()
+        return got
+
+    @staticmethod
+    def backward(ctx, grad):
+        back = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+        work = dist.all_to_all_single(back, grad.contiguous(), group=ctx.state["group"], async_op=True)
+        ctx.state["returning"] = (work, back, ctx.state["send"], ctx.state["axis_dim"])
+        return (None, *(None for _ in ctx.needs_input_grad[1:]))
 
 
 def _region_of(got: torch.Tensor, recv: List[int], axis_dim: int, rank: int, own: torch.Tensor,
@@ -173,7 +216,8 @@ def na_halo(
     ``overlap=True``: the key/value exchange runs while the rank computes its interior
     queries (:func:`interior`) from its own keys and values; the queries at the shard's ends
     follow on their regions once the halo has arrived (three NA calls instead of one; the
-    same results; the backward does not overlap).
+    same results). In the backward the halo's key/value gradients travel back while the
+    interior's NA backward runs.
     """
     world, rank = _world(group)
     _check_shards(query, key, value, na_dim, axis)
@@ -205,13 +249,8 @@ def na_halo(
                          for j in range(world) for r, (r0, r1) in enumerate(regions) if r != j])
     window = (kernel[axis], strides[axis], dilations[axis], causal[axis])
     inner = interior(own0, own1, length, *window) if overlap else None
-    if inner == (own0, own1):  # nothing waits for the halo: the gather's backward must still run
+    if inner == (own0, own1):  # no query would wait for the halo: the plain path
         inner = None
-    pending = [] if inner is not None else None
-    # keys and values in one exchange (one collective each way: every rank issues the same ones
-    # in the same order, whatever its part of the graph), heads x channels side by side in a
-    # token's row
-    kv_got = _HaloGather.apply(axis_dim, send, longest, group, pending, key, value)
 
     def part(q, k, v, first, start, stop):
         """(out, lse) of queries [start, stop) (axis coordinates) from q, k, v holding the
@@ -222,13 +261,22 @@ def na_halo(
                               additional_values, rpb, backend, na_dim, tuple(query_range))
         return out.narrow(axis_dim, start - first, stop - start), lse.narrow(axis_dim, start - first, stop - start)
 
+    # keys and values in one exchange (one collective each way: every rank issues the same ones
+    # in the same order, whatever its part of the graph)
     parts = []
-    if inner is not None:  # while the exchange runs: the interior from this rank's own shard
+    if inner is None:
+        kv_got = _HaloGather.apply(axis_dim, send, longest, group, key, value)
+    else:  # the interior from this rank's own shard while the exchange runs (and in backward)
+        state = dict(group=group, send=send, axis_dim=axis_dim)
+        key, value = _HaloEnd.apply(state, key, value)
+        with torch.no_grad():
+            blocks = _pack((key, value), send, axis_dim, longest)
+            got = torch.empty(blocks.shape, dtype=blocks.dtype, device=blocks.device)
+            state["arriving"] = (dist.all_to_all_single(got, blocks, group=group, async_op=True), got)
         i0, i1 = region(*inner, length, *window)
         own = [t.narrow(axis_dim, i0 - own0, i1 - i0) for t in (query, key, value)]
         parts.append(part(*own, i0, *inner))
-        for work in pending:
-            work.wait()
+        kv_got = _HaloWait.apply(state, key, value)
     mine = meet(own0, own1, lo, hi)
     own_part = [t.narrow(axis_dim, mine[0] - own0, mine[1]) for t in (key, value)]
     k_region, v_region = _region_of(kv_got, recv, axis_dim, rank, own_part,
