@@ -70,12 +70,13 @@ def _pack(tensors, send, axis_dim: int, longest: int) -> torch.Tensor:
                         for a, n in send])
 
 
-def _add_pieces(grads, back: torch.Tensor, send, axis_dim: int) -> list:
-    """``grads`` (one per tensor, not modified) plus the pieces' gradients ``back`` [P, ...]
-    that the other ranks returned, at the offsets the pieces were sent from."""
+def _add_pieces(grads, back: torch.Tensor, send, axis_dim: int, copy: bool = True) -> list:
+    """``grads`` (one per tensor; added into in place unless ``copy``) plus the pieces'
+    gradients ``back`` [P, ...] that the other ranks returned, at the offsets the pieces were
+    sent from."""
     out, offset = [], 0
     for g in grads:
-        g = g.clone()
+        g = g.clone() if copy else g
         flat, width = g.flatten(-2), g.shape[-2] * g.shape[-1]
         for r, (a, n) in enumerate(send):
             if n:
@@ -105,7 +106,7 @@ class _HaloGather(torch.autograd.Function):
         back = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
         dist.all_to_all_single(back, grad.contiguous(), group=ctx.group)
         zeros = [grad.new_zeros(shape) for shape in ctx.shapes]
-        return (None, None, None, None, *_add_pieces(zeros, back, ctx.send, ctx.axis_dim))
+        return (None, None, None, None, *_add_pieces(zeros, back, ctx.send, ctx.axis_dim, copy=False))
 
 
 # The overlapped exchange (na_halo(overlap=True)), forward and backward. Forward: _HaloEnd
@@ -143,7 +144,7 @@ class _HaloWait(torch.autograd.Function):
         return (None, *(None for _ in ctx.needs_input_grad[1:]))
 
 
-def _region_of(got: torch.Tensor, recv: List[int], axis_dim: int, rank: int, own: torch.Tensor,
+def _region_of(got: torch.Tensor, recv: List[int], axis_dim: int, rank: int, own: List[torch.Tensor],
                widths: List[int]) -> List[torch.Tensor]:
     """The region [lo, hi) of each gathered tensor (``widths``: their heads x channels in
     _HaloGather's rows): the other ranks' pieces (rank order is axis order) around this
