@@ -27,7 +27,7 @@ from ..backends import get as get_backend
 from ..functional import _checked_and_chosen, neighborhood_attention
 from ..params import BoolOrTuple, IntOrTuple, normalize_window_args
 from ..windows import axis_window
-from .ulysses import _all_sizes, _check_shards, _pad_to, _world
+from .ulysses import _all_sizes, _check_shards, _exchange, _pad_to, _world
 
 
 def region(start: int, stop: int, length: int, k: int, s: int, d: int, causal: bool) -> Tuple[int, int]:
@@ -95,16 +95,13 @@ class _HaloGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, axis_dim, send, longest, group, *tensors):
         ctx.axis_dim, ctx.send, ctx.group = axis_dim, send, group
-        blocks = _pack(tensors, send, axis_dim, longest)
-        got = torch.empty(blocks.shape, dtype=blocks.dtype, device=blocks.device)
-        dist.all_to_all_single(got, blocks, group=group)
+        got = _exchange(_pack(tensors, send, axis_dim, longest), group)[0]
         ctx.shapes = [t.shape for t in tensors]
         return got
 
     @staticmethod
     def backward(ctx, grad):
-        back = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-        dist.all_to_all_single(back, grad.contiguous(), group=ctx.group)
+        back = _exchange(grad, ctx.group)[0]
         zeros = [grad.new_zeros(shape) for shape in ctx.shapes]
         return (None, None, None, None, *_add_pieces(zeros, back, ctx.send, ctx.axis_dim, copy=False))
 
@@ -138,8 +135,7 @@ class _HaloWait(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        back = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-        work = dist.all_to_all_single(back, grad.contiguous(), group=ctx.state["group"], async_op=True)
+        back, work = _exchange(grad, ctx.state["group"], async_op=True)
         ctx.state["returning"] = (work, back, ctx.state["send"], ctx.state["axis_dim"])
         return (None, *(None for _ in ctx.needs_input_grad[1:]))
 
@@ -271,9 +267,8 @@ def na_halo(
         state = dict(group=group, send=send, axis_dim=axis_dim)
         key, value = _HaloEnd.apply(state, key, value)
         with torch.no_grad():
-            blocks = _pack((key, value), send, axis_dim, longest)
-            got = torch.empty(blocks.shape, dtype=blocks.dtype, device=blocks.device)
-            state["arriving"] = (dist.all_to_all_single(got, blocks, group=group, async_op=True), got)
+            got, work = _exchange(_pack((key, value), send, axis_dim, longest), group, async_op=True)
+            state["arriving"] = (work, got)
         i0, i1 = region(*inner, length, *window)
         own = [t.narrow(axis_dim, i0 - own0, i1 - i0) for t in (query, key, value)]
         parts.append(part(*own, i0, *inner))

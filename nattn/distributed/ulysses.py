@@ -75,6 +75,16 @@ def _pad_to(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
 
 
+def _exchange(x: torch.Tensor, group, async_op: bool = False):
+    """``x [P, ...]``: block j to rank j; returns (the blocks received in rank order, the
+    work handle, or None when it waited). Contiguous buffers on both sides: empty_like would
+    copy a strided input's layout, while the collective reads and writes them in row-major
+    order."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    work = dist.all_to_all_single(out, x.contiguous(), group=group, async_op=async_op)
+    return out, work
+
+
 class _AllToAll(torch.autograd.Function):
     """``x [P, ...]``: block j goes to rank j; returns the blocks received, in rank order
     (one ``all_to_all_single``). The backward sends the gradients back the same way. With a
@@ -85,19 +95,14 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, pending=None):
         ctx.group = group
-        # contiguous buffers on both sides (empty_like would copy a strided input's layout,
-        # while the collective reads and writes them in row-major order)
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        work = dist.all_to_all_single(out, x.contiguous(), group=group, async_op=pending is not None)
+        out, work = _exchange(x, group, pending is not None)
         if pending is not None:
             pending.append(work)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        back = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-        dist.all_to_all_single(back, grad.contiguous(), group=ctx.group)
-        return back, None, None
+        return _exchange(grad, ctx.group)[0], None, None
 
 
 class _SplitLast(torch.autograd.Function):
