@@ -110,12 +110,12 @@ template <int NA, class B, int ROW_BYTES>
 __device__ __forceinline__ void tma_load_box(const Params& p, unsigned char* dst, const CUtensorMap* map,
                                              uint64_t* bar, int* c) {
   constexpr int kInner = B::kSize / B::extent(0);  // tile rows per axis-0 step
-  static_assert(B::extent(0) / box_pieces(B::extent(0), 8) * kInner % 8 == 0,
+  static_assert(B::extent(0) / box_pieces(B::extent(0), kMaxElementStride) * kInner % 8 == 0,
                 "pieces hold whole 8-row swizzle atoms");
   const int d = p.dilation[0], n = box_pieces(B::extent(0), d);
   // Boxes that fit at the largest dilation (every 2-D and 3-D box) keep the one copy without
   // the runtime test (it made the 3-D head-dim-256 forward spill).
-  if (B::extent(0) * 8 <= kMaxBoxElements || n == 1) {
+  if (B::extent(0) * kMaxElementStride <= kMaxBoxElements || n == 1) {
     tma_load<NA + 2>(dst, map, bar, c);
     return;
   }

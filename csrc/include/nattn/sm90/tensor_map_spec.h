@@ -24,8 +24,10 @@
 
 namespace nattn { namespace sm90 {
 
-// The copy engine's largest box extent per axis, in elements.
+// The copy engine's largest box extent per axis, in elements, and its largest element
+// stride (the family's largest dilation).
 constexpr int kMaxBoxElements = 256;
+constexpr int kMaxElementStride = 8;
 
 // Pieces of a box of `extent` tokens along axis 0 at `dilation` (a power of two dividing the
 // extent; 1 when it fits the copy engine's box). Host (map_spec) and device (the producers'
@@ -81,7 +83,7 @@ inline const char* map_spec(const Params& p, const int64_t* s, int heads, int hd
     const int n = a == 0 && pieces ? box_pieces(box[a], p.dilation[a]) : 1;
     m.box[i] = uint32_t(box[a] / n * p.dilation[a]);
     m.element_stride[i] = uint32_t(p.dilation[a]);
-    if (p.dilation[a] > 8) return "dilation above 8 (the copy engine's largest element stride)";
+    if (p.dilation[a] > kMaxElementStride) return "dilation above 8 (the copy engine's largest element stride)";
     if (m.box[i] > kMaxBoxElements) return "box extent times dilation above 256";
   }
   m.dim[nd + 1] = uint64_t(p.batch) * (m.heads_outer ? heads : 1);
