@@ -93,7 +93,9 @@ def test_backward_needs_its_buffers():
 
 def test_sm90_configs_list_the_tile_pairs():
     """libnattn lists the Hopper tile pairs of a problem (no GPU needed): one default, the
-    backward pair marked, and a pair whose box times the dilation passes 256 declined."""
+    backward pair marked, and every pair declined at a dilation above the copy engine's largest
+    element stride (8; boxes whose extent times the dilation passes its 256 elements per axis
+    are copied in pieces since the twenty-eighth session)."""
     sm90 = [(dt, nd, hd) for (fam, dt, nd), hds in LIB.kernels.items() if fam == "sm90" for hd in hds]
     if not sm90:
         pytest.skip("this build has no sm90 kernels")
@@ -108,11 +110,11 @@ def test_sm90_configs_list_the_tile_pairs():
     backward = {kernel_table.Instance("sm90", dt, nd, hd, t).tile_name for n, t in kernel_table.SM90_BACKWARD_TILES
                 if n == nd}
     assert {c["name"] for c in configs if c["backward"]} <= backward
-    dil = (8,) * nd  # box extent x dilation > 256 along axis 0 for every pair's 128-token box in 1-D
-    big = torch.empty(1, *(s * 8 for s in spatial), 2, hd, dtype=q.dtype, device="meta")
-    declined = CUDA.sm90_configs(big, big, big, normalize(big, big, big, nd, (3,) * nd, dilation=dil))
-    if nd == 1:
-        assert all("256" in c["declined"] for c in declined)
+    big = torch.empty(1, *(s * 9 for s in spatial), 2, hd, dtype=q.dtype, device="meta")
+    declined = CUDA.sm90_configs(big, big, big, normalize(big, big, big, nd, (3,) * nd, dilation=(9,) * nd))
+    assert declined and all("dilation above 8" in c["declined"] for c in declined)
+    pieces = CUDA.sm90_configs(big, big, big, normalize(big, big, big, nd, (3,) * nd, dilation=(8,) * nd))
+    assert pieces and not any(c["declined"] for c in pieces)
 
 
 @pytest.mark.parametrize("spatial, kernel, head_dim, pair", [

@@ -114,7 +114,7 @@ def test_head_dims_without_a_hopper_instance_run_it_padded_from_large_windows(mo
     """D != D_v, or a head dim between the Hopper instances: libnattn runs them on the
     instance of the next head dim with zero-padded copies from its padded minimum window
     (the copies and padded channels cost too much below it, where tc runs them natively),
-    forwards above head dim 128 (no tc instance) at any window; training calls need the
+    calls above head dim 128 (no tc instance) at any window; training calls need the
     instance's backward."""
     monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 0))
     monkeypatch.setattr(heuristics, "_capability_major", lambda index: 9)
@@ -134,8 +134,12 @@ def test_head_dims_without_a_hopper_instance_run_it_padded_from_large_windows(mo
     assert padded(q_of(64), params((19, 21)), v(128)) is None  # 399 keys: tc runs it natively
     assert padded(q_of(64), params((21, 21)), v(64)) is None  # an instance of its own
     assert padded(q_of(192), params((7, 7)), v(192)) == 256  # above tc's 128: any window
-    assert padded(q_of(192), params((21, 21)), v(192), training=True) is None  # no backward at 256
+    assert padded(q_of(192), params((21, 21)), v(192), training=True) is None  # this library: no backward at 256
     assert not heuristics.runs_hopper(q_of(192, grad=True), params((21, 21)), v(192))
+    monkeypatch.setattr(heuristics, "_sm90_has_backward", lambda dtype, na, hd: True)
+    assert padded(q_of(192), params((7, 7)), v(192), training=True) == 256  # with one: any window
+    assert heuristics.runs_hopper(q_of(192, grad=True), params((7, 7)), v(192))
+    monkeypatch.setattr(heuristics, "_sm90_has_backward", lambda dtype, na, hd: hd <= 128)
     assert padded(q_of(96), params((21, 21)), v(96), training=True) == 128
     assert heuristics.runs_hopper(q_of(96, grad=True), params((21, 21)), v(96))
     assert heuristics.runs_hopper(q_of(64), params((80, 80)), v(128))

@@ -34,8 +34,9 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         assert math.prod(k) % 16 == 0 and 64 <= math.prod(k) <= 160 and k[-1] % 8 == 0
         if math.prod(q) == 64:  # one consumer warpgroup: registers for head dims up to 64
             assert i.head_dim <= 64
-        if i.head_dim == 256:  # O is 128 registers: only 64-key boxes, and no backward
-            assert math.prod(k) == 64 and not i.has_backward
+        if i.head_dim == 256:  # O is 128 registers: only 64-key boxes; the backward pairs' wide passes
+            assert math.prod(k) == 64
+            assert i.has_backward == ((i.na_dim, i.tile) in kt.SM90_BACKWARD_TILES)
     # every pair says at which head dims it is built but the 64-key-box 128-query ones
     for na, t in kt.SM90_TILES:
         listed = any(x == t for x, _ in kt.SM90_TILE_HEAD_DIMS)

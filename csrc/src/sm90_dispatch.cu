@@ -72,9 +72,10 @@ constexpr int64_t kSm90MinWindow2dPlain = 49;
 constexpr int64_t kSm90MinWindow2dPlainHead64 = 81;
 constexpr int kSm90SmallHeadDim = 32;
 // Head dims above kTcMaxHeadDim (256): the tensor-core family stops at 128, so the Hopper
-// forward's alternative is the SIMT family (CUDA cores), and it runs at any window (its GPU
-// sweep passed in the eighth session: 2800 random forward cases with NATTN_FAMILY=sm90, head
-// dim 256 among them).
+// family's alternative is the SIMT family (CUDA cores), and it runs at any window, forward
+// (its GPU sweep passed in the eighth session: 2800 random forward cases with
+// NATTN_FAMILY=sm90, head dim 256 among them) and backward (backward_wide.cuh, since the
+// twenty-ninth session).
 // The backward's (its pairs are 128-token / 64-token boxes), from forward + backward times
 // against tc (PERF.md, twelfth session; bf16, ms): 2-D 13x13 1.79 vs 2.08, 21x21 1.35 vs 1.97,
 // 7x7 loses (0.96 vs 0.70); 3-D 3x7x7 1.33 vs 1.47, 5x7x7 1.69 vs 2.05, causal 8x17x17 3.9 vs
@@ -286,7 +287,7 @@ constexpr int64_t kSm90MinWindow1dPerDilation = 64;
 
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   const int64_t window = window_keys(p);
-  if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;
+  if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;
   if (p.na_dim == 1 && p.dilation[0] > 2 && window < kSm90MinWindow1dPerDilation * p.dilation[0]) return false;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;
   if (!backward && p.rpb && head_dim <= kTcRpbMaxHeadDim && window <= kTcRpbMaxWindow[p.na_dim - 1]) return false;
@@ -336,6 +337,7 @@ NATTN_API int64_t nattn_sm90_min_window_backward(int64_t na_dim) {
 // The backward's for a head dim (D == D_v): 2-D at head dims <= 32 and 3-D at <= 64 start
 // later (kSm90MinWindowBackwardSmallHead).
 NATTN_API int64_t nattn_sm90_min_window_backward_head(int64_t na_dim, int64_t head_dim) {
+  if (na_dim >= 1 && na_dim <= 3 && head_dim > kTcMaxHeadDim) return 1;
   return na_dim >= 1 && na_dim <= 3 ? sm90_min_window_backward(int(na_dim), head_dim) : -1;
 }
 

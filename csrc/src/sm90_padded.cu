@@ -126,7 +126,7 @@ int sm90_padded_head_dim(const nattn::Params& p, bool backward) {
 bool sm90_padded_preferred(const nattn::Params& p, int hd, bool backward) {
   nattn::Params pp = p;
   pp.dim = pp.dim_v = hd;
-  if (!backward && (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim)) return true;  // no tc instance
+  if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;  // no tc instance
   const int64_t minimum = kSm90PaddedMinWindow[p.na_dim - 1];
   return minimum > 0 && window_keys(p) >= minimum && sm90_preferred(pp, backward);
 }

@@ -98,7 +98,8 @@ SM90_BACKWARD_TILES = (
 # head dims up to 128: fp16/bf16, and float32 through TF32 products (TF32_FAMILY; libnattn
 # runs those only for calls that allow TF32, the problem's allow_tf32 field, else SIMT's exact
 # fp32). sm90: Hopper (TMA + wgmma, sm_90a code), head dims
-# 32/64/128/256 exactly (D == D_v; 256: forward only, pairs with 64-key boxes), forward with
+# 32/64/128/256 exactly (D == D_v; 256: forward pairs with 64-key boxes, its backward the pairs'
+# 64-token box on both sides, sm90/backward_wide.cuh), forward with
 # every tile pair, backward with one per NA dim.
 # libnattn picks the most specialised family that takes a problem at run time (src/api.cu)
 # and falls back to the next one otherwise.
@@ -107,7 +108,7 @@ FAMILIES = (
     Family("tc", 80, DTYPES, (16, 32, 64, 128), NA_DIMS),
     Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128, 256), NA_DIMS, only_archs=("9.0",),
            prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES,
-           tile_head_dims=SM90_TILE_HEAD_DIMS, backward_head_dims=(32, 64, 128)),
+           tile_head_dims=SM90_TILE_HEAD_DIMS, backward_head_dims=(32, 64, 128, 256)),
 )
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 

@@ -86,7 +86,7 @@ class Library:
             fn.restype = ctypes.c_int64
             fn.argtypes = [ctypes.c_int64] * 3
             self.sm90_backward = {(dt, n, hd) for code, dt in enumerate(kernel_table.DTYPES) for n in (1, 2, 3)
-                                  for hd in (32, 64, 128) if fn(code, n, hd)}
+                                  for hd in (32, 64, 128, 256) if fn(code, n, hd)}
         self._sm90_configs = getattr(lib, "nattn_sm90_configs", None)
         if self._sm90_configs is not None:
             self._sm90_configs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,

@@ -62,7 +62,7 @@ def needs_grads(*tensors) -> bool:
 
 
 # Head dims of the Hopper (sm90) family's instances: D == D_v, one of these (compute
-# capability 9.0; 256: forward only). Other head dims run on zero-padded copies
+# capability 9.0). Other head dims run on zero-padded copies
 # (padded_hopper_head_dim).
 SM90_HEAD_DIMS = (32, 64, 128, 256)
 
@@ -147,7 +147,7 @@ def padded_hopper_head_dim(q, params: NAParams, v=None, training: bool = False) 
     if minimum is None or not dims:
         return None
     hd = dims[0]
-    if not training and need > TC_MAX_HEAD_DIM:
+    if need > TC_MAX_HEAD_DIM:  # no tensor-core instance: the padded Hopper kernels at any window
         return hd
     own = _sm90_min_window(dtype_name, na_dim, backward=training, head_dim=hd)
     return hd if minimum > 0 and own is not None and params.window_size >= max(minimum, own) else None

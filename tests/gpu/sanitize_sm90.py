@@ -112,8 +112,32 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     finally:
         del os.environ["NATTN_SM90_TILE"]
     assert torch.isfinite(out).all(), "q64_k128 at dilation 8"
+    # Head dim 256's backward (backward_wide.cuh: the warpgroups split by role, fragments
+    # exchanged through shared memory): every NA dim, GQA with a staged fixed-point dRPB,
+    # causal, a query range.
+    for spatial, kernel, causal in (((700,), (65,), (True,)), ((20, 27), (9, 11), (False, True)),
+                                    ((6, 11, 13), (3, 5, 7), (False, False, False))):
+        q = torch.randn(2, *spatial, 4, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(2, *spatial, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(2))
+        rpb = torch.randn(4, *(2 * w - 1 for w in kernel), device="cuda", requires_grad=True) if not any(causal) else None
+        out = FUNCS[len(spatial)](q, k, v, kernel, is_causal=causal, rpb=rpb, backend="cuda")
+        leaves = (q, k, v) + ((rpb,) if rpb is not None else ())
+        grads = torch.autograd.grad(out, leaves, torch.randn_like(out))
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), f"head dim 256 {spatial}"
+    q, k, v = (torch.randn(1, 9, 20, 22, 2, 256, device="cuda", dtype=torch.float16, requires_grad=True)
+               for _ in range(3))
+    params = NAParams((3, 7, 7), (1, 1, 1), (1, 1, 1), (False, False, False), 0.0625)
+    out, lse = _RangedNA.apply(q, k, v, None, params, "cuda", ((2, 6), (0, 20), (4, 15)))
+    keep = torch.zeros(9, 20, 22, 1, 1, device="cuda", dtype=torch.float16)
+    keep[2:6, :, 4:15] = 1
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out) * keep)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "head dim 256 query range"
     print(f"sm90 sanitize sweep: {count} cases ran, one heads-first, one query range, two on 64-query pairs, "
-          "four split-KV forwards, two with zero-padded head dims, five 1-D with boxes in pieces")
+          "four split-KV forwards, two with zero-padded head dims, five 1-D with boxes in pieces, "
+          "four head-dim-256 backwards")
 
 
 if __name__ == "__main__":

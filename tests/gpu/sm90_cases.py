@@ -1,9 +1,11 @@
 """Random NA problems that the Hopper (sm90) forward takes: fp16/bf16, D == D_v in
-{32, 64, 128} (the forward's sweeps add 256), tensors in the layouts its tensor maps express
+{32, 64, 128} (the forward's sweeps add 256; the backward's has its own at 256), tensors in the layouts its tensor maps express
 (heads-last, sliced from one projection, heads-first [B, H, *spatial, D] viewed heads-last),
 dilation within the copy engine's element strides. Every other feature
 (odd/even kernels, stride, causal, GQA/MQA, RPB, extra keys, scale) is drawn at random."""
 
+import dataclasses
+import math
 import random
 
 import torch
@@ -42,6 +44,15 @@ def random_sm90_case(rng: random.Random, na_dim: int, wide: bool = False, dims=S
 def sm90_sweep(count: int, seed: int, wide: bool = False, dims=SM90_DIMS):
     rng = random.Random(seed)
     return [random_sm90_case(rng, 1 + i % 3, wide, dims) for i in range(count)]
+
+
+def fits_wide_rpb(case: GpuCase) -> GpuCase:
+    """The case, without its RPB where the head-dim-256 backward would decline it: a KV head's
+    tables (query heads a KV head x (2k - 1) per axis) above the 4330 entries its dK/dV pass
+    stages (csrc/include/nattn/sm90/backward_wide.cuh)."""
+    if not case.rpb or (case.heads // case.heads_kv) * math.prod(2 * k - 1 for k in case.kernel) <= 4330:
+        return case
+    return dataclasses.replace(case, rpb=False)
 
 
 def dilated_1d_sweep(count: int, seed: int, dims=SM90_DIMS):

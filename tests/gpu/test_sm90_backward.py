@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from gpu_cases import GpuCase, check, compare_gradients, forward_backward  # noqa: E402
-from sm90_cases import dilated_1d_sweep, sm90_sweep  # noqa: E402
+from sm90_cases import dilated_1d_sweep, fits_wide_rpb, sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -117,13 +117,49 @@ def test_sm90_backward_is_deterministic(rpb):
 
 
 def test_sm90_backward_declines_what_it_cannot_take():
-    """Head dim 256 has a Hopper forward but no backward instance (and none above it to pad
-    to): under NATTN_FAMILY=sm90 the forward runs and the backward is an error naming it.
-    (D != D_v and head dims between the instances run on zero-padded copies:
-    test_sm90_padded.py.)"""
-    q, k, v = (torch.randn(1, 16, 16, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    """At head dim 256 the dK/dV pass stages a KV head's RPB tables in what its rows leave of
+    shared memory (backward_wide.cuh): a larger table is declined, so under NATTN_FAMILY=sm90
+    the forward runs and the backward is an error naming the table. (D != D_v and head dims
+    between the instances run on zero-padded copies: test_sm90_padded.py.)"""
+    q, k, v = (torch.randn(1, 40, 40, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    out = nattn.na2d(q, k, v, 5, backend="cuda")
+    rpb = torch.randn(2, 65, 65, device="cuda", dtype=torch.float32, requires_grad=True)  # 4225 entries a head
+    gqa_k, gqa_v = (torch.randn(1, 40, 40, 1, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(2))
+    out = nattn.na2d(q, gqa_k, gqa_v, 33, rpb=rpb, backend="cuda")  # 2 query heads a KV head: 8450 entries
     assert torch.isfinite(out).all()
-    with pytest.raises(Exception, match="head dim"):
+    with pytest.raises(Exception, match="RPB tables"):
         out.sum().backward()
+
+
+HEAD256 = [fits_wide_rpb(c) for c in
+           sm90_sweep(int(os.environ.get("NATTN_SM90_BWD_256_CASES", "240")), seed=2561, dims=(256,))
+           + sm90_sweep(40, seed=2562, wide=True, dims=(256,))]
+
+
+@pytest.mark.parametrize("case", HEAD256, ids=[f"hd256-{i}-{c}" for i, c in enumerate(HEAD256)])
+def test_sm90_backward_head_dim_256(case):
+    """Head dim 256: the wide passes (warpgroups split by role over 64-token boxes), every
+    window feature, GQA, RPB, extra keys, layouts, fp16 and bf16."""
+    compare(case)
+
+
+SMALL256 = [dataclasses.replace(fits_wide_rpb(c), layout="plain") for c in sm90_sweep(60, seed=2563, dims=(256,))
+            if c.batch * c.heads * math.prod(c.spatial) <= 4000][:8]
+
+
+@pytest.mark.parametrize("case", SMALL256, ids=[f"f64-256-{i}-{c}" for i, c in enumerate(SMALL256)])
+def test_sm90_backward_head_dim_256_against_float64(case):
+    test_sm90_backward_against_float64(case)
+
+
+@pytest.mark.parametrize("rpb", [False, True])
+def test_sm90_backward_head_dim_256_is_deterministic(rpb):
+    """The wide passes' gradients are bitwise repeatable too (dRPB staged in fixed point)."""
+    case = GpuCase(spatial=(24, 40), kernel=(17, 17), stride=(1, 1), dilation=(1, 1), causal=(False, False),
+                   batch=2, heads=4, heads_kv=2, dim=256, dim_v=256, extra=0, rpb=rpb, dtype=torch.bfloat16,
+                   layout="plain", scale=None, seed=37)
+    first = gradients(case, "cuda")[2]
+    second = gradients(case, "cuda")[2]
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)

@@ -17,17 +17,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 from nattn.backends import get as get_backend  # noqa: E402
 from nattn.params import NAParams  # noqa: E402
 from gpu_cases import check, compare_gradients, functional_call, make_inputs, rel_err  # noqa: E402
-from sm90_cases import sm90_sweep  # noqa: E402
+from sm90_cases import fits_wide_rpb, sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
     pytest.skip("needs a compute capability 9.0 GPU", allow_module_level=True)
 
-# (D, D_v): different head dims, head dims between the instances (32, 64, 128; 256 in the
-# forward), and forwards above 128 (padded to 256, which has no backward).
+# (D, D_v): different head dims, head dims between the instances (32, 64, 128, 256), and
+# above 128 (padded to 256).
 BACKWARD_DIMS = [(64, 128), (128, 64), (32, 64), (64, 32), (32, 128), (96, 96), (48, 48), (72, 72), (80, 64),
                  (16, 16), (40, 24), (112, 112), (8, 56)]
-FORWARD_DIMS = BACKWARD_DIMS + [(192, 192), (160, 128), (128, 256), (256, 64), (64, 200)]
+WIDE_DIMS = [(192, 192), (160, 128), (128, 256), (256, 64), (64, 200)]
+FORWARD_DIMS = BACKWARD_DIMS + WIDE_DIMS
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 
 
@@ -39,6 +40,7 @@ def with_dims(cases, dims, seed):
 FORWARD = with_dims(sm90_sweep(int(os.environ.get("NATTN_SM90_PADDED_CASES", "300")), seed=3131), FORWARD_DIMS, 1)
 BACKWARD = with_dims(sm90_sweep(int(os.environ.get("NATTN_SM90_PADDED_BWD_CASES", "200")), seed=3232),
                      BACKWARD_DIMS, 2)
+BACKWARD_WIDE = [fits_wide_rpb(c) for c in with_dims(sm90_sweep(60, seed=3434), WIDE_DIMS, 4)]
 RANGED = with_dims([dataclasses.replace(c, extra=0) for c in sm90_sweep(30, seed=3333)], BACKWARD_DIMS, 3)
 
 
@@ -55,6 +57,13 @@ def test_sm90_padded_forward(case, monkeypatch):
 
 @pytest.mark.parametrize("case", BACKWARD, ids=[f"{i}-{c}" for i, c in enumerate(BACKWARD)])
 def test_sm90_padded_backward(case, monkeypatch):
+    monkeypatch.setenv("NATTN_FAMILY", "sm90")
+    compare_gradients(case, TOL[case.dtype])
+
+
+@pytest.mark.parametrize("case", BACKWARD_WIDE, ids=[f"wide{i}-{c}" for i, c in enumerate(BACKWARD_WIDE)])
+def test_sm90_padded_backward_above_128(case, monkeypatch):
+    """Head dims above 128 train on the head-dim-256 backward through zero-padded copies."""
     monkeypatch.setenv("NATTN_FAMILY", "sm90")
     compare_gradients(case, TOL[case.dtype])
 

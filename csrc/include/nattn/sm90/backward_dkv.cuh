@@ -99,6 +99,86 @@ struct DkvSmem {
   static_assert(kAllocFixed + (DQ ? 0 : kMaxDrpbSmemBytes) <= kMaxSmem, "more shared memory than a Hopper block may have");
 };
 
+// The dK/dV passes' copy thread: the CTA's K and V rows (box RB, tiles RT) once on kv_full,
+// then per step the Q and dO rows of the walk's query box (CB, tiles CT) into ring stage
+// step % STAGES once the consumers released it (empty), completing on qd_full.
+template <int NA, int HD, class RB, class CB, class RT, class CT, int STAGES>
+__device__ __forceinline__ void produce_dkv_rows(const Params& p, const CtaTile& tile, int h_kv, int b, int steps,
+                                                 unsigned char* k_rows, unsigned char* v_rows,
+                                                 unsigned char* q_ring, unsigned char* do_ring,
+                                                 const CUtensorMap* map_k, const CUtensorMap* map_v,
+                                                 const CUtensorMap* map_q, const CUtensorMap* map_do,
+                                                 uint64_t* kv_full, uint64_t* qd_full, uint64_t* empty) {
+  int c[5];
+  const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
+  const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
+  mbar_expect_tx(kv_full, 2 * RT::kBytes);
+  for (int cb = 0; cb < RT::kBlocks; ++cb) {
+    box_coords<NA>(p, tile, tile.q0, hk.channel + cb * RT::kChannels, hk.outer, c);
+    tma_load_box<NA, RB, RT::kRowBytes>(p, k_rows + cb * RT::kBlockBytes, map_k, kv_full, c);
+    box_coords<NA>(p, tile, tile.q0, hv.channel + cb * RT::kChannels, hv.outer, c);
+    tma_load_box<NA, RB, RT::kRowBytes>(p, v_rows + cb * RT::kBlockBytes, map_v, kv_full, c);
+  }
+  BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
+  for (int it = 0; it < steps; ++it, walk.next(tile)) {
+    const int s = it % STAGES;
+    if (it >= STAGES) mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
+    const int h = h_kv * p.groups + walk.pass;
+    const int* origin = walk.origin;
+    const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
+    const HeadCoords hdo = head_coords<HD>(p, kRowsGradOut, p.heads, h, b);
+    mbar_expect_tx(qd_full + s, 2 * CT::kBytes);
+    for (int cb = 0; cb < CT::kBlocks; ++cb) {
+      box_coords<NA>(p, tile, origin, hq.channel + cb * CT::kChannels, hq.outer, c);
+      tma_load_box<NA, CB, CT::kRowBytes>(p, q_ring + s * CT::kBytes + cb * CT::kBlockBytes, map_q, qd_full + s, c);
+      box_coords<NA>(p, tile, origin, hdo.channel + cb * CT::kChannels, hdo.outer, c);
+      tma_load_box<NA, CB, CT::kRowBytes>(p, do_ring + s * CT::kBytes + cb * CT::kBlockBytes, map_do, qd_full + s, c);
+    }
+  }
+}
+
+// The dK/dV passes' LSE / delta warp: per step, the query box's LSE (log2 units; +inf for
+// padding: no probability) and delta rows into ld_rows[stage][LSE CB::kSize | delta
+// CB::kSize], plain loads, once every consumer thread released the stage (ld_empty);
+// completes ld_full with the warp's 32 arrivals.
+template <int NA, class CB, int STAGES>
+__device__ __forceinline__ void produce_lse_delta(const Params& p, const CtaTile& tile, int h_kv, int b, int steps,
+                                                  int lane, float* ld_rows, uint64_t* ld_full, uint64_t* ld_empty) {
+  constexpr int kNq = CB::kSize;
+  BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
+  for (int it = 0; it < steps; ++it, walk.next(tile)) {
+    const int s = it % STAGES;
+    if (it >= STAGES) mbar_wait(ld_empty + s, ((it / STAGES) - 1) & 1);
+    const int h = h_kv * p.groups + walk.pass;
+    const int* origin = walk.origin;
+    float* ld = ld_rows + s * 2 * kNq;
+    // The box's row 0 (always a real token: the walk's origins lie inside the union) and
+    // each row's index as an offset from it, in 32 bits (fewer than 2^31 tokens x heads,
+    // prepare_backward checks): with 64-bit token math per row this warp spilled at 24
+    // registers (the wide-register split, kWideRegs).
+    unsigned first = 0;
+#pragma unroll
+    for (int a = 0; a < NA; ++a) first = first * unsigned(p.spatial[a]) + unsigned(tile.g[a] + p.dilation[a] * origin[a]);
+    const int64_t row0 = (int64_t(b) * p.tokens + first) * p.heads + h;  // [B, N, H] index
+    const float* lse_box = p.lse + row0;
+    const float* delta_box = p.delta + row0;
+#pragma unroll
+    for (int col = lane; col < kNq; col += 32) {
+      bool ok = true;
+      unsigned rel = 0;
+#pragma unroll
+      for (int a = 0; a < NA; ++a) {
+        if (CB::extent(a) > 1) ok = ok && origin[a] + CB::offset(col, a) < tile.len[a];  // (origins are real)
+        rel = rel * unsigned(p.spatial[a]) + unsigned(p.dilation[a] * CB::offset(col, a));
+      }
+      const unsigned at = rel * unsigned(p.heads);
+      ld[col] = ok ? lse_log2(lse_box[at]) : INFINITY;
+      ld[kNq + col] = ok ? delta_box[at] : 0.f;
+    }
+    mbar_arrive(ld_full + s);
+  }
+}
+
 // DQ_ATOMIC: also dQ, KV-parallel. Both warpgroups write their dS^T to shared memory; each
 // then computes dQ_box = dS K over the CTA's 128 keys for half of the channels (wgmma, both
 // operands MN-major), stages it in shared memory and adds it into Params::dq_accum (fp32,
@@ -170,66 +250,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {  // ------------------------------------------------ producers
     regs_dealloc<Regs::kProducer>();
-    if (warp == 0 && lane == 0) {  // K, V once; Q, dO per step
-      int c[5];
-      const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
-      const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
-      mbar_expect_tx(kv_full, 2 * R::kBytes);
-      for (int cb = 0; cb < R::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, tile.q0, hk.channel + cb * R::kChannels, hk.outer, c);
-        tma_load_box<NA, RB, R::kRowBytes>(p, smem + S::kK + cb * R::kBlockBytes, &map_k, kv_full, c);
-        box_coords<NA>(p, tile, tile.q0, hv.channel + cb * R::kChannels, hv.outer, c);
-        tma_load_box<NA, RB, R::kRowBytes>(p, smem + S::kV + cb * R::kBlockBytes, &map_v, kv_full, c);
-      }
-      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
-      for (int it = 0; it < steps; ++it, walk.next(tile)) {
-        const int s = it % S::kStages;
-        if (it >= S::kStages) mbar_wait(empty + s, ((it / S::kStages) - 1) & 1);
-        const int h = h_kv * p.groups + walk.pass;
-        const int* origin = walk.origin;
-        const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
-        const HeadCoords hdo = head_coords<HD>(p, kRowsGradOut, p.heads, h, b);
-        mbar_expect_tx(qd_full + s, 2 * C::kBytes);
-        for (int cb = 0; cb < C::kBlocks; ++cb) {
-          box_coords<NA>(p, tile, origin, hq.channel + cb * C::kChannels, hq.outer, c);
-          tma_load_box<NA, CB, C::kRowBytes>(p, smem + S::kQ + s * C::kBytes + cb * C::kBlockBytes, &map_q, qd_full + s, c);
-          box_coords<NA>(p, tile, origin, hdo.channel + cb * C::kChannels, hdo.outer, c);
-          tma_load_box<NA, CB, C::kRowBytes>(p, smem + S::kDo + s * C::kBytes + cb * C::kBlockBytes, &map_do, qd_full + s, c);
-        }
-      }
-    } else if (warp == 1) {  // LSE (log2 units; +inf for padding: no probability) and delta
-      BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
-      for (int it = 0; it < steps; ++it, walk.next(tile)) {
-        const int s = it % S::kStages;
-        if (it >= S::kStages) mbar_wait(ld_empty + s, ((it / S::kStages) - 1) & 1);
-        const int h = h_kv * p.groups + walk.pass;
-        const int* origin = walk.origin;
-        float* ld = reinterpret_cast<float*>(smem + S::kLd) + s * 2 * kNq;
-        // The box's row 0 (always a real token: the walk's origins lie inside the union) and
-        // each row's index as an offset from it, in 32 bits (fewer than 2^31 tokens x heads,
-        // prepare_backward checks): with 64-bit token math per row this warp spilled at 24
-        // registers (the wide-register split, kWideRegs).
-        unsigned first = 0;
-#pragma unroll
-        for (int a = 0; a < NA; ++a) first = first * unsigned(p.spatial[a]) + unsigned(tile.g[a] + p.dilation[a] * origin[a]);
-        const int64_t row0 = (int64_t(b) * p.tokens + first) * p.heads + h;  // [B, N, H] index
-        const float* lse_box = p.lse + row0;
-        const float* delta_box = p.delta + row0;
-#pragma unroll
-        for (int col = lane; col < kNq; col += 32) {
-          bool ok = true;
-          unsigned rel = 0;
-#pragma unroll
-          for (int a = 0; a < NA; ++a) {
-            if (CB::extent(a) > 1) ok = ok && origin[a] + CB::offset(col, a) < tile.len[a];  // (origins are real)
-            rel = rel * unsigned(p.spatial[a]) + unsigned(p.dilation[a] * CB::offset(col, a));
-          }
-          const unsigned at = rel * unsigned(p.heads);
-          ld[col] = ok ? lse_log2(lse_box[at]) : INFINITY;
-          ld[kNq + col] = ok ? delta_box[at] : 0.f;
-        }
-        mbar_arrive(ld_full + s);
-      }
+    if (warp == 0 && lane == 0) {
+      produce_dkv_rows<NA, HD, RB, CB, R, C, S::kStages>(p, tile, h_kv, b, steps, smem + S::kK, smem + S::kV,
+                                                        smem + S::kQ, smem + S::kDo, &map_k, &map_v, &map_q,
+                                                        &map_do, kv_full, qd_full, empty);
+    } else if (warp == 1) {
+      produce_lse_delta<NA, CB, S::kStages>(p, tile, h_kv, b, steps, lane, reinterpret_cast<float*>(smem + S::kLd),
+                                            ld_full, ld_empty);
     } else if (DQ_ATOMIC && warp == 2 && lane == 0) {  // the dQ writer: each step's staged
       using St = DqStage<HD>;                           // dQ into Params::dq_accum
       BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass

@@ -12,6 +12,7 @@
 #include "nattn/sm90/backward_dq_accum.cuh"
 #include "nattn/sm90/backward_dkv.cuh"
 #include "nattn/sm90/backward_dq.cuh"
+#include "nattn/sm90/backward_wide.cuh"
 #include "nattn/sm90/forward.cuh"
 #include "nattn/sm90/launch.h"
 #include "nattn/sm90/split_kv_merge.cuh"
@@ -107,8 +108,17 @@ static_assert(sizeof(BackwardLaunch) <= kPrepareBytes, "workspace too small");
 
 template <typename T, int NA, int HD, class Tl>
 const char* prepare_backward(const Params& p, void* workspace) {
-  if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64 or 128)";
+  if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64, 128 or 256)";
   static_assert(Tl::K::kSize == 64 && Tl::Q::kSize == kQueryRows, "the backward pairs a 128-token box with a 64-token box");
+  // Head dim 256 (backward_wide.cuh) uses the 64-token box on both sides of both passes.
+  constexpr bool kWide = HD == kWideHeadDim;
+  if (kWide && p.rpb && int64_t(p.groups) * p.rpb_head_size * 4 > DkvWideSmem::kDrpbRoom) {
+    static thread_local char msg[200];
+    snprintf(msg, sizeof msg, "head dim 256: the RPB tables of a KV head's query heads (%lld entries) must fit "
+             "the dK/dV pass's shared memory (%d entries)", (long long)(int64_t(p.groups) * p.rpb_head_size),
+             DkvWideSmem::kDrpbRoom / 4);
+    return msg;
+  }
   // The dK/dV pass's LSE / delta loader finds a row as a 32-bit offset (backward_dkv.cuh).
   if (p.tokens * p.heads > 0x7fffffff) return "more than 2^31 - 1 tokens x heads per batch entry";
   if (NA == 3)  // the dK/dV pass keeps 3-D window bounds as 16-bit pairs (backward_dkv.cuh)
@@ -116,7 +126,7 @@ const char* prepare_backward(const Params& p, void* workspace) {
       if (p.spatial[a] > 32767) return "3-D axes above 32767 tokens";
   int big[3], small[3];
   for (int a = 0; a < 3; ++a) {
-    big[a] = Tl::Q::extent(a);
+    big[a] = kWide ? Tl::K::extent(a) : Tl::Q::extent(a);
     small[a] = Tl::K::extent(a);
   }
   struct Map {
@@ -134,7 +144,9 @@ const char* prepare_backward(const Params& p, void* workspace) {
       {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, small},
   };
   l->heads_outer = 0;
-  if (num_key_ctas<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
+  using CtaBox = typename std::conditional<kWide, typename Tl::K, typename Tl::Q>::type;
+  if (num_key_ctas<CtaBox>(p) > 0x7fffffff || num_cta_tiles<CtaBox>(p) > 0x7fffffff)
+    return "too many query or key boxes for the grid";
   if (int64_t(p.batch) * p.tokens * p.heads * (HD / 8) / kDeltaThreads >= 0x7fffffff) return "too many rows for the grid";
   constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
   for (const Map& m : maps) {
@@ -160,11 +172,47 @@ inline bool dq_atomic_requested(const Params& p) {
   return mode && !strcmp(mode, "atomic");
 }
 
-// The kernels on the caller's stream: delta, then either the dQ pass and the dK/dV pass, or
-// (KV-parallel) a zeroed fp32 dQ buffer (stream-ordered allocation), the dK/dV pass adding
-// into it, and the conversion to dQ.
+// The backward's kernels on the caller's stream (launch_backward, at the end), by head dim.
+// Head dim 256 (backward_wide.cuh): delta, the wide dQ pass, the wide dK/dV pass; always
+// the deterministic dQ (no KV-parallel mode at this head dim).
+template <typename T, int NA, class Tl>
+void launch_backward_wide(const Params& problem, cudaStream_t stream) {
+  using B = typename Tl::K;
+  const BackwardLaunch* l = static_cast<const BackwardLaunch*>(problem.prepared);
+  Params p = problem;
+  p.map_heads_outer = l->heads_outer;
+  set_query_boxes<B>(p);
+  static const bool configured = [] {
+    cudaFuncSetAttribute(backward_dq_wide_kernel<T, NA, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         DqWideSmem::kAlloc);
+    cudaFuncSetAttribute(backward_dkv_wide_kernel<T, NA, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         DkvWideSmem::kAllocFixed + DkvWideSmem::kDrpbRoom);
+    return true;
+  }();
+  (void)configured;
+  constexpr int HD = kWideHeadDim;
+  const int64_t rows = int64_t(problem.batch) * problem.tokens * problem.heads;
+  const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);
+  delta_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(problem);
+  // prepare_backward declined tables above the room: a staged one sums in fixed point
+  const int64_t rpb_bytes = p.rpb ? int64_t(p.groups) * p.rpb_head_size * 4 : 0;
+  const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
+  p.rpb_in_smem = fixed;
+  p.dq_accum = nullptr;
+  const dim3 dq_grid(unsigned(num_cta_tiles<B>(problem)), problem.heads, problem.batch);
+  backward_dq_wide_kernel<T, NA, Tl><<<dq_grid, kThreads, DqWideSmem::kAlloc, stream>>>(p, l->dq_q, l->dq_do, l->dq_k,
+                                                                                     l->dq_v);
+  const dim3 dkv_grid(unsigned(num_key_ctas<B>(problem)), p.heads_kv, p.batch);
+  backward_dkv_wide_kernel<T, NA, Tl><<<dkv_grid, kThreads, DkvWideSmem::kAllocFixed + size_t(fixed ? rpb_bytes : 0),
+                                        stream>>>(p, l->kv_k, l->kv_v, l->kv_q, l->kv_do);
+  if (fixed) drpb_fixed_end(p, kDrpbFixedBits, stream);
+}
+
+// Head dims 32 to 128: delta, then either the dQ pass and the dK/dV pass, or (KV-parallel)
+// a zeroed fp32 dQ buffer (stream-ordered allocation), the dK/dV pass adding into it, and
+// the conversion to dQ.
 template <typename T, int NA, int HD, class Tl>
-void launch_backward(const Params& problem, cudaStream_t stream) {
+void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   const BackwardLaunch* l = static_cast<const BackwardLaunch*>(problem.prepared);
   Params p = problem;
   p.map_heads_outer = l->heads_outer;
@@ -230,6 +278,16 @@ void launch_backward(const Params& problem, cudaStream_t stream) {
   backward_dkv_kernel<T, NA, HD, Tl, false><<<dkv_grid, kThreads, Dkv::kAllocFixed + size_t(fixed ? rpb_bytes : 0), stream>>>(
       p, l->kv_k, l->kv_v, l->kv_q, l->kv_do, l->kv_q);
   if (fixed) drpb_fixed_end(p, kDrpbFixedBits, stream);
+}
+
+// The backward's kernels on the caller's stream.
+template <typename T, int NA, int HD, class Tl>
+void launch_backward(const Params& problem, cudaStream_t stream) {
+  if constexpr (HD == kWideHeadDim) {
+    launch_backward_wide<T, NA, Tl>(problem, stream);
+  } else {
+    launch_backward_narrow<T, NA, HD, Tl>(problem, stream);
+  }
 }
 
 }  }  // namespace nattn::sm90
