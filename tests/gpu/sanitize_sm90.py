@@ -1,6 +1,8 @@
 """A small sweep of Hopper-family forwards and backwards for compute-sanitizer (memcheck, racecheck,
 synccheck): ``NATTN_FAMILY=sm90 compute-sanitizer --tool racecheck python
-tests/gpu/sanitize_sm90.py``. NATTN_FAMILY=sm90 makes any case the family declines an error."""
+tests/gpu/sanitize_sm90.py``. NATTN_FAMILY=sm90 makes any case the family declines an error.
+NATTN_SANITIZE_CASES sets the random sweep's size (default 12), NATTN_SANITIZE_SECTIONS which
+sections run (main's docstring)."""
 
 import os
 import sys
@@ -18,8 +20,7 @@ from sm90_cases import sm90_sweep  # noqa: E402
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 
 
-def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
-    assert os.environ.get("NATTN_FAMILY") == "sm90", "run with NATTN_FAMILY=sm90"
+def sweep(count):
     for case in sm90_sweep(count, seed=77):
         t, leaves = make_inputs(case)
         out, lse = FUNCS[len(case.spatial)](
@@ -32,6 +33,9 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
         assert all(torch.isfinite(g).all() for g in grads), str(case)
         print(f"case done: {case}", flush=True)  # a sanitizer run cut short still says how far it got
+
+
+def heads_first():
     # Heads-first tensors ([B, H, *spatial, D] viewed heads-last: their tensor maps merge the
     # heads with the batch), forward and backward, the output's gradient heads-first too.
     q, k, v = (torch.randn(2, 4, 6, 12, 16, 64, device="cuda", dtype=torch.bfloat16).movedim(1, -2).requires_grad_()
@@ -41,6 +45,9 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     grads = torch.autograd.grad(out, (q, k, v), g_out)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "heads-first"
+
+
+def query_range():
     # A query range (a halo rank's own queries): only the boxes holding them run, forward and
     # dQ pass; the dK/dV pass walks those queries only.
     q, k, v = (torch.randn(1, 12, 20, 24, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -53,6 +60,9 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out) * keep)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "query range"
+
+
+def small_pairs():
     # The 64-query pairs (several CTAs per SM, the RPB table staged in shared memory) on
     # hundreds of query boxes: one walking its key boxes one after the other (112 keys), one
     # pipelined (96-key boxes, S of a box beside P of the previous one).
@@ -66,6 +76,9 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
         finally:
             del os.environ["NATTN_SM90_TILE"]
         assert torch.isfinite(out).all(), tile
+
+
+def split_kv():
     # Split-KV: slices of each query box's key boxes, merged by their own kernel.
     q, k, v = (torch.randn(1, 1024, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     for splits in (2, 3, 8, 16):
@@ -73,6 +86,9 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
             out, lse = nattn.na1d(q, k, v, 509, backend=f"cuda:kv={splits}", return_lse=True)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), f"kv={splits}"
+
+
+def padded():
     # Head dims without an instance (src/sm90_padded.h): zero-padded copies in and out around
     # the kernels, forward and backward, D != D_v (GQA, a heads-first value) and a head dim of
     # 72 with a query range (the copies back carry the unwritten rows' zeros).
@@ -91,6 +107,9 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out) * keep)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "padded query range"
+
+
+def pieces():
     # 1-D boxes copied in pieces (dilation 3 to 8: box x dilation above the copy engine's 256
     # elements), near the sequence's end, forward and backward with both dQ modes, and the
     # 64-query pair's 128-key boxes in four pieces.
@@ -112,6 +131,9 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     finally:
         del os.environ["NATTN_SM90_TILE"]
     assert torch.isfinite(out).all(), "q64_k128 at dilation 8"
+
+
+def head_dim_256():
     # Head dim 256's backward (backward_wide.cuh: the warpgroups split by role, fragments
     # exchanged through shared memory): every NA dim, GQA with a staged fixed-point dRPB,
     # causal, a query range.
@@ -135,9 +157,22 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out) * keep)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "head dim 256 query range"
-    print(f"sm90 sanitize sweep: {count} cases ran, one heads-first, one query range, two on 64-query pairs, "
-          "four split-KV forwards, two with zero-padded head dims, five 1-D with boxes in pieces, "
-          "four head-dim-256 backwards")
+
+
+SECTIONS = ("sweep", "heads_first", "query_range", "small_pairs", "split_kv", "padded", "pieces", "head_dim_256")
+
+
+def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
+    """NATTN_SANITIZE_SECTIONS (comma-separated names of SECTIONS; default all) picks what runs:
+    racecheck is slow, so a change can be checked on its own section."""
+    assert os.environ.get("NATTN_FAMILY") == "sm90", "run with NATTN_FAMILY=sm90"
+    wanted = [x for x in os.environ.get("NATTN_SANITIZE_SECTIONS", ",".join(SECTIONS)).split(",") if x]
+    unknown = set(wanted) - set(SECTIONS)
+    assert not unknown, f"NATTN_SANITIZE_SECTIONS: unknown {sorted(unknown)}; accepted: {SECTIONS}"
+    for name in wanted:
+        globals()[name](count) if name == "sweep" else globals()[name]()
+        print(f"section done: {name}", flush=True)
+    print(f"sm90 sanitize sweep: {', '.join(wanted)} ran ({count} random cases)")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def families(kernel, rpb: bool, dilation=1, spatial=(28, 28), dim=32, heads=4, b
         torch.cuda.synchronize()
     assert torch.isfinite(out).all()
     found = {}
-    for step, kernel_name in (("forward", "forward_kernel"), ("dkv", "backward_dkv_kernel")):
+    for step, kernel_name in (("forward", "forward_kernel"), ("dkv", "backward_dkv")):  # (or _wide_kernel)
         names = [e.key for e in prof.key_averages() if kernel_name in e.key]
         fams = {f for f in ("tc", "sm90") if any(f"nattn::{f}::" in n for n in names)}
         assert len(fams) <= 1, names
@@ -111,3 +111,12 @@ def test_1d_dilation_above_2_runs_sm90_from_64_keys_per_unit_of_dilation():
     assert families((257,), dilation=5, **kw) == {"forward": "tc", "dkv": "tc"}
     assert families((321,), dilation=5, **kw) == {"forward": "sm90", "dkv": "sm90"}
     assert families((257,), dilation=2, **kw) == {"forward": "sm90", "dkv": "sm90"}
+
+
+def test_head_dims_above_128_train_on_sm90_at_any_window():
+    # no tensor-core instance above 128: the Hopper backward at 256 (backward_wide.cuh) runs
+    # from the smallest window, natively or on zero-padded copies (PERF.md, twenty-ninth
+    # session: 64x64 33x33 B2 H8 D256 f+b 1.05 ms against 3.86 on the SIMT backward)
+    assert families(3, rpb=False, dim=256, backward=True) == {"forward": "sm90", "dkv": "sm90"}
+    assert families(7, rpb=True, dim=256, backward=True) == {"forward": "sm90", "dkv": "sm90"}
+    assert families(5, rpb=False, dim=192, backward=True) == {"forward": "sm90", "dkv": "sm90"}
