@@ -205,6 +205,10 @@ def test_hopper_configurations_for_the_tuner(fake_lib, monkeypatch):
             torch.use_deterministic_algorithms(False)
         q32 = fake(2, 32, 32, 4, 32)  # a head dim without a Hopper backward in this "build"
         assert CUDA.backward_configurations(q32, q32, q32, None, normalize(q32, q32, q32, 2, 13)) == []
+        lib.kernels[("sm90", "bfloat16", 2)] = [32, 64, 128, 256]
+        lib.sm90_backward = {("bfloat16", 2, 64), ("bfloat16", 2, 256)}
+        q256 = fake(2, 32, 32, 4, 256)  # its backward has the dQ pass only: nothing to choose
+        assert CUDA.backward_configurations(q256, q256, q256, None, normalize(q256, q256, q256, 2, 13)) == []
         monkeypatch.setattr(heuristics, "_capability", lambda index: (8, 0))
         assert CUDA.configurations(q, q, q, None, params) == []
 

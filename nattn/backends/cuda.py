@@ -358,13 +358,14 @@ class CudaBackend(Backend):
 
     def backward_configurations(self, q, k, v, rpb, params):
         """The Hopper backward's dQ: its deterministic pass (default) and the KV-parallel
-        accumulation. Whether a call may use the latter is the tuner's to decide (the call's
-        ``deterministic=``, else torch's switch: autotune.deterministic), not the backend's."""
+        accumulation (head dims up to 128: at 256 the dQ pass is the only one). Whether a call
+        may use the latter is the tuner's to decide (the call's ``deterministic=``, else
+        torch's switch: autotune.deterministic), not the backend's."""
         dtype = self._hopper(q, v, params)
         if dtype is None:
             return []
         lib = library.load()
-        if (dtype, params.na_dim, q.shape[-1]) not in lib.sm90_backward:
+        if (dtype, params.na_dim, q.shape[-1]) not in lib.sm90_backward or q.shape[-1] > heuristics.TC_MAX_HEAD_DIM:
             return []
         return ["dq=pass", "dq=atomic"]
 
