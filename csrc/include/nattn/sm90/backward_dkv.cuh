@@ -179,6 +179,35 @@ __device__ __forceinline__ void produce_lse_delta(const Params& p, const CtaTile
   }
 }
 
+// dRPB of one dK/dV step from its 16-bit dS^T (a lane's two key rows, whose RPB index parts
+// are rpb0 / rpb1, against the query box CB at `origin`; masked scores have P = 0, so dS = 0
+// exactly and add nothing): into the staged table in fixed point (`fixed`, after the
+// deterministic dQ pass recorded the head's largest |dS|) or float32 (`staged`), else into
+// the global gradient. Query head h, the hg-th of its KV head.
+template <typename T, int NA, class CB>
+__device__ __forceinline__ void add_drpb(const Params& p, const uint32_t (&ds_t)[CB::kSize / 16][4], int rpb0, int rpb1,
+                                         const int* origin, const int* rpb_mult, int t4, int hg, int h, bool fixed,
+                                         bool staged, float* drpb_smem) {
+  const float fixed_scale = fixed ? drpb_fixed_scale(p.drpb_max[h], kDrpbFixedBits) : 0.f;
+#pragma unroll
+  for (int i = 0; i < CB::kSize / 2; i += 2) {
+    const float2 ds = unpack2<T>(ds_t[i / 8][(i % 8) / 2]);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float v = e ? ds.y : ds.x;
+      if (v == 0.f) continue;
+      const int col = 8 * (i / 4) + 2 * t4 + e;
+      int ridx = (i / 2) % 2 ? rpb1 : rpb0;
+#pragma unroll
+      for (int a = 0; a < NA; ++a) ridx -= (origin[a] + CB::offset(col, a)) * rpb_mult[a];
+      if (fixed)  // native integer atomic, no CAS loop
+        atomicAdd(reinterpret_cast<int*>(drpb_smem) + hg * p.rpb_head_size + ridx, __float2int_rn(v * fixed_scale));
+      else if (staged) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, v);  // one address
+      else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, v);        // space each
+    }
+  }
+}
+
 // DQ_ATOMIC: also dQ, KV-parallel. Both warpgroups write their dS^T to shared memory; each
 // then computes dQ_box = dS K over the CTA's 128 keys for half of the channels (wgmma, both
 // operands MN-major), stages it in shared memory and adds it into Params::dq_accum (fp32,
@@ -572,26 +601,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         write_ds(it % 2, da);
         if (it >= 1) dq_product(it - 1);
       }
-      if (has_rpb) {  // dRPB from the 16-bit dS^T (masked scores have P = 0, so dS = 0 exactly)
-        const float fixed_scale = fixed ? drpb_fixed_scale(p.drpb_max[h], kDrpbFixedBits) : 0.f;
-#pragma unroll
-        for (int i = 0; i < kNq / 2; i += 2) {
-          const float2 ds = unpack2<T>(da[i / 8][(i % 8) / 2]);
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float v = e ? ds.y : ds.x;
-            if (v == 0.f) continue;
-            const int col = 8 * (i / 4) + 2 * t4 + e;
-            int ridx = row[(i / 2) % 2].rpb;
-#pragma unroll
-            for (int a = 0; a < NA; ++a) ridx -= (origin[a] + CB::offset(col, a)) * rpb_mult[a];
-            if (fixed)  // native integer atomic, no CAS loop
-              atomicAdd(reinterpret_cast<int*>(drpb_smem) + hg * p.rpb_head_size + ridx, __float2int_rn(v * fixed_scale));
-            else if (stage_rpb) atomicAdd(drpb_smem + hg * p.rpb_head_size + ridx, v);  // one address
-            else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, v);           // space each
-          }
-        }
-      }
+      if (has_rpb) add_drpb<T, NA, CB>(p, da, row[0].rpb, row[1].rpb, origin, rpb_mult, t4, hg, h, fixed, stage_rpb, drpb_smem);
     }
     if ((kDeferDk || kShiftDk) && last_step > first_step) {  // the last step's dK product
       if constexpr (kShiftDk) {

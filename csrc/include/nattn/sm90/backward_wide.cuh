@@ -493,26 +493,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(pa);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + s);  // this warp's reads of the stage are done
-    if (role == 1 && has_rpb) {  // dRPB from the 16-bit dS^T (masked scores have P = 0, so dS = 0)
-      const float fixed_scale = fixed ? drpb_fixed_scale(p.drpb_max[h], kDrpbFixedBits) : 0.f;
-#pragma unroll
-      for (int i = 0; i < kN / 2; i += 2) {
-        const float2 ds = unpack2<T>(pa[i / 8][(i % 8) / 2]);
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float v = e ? ds.y : ds.x;
-          if (v == 0.f) continue;
-          const int col = 8 * (i / 4) + 2 * t4 + e;
-          int ridx = row_rpb[(i / 2) % 2];
-#pragma unroll
-          for (int a = 0; a < NA; ++a) ridx -= (origin[a] + B::offset(col, a)) * rpb_mult[a];
-          if (fixed)
-            atomicAdd(reinterpret_cast<int*>(drpb_smem) + hg * p.rpb_head_size + ridx, __float2int_rn(v * fixed_scale));
-          else
-            atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, v);
-        }
-      }
-    }
+    if (role == 1 && has_rpb) add_drpb<T, NA, B>(p, pa, row_rpb[0], row_rpb[1], origin, rpb_mult, t4, hg, h, fixed, false, drpb_smem);
   }
 
   // dV through the K rows (read only by warpgroup 1) and dK * scale through the V rows (read
