@@ -21,13 +21,15 @@ from nattn.backends import get as get_backend  # noqa: E402
 from nattn.distributed.halo import _RangedNA  # noqa: E402
 from nattn.params import NAParams  # noqa: E402
 from gpu_cases import make_inputs, rel_err  # noqa: E402
-from sm90_cases import sm90_sweep  # noqa: E402
+from sm90_cases import fits_wide_rpb, sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
     pytest.skip("needs a compute capability 9.0 GPU", allow_module_level=True)
 
 CASES = [dataclasses.replace(c, extra=0) for c in sm90_sweep(int(os.environ.get("NATTN_QRANGE_CASES", "150")), seed=4343)]
+# head dim 256: the backward's wide passes (backward_wide.cuh) walk the range too
+CASES += [fits_wide_rpb(dataclasses.replace(c, extra=0)) for c in sm90_sweep(40, seed=4344, dims=(256,))]
 
 
 ORDER_TOL = {torch.float16: 1e-4, torch.bfloat16: 8e-4}  # summation order only (16-bit ulps)
