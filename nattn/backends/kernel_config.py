@@ -8,7 +8,8 @@ joined by ``+``:
 * a Hopper tile pair's name, ``q<query box>_k<key box>`` (extents joined by ``x``, one per
   NA axis), as ``python -m nattn.bench ... --dry-run`` lists them;
 * ``dq=pass`` (the backward's deterministic dQ pass) or ``dq=atomic`` (dQ accumulated by the
-  dK/dV pass in fp32: KV-parallel, not bitwise reproducible);
+  dK/dV pass in fp32: KV-parallel, not bitwise reproducible; head dims up to 128, at 256 the
+  backward runs its dQ pass either way);
 * ``kv=<n>`` (the Hopper forward's split-KV: n CTAs per query box over slices of its key
   boxes, merged through their LSE; 1 <= n <= 64, 1 meaning no split: without it the library
   splits small problems by itself, docs/kernels.md).
