@@ -36,6 +36,13 @@
 #ifndef NATTN_SM90_LONE_PIPELINED
 #define NATTN_SM90_LONE_PIPELINED 1
 #endif
+// Build switch: 1 has a 64-query CTA's consumer warpgroup feed its own ring (its thread 0
+// issues the copies of a slot once the warpgroup has read it: 128 threads, so one more CTA
+// per SM fits the registers: 4 at head dim 32, 3 at 64); 0 gives it a producer warp (160
+// threads: 3 and 2 CTAs per SM).
+#ifndef NATTN_SM90_LONE_FEED
+#define NATTN_SM90_LONE_FEED 1
+#endif
 
 namespace nattn { namespace sm90 {
 
@@ -51,8 +58,16 @@ constexpr int kThreads = 384;  // 128-query CTAs: producer warpgroup + two consu
 template <class Tl, int HD>
 struct ForwardCta {
   static constexpr int kConsumers = Tl::kConsumers;
-  static constexpr int kThreads = kConsumers == 2 ? 384 : 160;
-  static constexpr int kMinBlocks = kConsumers == 2 ? 1 : HD <= 32 ? 3 : 2;
+  // A 64-query CTA pipelines its boxes where its registers allow (key boxes of at most 96
+  // keys: with 112 and 128 the S of one box beside the P of the previous one spilled).
+  static constexpr bool kLonePipelined = kConsumers == 1 && NATTN_SM90_LONE_PIPELINED && Tl::K::kSize <= 96;
+  // Self-fed (no producer warp) where the tighter register cap still holds the kernel: the
+  // pipelined loop spilled at 128 registers in 2-D at head dim 32 and at 168 in 3-D at 64.
+  static constexpr bool kThreeD = Tl::Q::extent(1) > 1 && Tl::Q::extent(2) > 1;
+  static constexpr bool kSelfFed = kConsumers == 1 && NATTN_SM90_LONE_FEED &&
+                                   !(kLonePipelined && (kThreeD ? HD == 64 : HD <= 32));
+  static constexpr int kThreads = kConsumers == 2 ? 384 : kSelfFed ? 128 : 160;
+  static constexpr int kMinBlocks = kConsumers == 2 ? 1 : (HD <= 32 ? 3 : 2) + (kSelfFed ? 1 : 0);
   // Head dim 256 (64-key boxes only): two stages keep the 64 KB query box and the ring
   // within a block's shared memory.
   static constexpr int kStages = kConsumers == 2 && HD <= 128 ? 3 : 2;
@@ -127,9 +142,29 @@ __device__ __forceinline__ void tma_load_box(const Params& p, unsigned char* dst
   }
 }
 
-// The producer's walk over a CTA's key boxes (the forward and the dQ pass): key and value box
-// k into ring slot k % STAGES, one bulk tensor copy per channel block each, once the consumers
-// have released the slot (its "empty" mbarrier); completions on the slot's full mbarriers.
+// Key and value box k (first element `origin`) into ring slot k % STAGES, one bulk tensor copy
+// per channel block each, completing on the slot's full mbarriers (hk / hv: head_coords; c:
+// scratch for the copies' coordinates).
+template <int NA, class KB, class C, int STAGES>
+__device__ __forceinline__ void load_kv_box(const Params& p, const CtaTile& tile, const int* origin, int k,
+                                            const HeadCoords& hk, const HeadCoords& hv, unsigned char* k_ring,
+                                            unsigned char* v_ring, const CUtensorMap* map_k,
+                                            const CUtensorMap* map_v, uint64_t* k_full, uint64_t* v_full, int* c) {
+  const int s = k % STAGES;
+  mbar_expect_tx(k_full + s, C::kBytes);
+  for (int cb = 0; cb < C::kBlocks; ++cb) {
+    box_coords<NA>(p, tile, origin, hk.channel + cb * C::kChannels, hk.outer, c);
+    tma_load_box<NA, KB, C::kRowBytes>(p, k_ring + s * C::kBytes + cb * C::kBlockBytes, map_k, k_full + s, c);
+  }
+  mbar_expect_tx(v_full + s, C::kBytes);
+  for (int cb = 0; cb < C::kBlocks; ++cb) {
+    box_coords<NA>(p, tile, origin, hv.channel + cb * C::kChannels, hv.outer, c);
+    tma_load_box<NA, KB, C::kRowBytes>(p, v_ring + s * C::kBytes + cb * C::kBlockBytes, map_v, v_full + s, c);
+  }
+}
+
+// The producer's walk over a CTA's key boxes (the forward and the dQ pass): each box once the
+// consumers have released its slot (its "empty" mbarrier).
 template <int NA, int HD, class KB, class C, int STAGES>
 __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& tile, int h_kv, int b,
                                                 unsigned char* k_ring, unsigned char* v_ring,
@@ -140,18 +175,8 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
   int c[5];
   BoxWalk<NA, KB> walk(tile);
   for (int k = 0; k < tile.tiles; ++k, walk.next(tile)) {
-    const int s = k % STAGES;
-    if (k >= STAGES) mbar_wait(empty + s, ((k / STAGES) - 1) & 1);
-    mbar_expect_tx(k_full + s, C::kBytes);
-    for (int cb = 0; cb < C::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, walk.origin, hk.channel + cb * C::kChannels, hk.outer, c);
-      tma_load_box<NA, KB, C::kRowBytes>(p, k_ring + s * C::kBytes + cb * C::kBlockBytes, map_k, k_full + s, c);
-    }
-    mbar_expect_tx(v_full + s, C::kBytes);
-    for (int cb = 0; cb < C::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, walk.origin, hv.channel + cb * C::kChannels, hv.outer, c);
-      tma_load_box<NA, KB, C::kRowBytes>(p, v_ring + s * C::kBytes + cb * C::kBlockBytes, map_v, v_full + s, c);
-    }
+    if (k >= STAGES) mbar_wait(empty + k % STAGES, ((k / STAGES) - 1) & 1);
+    load_kv_box<NA, KB, C, STAGES>(p, tile, walk.origin, k, hk, hv, k_ring, v_ring, map_k, map_v, k_full, v_full, c);
   }
 }
 
@@ -195,8 +220,8 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = threadIdx.x / 128;
   // 128-query CTAs: warpgroup 0 produces, 1 and 2 consume; 64-query CTAs: warpgroup 0
-  // consumes, warp 4 produces.
-  const bool producer = kPair ? wg == 0 : warp == 4;
+  // consumes, warp 4 produces (or, Cta::kSelfFed, warpgroup 0's thread 0 issues the copies).
+  const bool producer = kPair ? wg == 0 : !Cta::kSelfFed && warp == 4;
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&map_q);
@@ -225,6 +250,28 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     produce_kv_ring<NA, HD, KB, C, S::kStages>(p, tile, h_kv, b, smem + S::kK, smem + S::kV, &map_k, &map_v,
                                               k_full, v_full, empty);
     return;
+  }
+
+  // A self-fed 64-query CTA: its thread 0 copies the query box and the ring's first boxes
+  // here, and each next box once the warpgroup has read a slot (`release`).
+  auto feed_box = [&](const int* origin, int k) {
+    int c[5];
+    load_kv_box<NA, KB, C, S::kStages>(p, tile, origin, k, head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b),
+                                       head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b), smem + S::kK,
+                                       smem + S::kV, &map_k, &map_v, k_full, v_full, c);
+  };
+  if constexpr (Cta::kSelfFed) {
+    if (threadIdx.x == 0) {
+      int c[5];
+      const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
+      mbar_expect_tx(q_full, R::kBytes);
+      for (int cb = 0; cb < R::kBlocks; ++cb) {
+        box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
+        tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
+      }
+      BoxWalk<NA, KB> first(tile);
+      for (int k = 0; k < S::kStages && k < tile.tiles; ++k, first.next(tile)) feed_box(first.origin, k);
+    }
   }
 
   // ---------------------------------------------------------------- consumers
@@ -338,9 +385,24 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
 #pragma unroll
     for (int i = 0; i < kNk / 2; i += 2) pa[i / 8][(i % 8) / 2] = pack2<T>(sc[i], sc[i + 1]);
   };
-  auto release = [&](int k) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + k % S::kStages);
+  // Slot k % STAGES is read: the producer may refill it, or (self-fed) thread 0 does, once
+  // every warp's products have read it, with box k + STAGES (found from the consumers'
+  // walk, which is at box walk_box by then).
+  auto release = [&](int k, int walk_box) {
+    if constexpr (Cta::kSelfFed) {
+      if (k + S::kStages < tile.tiles) {
+        named_sync(2, 128);
+        if (threadIdx.x == 0) {
+          BoxWalk<NA, KB> at = walk;
+          for (int i = walk_box; i < k + S::kStages; ++i) at.next(tile);
+          feed_box(at.origin, k + S::kStages);
+        }
+      }
+    } else {
+      (void)walk_box;
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + k % S::kStages);
+    }
   };
   // O *= alpha. Once the row maxima settle (most boxes of a large window) alpha is 1: skipped.
   auto rescale_o = [&](const float (&alpha)[2]) {
@@ -354,9 +416,8 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   // warpgroup computes the softmax of box k (issued just before). Two consumer warpgroups
   // also take turns issuing (barriers 3 and 4), so one's softmax overlaps the other's
   // products; a lone warpgroup overlaps with the SM's other CTAs instead.
-  // A 64-query CTA pipelines its boxes too where its registers allow (key boxes of at most
-  // 96 keys: with 112 and 128 the S of one box beside the P of the previous one spilled).
-  constexpr bool kLonePipelined = NATTN_SM90_LONE_PIPELINED && KB::kSize <= 96;
+  // A 64-query CTA pipelines its boxes too where its registers allow (ForwardCta).
+  constexpr bool kLonePipelined = Cta::kLonePipelined;
   const int my_turn = 3 + cw, their_turn = 4 - cw;
   float sc[kNk / 2], alpha[2];
   uint32_t pa[kNk / 16][4];
@@ -379,7 +440,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pa);
-      release(k);
+      release(k, k + 1);  // (softmax moved the walk on)
     }
   } else {
     issue_s(0, sc);
@@ -399,7 +460,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pa);
-      release(k - 1);
+      release(k - 1, k + 1);
       rescale_o(alpha);
       pack_p(sc, pa);
     }
@@ -407,7 +468,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
-    release(tile.tiles - 1);
+    release(tile.tiles - 1, tile.tiles);
   }
 
   // O / l through shared memory (the warpgroup's own query rows, no longer read), then
