@@ -12,8 +12,9 @@
 //     O += P V (wgmma, P from registers). Finally O / l and the LSE are written.
 // Large windows use 128-query boxes: a producer warpgroup (registers handed to the
 // consumers with setmaxnreg) and two consumer warpgroups that take turns issuing, one CTA
-// per SM. Small windows use 64-query boxes: one consumer warpgroup and a producer warp,
-// a two-slot ring, and several CTAs per SM hide each other's latencies.
+// per SM. Small windows use 64-query boxes: one consumer warpgroup that feeds its own
+// two-slot ring (or, on two pairs, a producer warp), and several CTAs per SM hide each
+// other's latencies.
 // Dilation is the tensor maps' element stride (docs/kernels.md), so the copy engine
 // gathers a dilation group directly; boxes reaching past the tensor are zero-filled.
 #pragma once
@@ -49,12 +50,14 @@ namespace nattn { namespace sm90 {
 constexpr int kThreads = 384;  // 128-query CTAs: producer warpgroup + two consumer warpgroups
 
 // The CTA of a tile pair at head dim HD: threads, the CTAs per SM its register budget is
-// sized for, and the ring depth. 64-query CTAs (160 threads: a consumer warpgroup, then the
-// producer warp) keep registers (<= 128 at head dim 32, <= 168 at 64) and shared memory
-// low enough for three or two per SM: small windows are bound by the latency of each
-// CTA's short chain of products and softmax, which other CTAs hide (PERF.md sixth session:
-// persistent CTAs, which need more registers, ran no faster). A small window's CTA walks
-// only a few key boxes, so two slots suffice.
+// sized for, and the ring depth. 64-query CTAs (128 threads, a self-fed consumer
+// warpgroup; 160 with a producer warp where the self-fed loop spills) keep registers (<= 128
+// at head dim 32, <= 168 at 64) and shared memory low enough for four or three per SM (three
+// or two with the producer warp): small windows are bound by the latency of each CTA's short
+// chain of products and softmax, which other CTAs hide (PERF.md sixth session: persistent
+// CTAs, which need more registers, ran no faster; twenty-ninth session: one more CTA per SM
+// made the 64-query forwards 6-16% faster). A small window's CTA walks only a few key boxes,
+// so two slots suffice.
 template <class Tl, int HD>
 struct ForwardCta {
   static constexpr int kConsumers = Tl::kConsumers;
