@@ -240,16 +240,20 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   }
   __syncthreads();
 
-  if (producer) {  // ---------------------------------------------- producer
-    if (kPair) regs_dealloc<DefaultRegisterSplit::kProducer>();
-    if (lane != 0 || (kPair && warp != 0)) return;
-    int c[5];
+  // The query box, one bulk tensor copy per channel block (c: scratch coordinates).
+  auto copy_query_box = [&](int* c) {
     const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
     mbar_expect_tx(q_full, R::kBytes);
     for (int cb = 0; cb < R::kBlocks; ++cb) {
       box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
       tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
     }
+  };
+  if (producer) {  // ---------------------------------------------- producer
+    if (kPair) regs_dealloc<DefaultRegisterSplit::kProducer>();
+    if (lane != 0 || (kPair && warp != 0)) return;
+    int c[5];
+    copy_query_box(c);
     produce_kv_ring<NA, HD, KB, C, S::kStages>(p, tile, h_kv, b, smem + S::kK, smem + S::kV, &map_k, &map_v,
                                               k_full, v_full, empty);
     return;
@@ -266,12 +270,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   if constexpr (Cta::kSelfFed) {
     if (threadIdx.x == 0) {
       int c[5];
-      const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
-      mbar_expect_tx(q_full, R::kBytes);
-      for (int cb = 0; cb < R::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
-        tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
-      }
+      copy_query_box(c);
       BoxWalk<NA, KB> first(tile);
       for (int k = 0; k < S::kStages && k < tile.tiles; ++k, first.next(tile)) feed_box(first.origin, k);
     }
