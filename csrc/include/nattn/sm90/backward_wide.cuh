@@ -20,7 +20,8 @@
 // arrivals. Two exchange slots alternate by step; the two-stage ring orders their reuse (a
 // warpgroup reaches step k + 2's operands only after the other released step k).
 // Deterministic: no atomics on dQ, dK or dV (every query head of a KV head runs in one
-// dK/dV CTA); dRPB as in the 128 instances (fixed point when its table is staged).
+// dK/dV CTA); dRPB as in the instances of head dims 32-128 (add_drpb, fixed point when the
+// table is staged; tables above the room this pass leaves are declined, kernels.cuh).
 #pragma once
 #include <cuda.h>
 #include <math.h>
