@@ -8,9 +8,7 @@ Side by side with flex and dense attention: ``python -m nattn.bench -i 64 64 -b 
 -w 33 --backprop --cuda-graphs`` (docs/dev/PERF.md, twenty-ninth session).
 """
 
-import argparse
-
-from padded_head_dims import split
+from padded_head_dims import main
 
 # (batch, *spatial, heads), window, D, D_v
 PROBLEMS = [
@@ -21,13 +19,5 @@ PROBLEMS = [
 ]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=10)
-    args = ap.parse_args()
-    for shape, window, d, dv in PROBLEMS:
-        split(shape, window, d, dv, args.iters)
-
-
 if __name__ == "__main__":
-    main()
+    main(PROBLEMS, __doc__)

@@ -36,11 +36,12 @@ def split(shape, window, d, dv, iters):
     report(f"{shape} window {window} D {d} / D_v {dv}", step, iters)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(problems=PROBLEMS, doc=__doc__):
+    """Prints each problem's split (benchmarks/head_dim_256.py passes its own)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args()
-    for shape, window, d, dv in PROBLEMS:
+    for shape, window, d, dv in problems:
         split(shape, window, d, dv, args.iters)
 
 

@@ -42,6 +42,21 @@ struct DqSmem {
   static_assert(kAlloc <= 227 * 1024, "more shared memory than a Hopper block may have");
 };
 
+// A dQ pass lane's query row qr of box QB (at the CTA's q0): its window and RPB row part
+// (head h's table base included), its LSE in log2 units (+inf for a padding row: no
+// probability) and its delta (0 there).
+template <int NA, class QB>
+__device__ __forceinline__ void dq_query_row(const Params& p, const CtaTile& tile, int b, int h, int qr,
+                                             const int* rpb_mult, RowWindow& row, float& lse2, float& dlt) {
+  row.rpb = h * int(p.rpb_head_size);
+  const bool ok = row_window<NA, QB>(p, tile.q0, tile.len, qr, rpb_mult, row);
+  int64_t token;
+  box_row_token<NA, QB>(p, tile, tile.q0, qr, token);
+  const int64_t idx = (int64_t(b) * p.tokens + token) * p.heads + h;
+  lse2 = ok ? lse_log2(p.lse[idx]) : INFINITY;
+  dlt = ok ? p.delta[idx] : 0.f;
+}
+
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(kThreads, 1)
     backward_dq_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
@@ -107,23 +122,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wr = (warp % 4) * 16;
   const int g4 = lane / 4, t4 = lane % 4;
 
-  // The lane's two rows: validity, windows, RPB row part, LSE (log2 units) and delta.
+  // The lane's two rows: windows, RPB row part, LSE (log2 units) and delta.
   RowWindow row[2];
-  bool row_ok[2];
   float lse2[2], dlt[2];
   int rpb_mult[3] = {1, 1, 1};
   for (int a = NA - 2; a >= 0; --a) rpb_mult[a] = rpb_mult[a + 1] * p.rpb_size[a + 1];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int qr = cw * kWgRows + wr + g4 + 8 * r;
-    row[r].rpb = h * int(p.rpb_head_size);
-    row_ok[r] = row_window<NA, QB>(p, tile.q0, tile.len, qr, rpb_mult, row[r]);
-    int64_t token;
-    box_row_token<NA, QB>(p, tile, tile.q0, qr, token);
-    const int64_t idx = (int64_t(b) * p.tokens + token) * p.heads + h;
-    lse2[r] = row_ok[r] ? lse_log2(p.lse[idx]) : INFINITY;  // no probability for padding rows
-    dlt[r] = row_ok[r] ? p.delta[idx] : 0.f;
-  }
+  for (int r = 0; r < 2; ++r)
+    dq_query_row<NA, QB>(p, tile, b, h, cw * kWgRows + wr + g4 + 8 * r, rpb_mult, row[r], lse2[r], dlt[r]);
   // Key boxes inside every window of this warpgroup's queries need no mask.
   int full_lo[3], full_hi[3];
   unmasked_boxes<NA, QB, false, true>(p, tile, cw, full_lo, full_hi);

@@ -30,6 +30,7 @@
 #include "nattn/common/drpb_fixed.cuh"
 #include "nattn/sm90/backward_delta.cuh"
 #include "nattn/sm90/backward_dkv.cuh"
+#include "nattn/sm90/backward_dq.cuh"
 #include "nattn/sm90/box_mask.cuh"
 #include "nattn/sm90/forward.cuh"
 #include "nattn/sm90/smem_tile.cuh"
@@ -174,16 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int rpb_mult[3] = {1, 1, 1};
   for (int a = NA - 2; a >= 0; --a) rpb_mult[a] = rpb_mult[a + 1] * p.rpb_size[a + 1];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int qr = wr + g4 + 8 * r;
-    row[r].rpb = h * int(p.rpb_head_size);
-    const bool ok = row_window<NA, B>(p, tile.q0, tile.len, qr, rpb_mult, row[r]);
-    int64_t token;
-    box_row_token<NA, B>(p, tile, tile.q0, qr, token);
-    const int64_t idx = (int64_t(b) * p.tokens + token) * p.heads + h;
-    lse2[r] = ok ? lse_log2(p.lse[idx]) : INFINITY;  // no probability for padding rows
-    dlt[r] = ok ? p.delta[idx] : 0.f;
-  }
+  for (int r = 0; r < 2; ++r) dq_query_row<NA, B>(p, tile, b, h, wr + g4 + 8 * r, rpb_mult, row[r], lse2[r], dlt[r]);
   int full_lo[3], full_hi[3];  // key boxes inside every window of the box's queries
   unmasked_boxes<NA, B, false, false>(p, tile, 0, full_lo, full_hi);
 

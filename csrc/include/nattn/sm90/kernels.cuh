@@ -195,10 +195,9 @@ void launch_backward_wide(const Params& problem, cudaStream_t stream) {
   const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);
   delta_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(problem);
   // prepare_backward declined tables above the room: a staged one sums in fixed point
-  const int64_t rpb_bytes = p.rpb ? int64_t(p.groups) * p.rpb_head_size * 4 : 0;
+  const int64_t rpb_bytes = drpb_stage_bytes(p);
   const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
   p.rpb_in_smem = fixed;
-  p.dq_accum = nullptr;
   const dim3 dq_grid(unsigned(num_cta_tiles<B>(problem)), problem.heads, problem.batch);
   backward_dq_wide_kernel<T, NA, Tl><<<dq_grid, kThreads, DqWideSmem::kAlloc, stream>>>(p, l->dq_q, l->dq_do, l->dq_k,
                                                                                      l->dq_v);
