@@ -134,6 +134,24 @@ def test_sm90_default_3d_pair(spatial, kernel, head_dim, pair):
     assert [c["name"] for c in configs if c["default"]] == [pair]
 
 
+@pytest.mark.parametrize("spatial, kernel, dilation, head_dim, pair", [
+    ((28, 28), (7, 7), (4, 4), 64, "q8x8_k7x16"),  # 7x7 groups: 8x16 boxes cover 2.6 rows a query (0.152 vs 0.065 ms)
+    ((56, 56), (7, 7), (1, 1), 64, "q8x8_k7x16"),
+    ((28, 28), (11, 11), (1, 1), 32, "q8x8_k4x24"),
+])
+def test_sm90_default_2d_pair_counts_padded_query_rows(spatial, kernel, dilation, head_dim, pair):
+    """The default 2-D pair's cost counts the query rows its boxes cover beyond the tokens
+    (each dilation group's queries rounded up to whole boxes)."""
+    if head_dim not in LIB.kernels.get(("sm90", "bfloat16", 2), ()):
+        pytest.skip("this build has no bf16 2-D sm90 kernels at this head dim")
+    q = torch.empty(1, *spatial, 2, head_dim, dtype=torch.bfloat16, device="meta")
+    configs = CUDA.sm90_configs(q, q, q, normalize(q, q, q, 2, kernel, dilation=dilation))
+    assert [c["name"] for c in configs if c["default"]] == [pair]
+    costs = {c["name"]: c["keys"] for c in configs}
+    if dilation == (4, 4):  # 8x16 boxes on 7-token groups: 16 rows for 7 along the last axis
+        assert costs["q8x16_k8x8"] > costs["q8x8_k7x16"]
+
+
 def test_bench_dry_run_prints_the_configurations(capsys):
     """On the library's own (dtype, NA dim, head dim), and on one it has no kernel for."""
     from nattn.bench.__main__ import main

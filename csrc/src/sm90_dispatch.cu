@@ -37,8 +37,26 @@ namespace nattn { namespace host {
 // 32, no RPB): tc's passes have caught up below 11x11 (DiNAT 56x56 B32 H4 7x7 0.104 vs
 // 0.112, dilation 4 on 28x28 0.056 vs 0.063, 9x9 0.126 vs 0.134, NAT's 14x14 B128 H8 0.060
 // vs 0.076), sm90 still wins 13x13 (0.179 vs 0.194).
+// Thirtieth session (PERF.md call 1; the self-fed 64-query CTAs, bf16, GPU time, ms, sm90 vs
+// tc, no RPB): the choice below 150 keys in 2-D follows how well the boxes fit, not the
+// window. 56x56 B32 H4 D32: 7x7 0.094 vs 0.104, 9x9 0.115 vs 0.126, 13x13 0.176 vs 0.194;
+// D64 7x7 0.123 vs 0.147, 9x9 0.146 vs 0.183, 11x11 0.199 vs 0.229; dilation 4 on 28x28
+// D32 0.049 vs 0.056; but 7x7 on 28x28 (B128 H4, the same tokens) 0.115 vs 0.102, on 14x14
+// 0.064 vs 0.060 and dilation 2 on 56x56 at D64 0.150 vs 0.141: there the 8x8 query boxes
+// cover 1.31 query rows a query (28 = 3.5 boxes). Measured as the keys walked per query
+// times the rows covered, over the window's keys (sm90_walk_ratio), sm90 won every problem
+// up to 4.6 and lost every one from 5.2 at D32 but one (11x11 at D32: 4.0, 0.176 vs 0.164);
+// at D64 it won up to 5.4 (28x28 9x9: 0.051 vs 0.053) and lost at 6.0. In 3-D the ratio
+// ranks the families as well (calls 2-3, 16x32x32 B2 H8 and 8x64x64 B1 H8): at D64 sm90
+// wins from 5.2 down (video-3d's 5x7x7 0.320 vs 0.335, 5x5x9 0.261 vs 0.305, 5x9x9 0.349
+// vs 0.487) and loses at 5.4 and above (3x7x9 0.283 vs 0.268, 3x7x7 0.281 vs 0.235, 3x5x5
+// 0.234 vs 0.157); at D32 it wins from 4.1 down (5x7x9 0.294 vs 0.309, 5x9x9 0.316 vs
+// 0.374) and loses from 5.2 (5x7x7 0.292 vs 0.260, 3x11x11 0.432 vs 0.346). So 2-D forwards
+// below kSm90MinWindow and 3-D ones at any window, at head dims <= 64 without an RPB, run
+// sm90 when that ratio is at most kSm90MaxWalkRatio[NA dim - 2][head dim above 32].
 constexpr int64_t kSm90MinWindow[3] = {128, 150, 128};
-constexpr int64_t kSm90MinWindow2dSmallHead = 121;
+constexpr double kSm90MaxWalkRatio[2][2] = {{5.0, 5.5}, {4.6, 5.3}};
+constexpr int kSm90WalkRatioMaxHeadDim = 64;
 // Fifteenth session (PERF.md calls 4-7, bf16, GPU time, ms): with an RPB the 64-query pairs'
 // forward loses that lead at 7x7 (every key box is partly masked, so each score takes the
 // mask's bias path): DiNAT 56x56 B32 H4 D32 0.144 vs tc's 0.126, dilation 4 on 28x28 B32 H8
@@ -49,8 +67,16 @@ constexpr int64_t kSm90MinWindow2dSmallHead = 121;
 // In 3-D likewise (call 4; 16x32x32 B2 H8 D64: 5x9x9 0.532 vs 0.634, 7x9x9 0.681 vs 0.804).
 // 2-D and 3-D forwards at head dims <= 64 with an RPB run tc up to these many keys (1-D: not
 // measured, the rule without RPB).
-constexpr int64_t kTcRpbMaxWindow[3] = {0, 169, 567};
-constexpr int kTcRpbMaxHeadDim = 64;
+// Thirtieth session (PERF.md call 1; the self-fed 64-query CTAs, sm90 vs tc with an RPB):
+// at head dim 64 13x13 on 128x128 (B4 H8) runs 0.321 vs 0.394 ms and 11x11 on 56x56 ties
+// (0.244 vs 0.243), while at head dim 32 tc still wins 13x13 (0.245 vs 0.221); 7x7 ties or
+// goes to tc (0.121 vs 0.117 on 56x56, 0.143 vs 0.114 on 28x28). So in 2-D the 169-key
+// limit holds at head dims <= 32 only (at 33-64 an RPB keeps tc below kSm90MinWindow).
+// In 3-D (call 3, 16x32x32 B2 H8, tc vs sm90) tc wins with an RPB up to 13x17x17 (3757
+// keys; D64 9x11x11 1.134 vs 1.453, 11x15x15 2.261 vs 2.363, 13x17x17 3.365 vs 3.329; D32
+// 13x17x17 2.640 vs 3.027).
+constexpr int64_t kTcRpbMaxWindow[3] = {0, 169, 4000};
+constexpr int kTcRpbMaxHeadDim[3] = {0, 32, 64};
 // The backward with an RPB (call 4, forward + backward, bf16, ms, tc vs the default's sm90
 // backward): 2-D D64 13x13 1.53 vs 2.90, 17x17 2.53 vs 3.99, 21x21 3.07 vs 5.43, D32 21x21
 // 2.23 vs 5.03; 3-D D64 5x9x9 3.38 vs 6.38, 7x9x9 4.48 vs 8.46: the sm90 dK/dV pass's dRPB
@@ -68,8 +94,8 @@ constexpr int64_t kSm90MinWindowBackwardRpb[3] = {2048, 1024, 2048};
 // Sixteenth session (PERF.md call 3; tc's passes 10-25% faster since): at head dim 64 tc wins
 // 7x7 again (56x56 B32 H4: 0.148 vs 0.159) and ties 9x9 (0.184 vs 0.183), sm90 wins 13x13
 // (0.242 vs 0.283); head dim 128 keeps the thirteenth session's rule.
+// (Head dim 64 since the thirtieth session: kSm90MaxWalkRatio.)
 constexpr int64_t kSm90MinWindow2dPlain = 49;
-constexpr int64_t kSm90MinWindow2dPlainHead64 = 81;
 constexpr int kSm90SmallHeadDim = 32;
 // Head dims above kTcMaxHeadDim (256): the tensor-core family stops at 128, so the Hopper
 // family's alternative is the SIMT family (CUDA cores), and it runs at any window, forward
@@ -104,9 +130,10 @@ int64_t window_keys(const nattn::Params& p) {
   return window;
 }
 
-// Keys the Hopper family walks per query with a (query box, key box) pair: per axis, the
-// union of a query box's windows (the window plus the leaders' spread: blocks of `stride`
-// queries share a window) rounded up to whole key boxes. 64-key boxes count 15% more (a
+// Keys the Hopper family walks per query with a (query box, key box) pair (walked_keys: per
+// axis, the union of a query box's windows, the window plus the leaders' spread, since blocks
+// of `stride` queries share a window, rounded up to whole key boxes) times the query rows its
+// boxes cover per query (query_box_padding). 64-key boxes count 15% more (a
 // narrower wgmma keeps the tensor cores less busy); 64-query boxes (one consumer
 // warpgroup, no ping-pong, boxes run one after the other) count kSm90SmallQueryCost more,
 // per NA dim: in 2-D the key count alone ranked the measured pairs of 9x9-33x33 windows
@@ -125,11 +152,25 @@ constexpr double kSm90SmallQueryCost2dSmallHead = 0.6;
 // 49.0 vs 46.9 with 4% fewer keys; 12x40x40 9x15x15 1.55 vs 1.37).
 constexpr double kSm90DeepBoxCost = 0.85;
 constexpr int64_t kSm90DeepBoxMaxWindow = 4096;
-double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
+// Query rows a pair's boxes cover per real query (>= 1): per axis, each dilation group's
+// queries rounded up to whole query boxes. Thirtieth session (PERF.md call 1): 28x28 with
+// dilation 4 (7x7 groups) at head dim 64 ran the 8x16 pair, whose boxes cover 2.6 rows a
+// query, at 0.152 ms against the tensor-core family's 0.074; the 8x8 boxes cover 1.3.
+double query_box_padding(const nattn::Params& p, const nattn::KernelEntry& e) {
+  double rows = 1;
+  for (int a = 0; a < p.na_dim; ++a) {
+    const int64_t len = p.spatial[a], d = p.dilation[a], qb = e.qbox[a];
+    const int64_t longer = len % d, short_len = len / d;  // `longer` groups have short_len + 1 queries
+    const int64_t covered = longer * ((short_len + qb) / qb * qb) + (d - longer) * ((short_len + qb - 1) / qb * qb);
+    rows *= double(covered) / double(len);
+  }
+  return rows;
+}
+
+// Keys a pair's boxes walk per query: per axis, the union of a query box's windows rounded
+// up to whole key boxes.
+double walked_keys(const nattn::Params& p, const nattn::KernelEntry& e) {
   double keys = 1;
-  int kbox_size = 1, qbox_size = 1;
-  if (p.na_dim == 3 && e.head_dim <= 64 && e.qbox[0] >= 4 && window_keys(p) < kSm90DeepBoxMaxWindow)
-    keys = kSm90DeepBoxCost;
   for (int a = 0; a < p.na_dim; ++a) {
     const int d = p.dilation[a], s = p.stride[a], k = p.kernel[a];
     const int len = (p.spatial[a] + d - 1) / d;
@@ -137,6 +178,16 @@ double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
     const int span = k + (leaders - 1) * s;
     const int uni = span < len ? span : len;
     keys *= double((uni + e.kbox[a] - 1) / e.kbox[a]) * e.kbox[a];
+  }
+  return keys;
+}
+
+double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
+  double keys = walked_keys(p, e) * query_box_padding(p, e);
+  int kbox_size = 1, qbox_size = 1;
+  if (p.na_dim == 3 && e.head_dim <= 64 && e.qbox[0] >= 4 && window_keys(p) < kSm90DeepBoxMaxWindow)
+    keys *= kSm90DeepBoxCost;
+  for (int a = 0; a < p.na_dim; ++a) {
     kbox_size *= e.kbox[a];
     qbox_size *= e.qbox[a];
   }
@@ -285,16 +336,28 @@ bool plain_2d_window(const nattn::Params& p) {
 // measured).
 constexpr int64_t kSm90MinWindow1dPerDilation = 64;
 
+// Keys the default pair's boxes walk per query, times the query rows they cover, over the
+// window's keys (kSm90MaxWalkRatio); no pair: infinity.
+double sm90_walk_ratio(const nattn::Params& p, int head_dim) {
+  const nattn::KernelEntry* e = default_sm90(p, head_dim);
+  if (!e) return 1e30;
+  return walked_keys(p, *e) * query_box_padding(p, *e) / double(window_keys(p));
+}
+
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   const int64_t window = window_keys(p);
   if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;
   if (p.na_dim == 1 && p.dilation[0] > 2 && window < kSm90MinWindow1dPerDilation * p.dilation[0]) return false;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;
-  if (!backward && p.rpb && head_dim <= kTcRpbMaxHeadDim && window <= kTcRpbMaxWindow[p.na_dim - 1]) return false;
+  if (!backward && p.rpb && head_dim <= kTcRpbMaxHeadDim[p.na_dim - 1] && window <= kTcRpbMaxWindow[p.na_dim - 1])
+    return false;
   if (backward && p.rpb && window < kSm90MinWindowBackwardRpb[p.na_dim - 1]) return false;
-  if (!backward && p.na_dim == 2 && head_dim <= kSm90SmallHeadDim) return window >= kSm90MinWindow2dSmallHead;
-  if (!backward && p.na_dim == 2 && plain_2d_window(p))
-    return window >= (head_dim <= 64 ? kSm90MinWindow2dPlainHead64 : kSm90MinWindow2dPlain);
+  const bool by_walk = p.na_dim == 3 || (p.na_dim == 2 && window < kSm90MinWindow[1]);
+  if (!backward && head_dim <= kSm90WalkRatioMaxHeadDim && by_walk && !p.rpb)
+    return sm90_walk_ratio(p, int(head_dim)) <= kSm90MaxWalkRatio[p.na_dim - 2][head_dim > kSm90SmallHeadDim];
+  if (!backward && head_dim <= kSm90WalkRatioMaxHeadDim && p.na_dim == 2 && window < kSm90MinWindow[1]) return false;
+  if (!backward && p.na_dim == 2 && plain_2d_window(p) && head_dim > kSm90WalkRatioMaxHeadDim)
+    return window >= kSm90MinWindow2dPlain;
   if (backward) return window >= sm90_min_window_backward(p.na_dim, p.dim > p.dim_v ? p.dim : p.dim_v);
   return window >= kSm90MinWindow[p.na_dim - 1];
 }
@@ -321,11 +384,11 @@ NATTN_API int64_t nattn_sm90_min_window(int64_t na_dim) {
   return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindow[na_dim - 1] : -1;
 }
 
-// The same for a head dim (D == D_v): 2-D at head dim <= 32 starts lower
-// (kSm90MinWindow2dSmallHead), head dims above 128 at any window.
+// The same for a head dim (D == D_v): head dims above 128 at any window. (At head dims
+// <= 64 smaller 2-D windows run it too where its boxes fit them, and 3-D windows only
+// there: kSm90MaxWalkRatio.)
 NATTN_API int64_t nattn_sm90_min_window_head(int64_t na_dim, int64_t head_dim) {
   if (na_dim >= 1 && na_dim <= 3 && head_dim > kTcMaxHeadDim) return 1;
-  if (na_dim == 2 && head_dim > 0 && head_dim <= kSm90SmallHeadDim) return kSm90MinWindow2dSmallHead;
   return nattn_sm90_min_window(na_dim);
 }
 

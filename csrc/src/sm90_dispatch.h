@@ -20,7 +20,7 @@ constexpr int kDefaultSplits = 2;
 
 int64_t window_keys(const nattn::Params& p);  // keys in a query's window
 int64_t sm90_min_window_backward(int na_dim, int64_t head_dim);
-bool sm90_preferred(const nattn::Params& p, bool backward);  // from the window and head dims
+bool sm90_preferred(const nattn::Params& p, bool backward);  // from the window, head dims and box fit
 bool split_by_default(const nattn::Params& p, int device);
 
 double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e);

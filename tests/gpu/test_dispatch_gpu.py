@@ -53,42 +53,48 @@ def forward_family(kernel, rpb: bool, **kw):
     return families(kernel, rpb, **kw)["forward"]
 
 
-def test_head_dim_32_forward_runs_tc_below_11x11_and_sm90_from_it():
-    # measured (PERF.md, twenty-second session; DiNAT 56x56 B32 H4): without RPB tc 0.104 vs
-    # sm90 0.112 ms at 7x7, 0.126 vs 0.134 at 9x9, sm90 ahead at 13x13 (0.179 vs 0.194); with
-    # RPB tc up to 13x13 (fifteenth and sixteenth sessions)
-    assert forward_family(7, rpb=False) == "tc"
-    assert forward_family(9, rpb=False) == "tc"
-    assert forward_family(7, rpb=False, dilation=3) == "tc"
-    assert forward_family(11, rpb=False) == "sm90"
-    assert forward_family(13, rpb=False) == "sm90"
-    assert forward_family(7, rpb=True) == "tc"
-    assert forward_family(7, rpb=True, dilation=3) == "tc"
-
-
-def test_windows_up_to_169_keys_run_tc_with_rpb_at_head_dims_32_and_64():
-    # measured (PERF.md, sixteenth session): with RPB tc beats sm90 up to 13x13 at head dims 32
-    # and 64; larger windows keep the choice made without RPB
+def test_small_2d_windows_run_sm90_where_its_boxes_fit_them():
+    # measured (PERF.md, thirtieth session, call 1; GPU ms, sm90 vs tc, no RPB): on 56x56
+    # (8x8 query boxes tile it exactly) 7x7 0.094 vs 0.104 at head dim 32, 0.123 vs 0.147 at
+    # 64, 9x9 0.115 vs 0.126; dilation 4 on 28x28 0.049 vs 0.056; but on 28x28 and 14x14
+    # (3.5 and 1.75 boxes an axis) 7x7 0.115 vs 0.102 and 0.064 vs 0.060, and dilation 2 on
+    # 56x56 at head dim 64 0.150 vs 0.141
+    big = dict(spatial=(56, 56), batch=2)
     for dim in (32, 64):
-        assert forward_family(9, rpb=True, dim=dim) == "tc"
-        assert forward_family(13, rpb=True, dim=dim) == "tc"
-        assert forward_family(15, rpb=True, dim=dim) == "sm90"
+        assert forward_family(7, rpb=False, dim=dim, **big) == "sm90"
+        assert forward_family(9, rpb=False, dim=dim, **big) == "sm90"
+        assert forward_family(7, rpb=False, dim=dim) == "tc"
+        assert forward_family(7, rpb=False, dim=dim, spatial=(14, 14)) == "tc"
+        assert forward_family(7, rpb=False, dim=dim, dilation=4) == "sm90"
+        assert forward_family(13, rpb=False, dim=dim) == "sm90"
+    assert forward_family(7, rpb=False, dim=64, dilation=2, **big) == "tc"
+    assert forward_family(7, rpb=False, dilation=3) == "tc"  # 9-10-token groups: 1.7 rows a query an axis
 
 
-def test_head_dim_64_plain_windows_run_sm90_from_9x9():
-    # measured (PERF.md, sixteenth session; 56x56 B32 H4 D64): tc 0.148 vs sm90 0.159 ms at
-    # 7x7, a tie at 9x9, sm90 ahead at 13x13
-    assert forward_family(7, rpb=False, dim=64) == "tc"
-    assert forward_family(9, rpb=False, dim=64) == "sm90"
-    assert forward_family(13, rpb=False, dim=64) == "sm90"
+def test_small_2d_windows_with_rpb_run_tc_up_to_169_keys_at_head_dim_32_and_below_150_at_64():
+    # measured (PERF.md, thirtieth session, call 1; sm90 vs tc with an RPB): head dim 32
+    # 56x56 7x7 0.121 vs 0.117, 13x13 0.245 vs 0.221; head dim 64 11x11 0.244 vs 0.243,
+    # 13x13 on 128x128 0.321 vs 0.394
+    assert forward_family(7, rpb=True, spatial=(56, 56), batch=2) == "tc"
+    assert forward_family(7, rpb=True, dilation=4) == "tc"
+    assert forward_family(13, rpb=True) == "tc"
+    assert forward_family(15, rpb=True) == "sm90"
+    assert forward_family(11, rpb=True, dim=64) == "tc"
+    assert forward_family(13, rpb=True, dim=64) == "sm90"
 
 
-def test_3d_windows_up_to_567_keys_run_tc_with_rpb():
-    # measured (PERF.md, sixteenth session; 16x32x32 B2 H8 D64): with RPB tc 0.532 vs sm90 0.634
-    # ms at 5x9x9, 0.681 vs 0.804 at 7x9x9; without RPB sm90 runs 3-D windows from 3x7x7
-    kw = dict(spatial=(12, 16, 16), dim=64, batch=4)
-    assert forward_family((5, 9, 9), rpb=False, **kw) == "sm90"
-    assert forward_family((5, 9, 9), rpb=True, **kw) == "tc"
+def test_3d_windows_run_sm90_where_its_boxes_fit_them_and_tc_with_rpb_up_to_4000_keys():
+    # measured (PERF.md, thirtieth session, calls 1-3; 16x32x32 B2 H8, GPU ms, sm90 vs tc): no
+    # RPB, head dim 64: 5x7x7 0.320 vs 0.335, 3x7x7 0.281 vs 0.235; head dim 32: 5x7x7 0.292
+    # vs 0.260, 5x9x9 0.316 vs 0.374; with an RPB tc up to 13x17x17 (D64 9x11x11 1.134 vs
+    # 1.453; 3757 keys: a tie)
+    kw = dict(spatial=(16, 32, 32), batch=1)
+    assert forward_family((5, 7, 7), rpb=False, dim=64, **kw) == "sm90"
+    assert forward_family((3, 7, 7), rpb=False, dim=64, **kw) == "tc"
+    assert forward_family((5, 7, 7), rpb=False, dim=32, **kw) == "tc"
+    assert forward_family((5, 9, 9), rpb=False, dim=32, **kw) == "sm90"
+    assert forward_family((9, 11, 11), rpb=True, dim=64, **kw) == "tc"
+    assert forward_family((15, 17, 17), rpb=True, dim=64, **kw) == "sm90"
 
 
 def test_backward_with_rpb_runs_tc_below_1024_keys_in_2d():
