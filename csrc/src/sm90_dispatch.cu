@@ -75,8 +75,15 @@ constexpr int kSm90WalkRatioMaxHeadDim = 64;
 // In 3-D (call 3, 16x32x32 B2 H8, tc vs sm90) tc wins with an RPB up to 13x17x17 (3757
 // keys; D64 9x11x11 1.134 vs 1.453, 11x15x15 2.261 vs 2.363, 13x17x17 3.365 vs 3.329; D32
 // 13x17x17 2.640 vs 3.027).
-constexpr int64_t kTcRpbMaxWindow[3] = {0, 169, 4000};
-constexpr int kTcRpbMaxHeadDim[3] = {0, 32, 64};
+// Call 5 (56x56 B8 H4 and 28x28 B32 H4, D128): at head dim 128 tc wins with an RPB up to
+// 13x13 (7x7 0.087 vs 0.114, 11x11 with dilation 2 0.124 vs 0.188, 13x13 with dilation 2
+// 0.148 vs 0.195). Rows: NA dims; columns: head dims <= 32, <= 64, <= 128.
+constexpr int64_t kTcRpbMaxWindow[3][3] = {{0, 0, 0}, {169, 149, 169}, {4000, 4000, 0}};
+
+int64_t tc_rpb_max_window(int na_dim, int64_t head_dim) {
+  if (head_dim > 128) return 0;
+  return kTcRpbMaxWindow[na_dim - 1][head_dim <= 32 ? 0 : head_dim <= 64 ? 1 : 2];
+}
 // The backward with an RPB (call 4, forward + backward, bf16, ms, tc vs the default's sm90
 // backward): 2-D D64 13x13 1.53 vs 2.90, 17x17 2.53 vs 3.99, 21x21 3.07 vs 5.43, D32 21x21
 // 2.23 vs 5.03; 3-D D64 5x9x9 3.38 vs 6.38, 7x9x9 4.48 vs 8.46: the sm90 dK/dV pass's dRPB
@@ -95,7 +102,9 @@ constexpr int64_t kSm90MinWindowBackwardRpb[3] = {2048, 1024, 2048};
 // 7x7 again (56x56 B32 H4: 0.148 vs 0.159) and ties 9x9 (0.184 vs 0.183), sm90 wins 13x13
 // (0.242 vs 0.283); head dim 128 keeps the thirteenth session's rule.
 // (Head dim 64 since the thirtieth session: kSm90MaxWalkRatio.)
-constexpr int64_t kSm90MinWindow2dPlain = 49;
+// Thirtieth session (call 5, D128, no RPB, sm90 vs tc): 7x7 0.084 vs 0.081 on 56x56 B8 H4,
+// 0.085 vs 0.077 on 28x28 B32 H4; with dilation 2 9x9 0.091 vs 0.096, 13x13 0.123 vs 0.141.
+constexpr int64_t kSm90MinWindow2dPlain = 81;
 constexpr int kSm90SmallHeadDim = 32;
 // Head dims above kTcMaxHeadDim (256): the tensor-core family stops at 128, so the Hopper
 // family's alternative is the SIMT family (CUDA cores), and it runs at any window, forward
@@ -118,8 +127,14 @@ constexpr int64_t kSm90MinWindowBackwardSmallHead = 400;
 constexpr int kSm90BackwardSmallHeadDim[3] = {0, 32, 64};
 
 // The backward's minimum window for a head dim (the larger of D and D_v).
+// Thirtieth session (PERF.md call 5; 16384 tokens B2 H8, backward = f+b - forward, GPU ms, sm90
+// vs tc): in 1-D at head dim 128 the sm90 backward wins from 65 keys, with an RPB too (w65
+// 0.375 vs 0.468, w127 0.417 vs 0.653; with an RPB 0.368 vs 0.407 and 0.454 vs 0.619).
+constexpr int64_t kSm90MinWindowBackward1dHead128 = 65;
+
 int64_t sm90_min_window_backward(int na_dim, int64_t head_dim) {
   if (head_dim > 0 && head_dim <= kSm90BackwardSmallHeadDim[na_dim - 1]) return kSm90MinWindowBackwardSmallHead;
+  if (na_dim == 1 && head_dim > 64) return kSm90MinWindowBackward1dHead128;
   return kSm90MinWindowBackward[na_dim - 1];
 }
 
@@ -335,6 +350,22 @@ bool plain_2d_window(const nattn::Params& p) {
 // (at dilation 3-4, where the 64-key pair avoids pieces, the crossover may lie lower: not
 // measured).
 constexpr int64_t kSm90MinWindow1dPerDilation = 64;
+// Thirtieth session (PERF.md call 5; 16384 tokens B2 H8, forward, GPU ms, sm90 vs tc): below
+// 128 keys in 1-D the 64-query pair wins where its union fits one 128-key box (D64 w33 0.061
+// vs 0.070, w65 0.061 vs 0.089; with an RPB 0.068 vs 0.074 and 0.069 vs 0.096) and loses or
+// ties beyond (w97 0.115 vs 0.110, with an RPB 0.139 vs 0.118); at head dim 128 sm90 wins
+// from 65 keys (w65 0.131 vs 0.172, w127 0.143 vs 0.247) and at head dim 32 tc (w127 0.077
+// vs 0.100).
+constexpr int64_t kSm90OneBoxKeys1d = 128;
+constexpr int64_t kSm90MinWindow1dHead128 = 65;
+
+// Below kSm90MinWindow in 1-D (any RPB): the rule above.
+bool sm90_small_1d(const nattn::Params& p, int64_t head_dim) {
+  if (head_dim <= kSm90SmallHeadDim) return false;
+  if (head_dim > 64) return window_keys(p) >= kSm90MinWindow1dHead128;
+  const nattn::KernelEntry* e = default_sm90(p, int(head_dim));
+  return e && walked_keys(p, *e) <= kSm90OneBoxKeys1d;
+}
 
 // Keys the default pair's boxes walk per query, times the query rows they cover, over the
 // window's keys (kSm90MaxWalkRatio); no pair: infinity.
@@ -349,13 +380,13 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
   if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;
   if (p.na_dim == 1 && p.dilation[0] > 2 && window < kSm90MinWindow1dPerDilation * p.dilation[0]) return false;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;
-  if (!backward && p.rpb && head_dim <= kTcRpbMaxHeadDim[p.na_dim - 1] && window <= kTcRpbMaxWindow[p.na_dim - 1])
-    return false;
-  if (backward && p.rpb && window < kSm90MinWindowBackwardRpb[p.na_dim - 1]) return false;
+  if (!backward && p.na_dim == 1 && window < kSm90MinWindow[0]) return sm90_small_1d(p, head_dim);
+  if (!backward && p.rpb && window <= tc_rpb_max_window(p.na_dim, head_dim)) return false;
+  const bool rpb_1d_head128 = p.na_dim == 1 && head_dim > 64 && head_dim <= kTcMaxHeadDim;
+  if (backward && p.rpb && !rpb_1d_head128 && window < kSm90MinWindowBackwardRpb[p.na_dim - 1]) return false;
   const bool by_walk = p.na_dim == 3 || (p.na_dim == 2 && window < kSm90MinWindow[1]);
   if (!backward && head_dim <= kSm90WalkRatioMaxHeadDim && by_walk && !p.rpb)
     return sm90_walk_ratio(p, int(head_dim)) <= kSm90MaxWalkRatio[p.na_dim - 2][head_dim > kSm90SmallHeadDim];
-  if (!backward && head_dim <= kSm90WalkRatioMaxHeadDim && p.na_dim == 2 && window < kSm90MinWindow[1]) return false;
   if (!backward && p.na_dim == 2 && plain_2d_window(p) && head_dim > kSm90WalkRatioMaxHeadDim)
     return window >= kSm90MinWindow2dPlain;
   if (backward) return window >= sm90_min_window_backward(p.na_dim, p.dim > p.dim_v ? p.dim : p.dim_v);

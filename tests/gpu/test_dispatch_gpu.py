@@ -119,6 +119,29 @@ def test_1d_dilation_above_2_runs_sm90_from_64_keys_per_unit_of_dilation():
     assert families((257,), dilation=2, **kw) == {"forward": "sm90", "dkv": "sm90"}
 
 
+def test_small_1d_windows_run_sm90_where_one_key_box_holds_a_query_box_union():
+    # measured (PERF.md, thirtieth session, call 5; 16384 tokens B2 H8, sm90 vs tc, ms):
+    # forward D64 w65 0.061 vs 0.089, w97 0.115 vs 0.110; D128 w65 0.131 vs 0.172; D32 w127
+    # 0.100 vs 0.077; backward (f+b - forward) D128 w65 0.375 vs 0.468, with an RPB too
+    kw = dict(spatial=(16384,), heads=8, batch=2)
+    assert forward_family((65,), rpb=False, dim=64, **kw) == "sm90"
+    assert forward_family((65,), rpb=True, dim=64, **kw) == "sm90"
+    assert forward_family((97,), rpb=False, dim=64, **kw) == "tc"
+    assert forward_family((127,), rpb=False, dim=32, **kw) == "tc"
+    assert families((65,), rpb=True, dim=128, backward=True, **kw) == {"forward": "sm90", "dkv": "sm90"}
+    assert families((65,), rpb=False, dim=64, backward=True, **kw) == {"forward": "sm90", "dkv": "tc"}
+
+
+def test_head_dim_128_2d_runs_tc_at_7x7_and_with_rpb_up_to_169_keys():
+    # measured (PERF.md, thirtieth session, call 5; sm90 vs tc, ms): 7x7 on 56x56 B8 H4
+    # 0.084 vs 0.081; with an RPB 7x7 0.114 vs 0.087, 13x13 with dilation 2 0.195 vs 0.148
+    big = dict(spatial=(56, 56), batch=2, dim=128)
+    assert forward_family(7, rpb=False, **big) == "tc"
+    assert forward_family(13, rpb=False, **big) == "sm90"
+    assert forward_family(13, rpb=True, **big) == "tc"
+    assert forward_family(15, rpb=True, **big) == "sm90"
+
+
 def test_head_dims_above_128_train_on_sm90_at_any_window():
     # no tensor-core instance above 128: the Hopper backward at 256 (backward_wide.cuh) runs
     # from the smallest window, natively or on zero-padded copies (PERF.md, twenty-ninth
