@@ -129,7 +129,7 @@ constexpr int kSm90BackwardSmallHeadDim[3] = {0, 32, 64};
 // The backward's minimum window for a head dim (the larger of D and D_v).
 // Thirtieth session (PERF.md call 5; 16384 tokens B2 H8, backward = f+b - forward, GPU ms, sm90
 // vs tc): in 1-D at head dim 128 the sm90 backward wins from 65 keys, with an RPB too (w65
-// 0.375 vs 0.468, w127 0.417 vs 0.653; with an RPB 0.368 vs 0.407 and 0.454 vs 0.619).
+// 0.375 vs 0.471, w127 0.417 vs 0.653; with an RPB 0.532 vs 0.601 and 0.643 vs 0.900).
 constexpr int64_t kSm90MinWindowBackward1dHead128 = 65;
 
 int64_t sm90_min_window_backward(int na_dim, int64_t head_dim) {

@@ -122,7 +122,7 @@ def test_1d_dilation_above_2_runs_sm90_from_64_keys_per_unit_of_dilation():
 def test_small_1d_windows_run_sm90_where_one_key_box_holds_a_query_box_union():
     # measured (PERF.md, thirtieth session, call 5; 16384 tokens B2 H8, sm90 vs tc, ms):
     # forward D64 w65 0.061 vs 0.089, w97 0.115 vs 0.110; D128 w65 0.131 vs 0.172; D32 w127
-    # 0.100 vs 0.077; backward (f+b - forward) D128 w65 0.375 vs 0.468, with an RPB too
+    # 0.100 vs 0.077; backward (f+b - forward) D128 w65 0.375 vs 0.471, with an RPB 0.532 vs 0.601
     kw = dict(spatial=(16384,), heads=8, batch=2)
     assert forward_family((65,), rpb=False, dim=64, **kw) == "sm90"
     assert forward_family((65,), rpb=True, dim=64, **kw) == "sm90"
