@@ -152,6 +152,52 @@ def test_sm90_default_2d_pair_counts_padded_query_rows(spatial, kernel, dilation
         assert costs["q8x16_k8x8"] > costs["q8x8_k7x16"]
 
 
+# The default family rules' measured choices (docs/dev/PERF.md, thirtieth session; the GPU
+# tier's test_dispatch_gpu.py checks the kernels that actually run): (spatial, kernel, head
+# dim, dilation, rpb, backward, sm90 instance head dim, answer).
+_RULES = [
+    ((56, 56), (7, 7), 32, 1, False, False, 32, "native"),   # 0.094 vs tc 0.104 ms (walk ratio 4.6)
+    ((28, 28), (7, 7), 32, 1, False, False, 32, ""),         # 0.115 vs 0.102 (ratio 6.0: 3.5 boxes an axis)
+    ((14, 14), (7, 7), 64, 1, False, False, 64, ""),
+    ((28, 28), (7, 7), 32, 4, False, False, 32, "native"),   # 0.049 vs 0.056
+    ((28, 28), (7, 7), 64, 4, False, False, 64, "native"),   # 0.065 vs 0.072 on the 8x8 pair
+    ((56, 56), (7, 7), 64, 2, False, False, 64, ""),         # 0.150 vs 0.141
+    ((56, 56), (7, 7), 32, 1, True, False, 32, ""),          # with an RPB 0.121 vs 0.117
+    ((28, 28), (13, 13), 32, 1, True, False, 32, ""),
+    ((28, 28), (15, 15), 32, 1, True, False, 32, "native"),
+    ((28, 28), (11, 11), 64, 1, True, False, 64, ""),        # 0.083 vs 0.069
+    ((28, 28), (13, 13), 64, 1, True, False, 64, "native"),  # mid-2d with an RPB 0.321 vs 0.394
+    ((56, 56), (7, 7), 128, 1, False, False, 128, ""),       # 0.084 vs 0.081
+    ((56, 56), (13, 13), 128, 1, True, False, 128, ""),      # 0.195 vs 0.148 (dilation 2)
+    ((16, 32, 32), (5, 7, 7), 64, 1, False, False, 64, "native"),  # video-3d 0.320 vs 0.335
+    ((16, 32, 32), (3, 7, 7), 64, 1, False, False, 64, ""),        # 0.281 vs 0.235
+    ((16, 32, 32), (5, 7, 7), 32, 1, False, False, 32, ""),        # 0.292 vs 0.260
+    ((16, 32, 32), (5, 9, 9), 32, 1, False, False, 32, "native"),  # 0.316 vs 0.374
+    ((16, 32, 32), (9, 11, 11), 32, 1, True, False, 32, ""),       # 0.935 vs 1.328
+    ((16, 32, 32), (15, 17, 17), 32, 1, True, False, 32, "native"),
+    ((16384,), (65,), 64, 1, False, False, 64, "native"),    # 0.061 vs 0.089: one 128-key box
+    ((16384,), (97,), 64, 1, False, False, 64, ""),          # 0.115 vs 0.110
+    ((16384,), (65,), 64, 1, False, True, 64, ""),           # the backward: tc's below 128 keys
+    ((16384,), (65,), 128, 1, True, True, 128, "native"),    # 0.532 vs 0.601
+    ((16384,), (127,), 32, 1, False, False, 32, ""),         # 0.100 vs 0.077
+    ((16, 32, 32), (9, 9, 9), 24, 1, False, False, 32, "padded"),  # 729 keys: zero-padded to 32
+]
+
+
+@pytest.mark.parametrize("spatial, kernel, dim, dilation, rpb, backward, instance, answer", _RULES)
+def test_default_family_rules(spatial, kernel, dim, dilation, rpb, backward, instance, answer):
+    """libnattn's default Hopper-or-not choice for the problems it was measured on, asked on
+    the CPU (``nattn_sm90_preferred``: the rules, before any device query)."""
+    nd = len(spatial)
+    if instance not in LIB.kernels.get(("sm90", "bfloat16", nd), ()) or getattr(LIB, "_sm90_preferred", None) is None:
+        pytest.skip("this build has no bf16 sm90 instance for the case, or no rule query")
+    if backward and ("bfloat16", nd, instance) not in LIB.sm90_backward:
+        pytest.skip("this build has no sm90 backward for the case")
+    q = torch.empty(2, *spatial, 4, dim, dtype=torch.bfloat16, device="meta")
+    params = normalize(q, q, q, nd, kernel, dilation=(dilation,) * nd)
+    assert CUDA.sm90_preferred(q, q, q, params, rpb=rpb, backward=backward) == answer
+
+
 def test_bench_dry_run_prints_the_configurations(capsys):
     """On the library's own (dtype, NA dim, head dim), and on one it has no kernel for."""
     from nattn.bench.__main__ import main

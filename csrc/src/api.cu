@@ -371,6 +371,39 @@ NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* 
   return kOk;
 }
 
+// Whether the default rules (no NATTN_FAMILY, no named tile pair or split) run this problem
+// on the Hopper family on a compute capability 9.0 GPU: *out = 1 natively, 2 on zero-padded
+// head dims, 0 on another family. The rules alone (sm90_preferred, sm90_padded_preferred and
+// the compiled pairs' static checks), before any device query: split-KV's small-grid rule,
+// which depends on the GPU's SM count, is left out. `fields` are a forward's (pointers
+// nonzero, rpb's where the call has an RPB); `backward` asks about that problem's backward.
+// For tests and dry runs (nattn.bench --dry-run). Returns 0, or the error of a forward with
+// the same fields.
+NATTN_API int nattn_sm90_preferred(const int64_t* fields, int64_t n_fields, int64_t backward, int64_t* out, char* err,
+                                   int64_t err_len) {
+  nattn::Params p;
+  const nattn::KernelEntry* entry = nullptr;
+  const int code = build_params(fields, n_fields, 1.0, false, p, entry, err, err_len);
+  if (code != kOk) return code;
+  if (!out) return kInvalid;
+  NattnProblem pr;
+  memcpy(&pr, fields, sizeof pr);
+  *out = 0;
+  if (p.dtype == 0 || pr.dropout_p_bits != 0) return kOk;  // float32 and dropout never run it
+  const bool bwd = backward != 0;
+  const int padded = sm90_padded_head_dim(p, bwd);
+  if (padded) {
+    *out = sm90_padded_preferred(p, padded, bwd) ? 2 : 0;
+    return kOk;
+  }
+  const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
+  const char* why = nullptr;
+  const nattn::KernelEntry* e = bwd ? find_sm90_backward(p, dim_max, &why) : default_sm90(p, dim_max);
+  if (!e || (!bwd && sm90_pair_declines(p, *e))) return kOk;
+  *out = sm90_preferred(p, bwd) ? 1 : 0;
+  return kOk;
+}
+
 // The families of this build whose kernels run attention dropout (kernel_table.DROPOUT_FAMILIES
 // with compiled instances), ';'-separated: "tc;simt", "tc", "simt" or "" (Python's cuda backend
 // then declines dropout, as it does with a library from before ABI 3, which lacks this

@@ -92,6 +92,11 @@ class Library:
             self._sm90_configs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64,
                                            ctypes.c_char_p, ctypes.c_int64]
             self._sm90_configs.restype = ctypes.c_int
+        self._sm90_preferred = getattr(lib, "nattn_sm90_preferred", None)  # older builds: none
+        if self._sm90_preferred is not None:
+            self._sm90_preferred.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                             ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_int64]
+            self._sm90_preferred.restype = ctypes.c_int
         # The unfused window ops (older builds: none): (dtype, na_dim) instances
         self.window_ops = set()
         self.window_op = getattr(lib, "nattn_window_op", None)
@@ -155,6 +160,22 @@ class Library:
             configs.append(dict(name=parts[0], keys=int(parts[1]), default="default" in words,
                                 backward="backward" in words, declined=declined or None))
         return configs
+
+    def sm90_preferred(self, fields, backward: bool = False) -> Optional[str]:
+        """Whether libnattn's default rules run a problem (packed forward fields) on its Hopper
+        family on a compute capability 9.0 GPU: "native", "padded" (zero-padded head dims) or
+        "" (another family); None when this build cannot say (older than the query). The
+        rules alone: split-KV's small-grid rule, which depends on the GPU, is left out.
+        Raises ValueError with libnattn's message for a bad problem."""
+        if self._sm90_preferred is None:
+            return None
+        out, err = ctypes.c_int64(0), ctypes.create_string_buffer(1024)
+        fields[0] = self.abi
+        rc = self._sm90_preferred(ctypes.cast(fields, ctypes.c_void_p), self.num_fields, int(backward),
+                                  ctypes.byref(out), err, len(err))
+        if rc:
+            raise ValueError(err.value.decode(errors="replace"))
+        return ("", "native", "padded")[out.value]
 
 
 def load() -> Optional[Library]:

@@ -373,17 +373,27 @@ class CudaBackend(Backend):
         """The Hopper backward's own dQ pass (not NATTN_SM90_DQ=atomic's KV-parallel dQ)."""
         return "dq=pass"
 
+    def _shape_fields(self, q, k, v, params, rpb: bool = False):
+        """A forward's packed fields with stand-in pointers, for the library's queries that
+        read shapes, dtypes and strides only (``q``, ``k``, ``v`` may be meta tensors)."""
+        out = torch.empty(v.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device="meta")
+        fields, _ = self._template(params, (q, k, v, out, None, None, None, None))
+        fields = _Problem.from_buffer_copy(fields)
+        for slot in _PTR_SLOTS[:6 if rpb else 5]:  # q, k, v, out, lse (rpb): never dereferenced
+            fields[slot] = 1 << 20
+        return fields
+
     def sm90_configs(self, q, k, v, params) -> list:
         """The Hopper family's tile pairs for this forward problem (``Library.sm90_configs``).
         Only shapes, dtypes and strides matter: ``q``, ``k``, ``v`` may be meta tensors."""
-        lib = self._lib()
-        shape_only = [t if t is not None else None for t in (q, k, v)]
-        out = torch.empty(v.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device="meta")
-        fields, _ = self._template(params, (*shape_only, out, None, None, None, None))
-        fields = _Problem.from_buffer_copy(fields)
-        for slot in _PTR_SLOTS[:5]:  # q, k, v, out, lse: never dereferenced by the query
-            fields[slot] = 1 << 20
-        return lib.sm90_configs(fields)
+        return self._lib().sm90_configs(self._shape_fields(q, k, v, params))
+
+    def sm90_preferred(self, q, k, v, params, rpb: bool = False, backward: bool = False):
+        """Whether libnattn's default rules run this problem (with an RPB when ``rpb``; its
+        backward when ``backward``) on the Hopper family on a compute capability 9.0 GPU:
+        "native", "padded" or "" (``Library.sm90_preferred``; None: an older build). Meta
+        tensors are fine."""
+        return self._lib().sm90_preferred(self._shape_fields(q, k, v, params, rpb), backward)
 
     def _call(self, lib, fn, fields, device, scale):
         n = getattr(lib, "num_fields", len(fields))

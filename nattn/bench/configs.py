@@ -44,9 +44,12 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
     minimum = lib.sm90_min_window_head.get((p.na_dim, p.dim), lib.sm90_min_window.get(p.na_dim))
     runs = "runs by default" if minimum is not None and params.window_size >= minimum else \
         f"runs by default from {minimum} keys per query (this window: {params.window_size})"
-    small = p.na_dim == 3 or (p.na_dim == 2 and minimum is not None and params.window_size < minimum)
-    if small and max(p.dim, dim_v) <= 64:  # libnattn's walk-ratio rule (docs/kernels.md, "When it runs")
-        runs = "runs by default without an RPB where its boxes walk at most ~5x the window's keys per query"
+    try:  # libnattn's own answer (its rules depend on how the boxes fit the problem)
+        chosen = BACKENDS["cuda"].sm90_preferred(q, k, v, params)
+    except ValueError:
+        chosen = None
+    if chosen is not None:
+        runs = "runs by default" if chosen else "not the default here: another family measured faster on such problems"
     lines.append(f"  sm90 (compute capability 9.0; {runs}; name one per call with backend='cuda:<name>', or "
                  "NATTN_SM90_TILE=<name> process-wide; cost: keys walked per query times the query rows its boxes cover per query, 64-key boxes counted 1.15x, "
                  "64-query boxes 1.3x in 1-D, 1.5x in 3-D, 0.6x in 2-D at head dim 32, 1-D key boxes copied in "
