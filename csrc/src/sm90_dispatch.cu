@@ -65,8 +65,8 @@ constexpr int kSm90WalkRatioMaxHeadDim = 64;
 // 0.241; D64 7x7 0.162 vs 0.205, 9x9 0.198 vs 0.248, 11x11 0.257 vs 0.336, 13x13 0.304 vs
 // 0.337; 28x28 dilation 4 at D64 0.084 vs 0.191; NAT's 14x14 B128 H8 D32 0.072 vs 0.099).
 // In 3-D likewise (call 4; 16x32x32 B2 H8 D64: 5x9x9 0.532 vs 0.634, 7x9x9 0.681 vs 0.804).
-// 2-D and 3-D forwards at head dims <= 64 with an RPB run tc up to these many keys (1-D: not
-// measured, the rule without RPB).
+// Forwards with an RPB run tc up to kTcRpbMaxWindow's keys (per NA dim and head dim; 1-D:
+// the rule without RPB, measured with one in the thirtieth session).
 // Thirtieth session (PERF.md call 1; the self-fed 64-query CTAs, sm90 vs tc with an RPB):
 // at head dim 64 13x13 on 128x128 (B4 H8) runs 0.321 vs 0.394 ms and 11x11 on 56x56 ties
 // (0.244 vs 0.243), while at head dim 32 tc still wins 13x13 (0.245 vs 0.221); 7x7 ties or
