@@ -44,20 +44,27 @@ def problem(name: str) -> Problem:
     return Problem(name, spatial, int(m[3]), int(m[4]), int(m[5]), dims(m[2]), dilation=dilation)
 
 
+def call(p: Problem, bwd: bool, with_rpb: bool):
+    """Random bf16 inputs for ``p`` on the GPU (an RPB table when ``with_rpb``; leaves that need
+    gradients under ``bwd``): ``(q, leaves, f)``, ``f()`` one cuda-backend call on them."""
+    q, k, v = (torch.randn(p.batch, *p.spatial, p.heads, p.dim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=bwd) for _ in range(3))
+    rpb = None
+    if with_rpb:
+        rpb = torch.randn(p.heads, *(2 * w - 1 for w in p.kernel), device="cuda", requires_grad=bwd)
+    leaves = tuple(t for t in (q, k, v, rpb) if t is not None)
+
+    def f():
+        return FUNCS[p.na_dim](q, k, v, p.kernel, dilation=p.dilation, stride=p.stride, is_causal=p.causal,
+                               rpb=rpb, backend="cuda")
+    return q, leaves, f
+
+
 def main(tag: str, names: str, bwd: bool, graphs: bool = False, with_rpb: bool = False) -> None:
     device = torch.device("cuda")
     for name in names.split(","):
         p = problem(name)
-        q, k, v = (torch.randn(p.batch, *p.spatial, p.heads, p.dim, device="cuda", dtype=torch.bfloat16,
-                               requires_grad=bwd) for _ in range(3))
-        rpb = None
-        if with_rpb:
-            rpb = torch.randn(p.heads, *(2 * w - 1 for w in p.kernel), device="cuda", requires_grad=bwd)
-        leaves = tuple(t for t in (q, k, v, rpb) if t is not None)
-
-        def f():
-            return FUNCS[p.na_dim](q, k, v, p.kernel, dilation=p.dilation, stride=p.stride, is_causal=p.causal,
-                                   rpb=rpb, backend="cuda")
+        q, leaves, f = call(p, bwd, with_rpb)
 
         def fwd():
             with torch.no_grad():

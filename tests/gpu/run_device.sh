@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|optimize|qkav|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|dispatchcheck|optimize|qkav|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -185,6 +185,12 @@ if [[ $what == *familyab* ]]; then
     NATTN_FAMILY=$([[ $fam != default ]] && echo $fam) timeout 200 python3 benchmarks/library_ab.py $fam "$probs" bwd ${AB_ARGS:-} 2>&1 \
       | grep -v "^ \|^Traceback" | tee -a "$OUT/familyab.txt"
   done
+fi
+# The default family rules against the clock (benchmarks/dispatch_check.py): sm90 and tc
+# forced on each problem, the rules' pick, MISMATCH where it is the slower one.
+if [[ $what == *dispatchcheck* ]]; then
+  probs=${DC_PROBLEMS:-dinat-s1-2d,dinat-s2-dil4,mid-2d-k13,video-3d,28x28-k7x7-b128-h4-d32,16x32x32-k3x7x7-b2-h8-d64,16384-k65-b2-h8-d64}
+  timeout 300 python3 benchmarks/dispatch_check.py "$probs" bwd ${DC_ARGS:-} 2>&1 | tee -a "$OUT/dispatch_check.txt"
 fi
 # sm90 against the default choice on small and mid windows: each tile pair forced
 # (NATTN_FAMILY=sm90 NATTN_SM90_TILE; pairs of another NA dim or head dim are declined and
