@@ -10,6 +10,8 @@ from torch.profiler import ProfilerActivity, profile
 
 import nattn
 from nattn._cuda import library
+from nattn.backends import BACKENDS
+from nattn.params import normalize
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -45,6 +47,13 @@ def families(kernel, rpb: bool, dilation=1, spatial=(28, 28), dim=32, heads=4, b
         assert len(fams) <= 1, names
         if fams:
             found[step] = fams.pop()
+    # libnattn's CPU-side answer for the same problem (nattn_sm90_preferred) names the same
+    # family: the export and the call path share the rules
+    params = normalize(q, k, v, len(kernel), kernel, dilation=(dilation,) * len(kernel))
+    for step, bwd in (("forward", False), ("dkv", True)):
+        answer = BACKENDS["cuda"].sm90_preferred(q, k, v, params, rpb=rpb, backward=bwd)
+        if step in found and answer is not None:
+            assert (found[step] == "sm90") == bool(answer), (step, found, answer)
     return found
 
 
