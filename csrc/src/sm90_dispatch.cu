@@ -247,6 +247,25 @@ bool is_sm90_entry(const nattn::KernelEntry& e, const nattn::Params& p, int dim)
   return e.family && !strcmp(e.family, "sm90") && e.dtype == p.dtype && e.na_dim == p.na_dim && e.head_dim == dim;
 }
 
+Sm90Entries sm90_entries() {
+  static const Sm90Entries all = [] {
+    int n = 0;
+    for (int i = 0; i < nattn::kNumKernels; ++i)
+      n += nattn::kKernels[i].family && !strcmp(nattn::kKernels[i].family, "sm90");
+    const nattn::KernelEntry** list = new const nattn::KernelEntry*[n > 0 ? n : 1];
+    int j = 0;
+    for (int i = 0; i < nattn::kNumKernels; ++i)
+      if (nattn::kKernels[i].family && !strcmp(nattn::kKernels[i].family, "sm90")) list[j++] = &nattn::kKernels[i];
+    return Sm90Entries{list, n};
+  }();
+  return all;
+}
+
+// An entry of sm90_entries() for this problem's dtype, NA dim and head dim `dim`.
+bool sm90_entry_for(const nattn::KernelEntry& e, const nattn::Params& p, int dim) {
+  return e.dtype == p.dtype && e.na_dim == p.na_dim && e.head_dim == dim;
+}
+
 // The pair a problem runs by default: the one walking the fewest keys (sm90_tile_cost)
 // among those that fit it, unless the table's first pair of the NA dim is within
 // kSm90TileGain of it.
@@ -254,9 +273,10 @@ const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
   const nattn::KernelEntry* best = nullptr;
   const nattn::KernelEntry* first = nullptr;
   double best_cost = 0;
-  for (int i = 0; i < nattn::kNumKernels; ++i) {
-    const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!is_sm90_entry(e, p, dim) || !sm90_pair_fits(p, e)) continue;
+  const Sm90Entries all = sm90_entries();
+  for (int i = 0; i < all.n; ++i) {
+    const nattn::KernelEntry& e = *all.e[i];
+    if (!sm90_entry_for(e, p, dim) || !sm90_pair_fits(p, e)) continue;
     const double cost = sm90_tile_cost(p, e);
     if (!first) first = &e;
     if (!best || cost < best_cost) best = &e, best_cost = cost;
@@ -283,17 +303,17 @@ bool is_forced_tile(const nattn::KernelEntry& e, int na_dim, const char* forced)
 // The Hopper entry for a problem: the call's tile pair, else NATTN_SM90_TILE's, else the
 // default one.
 const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char** why) {
+  const Sm90Entries all = sm90_entries();
   if (tile_requested(p)) {
-    for (int i = 0; i < nattn::kNumKernels; ++i)
-      if (is_sm90_entry(nattn::kKernels[i], p, dim) && is_requested_tile(p, nattn::kKernels[i])) return &nattn::kKernels[i];
+    for (int i = 0; i < all.n; ++i)
+      if (sm90_entry_for(*all.e[i], p, dim) && is_requested_tile(p, *all.e[i])) return all.e[i];
     *why = "the call's tile pair is not compiled for this dtype, NA dim and head dim";
     return nullptr;
   }
   const char* forced = getenv("NATTN_SM90_TILE");
   if (forced && *forced) {
-    for (int i = 0; i < nattn::kNumKernels; ++i)
-      if (is_sm90_entry(nattn::kKernels[i], p, dim) && is_forced_tile(nattn::kKernels[i], p.na_dim, forced))
-        return &nattn::kKernels[i];
+    for (int i = 0; i < all.n; ++i)
+      if (sm90_entry_for(*all.e[i], p, dim) && is_forced_tile(*all.e[i], p.na_dim, forced)) return all.e[i];
     *why = "NATTN_SM90_TILE names no compiled tile pair for this NA dim and head dim";
     return nullptr;
   }
@@ -309,9 +329,10 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   const char* forced = getenv("NATTN_SM90_TILE");
   if (tile_requested(p)) forced = nullptr;  // the call's pair decides (below)
   const nattn::KernelEntry* first = nullptr;
-  for (int i = 0; i < nattn::kNumKernels; ++i) {
-    const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!is_sm90_entry(e, p, dim) || !e.backward) continue;
+  const Sm90Entries all = sm90_entries();
+  for (int i = 0; i < all.n; ++i) {
+    const nattn::KernelEntry& e = *all.e[i];
+    if (!sm90_entry_for(e, p, dim) || !e.backward) continue;
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
     if (!first) first = &e;

@@ -113,9 +113,10 @@ bool ranged(const nattn::Params& p) {
 int sm90_padded_head_dim(const nattn::Params& p, bool backward) {
   const int need = p.dim > p.dim_v ? p.dim : p.dim_v;
   int own = 0, best = 0;
-  for (int i = 0; i < nattn::kNumKernels; ++i) {
-    const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!e.family || strcmp(e.family, "sm90") || e.dtype != p.dtype || e.na_dim != p.na_dim) continue;
+  const Sm90Entries all = sm90_entries();
+  for (int i = 0; i < all.n; ++i) {
+    const nattn::KernelEntry& e = *all.e[i];
+    if (e.dtype != p.dtype || e.na_dim != p.na_dim) continue;
     if (backward && !e.backward) continue;
     if (e.head_dim == p.dim && p.dim == p.dim_v) own = e.head_dim;
     if (e.head_dim >= need && (!best || e.head_dim < best)) best = e.head_dim;
