@@ -355,9 +355,10 @@ NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* 
   const nattn::KernelEntry* best = default_sm90(p, dim_max);
   int64_t used = 0;
   out[0] = '\0';
-  for (int i = 0; i < nattn::kNumKernels; ++i) {
-    const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (!is_sm90_entry(e, p, dim_max)) continue;
+  const Sm90Entries all = sm90_entries();
+  for (int i = 0; i < all.n; ++i) {
+    const nattn::KernelEntry& e = *all.e[i];
+    if (!sm90_entry_for(e, p, dim_max)) continue;
     char name[64];
     sm90_tile_name(e, p.na_dim, name, sizeof name);
     const char* why = sm90_pair_declines(p, e);

@@ -243,19 +243,12 @@ bool sm90_pair_fits(const nattn::Params& p, const nattn::KernelEntry& e) {
   return !p.rpb || queries >= nattn::sm90::kQueryRows || p.rpb_head_size <= nattn::sm90::kSmallRpbStageFloats;
 }
 
-bool is_sm90_entry(const nattn::KernelEntry& e, const nattn::Params& p, int dim) {
-  return e.family && !strcmp(e.family, "sm90") && e.dtype == p.dtype && e.na_dim == p.na_dim && e.head_dim == dim;
-}
-
 Sm90Entries sm90_entries() {
   static const Sm90Entries all = [] {
+    const nattn::KernelEntry** list = new const nattn::KernelEntry*[nattn::kNumKernels > 0 ? nattn::kNumKernels : 1];
     int n = 0;
     for (int i = 0; i < nattn::kNumKernels; ++i)
-      n += nattn::kKernels[i].family && !strcmp(nattn::kKernels[i].family, "sm90");
-    const nattn::KernelEntry** list = new const nattn::KernelEntry*[n > 0 ? n : 1];
-    int j = 0;
-    for (int i = 0; i < nattn::kNumKernels; ++i)
-      if (nattn::kKernels[i].family && !strcmp(nattn::kKernels[i].family, "sm90")) list[j++] = &nattn::kKernels[i];
+      if (nattn::kKernels[i].family && !strcmp(nattn::kKernels[i].family, "sm90")) list[n++] = &nattn::kKernels[i];
     return Sm90Entries{list, n};
   }();
   return all;
@@ -459,11 +452,10 @@ NATTN_API int64_t nattn_sm90_min_window_backward_head(int64_t na_dim, int64_t he
 // Whether this build has the Hopper family's backward for a dtype code, NA dim and head dim
 // (Python's dispatch sends training calls to cuda only then).
 NATTN_API int64_t nattn_sm90_has_backward(int64_t dtype, int64_t na_dim, int64_t head_dim) {
-  for (int i = 0; i < nattn::kNumKernels; ++i) {
-    const nattn::KernelEntry& e = nattn::kKernels[i];
-    if (e.family && !strcmp(e.family, "sm90") && e.dtype == dtype && e.na_dim == na_dim && e.head_dim == head_dim &&
-        e.backward)
-      return 1;
+  const Sm90Entries all = sm90_entries();
+  for (int i = 0; i < all.n; ++i) {
+    const nattn::KernelEntry& e = *all.e[i];
+    if (e.dtype == dtype && e.na_dim == na_dim && e.head_dim == head_dim && e.backward) return 1;
   }
   return 0;
 }

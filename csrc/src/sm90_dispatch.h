@@ -25,7 +25,6 @@ bool split_by_default(const nattn::Params& p, int device);
 
 double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e);
 void sm90_tile_name(const nattn::KernelEntry& e, int na_dim, char* buf, size_t n);
-bool is_sm90_entry(const nattn::KernelEntry& e, const nattn::Params& p, int dim);
 // The kernel table's Hopper entries in table order, collected once: the per-call choices
 // compare integers only (a strcmp on each of the table's ~770 entries cost ~2 us a call).
 struct Sm90Entries {
@@ -33,6 +32,7 @@ struct Sm90Entries {
   int n;
 };
 Sm90Entries sm90_entries();
+bool sm90_entry_for(const nattn::KernelEntry& e, const nattn::Params& p, int dim);  // dtype, NA dim, head dim
 const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim);
 bool tile_requested(const nattn::Params& p);
 const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char** why);
