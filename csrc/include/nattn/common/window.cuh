@@ -29,13 +29,19 @@ NATTN_HD AxisRange query_window(int ig, int len_g, int k, int s, bool causal) {
 // is the query's stride-block leader (block + s / 2) clamped to [k / 2, len_g - 1 - right], so
 // past the clamps it is the first block >= t - s / 2. (Needs len_g >= k, 1 <= s <= k: the
 // argument checks guarantee both.)
+// Selects, not branches: the tensor-core passes find 4-12 of these per lane in their setup,
+// and the early returns compiled to ~20 instructions with three branches each (~8% of a
+// DiNAT-sized dK/dV pass's instructions, PERF.md thirty-second session); a stride s > 1
+// takes the one branch, to its division.
 NATTN_HD int first_centre_at_least(int t, int len_g, int k, int s) {
-  const int left = k / 2, right = k / 2 + k % 2 - 1;
-  if (t <= left) return 0;
-  if (t > len_g - 1 - right) return len_g;
-  const int need = t - s / 2;  // block(i) >= need
-  if (need <= 0) return 0;
-  return nattn_min(len_g, s == 1 ? need : (need + s - 1) / s * s);
+  const int left = k >> 1, right = (k >> 1) + (k & 1) - 1;  // k >= 1
+  int first = t;  // s == 1: block(i) = i >= t (t > left >= 0 where it counts)
+  if (s != 1) {
+    const int need = t - s / 2;  // block(i) >= need
+    first = need <= 0 ? 0 : (need + s - 1) / s * s;
+  }
+  first = t > len_g - 1 - right ? len_g : nattn_min(len_g, first);
+  return t <= left ? 0 : first;
 }
 
 // Queries [start, start + count) (group coordinates) whose window holds key jg. Window start
