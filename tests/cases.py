@@ -6,7 +6,8 @@ from typing import Optional, Tuple
 
 
 @dataclass
-class Case:
+class Problem:
+    """The fields every sweep case has (the CPU sweeps' Case, the GPU tier's GpuCase)."""
     spatial: Tuple[int, ...]
     kernel: Tuple[int, ...]
     stride: Tuple[int, ...]
@@ -19,6 +20,10 @@ class Case:
     dim_v: int
     extra: int  # number of additional keys/values (0: none)
     rpb: bool
+
+
+@dataclass
+class Case(Problem):
     scale: Optional[float] = None
     seed: int = 0
 

@@ -4,12 +4,12 @@ import os
 import random
 import sys
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # tests/, for scripts too
-from cases import random_window  # noqa: E402
+from cases import Problem, random_window  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (8, 16, 24, 32, 40, 64, 72, 96, 128, 136, 256)
@@ -39,19 +39,7 @@ def built_space(dtypes=DTYPES, head_dims=HEAD_DIMS):
 
 
 @dataclass
-class GpuCase:
-    spatial: Tuple[int, ...]
-    kernel: Tuple[int, ...]
-    stride: Tuple[int, ...]
-    dilation: Tuple[int, ...]
-    causal: Tuple[bool, ...]
-    batch: int
-    heads: int
-    heads_kv: int
-    dim: int
-    dim_v: int
-    extra: int
-    rpb: bool
+class GpuCase(Problem):
     dtype: torch.dtype
     layout: str  # "plain" | "fused" (q/k/v sliced from one projection) | "heads_major" | "axes_reversed"
     scale: Optional[float]
@@ -181,6 +169,36 @@ def run_backend(backend, q, k, v, rpb, params, rng, g_out, g_lse):
     out, lse = backend.na_forward(q, k, v, rpb, params, rng=rng)
     grads = backend.na_backward(q, k, v, rpb, out, lse, g_out, g_lse, params, rng=rng)
     return out, lse, grads
+
+
+def compare_dropout(case: GpuCase, p: float, tol: float, lse_tol: float = 1e-4):
+    """The cuda backend against the reference on one dropout draw (fresh random inputs and
+    gradients of the output and the LSE): output within tol, the LSE (computed without
+    dropout) within lse_tol, dq/dk/dv/drpb within 2 tol; at p >= 0.5 the output must also
+    be far (10 tol) from the same call without dropout (the mask is there)."""
+    import dataclasses
+    from nattn import dropout
+    from nattn.backends import BACKENDS
+    cuda, ref = BACKENDS["cuda"], BACKENDS["reference"]
+    q, k, v, rpb = detached_inputs(case)
+    params = dropout_params(case, q, k, v, rpb, p)
+    assert cuda.na_not_supported_reasons(q, k, v, rpb, params, True) == [], "cuda declined the dropout problem"
+    rng = dropout.draw_rng(q.device)
+    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
+    g_out = torch.randn(*q.shape[:-1], v.shape[-1], generator=g, device="cuda").to(q.dtype)
+    g_lse = torch.randn(q.shape[:-1], generator=g, device="cuda")
+    o_c, l_c, grads_c = run_backend(cuda, q, k, v, rpb, params, rng, g_out, g_lse)
+    o_r, l_r, grads_r = run_backend(ref, q, k, v, rpb, params, rng, g_out, g_lse)
+    check("out", o_c, o_r, tol)
+    check("lse", l_c, l_r, lse_tol)
+    for name, gc, gr in zip(("dq", "dk", "dv", "drpb"), grads_c, grads_r):
+        if gr is None:
+            assert gc is None, f"{name}: cuda returned a gradient the reference has not"
+            continue
+        check(name, gc, gr, 2 * tol)
+    if p >= 0.5:  # compared where the expected difference is large: many keys dropped
+        o0, _ = cuda.na_forward(q, k, v, rpb, dataclasses.replace(params, dropout_p=0.0))
+        assert rel_err(o_c, o0) > 10 * tol, "dropout_p > 0 left the output unchanged"
 
 
 def functional_call(case: GpuCase, t, p: float, backend="cuda"):

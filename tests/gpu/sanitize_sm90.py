@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from nattn.distributed.halo import _RangedNA  # noqa: E402
 from nattn.params import NAParams  # noqa: E402
-from gpu_cases import make_inputs  # noqa: E402
+from gpu_cases import functional_call, make_inputs  # noqa: E402
 from sm90_cases import sm90_sweep  # noqa: E402
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
@@ -23,11 +23,7 @@ FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 def sweep(count):
     for case in sm90_sweep(count, seed=77):
         t, leaves = make_inputs(case)
-        out, lse = FUNCS[len(case.spatial)](
-            t["query"], t["key"], t["value"], case.kernel, stride=case.stride,
-            dilation=case.dilation, is_causal=case.causal, scale=case.scale,
-            additional_keys=t.get("additional_keys"), additional_values=t.get("additional_values"),
-            rpb=t.get("rpb"), backend="cuda", return_lse=True)
+        out, lse = functional_call(case, t, 0.0)
         grads = torch.autograd.grad([out, lse], leaves, [torch.randn_like(out), torch.randn_like(lse)])
         torch.cuda.synchronize()
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)

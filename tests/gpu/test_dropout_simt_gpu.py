@@ -26,8 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nattn  # noqa: E402
-from gpu_cases import (check, detached_inputs, dropout_params, random_case, rel_err, run_backend,  # noqa: E402
-                       seeded_forward_backward)
+from gpu_cases import check, compare_dropout, random_case, seeded_forward_backward  # noqa: E402
 from nattn import _call_cache, dropout  # noqa: E402
 from nattn._cuda import library  # noqa: E402
 from nattn.backends import BACKENDS, choose_na_backend  # noqa: E402
@@ -77,26 +76,7 @@ CASES = sweep(N_CASES, 5791)
 
 @pytest.mark.parametrize("case,p", CASES, ids=[f"{i}-p{p}-{c}" for i, (c, p) in enumerate(CASES)])
 def test_simt_dropout_matches_reference(case, p):
-    q, k, v, rpb = detached_inputs(case)
-    params = dropout_params(case, q, k, v, rpb, p)
-    assert CUDA.na_not_supported_reasons(q, k, v, rpb, params, True) == [], "cuda declined a SIMT dropout problem"
-    rng = dropout.draw_rng(q.device)
-    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
-    g_out = torch.randn(*q.shape[:-1], v.shape[-1], generator=g, device="cuda").to(q.dtype)
-    g_lse = torch.randn(q.shape[:-1], generator=g, device="cuda")
-    o_c, l_c, grads_c = run_backend(CUDA, q, k, v, rpb, params, rng, g_out, g_lse)
-    o_r, l_r, grads_r = run_backend(REF, q, k, v, rpb, params, rng, g_out, g_lse)
-    tol = TOL[case.dtype]
-    check("out", o_c, o_r, tol)
-    check("lse", l_c, l_r, 1e-5 if case.dtype == torch.float32 else 1e-4)  # the LSE without dropout
-    for name, gc, gr in zip(("dq", "dk", "dv", "drpb"), grads_c, grads_r):
-        if gr is None:
-            assert gc is None, f"{name}: cuda returned a gradient the reference has not"
-            continue
-        check(name, gc, gr, 2 * tol)
-    if p >= 0.5:  # the dropout is there: far from the call without it
-        o0, _ = CUDA.na_forward(q, k, v, rpb, dataclasses.replace(params, dropout_p=0.0))
-        assert rel_err(o_c, o0) > 10 * tol, "dropout_p > 0 left the output unchanged"
+    compare_dropout(case, p, TOL[case.dtype], 1e-5 if case.dtype == torch.float32 else 1e-4)
 
 
 # ------------------------------------------------------------------ exact mask read-back
