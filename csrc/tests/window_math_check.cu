@@ -93,6 +93,10 @@ int main() {
               "window L=%d k=%d s=%d causal=%d query %d key %d", len_g, k, s, causal, ig, jg);
       }
     }
+    Params p = {};  // one axis: axis_range_selects (the tensor-core family's) must equal key_inverse
+    p.kernel[0] = k;
+    p.stride[0] = s;
+    p.causal[0] = causal;
     for (int jg = 0; jg < len_g; ++jg) {
       const AxisRange inv = key_inverse(jg, len_g, k, s, causal);
       for (int ig = 0; ig < len_g; ++ig) {
@@ -100,6 +104,9 @@ int main() {
         CHECK(got == in_window(ig, jg, len_g, k, s, causal),
               "inverse L=%d k=%d s=%d causal=%d key %d query %d", len_g, k, s, causal, jg, ig);
       }
+      const AxisRange sel = axis_range_selects<true>(p, 0, jg, len_g);
+      CHECK(sel.start == inv.start && sel.count == inv.count, "selects L=%d k=%d s=%d causal=%d key %d: %d+%d vs %d+%d",
+            len_g, k, s, causal, jg, sel.start, sel.count, inv.start, inv.count);
     }
   }
   for (int it = 0; it < 300; ++it) {

@@ -150,8 +150,8 @@ NATTN_HD void box_union(const Params& p, const int* box, const int* first, const
 #pragma unroll
   for (int a = 0; a < NA; ++a) {
     const int last = nattn_min(first[a] + box[a], L[a]) - 1;
-    const AxisRange lo = axis_range<kInverse>(p, a, first[a], L[a]);
-    const AxisRange hi = axis_range<kInverse>(p, a, last, L[a]);
+    const AxisRange lo = axis_range_selects<kInverse>(p, a, first[a], L[a]);
+    const AxisRange hi = axis_range_selects<kInverse>(p, a, last, L[a]);
     u[a] = {lo.start, hi.start + hi.count - lo.start};
   }
 }

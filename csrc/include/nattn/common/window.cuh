@@ -29,19 +29,13 @@ NATTN_HD AxisRange query_window(int ig, int len_g, int k, int s, bool causal) {
 // is the query's stride-block leader (block + s / 2) clamped to [k / 2, len_g - 1 - right], so
 // past the clamps it is the first block >= t - s / 2. (Needs len_g >= k, 1 <= s <= k: the
 // argument checks guarantee both.)
-// Selects, not branches: the tensor-core passes find 4-12 of these per lane in their setup,
-// and the early returns compiled to ~20 instructions with three branches each (~8% of a
-// DiNAT-sized dK/dV pass's instructions, PERF.md thirty-second session); a stride s > 1
-// takes the one branch, to its division.
 NATTN_HD int first_centre_at_least(int t, int len_g, int k, int s) {
-  const int left = k >> 1, right = (k >> 1) + (k & 1) - 1;  // k >= 1
-  int first = t;  // s == 1: block(i) = i >= t (t > left >= 0 where it counts)
-  if (s != 1) {
-    const int need = t - s / 2;  // block(i) >= need
-    first = need <= 0 ? 0 : (need + s - 1) / s * s;
-  }
-  first = t > len_g - 1 - right ? len_g : nattn_min(len_g, first);
-  return t <= left ? 0 : first;
+  const int left = k / 2, right = k / 2 + k % 2 - 1;
+  if (t <= left) return 0;
+  if (t > len_g - 1 - right) return len_g;
+  const int need = t - s / 2;  // block(i) >= need
+  if (need <= 0) return 0;
+  return nattn_min(len_g, s == 1 ? need : (need + s - 1) / s * s);
 }
 
 // Queries [start, start + count) (group coordinates) whose window holds key jg. Window start
@@ -70,6 +64,25 @@ NATTN_HD AxisRange axis_range(const P& p, int a, int ig, int len_g) {
   const bool c = p.causal[a] != 0;
   return kInverse ? key_inverse(ig, len_g, p.kernel[a], p.stride[a], c)
                   : query_window(ig, len_g, p.kernel[a], p.stride[a], c);
+}
+
+// axis_range with the inverse of a stride-1 window without causality by selects: the
+// first query whose window ends at or after key jg and the first whose window starts past
+// it (first_centre_at_least at stride 1). The tensor-core family's setup finds 4-12 inverse
+// ranges per lane, where key_inverse's early returns compiled to ~20 instructions with
+// three branches each (~8% of a DiNAT-sized dK/dV pass's instructions; PERF.md
+// thirty-second session). The Hopper family keeps key_inverse: this form made its dK/dV
+// passes spill.
+template <bool kInverse, class P>
+NATTN_HD AxisRange axis_range_selects(const P& p, int a, int ig, int len_g) {
+  if (kInverse && p.stride[a] == 1 && p.causal[a] == 0) {
+    const int k = p.kernel[a], left = k / 2, last = len_g - 1 - (k / 2 + k % 2 - 1);
+    const int t0 = ig - k + 1 + left, t1 = ig + 1 + left;
+    const int first = t0 <= left ? 0 : (t0 > last ? len_g : t0);
+    const int end = t1 <= left ? 0 : (t1 > last ? len_g : t1);
+    return {first, end - first};
+  }
+  return axis_range<kInverse>(p, a, ig, len_g);
 }
 
 // Number of tokens of dilation group g along an axis of length len: ceil((len - g) / d).

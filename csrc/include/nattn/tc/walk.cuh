@@ -24,7 +24,7 @@ struct Rows {
     for (int r = 0; r < 2; ++r) {
       ok[r] = lane_token<NA>(p.box, lane / 4 + 8 * r, first, L, ig[r]);
 #pragma unroll
-      for (int a = 0; a < NA; ++a) win[r][a] = axis_range<kInverse>(p, a, ig[r][a], L[a]);
+      for (int a = 0; a < NA; ++a) win[r][a] = axis_range_selects<kInverse>(p, a, ig[r][a], L[a]);
     }
   }
   // Stages this lane's pieces of the rows' tokens of tensor X (at its (b, h) origin, token
