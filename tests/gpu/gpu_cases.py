@@ -3,7 +3,7 @@
 import os
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -176,7 +176,6 @@ def compare_dropout(case: GpuCase, p: float, tol: float, lse_tol: float = 1e-4):
     gradients of the output and the LSE): output within tol, the LSE (computed without
     dropout) within lse_tol, dq/dk/dv/drpb within 2 tol; at p >= 0.5 the output must also
     be far (10 tol) from the same call without dropout (the mask is there)."""
-    import dataclasses
     from nattn import dropout
     from nattn.backends import BACKENDS
     cuda, ref = BACKENDS["cuda"], BACKENDS["reference"]
@@ -197,7 +196,7 @@ def compare_dropout(case: GpuCase, p: float, tol: float, lse_tol: float = 1e-4):
             continue
         check(name, gc, gr, 2 * tol)
     if p >= 0.5:  # compared where the expected difference is large: many keys dropped
-        o0, _ = cuda.na_forward(q, k, v, rpb, dataclasses.replace(params, dropout_p=0.0))
+        o0, _ = cuda.na_forward(q, k, v, rpb, replace(params, dropout_p=0.0))
         assert rel_err(o_c, o0) > 10 * tol, "dropout_p > 0 left the output unchanged"
 
 
