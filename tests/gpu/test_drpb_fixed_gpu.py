@@ -73,13 +73,14 @@ def window_drpb(q, k, v, rpb, grad, out, kw):
     qf, do, o = (t.double().reshape(b, -1, heads, dim) for t in (q, grad.to(q.dtype), out))
     kf, vf = (t.double().reshape(b, -1, k.shape[-2], dim).repeat_interleave(group, 2) for t in (k, v))
     size = rpb[0].numel()
-    idx = ridx.expand(b, *ridx.shape)[valid.expand(b, *valid.shape)]
+    kept = valid.expand(b, *valid.shape)  # the real terms of every batch row
+    idx = ridx.expand(b, *ridx.shape)[kept]
     sums, abs_sums, counts, largest = [], [], [], []
     for h in range(heads):  # one head at a time: [B, N, W, D] gathers
         s = (qf[:, :, h, None, :] * kf[:, key, h]).sum(-1) * dim ** -0.5 + rpb[h].double().flatten()[ridx]
         p = torch.softmax(s.masked_fill(~valid, float("-inf")), -1)
         dp = (do[:, :, h, None, :] * vf[:, key, h]).sum(-1)
-        ds = (p * (dp - (do[:, :, h] * o[:, :, h]).sum(-1, keepdim=True)))[valid.expand(b, *valid.shape)]
+        ds = (p * (dp - (do[:, :, h] * o[:, :, h]).sum(-1, keepdim=True)))[kept]
         zeros = torch.zeros(size, dtype=torch.float64, device=q.device)
         sums.append(zeros.index_add(0, idx, ds))
         abs_sums.append(zeros.index_add(0, idx, ds.abs()))
