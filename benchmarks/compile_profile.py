@@ -4,6 +4,7 @@ dynamo's graph breaks. bf16 autocast, channels-last, SGD step, on CUDA.
 
     python benchmarks/compile_profile.py                       # nat_tiny, batch 64
     python benchmarks/compile_profile.py --model dinat_s_tiny -b 128 --mode infer
+    python benchmarks/compile_profile.py --model dinat_tiny -b 128 --eager-only
 """
 
 import argparse
@@ -79,6 +80,7 @@ def main():
     ap.add_argument("--mode", choices=("train", "infer"), default="train")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--top", type=int, default=18)
+    ap.add_argument("--eager-only", action="store_true", help="skip dynamo and torch.compile")
     a = ap.parse_args()
     torch.manual_seed(0)
     model = timm.create_model(a.model, num_classes=1000).cuda().to(memory_format=torch.channels_last)
@@ -90,6 +92,8 @@ def main():
     ms = timed(eager, a.iters)
     print(f"eager: {ms:.2f} ms/step, {a.batch / ms * 1e3:.0f} img/s")
     top_kernels(eager, a.top)
+    if a.eager_only:
+        return
 
     explain = torch._dynamo.explain(model)(x)
     print(f"dynamo: {explain.graph_count} graph(s), {explain.graph_break_count} break(s)")

@@ -1,9 +1,11 @@
 """Per-kernel GPU time of one cuda-backend forward+backward on the anchor problems (bf16):
 which of libnattn's passes (forward, dQ, dK/dV) the time goes to, from torch.profiler.
 
-    python benchmarks/kernel_split.py [--only dinat-s1-2d,video-3d] [--iters 20] [--rpb]
+    python benchmarks/kernel_split.py [--only dinat-s1-2d,video-3d] [--iters 20] [--rpb] [--strided-grad]
 
 --rpb adds a relative positional bias with its gradient (NAT / DiNAT layers have one).
+--strided-grad passes the output gradient as a view whose heads are 8 channels apart (not
+packed): the Hopper backward's delta preprocessing then takes its strided kernel.
 """
 
 import argparse
@@ -15,12 +17,14 @@ import nattn
 from cuda_anchors import ANCHORS, FUNCS, LARGE
 
 
-def split(anchor, iters, with_rpb=False):
+def split(anchor, iters, with_rpb=False, strided_grad=False):
     name, spatial, b, h, d, kernel, dil = anchor
     na = FUNCS[len(spatial)]
     q, k, v = (torch.randn(b, *spatial, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    g = torch.randn(b, *spatial, h, d, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(b, *spatial, h, d + 8 * strided_grad, device="cuda", dtype=torch.bfloat16)[..., :d]
+    if strided_grad:
+        name += " (strided dO)"
     rpb = None
     if with_rpb:
         rpb = torch.randn(h, *(2 * w - 1 for w in kernel), device="cuda", requires_grad=True)
@@ -62,11 +66,12 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--rpb", action="store_true", help="with a relative positional bias (and its gradient)")
+    ap.add_argument("--strided-grad", action="store_true", help="the output gradient as a view, not packed")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     for anchor in ANCHORS:
         if (not only and anchor[0] not in LARGE) or anchor[0] in only:
-            split(anchor, args.iters, args.rpb)
+            split(anchor, args.iters, args.rpb, args.strided_grad)
 
 
 if __name__ == "__main__":

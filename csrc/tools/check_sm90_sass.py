@@ -81,7 +81,8 @@ def check(sass: str):
             continue
         n += 1
         ops = {op.split(".")[0] for op in opcodes(text)}
-        helpers = ("delta_kernel", "dq_convert_kernel", "split_kv_merge_kernel", "pad_copy_kernel")  # no products
+        helpers = ("delta_kernel", "delta_packed_kernel", "dq_convert_kernel", "split_kv_merge_kernel",
+                   "pad_copy_kernel")  # no products
         helper = any(h in name for h in helpers)
         for op in REQUIRED if not helper else ():
             if op not in ops:

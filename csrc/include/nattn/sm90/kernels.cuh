@@ -190,10 +190,7 @@ void launch_backward_wide(const Params& problem, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  constexpr int HD = kWideHeadDim;
-  const int64_t rows = int64_t(problem.batch) * problem.tokens * problem.heads;
-  const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);
-  delta_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(problem);
+  launch_delta<T, kWideHeadDim>(problem, stream);
   // prepare_backward declined tables above the room: a staged one sums in fixed point
   const int64_t rpb_bytes = drpb_stage_bytes(p);
   const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
@@ -228,9 +225,9 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
+  launch_delta<T, HD>(problem, stream);
   const int64_t rows = int64_t(problem.batch) * problem.tokens * problem.heads;
-  const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);
-  delta_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(problem);
+  const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);  // dq_convert_kernel's
   const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem));  // the dQ pass: the query range's boxes
   const int64_t rpb_bytes = drpb_stage_bytes(p);
   const dim3 dkv_grid(unsigned(num_key_ctas<typename Tl::Q>(problem)), p.heads_kv, p.batch);  // every key box
