@@ -9,6 +9,7 @@ does not move.
     python benchmarks/model_step_ab.py --switch fast-norm    # timm's fast norm (bf16 LayerNorm) on / off
     python benchmarks/model_step_ab.py --switch block-norm   # the blocks' norms at the autocast dtype / float32
     python benchmarks/model_step_ab.py --switch group-casts  # grouped parameter casts / autocast's own
+    python benchmarks/model_step_ab.py --switch norm-kernel --mode infer  # libnattn's LayerNorm / torch's
     python benchmarks/model_step_ab.py --switch packed --model dinat_tiny -b 128 --rounds 3
     python benchmarks/model_step_ab.py --switch group-casts --compile  # both sides under torch.compile
     python benchmarks/model_step_ab.py --switch packed --device cpu --model nat_mini -b 1 --size 64 --iters 1
@@ -20,11 +21,15 @@ runs on the calling thread instead of autograd's CUDA device thread); packed:
 model built after ``timm.layers.set_fast_norm(True)`` (a second model with the same weights);
 block-norm: the default model (the blocks' norm1 / norm2 at the autocast dtype) against one
 built with ``fp32_block_norms=True`` (same weights); group-casts: the model's ``group_casts``
-attribute (the blocks' parameters cast in a few grouped ops per forward, or one op each).
+attribute (the blocks' parameters cast in a few grouped ops per forward, or one op each);
+norm-kernel: ``NATTN_LAYER_NORM_KERNEL`` unset or 0 (the norms on libnattn's forward kernel where
+no gradient is recorded, or torch's kernel; a training step records gradients, so only
+``--mode infer`` differs).
 """
 
 import argparse
 import contextlib
+import os
 
 import torch
 
@@ -32,7 +37,7 @@ import nattn  # noqa: F401  (registers the timm models)
 import nattn.nn.neighborhood_attention as na_module
 from nattn.bench.models import create_model, kernel_ms, step_ms, steps
 
-SWITCHES = ("threads", "packed", "fast-norm", "block-norm", "group-casts")
+SWITCHES = ("threads", "packed", "fast-norm", "block-norm", "group-casts", "norm-kernel")
 
 
 def build(name, device, fast_norm=False, state=None, **kwargs):
@@ -77,6 +82,8 @@ def main():
         model.train(args.mode == "train")
         if args.switch == "group-casts":
             model.group_casts = on
+        if args.switch == "norm-kernel":
+            os.environ["NATTN_LAYER_NORM_KERNEL"] = "1" if on else "0"
         if args.compile:
             model = compiled.setdefault(id(model), torch.compile(model))
         return steps(model, x, y, dev)[args.mode == "infer"], ctx

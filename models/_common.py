@@ -22,7 +22,7 @@ from timm.models._manipulate import checkpoint_seq
 from torch import nn
 
 from nattn._eager import autocast_off, autocast_on
-from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D, param_cast
+from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D, fast_norm, param_cast
 
 _NA = {1: NeighborhoodAttention1D, 2: NeighborhoodAttention2D, 3: NeighborhoodAttention3D}
 
@@ -34,10 +34,29 @@ class LayerNorm(_TimmLayerNorm):
     autocast the norms then run at the autocast dtype instead of casting activations to
     float32 and back. Off by default: it also keeps the residual stream in bf16, which the
     stem's and downsamplers' norms otherwise start in float32. The blocks' own norms are
-    ``BranchLayerNorm`` (below) either way."""
+    ``BranchLayerNorm`` (below) either way.
+
+    Where no gradient is recorded (inference) on a CUDA tensor, the norm runs libnattn's
+    LayerNorm kernel (nattn/nn/fast_norm.py: the same float32 statistics, several rows a
+    warp, where torch's kernel gives each row a block; ``NATTN_LAYER_NORM_KERNEL=0`` turns
+    it off), with autocast's float32 output under autocast."""
 
     def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True):
         super().__init__(num_channels, eps=eps, affine=affine)
+        # timm's fast-norm flag as its LayerNorm recorded it (its attribute's name varies by version)
+        self._timm_fast = bool(getattr(self, "_fast_norm", getattr(self, "fast_norm", False)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting() and not self._timm_fast:
+            # autocast runs the norm in float32: the 16-bit input's cast is exact, so the kernel
+            # reads it as it is and writes float32
+            out_dtype = torch.float32 if autocast_on(x.device.type) else None
+            # outside autocast torch takes parameters of x's dtype only (else it raises)
+            if out_dtype is not None or self.weight is None or self.weight.dtype == x.dtype:
+                out = fast_norm.layer_norm(x, self.weight, self.bias, self.eps, out_dtype)
+                if out is not None:
+                    return out
+        return super().forward(x)
 
 
 class BranchLayerNorm(LayerNorm):
@@ -52,16 +71,16 @@ class BranchLayerNorm(LayerNorm):
     on (which does this for every norm), it is the plain norm. Same parameters and state
     dict as ``LayerNorm``; models take ``fp32_block_norms=True`` for the float32 norm."""
 
-    def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True):
-        super().__init__(num_channels, eps=eps, affine=affine)
-        # timm's fast-norm flag as its LayerNorm recorded it (its attribute's name varies by version)
-        self._timm_fast = bool(getattr(self, "_fast_norm", getattr(self, "fast_norm", False)))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
         if self._timm_fast or torch.jit.is_scripting() or not autocast_on(device):
             return super().forward(x)
         dt = torch.get_autocast_dtype(device)
+        # the kernel rounds x, the gain and the bias to dt itself (no cast ops)
+        out = fast_norm.layer_norm(x, param_cast.cast_of(self.weight), param_cast.cast_of(self.bias), self.eps,
+                                   dt, round_to_out=True)
+        if out is not None:
+            return out
         weight = None if self.weight is None else param_cast.cast_of(self.weight).to(dt)
         bias = None if self.bias is None else param_cast.cast_of(self.bias).to(dt)
         with autocast_off(device):

@@ -346,3 +346,43 @@ def test_sm90_backward_minimum_by_head_dim():
     assert table[(2, 64)] == table[(2, 128)] == per_dim[2]
     assert table[(1, 32)] == per_dim[1] and table[(3, 128)] == per_dim[3]
     assert all(per_dim[n] < 400 for n in (1, 2, 3))
+
+
+def layer_norm_call(**kw):
+    """One nattn_layer_norm call on CPU tensors' addresses (the checks run before the GPU)."""
+    x = torch.zeros(4, 64 + 8, dtype=torch.bfloat16)
+    y = torch.empty(4, 64, dtype=torch.bfloat16)
+    w = torch.ones(64)
+    args = dict(device=0, x_ptr=x.data_ptr(), x_row=72, x_dtype=2, y_ptr=y.data_ptr(), y_dtype=2,
+                w_ptr=w.data_ptr(), b_ptr=0, w_dtype=0, rows=4, channels=64, eps=1e-5, round=0)
+    args.update(kw)
+    err = ctypes.create_string_buffer(512)
+    rc = LIB.layer_norm(*args.values(), None, err, 512)
+    return rc, err.value.decode()
+
+
+def test_layer_norm_checks_its_arguments():
+    """Each bad argument is refused with code 1 and a message that names it."""
+    assert LIB.layer_norm is not None and LIB.layer_norm_max_channels == 1024
+    for kw, words in (
+        (dict(x_dtype=3), "x_dtype must be 0 (float32), 1 (float16) or 2 (bfloat16), got 3"),
+        (dict(y_dtype=-1), "y_dtype must be"),
+        (dict(w_dtype=7), "w_dtype must be"),
+        (dict(channels=12, x_row=72), "channels must be a multiple of 8 from 8 to 1024, got 12"),
+        (dict(channels=1032, x_row=1032), "got 1032"),
+        (dict(x_row=60), "x_row (60) must be >= channels (64)"),
+        (dict(x_row=68), "16-byte aligned rows (x_row=68)"),
+        (dict(x_ptr=0), "non-null"),
+        (dict(w_ptr=8), "w and b must be 16-byte aligned"),
+        (dict(eps=-1.0), "eps must be >= 0"),
+        (dict(rows=-2), "rows must be from 0"),
+    ):
+        rc, msg = layer_norm_call(**kw)
+        assert rc == 1 and words in msg and msg.startswith("nattn layer_norm: "), (kw, msg)
+    assert layer_norm_call(rows=0) == (0, "")  # nothing to launch
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
+def test_layer_norm_without_gpu_reports_cuda_error():
+    rc, msg = layer_norm_call()
+    assert rc == 3 and "on device 0" in msg

@@ -109,6 +109,15 @@ class Library:
                 if item:
                     code, na_dim = item.split(":")
                     self.window_ops.add((kernel_table.DTYPES[int(code)], int(na_dim)))
+        # The forward LayerNorm (nattn/nn/fast_norm.py; older builds: none)
+        self.layer_norm = getattr(lib, "nattn_layer_norm", None)
+        self.layer_norm_max_channels = 0
+        if self.layer_norm is not None:
+            self.layer_norm.argtypes = [ctypes.c_int64] * 11 + [ctypes.c_double, ctypes.c_int64, ctypes.c_void_p,
+                                                                ctypes.c_char_p, ctypes.c_int64]
+            self.layer_norm.restype = ctypes.c_int
+            lib.nattn_layer_norm_max_channels.restype = ctypes.c_int64
+            self.layer_norm_max_channels = int(lib.nattn_layer_norm_max_channels())
         # Families whose kernels run attention dropout (dropout_families, asked per access).
         self._dropout_families = None
         if self.abi >= 3 and hasattr(lib, "nattn_dropout_families"):

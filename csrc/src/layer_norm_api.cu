@@ -1,0 +1,92 @@
+// C ABI of the forward LayerNorm (csrc/include/nattn/norm/layer_norm.cuh): checks the call and
+// launches the (input dtype, output dtype) instance on the caller's stream.
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "lookup.h"
+#include "nattn/norm/layer_norm.cuh"
+
+#define NATTN_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using nattn::norm::LayerNormParams;
+
+int norm_fail(char* err, int64_t err_len, int code, const char* fmt, ...) {
+  if (!err || err_len <= 0) return code;
+  va_list ap;
+  va_start(ap, fmt);
+  int used = snprintf(err, size_t(err_len), "nattn layer_norm: ");
+  if (used >= 0 && used < err_len) vsnprintf(err + used, size_t(err_len - used), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+template <typename TIn>
+void launch_for_output(const LayerNormParams& p, int y_dtype, cudaStream_t stream) {
+  using namespace nattn::norm;
+  if (y_dtype == kF32) launch_layer_norm<TIn, float>(p, stream);
+  else if (y_dtype == kF16) launch_layer_norm<TIn, __half>(p, stream);
+  else launch_layer_norm<TIn, __nv_bfloat16>(p, stream);
+}
+
+}  // namespace
+
+// The largest channel count the kernel takes (larger rows: torch's own kernel is efficient).
+NATTN_API int64_t nattn_layer_norm_max_channels() { return nattn::norm::kMaxChannels; }
+
+// y = LayerNorm(x) over the last axis: rows x channels, x's rows `x_row` elements apart (its
+// channels packed), y packed; dtypes are kernel_table.DTYPES codes (w_dtype: w's and b's; w
+// and b may be 0). Returns 0, or 1 (invalid call) or 3 (CUDA error) with the message in err.
+NATTN_API int nattn_layer_norm(int64_t device, int64_t x_ptr, int64_t x_row, int64_t x_dtype, int64_t y_ptr,
+                               int64_t y_dtype, int64_t w_ptr, int64_t b_ptr, int64_t w_dtype, int64_t rows,
+                               int64_t channels, double eps, int64_t round, void* stream, char* err,
+                               int64_t err_len) {
+  using namespace nattn::norm;
+  const int64_t dtypes[3] = {x_dtype, y_dtype, w_dtype};
+  const char* names[3] = {"x_dtype", "y_dtype", "w_dtype"};
+  for (int i = 0; i < 3; ++i)
+    if (dtypes[i] < kF32 || dtypes[i] > kBF16)
+      return norm_fail(err, err_len, 1, "%s must be 0 (float32), 1 (float16) or 2 (bfloat16), got %lld", names[i],
+                       (long long)dtypes[i]);
+  if (channels < kChunk || channels > kMaxChannels || channels % kChunk)
+    return norm_fail(err, err_len, 1, "channels must be a multiple of %d from %d to %d, got %lld", kChunk, kChunk,
+                     kMaxChannels, (long long)channels);
+  if (rows < 0 || (rows + kThreads - 1) / kThreads * 32 >= (int64_t(1) << 31))
+    return norm_fail(err, err_len, 1, "rows must be from 0 to 2^34, got %lld", (long long)rows);
+  if (rows == 0) return 0;  // nothing to read or write (empty tensors may have null pointers)
+  if (x_row < channels) return norm_fail(err, err_len, 1, "x_row (%lld) must be >= channels (%lld)",
+                                         (long long)x_row, (long long)channels);
+  const int x_size = x_dtype == kF32 ? 4 : 2, w_size = w_dtype == kF32 ? 4 : 2;
+  if (!x_ptr || !y_ptr || x_ptr % 16 || y_ptr % 16 || (x_row * x_size) % 16)
+    return norm_fail(err, err_len, 1, "x and y must be non-null with 16-byte aligned rows (x_row=%lld)",
+                     (long long)x_row);
+  if (w_ptr % 16 || b_ptr % 16 || (channels * w_size) % 16)
+    return norm_fail(err, err_len, 1, "w and b must be 16-byte aligned");
+  if (!(eps >= 0.0)) return norm_fail(err, err_len, 1, "eps must be >= 0, got %g", eps);
+  LayerNormParams p;
+  p.x = reinterpret_cast<const void*>(x_ptr);
+  p.y = reinterpret_cast<void*>(y_ptr);
+  p.w = reinterpret_cast<const void*>(w_ptr);
+  p.b = reinterpret_cast<const void*>(b_ptr);
+  p.rows = rows;
+  p.x_row = x_row;
+  p.channels = int(channels);
+  p.lanes = layer_norm_lanes(int(channels));
+  p.w_dtype = int(w_dtype);
+  p.eps = float(eps);
+  p.round = round != 0;
+  p.passes = layer_norm_passes(rows, p.lanes, nattn::host::device_sms(int(device)));
+  cudaError_t e = cudaSetDevice(int(device));
+  if (e == cudaSuccess) {
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (x_dtype == kF32) launch_for_output<float>(p, int(y_dtype), s);
+    else if (x_dtype == kF16) launch_for_output<__half>(p, int(y_dtype), s);
+    else launch_for_output<__nv_bfloat16>(p, int(y_dtype), s);
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess)
+    return norm_fail(err, err_len, 3, "on device %lld: %s", (long long)device, cudaGetErrorString(e));
+  return 0;
+}

@@ -1,0 +1,79 @@
+"""LayerNorm forward on libnattn's kernel for calls that need no gradient (inference).
+
+torch's LayerNorm kernel gives every row a block of 128 threads: over the NA models'
+channels-last activations (64-512 channels, 6k-400k rows a layer) it ran at about 1/12 of the
+memory rate, a third of an eager dinat_tiny inference step on the H200 (docs/models.md).
+libnattn's kernel (csrc/include/nattn/norm/layer_norm.cuh) holds a row in 4-32 lanes of a
+warp and reads and writes each element once, with float32 statistics as torch's.
+
+``layer_norm`` takes a call or returns None, and the caller then runs torch's norm: not a CUDA
+tensor, a gradient to record, torch.compile tracing (inductor writes its own norms), rows
+whose channels are not packed or not 16-byte aligned, channels outside 8..1024 or not a
+multiple of 8, no library, or ``NATTN_LAYER_NORM_KERNEL=0`` in the environment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional
+
+import torch
+
+from .._cuda import kernel_table, library
+
+_CODES = {torch.float32: kernel_table.DTYPES.index("float32"), torch.float16: kernel_table.DTYPES.index("float16"),
+          torch.bfloat16: kernel_table.DTYPES.index("bfloat16")}
+_ERR_LEN = 512
+
+
+def enabled() -> bool:
+    """Whether the kernel may run (``NATTN_LAYER_NORM_KERNEL=0`` turns it off; read per call)."""
+    return os.environ.get("NATTN_LAYER_NORM_KERNEL", "1") != "0"
+
+
+def _needs_grad(*ts: Optional[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
+def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
+               out_dtype: Optional[torch.dtype] = None, round_to_out: bool = False) -> Optional[torch.Tensor]:
+    """LayerNorm of ``x`` over its last axis (``weight`` and ``bias`` of that size, or None),
+    written as ``out_dtype`` (default ``x.dtype``), or None where the kernel does not take the
+    call (see the module's docstring). ``round_to_out``: ``x``, ``weight`` and ``bias`` are
+    first rounded to ``out_dtype``, as ``F.layer_norm(x.to(dt), ..., weight.to(dt), bias.to(dt))``
+    computes (the models' block norms under autocast)."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if (x.device.type != "cuda" or x.dtype not in _CODES or out_dtype not in _CODES or x.dim() < 1
+            or torch.compiler.is_compiling() or _needs_grad(x, weight, bias) or not enabled()):
+        return None
+    channels = x.shape[-1]
+    params = [t for t in (weight, bias) if t is not None]
+    if any(t.dtype != params[0].dtype or t.dtype not in _CODES or t.shape != (channels,) or t.stride() != (1,)
+           or t.device != x.device or t.data_ptr() % 16 for t in params):
+        return None
+    lib = library.load()
+    if (getattr(lib, "layer_norm", None) is None or channels % 8 or not 8 <= channels <= lib.layer_norm_max_channels
+            or x.data_ptr() % 16):
+        return None
+    try:
+        rows = x.view(-1, channels)  # rows of packed channels one stride apart, or no view
+    except RuntimeError:
+        return None
+    if rows.stride(1) != 1:
+        return None
+    row_stride = rows.stride(0) if rows.shape[0] > 1 else channels
+    if (row_stride * x.element_size()) % 16 or row_stride < channels:
+        return None
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    if not rows.shape[0]:
+        return out
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    w_code = _CODES[params[0].dtype] if params else _CODES[torch.float32]
+    rc = lib.layer_norm(x.device.index or 0, x.data_ptr(), row_stride, _CODES[x.dtype], out.data_ptr(),
+                        _CODES[out_dtype], 0 if weight is None else weight.data_ptr(),
+                        0 if bias is None else bias.data_ptr(), w_code, rows.shape[0], channels, float(eps),
+                        int(round_to_out), torch.cuda.current_stream(x.device).cuda_stream, err, _ERR_LEN)
+    if rc:
+        raise RuntimeError(err.value.decode(errors="replace"))
+    return out
