@@ -2,8 +2,8 @@
 // launches the (input dtype, output dtype) instance on the caller's stream.
 #include <cuda_runtime.h>
 #include <stdarg.h>
-#include <stdio.h>
 
+#include "error_text.h"
 #include "lookup.h"
 #include "nattn/norm/layer_norm.cuh"
 
@@ -14,13 +14,11 @@ namespace {
 using nattn::norm::LayerNormParams;
 
 int norm_fail(char* err, int64_t err_len, int code, const char* fmt, ...) {
-  if (!err || err_len <= 0) return code;
   va_list ap;
   va_start(ap, fmt);
-  int used = snprintf(err, size_t(err_len), "nattn layer_norm: ");
-  if (used >= 0 && used < err_len) vsnprintf(err + used, size_t(err_len - used), fmt, ap);
+  const int rc = nattn::host::write_error(err, err_len, code, "nattn layer_norm: ", fmt, ap);
   va_end(ap);
-  return code;
+  return rc;
 }
 
 template <typename TIn>

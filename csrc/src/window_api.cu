@@ -3,8 +3,8 @@
 // window table and launches it on the caller's stream.
 #include <cuda_runtime.h>
 #include <stdarg.h>
-#include <stdio.h>
 
+#include "error_text.h"
 #include "nattn/problem.h"  // generated from nattn/_cuda/kernel_table.py
 #include "nattn/window/params.h"
 
@@ -15,13 +15,11 @@ namespace {
 const char* const kOpNames[] = {"dot", "sum", "inverse_sum"};
 
 int window_fail(char* err, int64_t err_len, int code, const char* fmt, ...) {
-  if (!err || err_len <= 0) return code;
   va_list ap;
   va_start(ap, fmt);
-  int used = snprintf(err, size_t(err_len), "nattn window op: ");
-  if (used >= 0 && used < err_len) vsnprintf(err + used, size_t(err_len - used), fmt, ap);
+  const int rc = nattn::host::write_error(err, err_len, code, "nattn window op: ", fmt, ap);
   va_end(ap);
-  return code;
+  return rc;
 }
 
 }  // namespace
