@@ -25,6 +25,12 @@ from .._cuda import kernel_table, library
 _CODES = {torch.float32: kernel_table.DTYPES.index("float32"), torch.float16: kernel_table.DTYPES.index("float16"),
           torch.bfloat16: kernel_table.DTYPES.index("bfloat16")}
 _ERR_LEN = 512
+_ERR = ctypes.create_string_buffer(_ERR_LEN)  # written only when a call fails
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # the stream's handle without a Stream object
+except AttributeError:  # pragma: no cover - older torch
+    def _raw_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
 
 
 def enabled() -> bool:
@@ -36,44 +42,58 @@ def _needs_grad(*ts: Optional[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
+def _param_ok(t: torch.Tensor, x: torch.Tensor, dtype: torch.dtype, channels: int) -> bool:
+    return (t.dtype == dtype and t.shape == (channels,) and t.stride() == (1,) and t.device == x.device
+            and t.data_ptr() % 16 == 0)
+
+
+def _row_stride(x: torch.Tensor, channels: int) -> Optional[int]:
+    """Elements between x's rows over its last axis (packed channels), or None when its rows
+    are not one stride apart."""
+    if x.is_contiguous():
+        return channels
+    try:
+        rows = x.view(-1, channels)
+    except RuntimeError:
+        return None
+    if rows.stride(1) != 1:
+        return None
+    return rows.stride(0) if rows.shape[0] > 1 else channels
+
+
 def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float,
                out_dtype: Optional[torch.dtype] = None, round_to_out: bool = False) -> Optional[torch.Tensor]:
     """LayerNorm of ``x`` over its last axis (``weight`` and ``bias`` of that size, or None),
     written as ``out_dtype`` (default ``x.dtype``), or None where the kernel does not take the
     call (see the module's docstring). ``round_to_out``: ``x``, ``weight`` and ``bias`` are
     first rounded to ``out_dtype``, as ``F.layer_norm(x.to(dt), ..., weight.to(dt), bias.to(dt))``
-    computes (the models' block norms under autocast)."""
+    computes (the models' block norms under autocast). Host cost matters here (an eager
+    inference step calls it once per norm), hence the cheap tests first and no Stream object."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if (x.device.type != "cuda" or x.dtype not in _CODES or out_dtype not in _CODES or x.dim() < 1
-            or torch.compiler.is_compiling() or _needs_grad(x, weight, bias) or not enabled()):
+    x_code, out_code = _CODES.get(x.dtype), _CODES.get(out_dtype)
+    if (x_code is None or out_code is None or not x.is_cuda or x.dim() < 1 or torch.compiler.is_compiling()
+            or _needs_grad(x, weight, bias) or not enabled()):
         return None
     channels = x.shape[-1]
-    params = [t for t in (weight, bias) if t is not None]
-    if any(t.dtype != params[0].dtype or t.dtype not in _CODES or t.shape != (channels,) or t.stride() != (1,)
-           or t.device != x.device or t.data_ptr() % 16 for t in params):
-        return None
     lib = library.load()
     if (getattr(lib, "layer_norm", None) is None or channels % 8 or not 8 <= channels <= lib.layer_norm_max_channels
             or x.data_ptr() % 16):
         return None
-    try:
-        rows = x.view(-1, channels)  # rows of packed channels one stride apart, or no view
-    except RuntimeError:
+    w_dtype = weight.dtype if weight is not None else bias.dtype if bias is not None else torch.float32
+    if w_dtype not in _CODES or any(t is not None and not _param_ok(t, x, w_dtype, channels) for t in (weight, bias)):
         return None
-    if rows.stride(1) != 1:
-        return None
-    row_stride = rows.stride(0) if rows.shape[0] > 1 else channels
-    if (row_stride * x.element_size()) % 16 or row_stride < channels:
+    row_stride = _row_stride(x, channels)
+    if row_stride is None or row_stride < channels or (row_stride * x.element_size()) % 16:
         return None
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    if not rows.shape[0]:
+    rows = x.numel() // channels
+    if not rows:
         return out
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    w_code = _CODES[params[0].dtype] if params else _CODES[torch.float32]
-    rc = lib.layer_norm(x.device.index or 0, x.data_ptr(), row_stride, _CODES[x.dtype], out.data_ptr(),
-                        _CODES[out_dtype], 0 if weight is None else weight.data_ptr(),
-                        0 if bias is None else bias.data_ptr(), w_code, rows.shape[0], channels, float(eps),
-                        int(round_to_out), torch.cuda.current_stream(x.device).cuda_stream, err, _ERR_LEN)
+    device = x.device.index or 0
+    rc = lib.layer_norm(device, x.data_ptr(), row_stride, x_code, out.data_ptr(), out_code,
+                        0 if weight is None else weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                        _CODES[w_dtype], rows, channels, float(eps), int(round_to_out), _raw_stream(device), _ERR,
+                        _ERR_LEN)
     if rc:
-        raise RuntimeError(err.value.decode(errors="replace"))
+        raise RuntimeError(_ERR.value.decode(errors="replace"))
     return out
