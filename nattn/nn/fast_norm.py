@@ -7,7 +7,9 @@ libnattn's kernel (csrc/include/nattn/norm/layer_norm.cuh) holds a row in 4-32 l
 warp and reads and writes each element once, with float32 statistics as torch's.
 
 ``layer_norm`` takes a call or returns None, and the caller then runs torch's norm: not a CUDA
-tensor, a gradient to record, torch.compile tracing (inductor writes its own norms), rows
+tensor, a gradient to record, anything that must see torch's op (torch.compile, whose
+inductor writes its own norms; torch.jit.trace; dispatch and function modes such as fake
+tensors and FLOP counters; tensor subclasses), rows
 whose channels are not packed or not 16-byte aligned, channels outside 8..1024 or not a
 multiple of 8, no library, or ``NATTN_LAYER_NORM_KERNEL=0`` in the environment.
 """
@@ -21,6 +23,7 @@ from typing import Optional
 import torch
 
 from .._cuda import kernel_table, library
+from .._eager import eager_ok, records_graph
 
 _CODES = {torch.float32: kernel_table.DTYPES.index("float32"), torch.float16: kernel_table.DTYPES.index("float16"),
           torch.bfloat16: kernel_table.DTYPES.index("bfloat16")}
@@ -36,10 +39,6 @@ except AttributeError:  # pragma: no cover - older torch
 def enabled() -> bool:
     """Whether the kernel may run (``NATTN_LAYER_NORM_KERNEL=0`` turns it off; read per call)."""
     return os.environ.get("NATTN_LAYER_NORM_KERNEL", "1") != "0"
-
-
-def _needs_grad(*ts: Optional[torch.Tensor]) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
 def _param_ok(t: torch.Tensor, x: torch.Tensor, dtype: torch.dtype, channels: int) -> bool:
@@ -71,8 +70,10 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[t
     inference step calls it once per norm), hence the cheap tests first and no Stream object."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
     x_code, out_code = _CODES.get(x.dtype), _CODES.get(out_dtype)
-    if (x_code is None or out_code is None or not x.is_cuda or x.dim() < 1 or torch.compiler.is_compiling()
-            or _needs_grad(x, weight, bias) or not enabled()):
+    # nothing may watch the call (compiling, tracing, dispatch / function modes such as fake
+    # tensors or FLOP counters, tensor subclasses: they must see torch's op) or need its graph
+    if (x_code is None or out_code is None or not x.is_cuda or x.dim() < 1 or not eager_ok(x, weight, bias)
+            or records_graph(x, weight, bias) or not enabled()):
         return None
     channels = x.shape[-1]
     lib = library.load()

@@ -11,6 +11,8 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses import FakeTensorMode
+from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 from nattn._cuda import library  # noqa: E402
@@ -113,7 +115,8 @@ def test_layer_norm_matches_torch(i):
 
 def test_layer_norm_declines_what_it_cannot_take(monkeypatch):
     """None (torch's norm runs instead) for a gradient to record, channels outside 8..1024 or
-    not a multiple of 8, unpacked channels, a misaligned start, float64, the switch off."""
+    not a multiple of 8, unpacked channels, a misaligned start, float64, a FLOP counter, fake
+    tensors, the switch off."""
     x = torch.randn(64, 96, device="cuda")
     w = torch.ones(96, device="cuda")
     assert fast_norm.layer_norm(x, w, None, 1e-5) is not None
@@ -126,8 +129,28 @@ def test_layer_norm_declines_what_it_cannot_take(monkeypatch):
         assert fast_norm.layer_norm(torch.randn(64 * 96 + 1, device="cuda")[1:].view(64, 96), None, None, 1e-5) is None
         assert fast_norm.layer_norm(x.double(), None, None, 1e-5) is None
         assert fast_norm.layer_norm(x.cpu(), None, None, 1e-5) is None
+        # observers see torch's op: a FLOP counter (a dispatch mode), fake tensors, a tracer
+        with FlopCounterMode(display=False):
+            assert fast_norm.layer_norm(x, w, None, 1e-5) is None
+        with FakeTensorMode() as mode:
+            assert fast_norm.layer_norm(mode.from_tensor(x), None, None, 1e-5) is None
         monkeypatch.setenv("NATTN_LAYER_NORM_KERNEL", "0")
         assert fast_norm.layer_norm(x, None, None, 1e-5) is None
+
+
+def test_traced_norm_records_torch_op():
+    """torch.jit.trace of a model's norm (fvcore's FLOP counts, deployment) records torch's
+    layer_norm, which then runs correctly on other inputs: the kernel is invisible to a tracer."""
+    import importlib
+
+    common = importlib.import_module("nattn.models._common")
+    norm = common.LayerNorm(96).cuda()
+    torch.nn.init.normal_(norm.weight)
+    with torch.no_grad():
+        traced = torch.jit.trace(norm, (torch.randn(4, 5, 96, device="cuda"),))
+        assert "layer_norm" in str(traced.graph)
+        x = torch.randn(3, 7, 96, device="cuda")
+        torch.testing.assert_close(traced(x), F.layer_norm(x, (96,), norm.weight, norm.bias, 1e-5))
 
 
 @pytest.mark.parametrize("model_name", ["dinat_tiny", "nat_mini"])
