@@ -13,8 +13,10 @@ from triton.testing import do_bench
 
 from nattn.nn import fast_norm
 
-# (rows, channels): NAT-Tiny's four stages (56^2 .. 7^2 tokens, 64 .. 512 channels), Swin-T's first
-SHAPES = [(128 * 56 * 56, 64), (128 * 28 * 28, 128), (128 * 14 * 14, 256), (128 * 7 * 7, 512), (128 * 56 * 56, 96)]
+# (rows, channels): NAT-Tiny's four stages (56^2 .. 7^2 tokens, 64 .. 512 channels), Swin-T's first,
+# NAT-Base's last two (512 and 1024 channels)
+SHAPES = [(128 * 56 * 56, 64), (128 * 28 * 28, 128), (128 * 14 * 14, 256), (128 * 7 * 7, 512), (128 * 56 * 56, 96),
+          (128 * 14 * 14, 512), (128 * 7 * 7, 1024)]
 # (input dtype, output dtype, round): a bf16 norm; a block norm under autocast (float32 residual
 # rounded to bf16 first); autocast's float32 norm of a bf16 activation
 MODES = [(torch.bfloat16, torch.bfloat16, False), (torch.float32, torch.bfloat16, True),
