@@ -1,9 +1,10 @@
 """How many of a Hopper forward's key-box steps a consumer warpgroup could skip: the two
 warpgroups of a 128-query CTA each own half of its query box, and a key box that holds no
 key of a half's window union is work that half does for nothing. The kernels split the box
-along axis 0 and already skip those steps there (`seen_steps`, csrc/include/nattn/sm90/tiles.cuh);
-this counts, on the CPU, what a split along another axis would skip instead (it would need a
-skip test inside the loops, which made the 2-D dK/dV pass spill). Windows are nattn.windows'
+along axis 0; the backward passes skip those steps (`seen_steps`, csrc/include/nattn/sm90/tiles.cuh:
+along axis 0 they form a prefix or suffix of the walk), the forward computes them. This counts,
+on the CPU, what each split could skip (another axis would need a skip test inside the loops,
+which made the 2-D dK/dV pass spill). Windows are nattn.windows'
 (stride, dilation and causal are left at their defaults: 1, 1, off).
 
     python benchmarks/warpgroup_skip.py                                 # HunyuanVideo, its forward pair
