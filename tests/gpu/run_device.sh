@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|dispatchcheck|optimize|qkav|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|dispatchcheck|optimize|qkav|norm|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -119,6 +119,11 @@ if [[ $what == *ncu* ]]; then  # where the sm90 kernels' warps wait (NCU_PROBLEM
     rm -f "$OUT/$k.ncu-rep"  # the device tool returns a limited number of files: keep the text
     python3 benchmarks/ncu_stalls.py "$OUT/${k}_source.csv" --top 12 ${NCU_ONCE:+--once $NCU_ONCE} 2>&1 | head -40
   done
+fi
+if [[ $what == *norm* ]]; then  # the models' inference LayerNorm kernel: its tests and beside torch's
+  timeout 200 python3 -m pytest -m gpu tests/gpu/test_layer_norm_gpu.py -q -n 0 -p no:cacheprovider 2>&1 \
+    | tee "$OUT/norm_tests.log" | tail -3
+  timeout 150 python3 benchmarks/layer_norm.py 2>&1 | tee "$OUT/norm_bench.md"
 fi
 if [[ $what == *qkav* ]]; then  # the unfused ops: window kernels vs plain PyTorch vs the fused op
   timeout 120 python3 benchmarks/qk_av_gpu.py 2>&1 | tee "$OUT/qkav.txt"
