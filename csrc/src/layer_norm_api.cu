@@ -26,7 +26,7 @@ void launch_for_output(const LayerNormParams& p, int y_dtype, cudaStream_t strea
   using namespace nattn::norm;
   if (y_dtype == kF32) launch_layer_norm<TIn, float>(p, stream);
   else if (y_dtype == kF16) launch_layer_norm<TIn, __half>(p, stream);
-  else launch_layer_norm<TIn, __nv_bfloat16>(p, stream);
+  else launch_layer_norm<TIn, nattn::bf16_t>(p, stream);
 }
 
 }  // namespace
@@ -81,7 +81,7 @@ NATTN_API int nattn_layer_norm(int64_t device, int64_t x_ptr, int64_t x_row, int
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (x_dtype == kF32) launch_for_output<float>(p, int(y_dtype), s);
     else if (x_dtype == kF16) launch_for_output<__half>(p, int(y_dtype), s);
-    else launch_for_output<__nv_bfloat16>(p, int(y_dtype), s);
+    else launch_for_output<nattn::bf16_t>(p, int(y_dtype), s);
     e = cudaGetLastError();
   }
   if (e != cudaSuccess)

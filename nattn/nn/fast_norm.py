@@ -24,16 +24,12 @@ import torch
 
 from .._cuda import kernel_table, library
 from .._eager import eager_ok, records_graph
+from ..backends.cuda import _raw_stream  # the stream's handle without a Stream object
 
 _CODES = {torch.float32: kernel_table.DTYPES.index("float32"), torch.float16: kernel_table.DTYPES.index("float16"),
           torch.bfloat16: kernel_table.DTYPES.index("bfloat16")}
 _ERR_LEN = 512
 _ERR = ctypes.create_string_buffer(_ERR_LEN)  # written only when a call fails
-try:
-    _raw_stream = torch._C._cuda_getCurrentRawStream  # the stream's handle without a Stream object
-except AttributeError:  # pragma: no cover - older torch
-    def _raw_stream(index):
-        return torch.cuda.current_stream(index).cuda_stream
 
 
 def enabled() -> bool:

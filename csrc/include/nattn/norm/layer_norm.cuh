@@ -18,6 +18,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "nattn/common/vec.cuh"
+
 namespace nattn { namespace norm {
 
 enum Dtype : int { kF32 = 0, kF16 = 1, kBF16 = 2 };  // kernel_table.DTYPES' order
@@ -42,57 +44,21 @@ struct LayerNormParams {
 
 __device__ __forceinline__ int nattn_norm_min(int a, int b) { return a < b ? a : b; }
 
-__device__ __forceinline__ void unpack_bf16(uint32_t u, float* f) {
-  f[0] = __uint_as_float(u << 16);
-  f[1] = __uint_as_float(u & 0xffff0000u);
-}
-
+// Eight floats stored as T (common/vec.cuh), except bfloat16, which the hardware converts in
+// pairs here (Vec8<bf16_t>::store rounds with integer operations, for SM50).
 template <typename T>
-__device__ __forceinline__ void load8(const T* p, float* v);
-template <>
-__device__ __forceinline__ void load8<float>(const float* p, float* v) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+__device__ __forceinline__ void store8(T* p, const float* v) {
+  Vec8<T>::store(p, v);
 }
 template <>
-__device__ __forceinline__ void load8<__half>(const __half* p, float* v) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+__device__ __forceinline__ void store8<bf16_t>(bf16_t* p, const float* v) {
+  uint32_t w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);  // round to nearest even
+    w[i] = *reinterpret_cast<const uint32_t*>(&h);
   }
-}
-template <>
-__device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, float* v) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  unpack_bf16(u.x, v), unpack_bf16(u.y, v + 2), unpack_bf16(u.z, v + 4), unpack_bf16(u.w, v + 6);
-}
-
-// Two floats as one 32-bit pair of a 16-bit type (round to nearest even).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-template <typename T>  // 16-bit types: one 16-byte store
-__device__ __forceinline__ void store8(T* p, const float* v) {
-  *reinterpret_cast<uint4*>(p) =
-      make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7]));
-}
-template <>
-__device__ __forceinline__ void store8<float>(float* p, const float* v) {
-  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // v rounded to T's precision (nearest even), as float.
@@ -103,7 +69,7 @@ __device__ __forceinline__ float rounded<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ float rounded<__half>(float v) { return __half2float(__float2half_rn(v)); }
 template <>
-__device__ __forceinline__ float rounded<__nv_bfloat16>(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float rounded<bf16_t>(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // Eight parameters from channel c of a vector of runtime dtype `dtype`, or `fill` where p is
 // null (no gain: 1, no bias: 0).
@@ -112,11 +78,11 @@ __device__ __forceinline__ void load_param8(const void* p, int dtype, int c, flo
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) v[e] = fill;
   } else if (dtype == kF32) {
-    load8<float>(static_cast<const float*>(p) + c, v);
+    Vec8<float>::load(v, static_cast<const float*>(p) + c);
   } else if (dtype == kF16) {
-    load8<__half>(static_cast<const __half*>(p) + c, v);
+    Vec8<__half>::load(v, static_cast<const __half*>(p) + c);
   } else {
-    load8<__nv_bfloat16>(static_cast<const __nv_bfloat16*>(p) + c, v);
+    Vec8<bf16_t>::load(v, static_cast<const bf16_t*>(p) + c);
   }
 }
 
@@ -135,7 +101,7 @@ __device__ __forceinline__ void load_row(const LayerNormParams& p, int64_t row, 
   for (int k = 0; k < K; ++k) {
     const int c = (sub + k * p.lanes) * kChunk;
     if (row < p.rows && c < p.channels) {
-      load8<TIn>(x + c, v[k]);
+      Vec8<TIn>::load(v[k], x + c);
       if (p.round) {
 #pragma unroll
         for (int e = 0; e < kChunk; ++e) v[k][e] = rounded<TOut>(v[k][e]);
