@@ -19,7 +19,8 @@ struct Params {
   int64_t rpb_head_size;  // prod(rpb_size)
   int64_t tokens;         // prod(spatial)
   float scale, scale_log2;
-  int rpb_in_smem;        // backward: stage dRPB (tc: 2, and the bias table) in shared memory
+  int rpb_in_smem;        // backward: stage dRPB (tc: 2, and the bias table) in shared memory;
+                          // tc forward / dQ pass: 2, the bias table
   int box[3];             // tiled kernels: tokens per warp along each axis
   const void* q; const void* k; const void* v; void* out;
   float* lse; const float* rpb;

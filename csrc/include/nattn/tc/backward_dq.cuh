@@ -21,9 +21,14 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, NA, HD
   S* buf = reinterpret_cast<S*>(tc_smem) + warp * ((2 * kTcStages + 2) * Lt::TILE);  // stages x (K, V), its Q, dO
   S* sQ = buf + 2 * kTcStages * Lt::TILE;
   int g[3], L[3], first[3];
-  if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * block_warps<T, HD>() + warp, g, L, first)) return;
-  const Rows<NA, false> rw(p, first, L, lane);
+  const bool has_box = warp_box<NA>(p, p.box, int64_t(blockIdx.x) * block_warps<T, HD>() + warp, g, L, first);
   const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.groups;
+  // the head's bias table after the warps' tiles (all threads: before any warp returns)
+  const float* bias_smem =
+      stage_query_bias(p, reinterpret_cast<float*>(reinterpret_cast<S*>(tc_smem) + block_warps<T, HD>() *
+                                                   ((2 * kTcStages + 2) * Lt::TILE)), h);
+  if (!has_box) return;
+  const Rows<NA, false> rw(p, first, L, lane);
   AxisRange u[3];
   box_union<NA, false>(p, p.box, first, L, u);
   int rmult[3];
@@ -105,17 +110,19 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dq_blocks<T, NA, HD
     float s[2][4], dp[2][4];
     mma_tiles_t<T, HD>(s, sQ, sK, lane);
     mma_tiles_t<T, HD>(dp, sQ + Lt::TILE, sK + Lt::TILE, lane);
-    rpb_instanced(rpb != nullptr, [&](auto with_rpb) {
+    bias_instanced(!rpb ? kNoBias : bias_smem ? kBiasShared : kBiasGlobal, [&](auto at) {
+      constexpr bool kRpb = decltype(at)::value != kNoBias;
       for_each_score([&](int nt, int e, int r, int q) {
         const bool ok = rw.ok[r] && cl.ok[r][q];
         float v = s[nt][e] * p.scale_log2;
-        if constexpr (decltype(with_rpb)::value) {
-          v += table_bias(rpb, ok, rpb_index<false>(keys.rrow[r], cl.rpb[q])) * kLog2e;  // as in the forward
-        }
+        if constexpr (decltype(at)::value == kBiasShared)  // as in the forward
+          v = fmaf(s[nt][e], p.scale_log2, table_bias(bias_smem, ok, rpb_index<false>(keys.rrow[r], cl.rpb[q])));
+        else if constexpr (decltype(at)::value == kBiasGlobal)
+          v += table_bias(rpb, ok, rpb_index<false>(keys.rrow[r], cl.rpb[q])) * kLog2e;
         float dpe = dp[nt][e];
         if constexpr (kDrop) dpe = kept(keep, r, q) ? dpe * p.drop_scale : 0.f;  // m dP / (1 - p)
         s[nt][e] = ok ? fast_exp2(v - lse2[r]) * (dpe - delta[r]) : 0.f;  // dS
-        if constexpr (decltype(with_rpb)::value) ds_max = drpb_abs_max(ds_max, s[nt][e]);
+        if constexpr (kRpb) ds_max = drpb_abs_max(ds_max, s[nt][e]);
       });
     });
     unsigned dsa[Lt::AREGS];

@@ -21,9 +21,14 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, NA, H
   S* buf = reinterpret_cast<S*>(tc_smem) + warp * ((2 * kTcStages + 1) * Lt::TILE);  // stages x (K, V), its Q rows
   S* sQ = buf + 2 * kTcStages * Lt::TILE;
   int g[3], L[3], first[3];
-  if (!warp_box<NA>(p, p.box, int64_t(blockIdx.x) * block_warps<T, HD>() + warp, g, L, first)) return;
-  const Rows<NA, false> rw(p, first, L, lane);
+  const bool has_box = warp_box<NA>(p, p.box, int64_t(blockIdx.x) * block_warps<T, HD>() + warp, g, L, first);
   const int h = blockIdx.y, b = blockIdx.z, hkv = h / p.groups;
+  // the head's bias table after the warps' tiles (all threads: before any warp returns)
+  const float* bias_smem =
+      stage_query_bias(p, reinterpret_cast<float*>(reinterpret_cast<S*>(tc_smem) + block_warps<T, HD>() *
+                                                   ((2 * kTcStages + 1) * Lt::TILE)), h);
+  if (!has_box) return;
+  const Rows<NA, false> rw(p, first, L, lane);
   AxisRange u[3];
   box_union<NA, false>(p, p.box, first, L, u);
   int rmult[3];
@@ -56,15 +61,16 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, fwd_blocks<T, NA, H
     float s[2][4];
     mma_tiles_t<T, HD>(s, sQ, sK, lane);
     float mx[2] = {-INFINITY, -INFINITY};
-    rpb_instanced(rpb != nullptr, [&](auto with_rpb) {
+    bias_instanced(!rpb ? kNoBias : bias_smem ? kBiasShared : kBiasGlobal, [&](auto at) {
       for_each_score([&](int nt, int e, int r, int q) {
         const bool ok = cl.ok[r][q];
         float v = s[nt][e] * p.scale_log2;
-        if constexpr (decltype(with_rpb)::value) {
-          // unconditional (entry 0 outside the window, whose score is masked below): a
-          // conditional load compiled to a branch per score
+        // unconditional (entry 0 outside the window, whose score is masked below): a
+        // conditional load compiled to a branch per score
+        if constexpr (decltype(at)::value == kBiasShared)  // the staged copy holds the bias times log2(e)
+          v = fmaf(s[nt][e], p.scale_log2, table_bias(bias_smem, ok, rpb_index<false>(keys.rrow[r], cl.rpb[q])));
+        else if constexpr (decltype(at)::value == kBiasGlobal)
           v += table_bias(rpb, ok, rpb_index<false>(keys.rrow[r], cl.rpb[q])) * kLog2e;
-        }
         s[nt][e] = ok ? v : -INFINITY;
         mx[r] = fmaxf(mx[r], s[nt][e]);
       });

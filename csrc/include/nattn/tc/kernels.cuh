@@ -64,8 +64,37 @@ bool allow_smem(K kernel, size_t bytes) {
 
 // Largest bias table (all query heads of a KV head) the dK/dV pass copies into shared memory:
 // 4096 floats, e.g. one head's table of a 2-D window up to 32x32 or a 3-D one up to 8x8x8.
-// (The dQ pass reads the table from global memory: a per-warp copy measured slower.)
+// (The forward and the dQ pass stage one table a block, their head's: kQueryBiasBytes.)
 constexpr int64_t kStagedBiasBytes = 16 * 1024;
+
+// The forward and the dQ pass stage their block's head's bias table (times log2(e)) in shared
+// memory where it takes at most this much (a 2-D window up to 19x19, 3-D up to 5x7x7) and
+// leaves the kernel's blocks per SM (query_bias_bytes). Build switch for A/B runs:
+// NATTN_TC_QUERY_BIAS=0 reads the table from global memory.
+#ifndef NATTN_TC_QUERY_BIAS
+#define NATTN_TC_QUERY_BIAS 1
+#endif
+constexpr int64_t kQueryBiasBytes = 6 * 1024;
+
+// Shared memory of an SM of the current device (cached per device).
+inline size_t smem_per_sm() {
+  static int per_sm[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  if (per_sm[dev] == 0) cudaDeviceGetAttribute(&per_sm[dev], cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  return size_t(per_sm[dev]);
+}
+
+// The staged table's bytes for a kernel of `smem` bytes a block compiled for `blocks` blocks
+// per SM (0: none, read from global memory): where the table is at most kQueryBiasBytes and
+// the blocks still fit the SM's shared memory with it (a 3-D 5x7x7 table took the head-dim-64
+// dQ pass from 4 blocks to 3 and made it 6% slower).
+inline int64_t query_bias_bytes(const Params& p, size_t smem, int blocks) {
+  const int64_t bytes = p.rpb_head_size * int64_t(sizeof(float));
+  if (!NATTN_TC_QUERY_BIAS || p.rpb == nullptr || bytes > kQueryBiasBytes) return 0;
+  constexpr size_t kReserved = 1024;  // shared memory the runtime reserves per block (SM80+)
+  return (smem + size_t(bytes) + kReserved) * size_t(blocks) <= smem_per_sm() ? bytes : 0;
+}
 
 // Bytes of one staged tile ([CW, HD] with padded rows; fp32 tiles take twice the 16-bit bytes).
 template <typename T, int HD>
@@ -106,9 +135,11 @@ void launch_forward_as(const Params& problem, cudaStream_t stream) {
   constexpr int W = block_warps<T, HD>();
   const dim3 grid(unsigned((warps + W - 1) / W), unsigned(p.heads), unsigned(p.batch));
   constexpr size_t smem = fwd_smem_bytes<T, HD>();
-  static const bool allowed = allow_smem(forward_kernel<T, NA, HD, kDrop>, smem);
+  static const bool allowed = allow_smem(forward_kernel<T, NA, HD, kDrop>, smem + size_t(kQueryBiasBytes));
   (void)allowed;
-  forward_kernel<T, NA, HD, kDrop><<<grid, W * 32, smem, stream>>>(p);
+  const int64_t bias = query_bias_bytes(p, smem, fwd_blocks<T, NA, HD, kDrop>());
+  p.rpb_in_smem = bias ? 2 : 0;
+  forward_kernel<T, NA, HD, kDrop><<<grid, W * 32, smem + size_t(bias), stream>>>(p);
 }
 
 template <typename T, int NA, int HD, bool kDrop>
@@ -123,7 +154,7 @@ void launch_backward_as(const Params& problem, cudaStream_t stream) {
   constexpr size_t dkv_max = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(kMaxDrpbSmemBytes);
   // Room for the staged bias table where it keeps the block within an SM80's 163 KiB.
   constexpr size_t bias_room = dkv_max + size_t(kStagedBiasBytes) <= size_t(163 * 1024) ? kStagedBiasBytes : 0;
-  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem) &&
+  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem + size_t(kQueryBiasBytes)) &&
                               allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_max + bias_room);
   (void)allowed;
   // A staged dRPB sums in fixed point (deterministic, native integer atomics): the dQ pass
@@ -132,7 +163,10 @@ void launch_backward_as(const Params& problem, cudaStream_t stream) {
   int64_t rpb_bytes = drpb_stage_bytes(p);
   const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
   if (!fixed) rpb_bytes = 0;
-  backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), W * 32, smem, stream>>>(p);
+  Params pq = p;  // the dQ pass: its head's bias table staged like the forward's
+  const int64_t bias = query_bias_bytes(p, smem, dq_blocks<T, NA, HD, kDrop>());
+  pq.rpb_in_smem = bias ? 2 : 0;
+  backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), W * 32, smem + size_t(bias), stream>>>(pq);
   Params pk = p;
   // dRPB staged when its table fits (rpb_in_smem 1), and the bias table beside it (2) when
   // that fits too.

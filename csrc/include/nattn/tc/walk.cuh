@@ -60,21 +60,26 @@ __device__ __forceinline__ void for_each_score(F&& f) {
     for (int e = 0; e < 4; ++e) f(nt, e, e >> 1, nt * 2 + (e & 1));
 }
 
-// The score loops run in two instances, with and without RPB (std::true_type / false_type:
-// a uniform branch per chunk), so that a call without RPB carries no bias loads or dRPB
-// atomics.
-template <typename F>
-__device__ __forceinline__ void rpb_instanced(bool rpb, F&& f) {
-  if (rpb) f(std::true_type{});
-  else f(std::false_type{});
-}
-
 // A score's bias: entry idx of the head's table, or entry 0 where the score is masked (idx
 // is then not an entry). The offset is 32-bit unsigned (idx >= 0 where the score is kept):
 // no sign extension and no 64-bit select per score in the loops.
 __device__ __forceinline__ float table_bias(const float* table, bool ok, int idx) { return table[ok ? unsigned(idx) : 0u]; }
 
+// The forward and dQ pass: the head's bias table times log2(e), copied into the block's
+// shared memory after its warps' tiles when Params::rpb_in_smem is 2 (the launchers set it
+// where the table fits: kernels.cuh, query_bias_bytes). Every thread of the block calls it, before
+// any warp returns (it synchronises). Null when the table is not staged.
+__device__ __forceinline__ const float* stage_query_bias(const Params& p, float* dst, int h) {
+  if (p.rpb == nullptr || p.rpb_in_smem != 2) return nullptr;
+  const float* src = p.rpb + int64_t(h) * p.rpb_head_size;
+  for (int i = threadIdx.x; i < int(p.rpb_head_size); i += blockDim.x) dst[i] = src[i] * kLog2e;
+  __syncthreads();
+  return dst;
+}
+
 // Where a score loop reads the bias table: none, global memory, or a copy in shared memory.
+// The loops run in one instance each (std::integral_constant: a uniform branch per chunk), so
+// that a call without RPB carries no bias loads or dRPB atomics.
 enum BiasAt : int { kNoBias = 0, kBiasGlobal = 1, kBiasShared = 2 };
 template <typename F>
 __device__ __forceinline__ void bias_instanced(int at, F&& f) {
