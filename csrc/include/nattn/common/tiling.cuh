@@ -299,7 +299,8 @@ NATTN_HD void set_token_strides(Params& p) {
 // axis's): s[1 + a] == s[na_dim] * tok_stride[a] on every axis, with fewer than 2^31 tokens
 // (token indices, and dilation * tok_stride <= tokens, fit an int).
 NATTN_HD bool has_token_rows(const Params& p, const int64_t* s) {
-  bool rows = p.tokens <= 0x7fffffff;
+  // (the tc walks multiply a token index by the row stride in 32-bit operands: it fits an int)
+  bool rows = p.tokens <= 0x7fffffff && s[p.na_dim] >= 0 && s[p.na_dim] <= 0x7fffffff;
   for (int a = 0; a < p.na_dim; ++a) rows = rows && s[1 + a] == s[p.na_dim] * p.tok_stride[a];
   return rows;
 }

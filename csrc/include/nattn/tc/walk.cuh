@@ -93,7 +93,9 @@ __device__ __forceinline__ void bias_instanced(int at, F&& f) {
 // tc_stage(ci) of the warp's buffer with cp.async, kTcStages - 1 chunks ahead of the one
 // computed. Per chunk, lane l finds the coordinates of chunk token l % 16 (UnionIndex: two
 // multiply-highs in 3-D, none in 1-D) and its address in X (lanes 0-15) or Y (lanes 16-31);
-// the copying lanes fetch the addresses they need with shuffles. Its fragment columns' coordinates
+// the copying lanes fetch the addresses they need with shuffles (16-bit head dims <= 32 with
+// token rows: the token's index, one 32-bit shuffle, and multiply it by each tensor's row
+// stride themselves: copy_rows). Its fragment columns' coordinates
 // come the same way. (Cursors stepping along the union with carries across line ends cost
 // ~200 integer instructions a chunk, Nsight Compute, PERF.md thirteenth session.) With kSide,
 // the inverse walk also stages each query's LSE and delta (a second address stream: the row of
@@ -107,10 +109,17 @@ struct Walk {
   static constexpr int PPK = HD / Lt::VEC;  // 16-byte pieces per staged token
   static constexpr int TPI = 32 / PPK;      // tokens per copy instruction of the warp
   static constexpr int NS = kSide ? 2 : 1;
+  // Rows mode at head dims <= 32 (16-bit) shuffles token indices (copy_rows: 2% off the
+  // DiNAT-size passes); the others keep shuffling whole addresses (with both tensors' bases
+  // held, the 3-D head-dim-64 forward ran 5% slower and TF32's dK/dV pass spilled at 128).
+  static constexpr bool kTokens = !Lt::kF32 && HD <= 32;
   const Params& p;
   const Rows<NA, kInverse>& rw;
   S* buf;
   const T* src;            // this lane's tensor at (b, h): X for lanes 0-15, Y for 16-31
+  const T* x_src;          // rows mode: X and Y at (b, h), for every lane
+  const T* y_src;
+  int x_rs, y_rs;          // rows mode: their row strides (below 2^31: has_token_rows)
   GroupStrides<NA> st[2];  // this lane's tensor, the LSE / delta row (kSide)
   int lane, size, chunks;
   bool xin, yin;           // this lane's channels lie within X's / Y's head dim
@@ -124,16 +133,20 @@ struct Walk {
   // side_src: this lane's tensor (LSE for lanes 0-15, delta for 16-31) at row (b, 0, h)
   float* side;
   const float* side_src;
+  const float* side_rows_src;  // rows mode: the LSE for a token's lane 0 (of PPK), delta for its lane 1
 
   __device__ __forceinline__ Walk(const Params& p_, const Rows<NA, kInverse>& rw_, const int* g, const AxisRange* u_,
                                   S* buf_, int lane_, const T* X_, const int64_t* xst, int xdim, const T* Y_,
                                   const int64_t* yst, int ydim, bool rows_, float* side_ = nullptr,
                                   int64_t row0_ = 0, int h_ = 0, const int64_t* rst = nullptr)
-      : p(p_), rw(rw_), buf(buf_), src(held(lane_ >= CW ? Y_ : X_)),
+      : p(p_), rw(rw_), buf(buf_), src(held(lane_ >= CW ? Y_ : X_)), x_src(kTokens ? held(X_) : nullptr),
+        y_src(kTokens ? held(Y_) : nullptr),
+        x_rs(int(xst[NA])), y_rs(int(yst[NA])),
         st{GroupStrides<NA>(p_, xst, g, yst, lane_ >= CW), GroupStrides<NA>(p_, kSide ? rst : xst, g)},
         lane(lane_), xin((lane_ % PPK) * Lt::VEC < xdim), yin((lane_ % PPK) * Lt::VEC < ydim), rows(rows_),
         ti(p_, g), rs(lane_ >= CW ? yst[NA] : xst[NA]), ui(u_),
-        side(side_), side_src(kSide ? held((lane_ >= CW ? p_.delta : p_.lse) + row0_ * p_.heads + h_) : nullptr) {
+        side(side_), side_src(kSide ? held((lane_ >= CW ? p_.delta : p_.lse) + row0_ * p_.heads + h_) : nullptr),
+        side_rows_src(kSide && kTokens ? held(((lane_ % PPK) & 1 ? p_.delta : p_.lse) + row0_ * p_.heads + h_) : nullptr) {
     size = union_size<NA>(u_);
     chunks = (size + CW - 1) / CW;
   }
@@ -183,6 +196,13 @@ struct Walk {
     // get an address inside the tensor) and its addresses.
     int c[3];
     ui.coords(nattn_min(ci * CW + lane % CW, size - 1), c);
+    if (kTokens && rows) {  // a 32-bit token index travels per copy; the copying lanes build the addresses
+      const int t = ti.at(p, c);
+#pragma unroll
+      for (int i = 0; i < CW / TPI; ++i) copy_rows(dst, ci, i, e, left, t);
+      cp_async_commit();
+      return;
+    }
     int64_t o[NS];
     if (rows) {
       const int t = ti.at(p, c);
@@ -218,6 +238,22 @@ struct Walk {
       const float* row = shfl_ptr(mine_side, (lane % PPK & 1) * CW + j);
       if (lane % PPK < 2) cp_async4(side + tc_stage(ci) * 2 * CW + (lane % PPK) * CW + j, row, in);
     }
+  }
+  // Rows mode: copy instruction i of issue, with chunk token j's index from lane j.
+  __device__ __forceinline__ void copy_rows(S* dst, int ci, int i, int e, int left, int t) {
+    const int j = i * TPI + lane / PPK;
+    const int tj = __shfl_sync(0xffffffffu, t, j);
+    const bool in = j < left;
+    cp_async16(dst + j * Lt::P + e, x_src + mul_wide(tj, x_rs) + (xin ? e : 0), in && xin);
+    cp_async16(dst + Lt::TILE + j * Lt::P + e, y_src + mul_wide(tj, y_rs) + (yin ? e : 0), in && yin);
+    if (kSide && lane % PPK < 2)  // the token's first two lanes: its LSE and its delta
+      cp_async4(side + tc_stage(ci) * 2 * CW + (lane % PPK) * CW + j, side_rows_src + mul_wide(tj, p.heads), in);
+  }
+  // a * b of two ints as a 64-bit product (one IMAD.WIDE)
+  __device__ __forceinline__ static int64_t mul_wide(int a, int b) {
+    long long r;
+    asm("mul.wide.s32 %0, %1, %2;" : "=l"(r) : "r"(a), "r"(b));
+    return r;
   }
   // A pointer the compiler keeps in registers: left to itself it rebuilt the head bases from
   // Params (b * s[0] + h * s[4] in 64 bits, per tensor) in every chunk.
