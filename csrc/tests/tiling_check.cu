@@ -69,6 +69,10 @@ static void check_staging(const Params& p, const AxisRange* u, const int* g, con
   for (int a = 0; a < NA; ++a) s3[1 + a] = s[1 + a] * 24;  // a [N, H, D] tensor: rows of 24
   CHECK(has_token_rows(p, s) && has_token_rows(p, s3), "token-major tensors must have token rows");
   CHECK(NA == 1 || !has_token_rows(p, s2), "a strided view must not have token rows");
+  // rows of 2^31 elements or more: the walks' 32-bit row-stride multiply would overflow
+  int64_t s4[5] = {0, 0, 0, 0, 0};
+  for (int a = 0; a < NA; ++a) s4[1 + a] = s[1 + a] * (int64_t(1) << 31);
+  CHECK(!has_token_rows(p, s4), "a row stride of 2^31 must not give token rows");
   for (int lane = 0; lane < 32; ++lane) {
     const GroupStrides<NA> st[2] = {GroupStrides<NA>(p, s, g, s2, lane >= kChunk), GroupStrides<NA>(p, s, g)};
     const GroupStrides<NA> direct(p, lane >= kChunk ? s2 : s, g);

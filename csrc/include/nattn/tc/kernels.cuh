@@ -68,7 +68,7 @@ bool allow_smem(K kernel, size_t bytes) {
 constexpr int64_t kStagedBiasBytes = 16 * 1024;
 
 // The forward and the dQ pass stage their block's head's bias table (times log2(e)) in shared
-// memory where it takes at most this much (a 2-D window up to 19x19, 3-D up to 5x7x7) and
+// memory where it takes at most this much (a 2-D window up to 20x20, 3-D up to 5x7x7) and
 // leaves the kernel's blocks per SM (query_bias_bytes). Build switch for A/B runs:
 // NATTN_TC_QUERY_BIAS=0 reads the table from global memory.
 #ifndef NATTN_TC_QUERY_BIAS
