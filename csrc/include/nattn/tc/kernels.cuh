@@ -85,15 +85,22 @@ inline size_t smem_per_sm() {
   return size_t(per_sm[dev]);
 }
 
+// Blocks of `bytes` of dynamic shared memory each that an SM of the current device holds, at
+// most `blocks` (the kernel's register bound).
+inline int smem_blocks(size_t bytes, int blocks) {
+  constexpr size_t kReserved = 1024;  // shared memory the runtime reserves per block (SM80+)
+  const size_t fit = smem_per_sm() / (bytes + kReserved);
+  return fit < size_t(blocks) ? int(fit) : blocks;
+}
+
 // The staged table's bytes for a kernel of `smem` bytes a block compiled for `blocks` blocks
 // per SM (0: none, read from global memory): where the table is at most kQueryBiasBytes and
-// the blocks still fit the SM's shared memory with it (a 3-D 5x7x7 table took the head-dim-64
-// dQ pass from 4 blocks to 3 and made it 6% slower).
+// an SM holds as many blocks with it as without (a 3-D 5x7x7 table took the head-dim-64 dQ
+// pass from 4 blocks to 3 on the H200 and made it 6% slower).
 inline int64_t query_bias_bytes(const Params& p, size_t smem, int blocks) {
   const int64_t bytes = p.rpb_head_size * int64_t(sizeof(float));
   if (!NATTN_TC_QUERY_BIAS || p.rpb == nullptr || bytes > kQueryBiasBytes) return 0;
-  constexpr size_t kReserved = 1024;  // shared memory the runtime reserves per block (SM80+)
-  return (smem + size_t(bytes) + kReserved) * size_t(blocks) <= smem_per_sm() ? bytes : 0;
+  return smem_blocks(smem + size_t(bytes), blocks) == smem_blocks(smem, blocks) ? bytes : 0;
 }
 
 // Bytes of one staged tile ([CW, HD] with padded rows; fp32 tiles take twice the 16-bit bytes).
