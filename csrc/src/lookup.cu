@@ -52,6 +52,16 @@ int device_sms(int device) {
   return sms[device] > 0 ? sms[device] : 0;
 }
 
+// Shared memory of one of a device's SMs in bytes (0 when unknown), asked once.
+int device_smem_per_sm(int device) {
+  static int bytes[64] = {0};  // 0: not asked yet, -1: failed
+  if (device < 0 || device >= 64) return 0;
+  if (!bytes[device] &&
+      cudaDeviceGetAttribute(&bytes[device], cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess)
+    bytes[device] = -1;
+  return bytes[device] > 0 ? bytes[device] : 0;
+}
+
 // The tensor-core family runs on SM80+ (its code is built for every arch from 8.0).
 bool tc_allowed(int device) { return family_cap() >= kCapTc && device_cc(device) >= 80; }
 

@@ -1,7 +1,8 @@
 // libnattn's host-side queries: the generated kernel table (find_kernel), the devices
-// (compute capability and SMs, asked once each) and the NATTN_FAMILY cap, with which family a
+// (nattn/common/device.h: asked once each) and the NATTN_FAMILY cap, with which family a
 // device may run.
 #pragma once
+#include "nattn/common/device.h"  // device_cc, device_sms, device_smem_per_sm
 #include "nattn/common/registry.h"
 
 namespace nattn { namespace host {
@@ -12,8 +13,6 @@ const nattn::KernelEntry* find_kernel(const char* family, int dtype, int na_dim,
 // NATTN_FAMILY: simt, tc, or sm90 (also makes a forward the Hopper family declines an error).
 enum FamilyCap { kCapSimt = 0, kCapTc = 1, kCapAny = 2, kCapSm90Only = 3 };
 int family_cap();
-int device_cc(int device);   // 10 * major + minor, 0 when unknown
-int device_sms(int device);  // streaming multiprocessors, 0 when unknown
 bool tc_allowed(int device);
 bool sm90_allowed(int device);
 

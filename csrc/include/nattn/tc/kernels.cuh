@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nattn/common/device.h"
 #include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
 #include "nattn/tc/backward_dkv.cuh"
@@ -76,20 +77,13 @@ constexpr int64_t kStagedBiasBytes = 16 * 1024;
 #endif
 constexpr int64_t kQueryBiasBytes = 6 * 1024;
 
-// Shared memory of an SM of the current device (cached per device).
-inline size_t smem_per_sm() {
-  static int per_sm[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-  if (per_sm[dev] == 0) cudaDeviceGetAttribute(&per_sm[dev], cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-  return size_t(per_sm[dev]);
-}
-
 // Blocks of `bytes` of dynamic shared memory each that an SM of the current device holds, at
 // most `blocks` (the kernel's register bound).
 inline int smem_blocks(size_t bytes, int blocks) {
   constexpr size_t kReserved = 1024;  // shared memory the runtime reserves per block (SM80+)
-  const size_t fit = smem_per_sm() / (bytes + kReserved);
+  int dev = 0;
+  const size_t per_sm = cudaGetDevice(&dev) == cudaSuccess ? size_t(host::device_smem_per_sm(dev)) : 0;
+  const size_t fit = per_sm / (bytes + kReserved);
   return fit < size_t(blocks) ? int(fit) : blocks;
 }
 
