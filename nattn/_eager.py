@@ -231,12 +231,12 @@ class NAPackedFunction(torch.autograd.Function):
         return dqkv, drpb, None, None
 
 
-def na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params: NAParams):
-    """``(d(qkv), drpb)`` of NA over ``qkv``'s q / k / v views (``[B, *spatial, 3, H, D]``):
-    written through d(qkv)'s views by backends that take given gradient tensors
-    (``writes_grads_into``), else stacked into it. NAPackedFunction's and the packed op's
-    backward."""
-    q, k, v = qkv.unbind(-3)
+def na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params: NAParams, views=None):
+    """``(d(qkv), drpb)`` of NA over ``qkv``'s q / k / v views (``[B, *spatial, 3, H, D]``;
+    ``views``: them, where the caller has them already): written through d(qkv)'s views by
+    backends that take given gradient tensors (``writes_grads_into``), else stacked into it.
+    NAPackedFunction's and the packed op's backward."""
+    q, k, v = qkv.unbind(-3) if views is None else views
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
     if impl.writes_grads_into:
         *_, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, grads_into=dqkv.unbind(-3))

@@ -29,10 +29,21 @@ from .backends import get as get_backend
 from .params import NAParams
 
 
+# The ops' NAParams by their arguments: a model calls each op with a few argument sets, and
+# a kept instance also keeps its hash (the backends' call caches hash it every call).
+_PARAMS_CACHE: dict = {}
+
+
 def _params(kernel_size, stride, dilation, is_causal, scale, dropout_p=0.0) -> NAParams:
-    # is_causal travels as int[] because torch.jit tracing (fvcore) cannot record bool[].
-    return NAParams(tuple(kernel_size), tuple(stride), tuple(dilation), tuple(bool(c) for c in is_causal), scale,
-                    dropout_p)
+    key = (*kernel_size, None, *stride, None, *dilation, None, *is_causal, scale, dropout_p)
+    params = _PARAMS_CACHE.get(key)
+    if params is None:
+        if len(_PARAMS_CACHE) >= 512:  # bounded: e.g. a sweep over scales
+            _PARAMS_CACHE.clear()
+        # is_causal travels as int[] because torch.jit tracing (fvcore) cannot record bool[].
+        params = _PARAMS_CACHE[key] = NAParams(tuple(kernel_size), tuple(stride), tuple(dilation),
+                                               tuple(bool(c) for c in is_causal), scale, dropout_p)
+    return params
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -50,9 +61,46 @@ def _define(schema: str, impl, fake, backward=None, setup_context=None):
     _LIB.define(schema)
     _LIB.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"nattn::{name}", fake, lib=_LIB)
+    op = getattr(torch.ops.nattn, name).default
     if backward is not None:
-        torch.library.register_autograd(f"nattn::{name}", backward, setup_context=setup_context, lib=_LIB)
-    return getattr(torch.ops.nattn, name).default
+        kernel = _autograd_kernel(op, impl, backward, setup_context)
+        if kernel is None:
+            torch.library.register_autograd(f"nattn::{name}", backward, setup_context=setup_context, lib=_LIB)
+        else:
+            _LIB.impl(name, kernel, "Autograd", with_keyset=True)
+    return op
+
+
+# Keys below autograd on which a call may run its implementation directly: plain tensors,
+# no tracing, fake tensors, functionalization or dispatch modes (those put their own key first).
+_DIRECT_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+
+
+def _autograd_kernel(op, impl, backward, setup_context):
+    """The autograd kernel ``torch.library.register_autograd`` would register, with one
+    shortcut: a call that records no gradient on plain CPU / CUDA tensors runs ``impl`` at
+    once instead of redispatching below autograd through the dispatcher, which boxed the
+    arguments into Python a second time (~40 us of a no-grad call's ~55 on a CPU stand-in;
+    every nattn op inside a compiled graph is such a call). None where this torch lacks the
+    pieces (then register_autograd's own kernel)."""
+    try:
+        from torch._library import autograd as _autograd
+        made = _autograd.make_autograd_impl(op, _autograd.Info(backward, setup_context))
+        below_autograd = torch._C._after_autograd_keyset
+        any_requires_grad = torch._C._any_requires_grad
+        below_guard = torch._C._AutoDispatchBelowAutograd
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover (older torch)
+        return None
+    grad_enabled = torch._C.is_grad_enabled
+
+    def kernel(keyset, *args, **kwargs):
+        if (not (grad_enabled() and any_requires_grad(*args))
+                and (keyset & below_autograd).highestPriorityTypeId() in _DIRECT_KEYS):
+            with below_guard():
+                return impl(*args, **kwargs)
+        return made(keyset, *args, **kwargs)
+
+    return kernel
 
 
 # --------------------------------------------------------------------------- NA
@@ -153,10 +201,10 @@ def _na_qkv_backward_impl(
     kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[int], scale: float,
     backend: str,
 ) -> Tuple[Tensor, Tensor]:
-    q, k, v = qkv.unbind(-3)
+    q, k, v = views = qkv.unbind(-3)
     params = _params(kernel_size, stride, dilation, is_causal, scale)
     impl = get_backend(deferred.resolve_na(backend, q, k, v, rpb, params))
-    dqkv, drpb = na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params)
+    dqkv, drpb = na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params, views)
     return dqkv, (drpb if drpb is not None else qkv.new_empty(0))
 
 
