@@ -181,6 +181,23 @@ _RULES = [
     ((16384,), (65,), 128, 1, True, True, 128, "native"),    # 0.532 vs 0.601
     ((16384,), (127,), 32, 1, False, False, 32, ""),         # 0.100 vs 0.077
     ((16, 32, 32), (9, 9, 9), 24, 1, False, False, 32, "padded"),  # 729 keys: zero-padded to 32
+    # head dim 128 (thirty-fifth session, PERF.md calls 2-3: sm90 vs tc, fwd / backward alone)
+    ((65536,), (17,), 128, 1, False, False, 128, ""),        # 0.492 vs 0.449
+    ((65536,), (25,), 128, 1, False, False, 128, "native"),  # 0.493 vs 0.521
+    ((65536,), (25,), 128, 1, False, True, 128, "native"),   # 1.348 vs 1.523
+    ((65536,), (33,), 128, 1, True, True, 128, ""),          # with an RPB 1.821 vs 1.737
+    ((61653,), (88,), 128, 3, False, True, 128, "native"),   # dilation 3: 3.15 vs 4.56
+    ((128, 128), (5, 5), 128, 1, False, False, 128, ""),     # 0.190 vs 0.154
+    ((128, 128), (7, 7), 128, 1, False, False, 128, "native"),  # 0.193 vs 0.205 (walk ratio 7.8)
+    ((128, 128), (7, 7), 128, 1, False, True, 128, "native"),   # 0.507 vs 0.549
+    ((128, 128), (7, 7), 128, 1, True, True, 128, ""),          # with an RPB 0.825 vs 0.658
+    ((128, 128), (13, 13), 128, 1, True, True, 128, "native"),  # with an RPB 1.124 vs 1.247
+    ((16, 32, 32), (3, 3, 3), 128, 1, False, False, 128, ""),       # 0.284 vs 0.190
+    ((16, 32, 32), (2, 5, 9), 128, 1, False, False, 128, "native"),  # 0.270 vs 0.331
+    ((16, 32, 32), (2, 5, 9), 128, 1, False, True, 128, "native"),   # 0.771 vs 0.946
+    ((16, 32, 32), (3, 5, 5), 128, 1, False, True, 128, ""),         # 0.891 vs 0.856
+    ((16, 32, 32), (5, 7, 7), 128, 1, True, True, 128, ""),          # with an RPB 2.732 vs 2.130
+    ((16, 32, 32), (5, 9, 9), 128, 1, True, True, 128, "native"),    # with an RPB 3.880 vs 4.883
 ]
 
 
@@ -336,15 +353,16 @@ def test_simt_dropout_runs_by_default(monkeypatch):
 
 
 def test_sm90_backward_minimum_by_head_dim():
-    """The backward's sm90 minimum window (timed on the H200 against tc's faster passes): 2-D
-    at head dims <= 32 and 3-D at <= 64 from 400 keys, else the per-NA-dim minimum; the
-    Python dispatch reads the same table."""
+    """The backward's sm90 minimum window without an RPB (timed on the H200 against tc's
+    passes): 2-D at head dims <= 32 and 3-D at <= 64 from 400 keys, head dim 128 (where tc
+    runs one block per SM) from 25 / 49 / 80 keys, else the per-NA-dim minimum; the Python
+    dispatch reads the same table."""
     if not hasattr(LIB, "sm90_min_window_backward_head") or not LIB.sm90_min_window_backward_head:
         pytest.skip("this build predates the per-head-dim backward minimum")
     table, per_dim = LIB.sm90_min_window_backward_head, LIB.sm90_min_window_backward
     assert table[(2, 32)] == table[(3, 32)] == table[(3, 64)] == 400
-    assert table[(2, 64)] == table[(2, 128)] == per_dim[2]
-    assert table[(1, 32)] == per_dim[1] and table[(3, 128)] == per_dim[3]
+    assert table[(2, 64)] == per_dim[2] and table[(1, 32)] == per_dim[1] and table[(1, 64)] == per_dim[1]
+    assert (table[(1, 128)], table[(2, 128)], table[(3, 128)]) == (25, 49, 80)
     assert all(per_dim[n] < 400 for n in (1, 2, 3))
 
 

@@ -53,10 +53,10 @@ namespace nattn { namespace host {
 // 0.234 vs 0.157); at D32 it wins from 4.1 down (5x7x9 0.294 vs 0.309, 5x9x9 0.316 vs
 // 0.374) and loses from 5.2 (5x7x7 0.292 vs 0.260, 3x11x11 0.432 vs 0.346). So 2-D forwards
 // below kSm90MinWindow and 3-D ones at any window, at head dims <= 64 without an RPB, run
-// sm90 when that ratio is at most kSm90MaxWalkRatio[NA dim - 2][head dim above 32].
+// sm90 when that ratio is at most kSm90MaxWalkRatio[NA dim - 2][head dim above 32] (at 128:
+// kSm90MaxWalkRatioHead128).
 constexpr int64_t kSm90MinWindow[3] = {128, 150, 128};
 constexpr double kSm90MaxWalkRatio[2][2] = {{5.0, 5.5}, {4.6, 5.3}};
-constexpr int kSm90WalkRatioMaxHeadDim = 64;
 // Fifteenth session (PERF.md calls 4-7, bf16, GPU time, ms): with an RPB the 64-query pairs'
 // forward loses that lead at 7x7 (every key box is partly masked, so each score takes the
 // mask's bias path): DiNAT 56x56 B32 H4 D32 0.144 vs tc's 0.126, dilation 4 on 28x28 B32 H8
@@ -104,7 +104,8 @@ constexpr int64_t kSm90MinWindowBackwardRpb[3] = {2048, 1024, 2048};
 // (Head dim 64 since the thirtieth session: kSm90MaxWalkRatio.)
 // Thirtieth session (call 5, D128, no RPB, sm90 vs tc): 7x7 0.084 vs 0.081 on 56x56 B8 H4,
 // 0.085 vs 0.077 on 28x28 B32 H4; with dilation 2 9x9 0.091 vs 0.096, 13x13 0.123 vs 0.141.
-constexpr int64_t kSm90MinWindow2dPlain = 81;
+// (Thirty-fifth session: the walk ratio decides there instead, kSm90MaxWalkRatioHead128; the
+// plain windows' 81-key minimum ran 7x7 on tc at 6-11% more time on large grids.)
 constexpr int kSm90SmallHeadDim = 32;
 // Head dims above kTcMaxHeadDim (256): the tensor-core family stops at 128, so the Hopper
 // family's alternative is the SIMT family (CUDA cores), and it runs at any window, forward
@@ -126,15 +127,35 @@ constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
 constexpr int64_t kSm90MinWindowBackwardSmallHead = 400;
 constexpr int kSm90BackwardSmallHeadDim[3] = {0, 32, 64};
 
-// The backward's minimum window for a head dim (the larger of D and D_v).
-// Thirtieth session (PERF.md call 5; 16384 tokens B2 H8, backward = f+b - forward, GPU ms, sm90
-// vs tc): in 1-D at head dim 128 the sm90 backward wins from 65 keys, with an RPB too (w65
-// 0.375 vs 0.471, w127 0.417 vs 0.653; with an RPB 0.532 vs 0.601 and 0.643 vs 0.900).
-constexpr int64_t kSm90MinWindowBackward1dHead128 = 65;
+// Head dims 65-128 (the 128-channel instances), where the tensor-core family runs one block
+// per SM: thirty-fifth session (PERF.md calls 2-3; benchmarks/dispatch_sweep.py found the
+// default up to 1.47x behind sm90 there; then `dispatch_check.py` on 65536 tokens B1 H16,
+// 128x128 B2 H8, 16x32x32 B2 H8, bf16, GPU ms, sm90 vs tc, fwd / backward alone). Without an
+// RPB, 1-D: w9 0.488 / 1.354 vs 0.423 / 1.308, w17 0.492 / 1.336 vs 0.449 / 1.363, w25 0.493
+// / 1.348 vs 0.521 / 1.523, w49 0.509 / 1.354 vs 0.589 / 1.776 (and with dilation 3, w88 on
+// 61653 tokens B4 H8, 1.20 / 3.15 vs 1.46 / 4.56: no per-dilation rule here); 2-D: 3x3 0.191 /
+// 0.416 vs 0.127 / 0.374, 5x5 0.190 / 0.421 vs 0.154 / 0.425, 7x7 0.193 / 0.507 vs 0.205 /
+// 0.549 (on 56x56 B8 H4 0.086 / 0.205 vs 0.084 / 0.218, dilation 2 0.195 / 0.504 vs 0.204 /
+// 0.541), 9x9 backward 0.505 vs 0.679; 3-D: 3x3x3 0.284 / 0.885 vs 0.190 / 0.530, 3x5x5 0.284
+// / 0.891 vs 0.297 / 0.856, 2x5x9 0.270 / 0.771 vs 0.331 / 0.946. The forward in 2-D and 3-D
+// below kSm90MinWindow follows the walk ratio as at smaller head dims (kSm90MaxWalkRatio):
+// 7x7 ran sm90 faster at ratios 7.8 (128x128) and 8.1 (384x404), tied at 8.9 (56x56) and lost
+// at 10.3 (28x28 B32 H4, thirtieth session: 0.085 vs 0.077); in 3-D 3x5x5 (10.2) tied or won
+// by 4%, 2x5x9 (8.5) won by 23%, 3x3x3 (28) lost. With an RPB (same shapes): 1-D w33 0.547 /
+// 1.821 vs 0.526 / 1.737, w65 0.562 / 1.897 vs 0.676 / 2.211; the backward alone in 2-D 7x7
+// 0.825 vs 0.658, 13x13 1.124 vs 1.247, 17x17 1.471 vs 1.855; in 3-D 5x7x7 2.732 vs 2.130,
+// 5x9x9 3.880 vs 4.883 (the forward with an RPB keeps the rules above: kTcRpbMaxWindow).
+constexpr int kSm90WideHeadDim = 64;  // above: these rules
+constexpr int64_t kSm90MinWindow1dHead128 = 25;     // 1-D, forward and backward, no RPB
+constexpr int64_t kSm90MinWindow1dHead128Rpb = 65;  // 1-D with an RPB (thirtieth session: w65 wins)
+constexpr double kSm90MaxWalkRatioHead128[2] = {8.5, 10.5};  // 2-D, 3-D forwards below kSm90MinWindow
+constexpr int64_t kSm90MinWindowBackwardHead128[3] = {kSm90MinWindow1dHead128, 49, 80};
+constexpr int64_t kSm90MinWindowBackwardRpbHead128[3] = {kSm90MinWindow1dHead128Rpb, 150, 400};
 
+// The backward's minimum window for a head dim (the larger of D and D_v) without an RPB.
 int64_t sm90_min_window_backward(int na_dim, int64_t head_dim) {
   if (head_dim > 0 && head_dim <= kSm90BackwardSmallHeadDim[na_dim - 1]) return kSm90MinWindowBackwardSmallHead;
-  if (na_dim == 1 && head_dim > 64) return kSm90MinWindowBackward1dHead128;
+  if (head_dim > kSm90WideHeadDim && head_dim <= kTcMaxHeadDim) return kSm90MinWindowBackwardHead128[na_dim - 1];
   return kSm90MinWindowBackward[na_dim - 1];
 }
 
@@ -349,13 +370,6 @@ bool split_by_default(const nattn::Params& p, int device) {
   return sms > 0 && ctas * kDefaultSplits <= sms;
 }
 
-// No dilation, stride or causality on any axis (kSm90MinWindow2dPlain).
-bool plain_2d_window(const nattn::Params& p) {
-  for (int a = 0; a < p.na_dim; ++a)
-    if (p.dilation[a] != 1 || p.stride[a] != 1 || p.causal[a]) return false;
-  return true;
-}
-
 // 1-D at dilation above 2 (twenty-eighth session, PERF.md call 2, with 128-key boxes in
 // pieces; from dilation 5 even 64-key boxes go in pieces), tc vs sm90, GPU ms fwd / f+b:
 // 32768 tokens D128 w512 d8 0.761 / 2.56 vs 0.724 / 2.19, D64 w1024 d3 0.718 / 2.45 vs
@@ -370,13 +384,12 @@ constexpr int64_t kSm90MinWindow1dPerDilation = 64;
 // ties beyond (w97 0.115 vs 0.110, with an RPB 0.139 vs 0.118); at head dim 128 sm90 wins
 // from 65 keys (w65 0.131 vs 0.172, w127 0.143 vs 0.247) and at head dim 32 tc (w127 0.077
 // vs 0.100).
+// (At head dim 128: kSm90MinWindow1dHead128.)
 constexpr int64_t kSm90OneBoxKeys1d = 128;
-constexpr int64_t kSm90MinWindow1dHead128 = 65;
 
-// Below kSm90MinWindow in 1-D (any RPB): the rule above.
+// Below kSm90MinWindow in 1-D (any RPB) at head dims <= 64: the rule above.
 bool sm90_small_1d(const nattn::Params& p, int64_t head_dim) {
   if (head_dim <= kSm90SmallHeadDim) return false;
-  if (head_dim > 64) return window_keys(p) >= kSm90MinWindow1dHead128;
   const nattn::KernelEntry* e = default_sm90(p, int(head_dim));
   return e && walked_keys(p, *e) <= kSm90OneBoxKeys1d;
 }
@@ -389,21 +402,29 @@ double sm90_walk_ratio(const nattn::Params& p, int head_dim) {
   return walked_keys(p, *e) * query_box_padding(p, *e) / double(window_keys(p));
 }
 
+// Head dims 65-128 (kSm90WideHeadDim): the rules measured there.
+bool sm90_preferred_wide(const nattn::Params& p, int64_t window, int head_dim, bool backward) {
+  const int nd = p.na_dim;
+  if (backward) return window >= (p.rpb ? kSm90MinWindowBackwardRpbHead128 : kSm90MinWindowBackwardHead128)[nd - 1];
+  if (nd == 1) return window >= (p.rpb ? kSm90MinWindow1dHead128Rpb : kSm90MinWindow1dHead128);
+  if (p.rpb) return window > tc_rpb_max_window(nd, head_dim) && window >= kSm90MinWindow[nd - 1];
+  if (window < kSm90MinWindow[nd - 1]) return sm90_walk_ratio(p, head_dim) <= kSm90MaxWalkRatioHead128[nd - 2];
+  return true;
+}
+
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   const int64_t window = window_keys(p);
   if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;
-  if (p.na_dim == 1 && p.dilation[0] > 2 && window < kSm90MinWindow1dPerDilation * p.dilation[0]) return false;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;
+  if (head_dim > kSm90WideHeadDim) return sm90_preferred_wide(p, window, int(head_dim), backward);
+  if (p.na_dim == 1 && p.dilation[0] > 2 && window < kSm90MinWindow1dPerDilation * p.dilation[0]) return false;
   if (!backward && p.na_dim == 1 && window < kSm90MinWindow[0]) return sm90_small_1d(p, head_dim);
   if (!backward && p.rpb && window <= tc_rpb_max_window(p.na_dim, head_dim)) return false;
-  const bool rpb_1d_head128 = p.na_dim == 1 && head_dim > 64 && head_dim <= kTcMaxHeadDim;
-  if (backward && p.rpb && !rpb_1d_head128 && window < kSm90MinWindowBackwardRpb[p.na_dim - 1]) return false;
+  if (backward && p.rpb && window < kSm90MinWindowBackwardRpb[p.na_dim - 1]) return false;
   const bool by_walk = p.na_dim == 3 || (p.na_dim == 2 && window < kSm90MinWindow[1]);
-  if (!backward && head_dim <= kSm90WalkRatioMaxHeadDim && by_walk && !p.rpb)
+  if (!backward && by_walk && !p.rpb)
     return sm90_walk_ratio(p, int(head_dim)) <= kSm90MaxWalkRatio[p.na_dim - 2][head_dim > kSm90SmallHeadDim];
-  if (!backward && p.na_dim == 2 && plain_2d_window(p) && head_dim > kSm90WalkRatioMaxHeadDim)
-    return window >= kSm90MinWindow2dPlain;
-  if (backward) return window >= sm90_min_window_backward(p.na_dim, p.dim > p.dim_v ? p.dim : p.dim_v);
+  if (backward) return window >= sm90_min_window_backward(p.na_dim, head_dim);
   return window >= kSm90MinWindow[p.na_dim - 1];
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|dispatchcheck|optimize|qkav|norm|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -130,6 +130,9 @@ if [[ $what == *qkav* ]]; then  # the unfused ops: window kernels vs plain PyTor
 fi
 if [[ $what == *split* ]]; then  # per-kernel times of one forward+backward (SPLIT_ARGS: e.g. "--only dinat-s1-2d --rpb")
   (cd benchmarks && timeout 120 python3 kernel_split.py ${SPLIT_ARGS:-} 2>&1 | tee -a "$OUT/split.txt" | grep -v vectorized)
+fi
+if [[ $what == *sweep* ]]; then  # the default family against each family forced, random problems (SWEEP_ARGS)
+  timeout ${SWEEP_TIMEOUT:-500} python3 benchmarks/dispatch_sweep.py ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.txt" | tail -25
 fi
 if [[ $what == *host* ]]; then  # host time per call (kernels negligible)
   timeout 60 python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/host.txt" | tail -2

@@ -151,6 +151,26 @@ def test_head_dim_128_2d_runs_tc_at_7x7_and_with_rpb_up_to_169_keys():
     assert forward_family(15, rpb=True, **big) == "sm90"
 
 
+def test_head_dim_128_runs_sm90_from_small_windows_without_rpb():
+    # measured (PERF.md, thirty-fifth session, calls 2-3; sm90 vs tc, GPU ms, fwd / backward
+    # alone): the tensor-core family's head-dim-128 passes run one block per SM. 1-D w25 0.493
+    # / 1.348 vs 0.521 / 1.523 (w17 0.492 vs 0.449 forward); 2-D 7x7 on 128x128 0.193 / 0.507
+    # vs 0.205 / 0.549 (5x5 0.190 vs 0.154 forward); 3-D 2x5x9 0.270 / 0.771 vs 0.331 / 0.946,
+    # 3x3x3 0.284 / 0.885 vs 0.190 / 0.530; with an RPB the backward keeps tc below 150 keys in
+    # 2-D (7x7 0.825 vs 0.658) and the 1-D forward below 65 (w33 0.547 vs 0.526)
+    one = dict(spatial=(16384,), heads=8, batch=2, dim=128)
+    assert families((25,), rpb=False, backward=True, **one) == {"forward": "sm90", "dkv": "sm90"}
+    assert families((17,), rpb=False, backward=True, **one) == {"forward": "tc", "dkv": "tc"}
+    assert forward_family((33,), rpb=True, **one) == "tc"
+    two = dict(spatial=(64, 64), batch=2, dim=128)
+    assert families(7, rpb=False, backward=True, **two) == {"forward": "sm90", "dkv": "sm90"}
+    assert families(5, rpb=False, backward=True, **two) == {"forward": "tc", "dkv": "tc"}
+    assert families(7, rpb=True, backward=True, **two) == {"forward": "tc", "dkv": "tc"}
+    three = dict(spatial=(8, 16, 32), batch=1, dim=128)
+    assert families((2, 5, 9), rpb=False, backward=True, **three) == {"forward": "sm90", "dkv": "sm90"}
+    assert families((3, 3, 3), rpb=False, backward=True, **three) == {"forward": "tc", "dkv": "tc"}
+
+
 def test_head_dims_above_128_train_on_sm90_at_any_window():
     # no tensor-core instance above 128: the Hopper backward at 256 (backward_wide.cuh) runs
     # from the smallest window, natively or on zero-padded copies (PERF.md, twenty-ninth

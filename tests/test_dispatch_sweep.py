@@ -1,0 +1,54 @@
+"""benchmarks/dispatch_sweep.py: its random problems are valid NA calls (every window argument
+and RPB table accepted by the argument checks), repeatable by seed and of bounded size; the
+verdict flags only a default slower than the fastest family by more than the tolerance."""
+
+import importlib.util
+import math
+import os
+import random
+
+import pytest
+import torch
+
+from nattn.params import normalize
+
+_PATH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "dispatch_sweep.py")
+_spec = importlib.util.spec_from_file_location("dispatch_sweep", _PATH)
+dispatch_sweep = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dispatch_sweep)
+
+
+def test_problems_are_valid_calls():
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    seen = set()
+    for i in range(300):
+        p = dispatch_sweep.random_problem(rng, i)
+        shape = (p.batch, *p.spatial)
+        q = torch.empty(*shape, p.heads, p.dim, device="meta")
+        kv = torch.empty(*shape, p.heads_kv, p.dim, device="meta")
+        rpb = torch.empty(p.heads, *(2 * k - 1 for k in p.kernel), device="meta") if p.rpb else None
+        params = normalize(q, kv, kv, p.na_dim, p.kernel, p.stride, p.dilation, p.causal, None, rpb=rpb)
+        assert params.kernel_size == p.kernel, (seed, p.name)
+        assert p.heads % p.heads_kv == 0 and p.dim in dispatch_sweep.HEAD_DIMS, (seed, p.name)
+        assert all(s >= k * d for s, k, d in zip(p.spatial, p.kernel, p.dilation)), (seed, p.name)
+        rows = p.batch * math.prod(p.spatial) * p.heads
+        assert rows <= 64e6, (seed, p.name, rows)  # a few GB a tensor at most
+        seen.add(p.na_dim)
+    assert seen == {1, 2, 3}
+    again = random.Random(seed)
+    assert dispatch_sweep.random_problem(again, 0) == dispatch_sweep.random_problem(random.Random(seed), 0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_verdict(seed):
+    rng = random.Random(seed)
+    fast, tol = rng.uniform(0.01, 10.0), rng.uniform(0.01, 0.2)
+    slow = fast * (1 + tol) * rng.uniform(1.01, 2.0)
+    near = fast * (1 + tol * rng.uniform(0.0, 0.99))
+    verdict = dispatch_sweep.verdict
+    assert verdict(slow, {"sm90": fast, "tc": slow}, tol) == "SLOWER"
+    assert verdict(near, {"sm90": fast, "tc": None}, tol) == "ok"
+    assert verdict(fast, {"sm90": slow, "tc": fast}, tol) == "ok"
+    assert verdict(None, {"sm90": fast}, tol) == "-"
+    assert verdict(fast, {"sm90": None, "tc": None}, tol) == "-"
