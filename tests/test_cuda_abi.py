@@ -198,6 +198,12 @@ _RULES = [
     ((16, 32, 32), (3, 5, 5), 128, 1, False, True, 128, ""),         # 0.891 vs 0.856
     ((16, 32, 32), (5, 7, 7), 128, 1, True, True, 128, ""),          # with an RPB 2.732 vs 2.130
     ((16, 32, 32), (5, 9, 9), 128, 1, True, True, 128, "native"),    # with an RPB 3.880 vs 4.883
+    ((17, 40, 52), (5, 3, 7), 128, 1, False, True, 128, ""),         # 105 keys, walk ratio 16.7: 2.75 vs 2.11
+    # the 3-D backward by the backward pair's walk ratio (thirty-fifth session, call 4)
+    ((17, 33, 58), (7, 5, 13), 32, 1, False, True, 32, ""),          # 455 keys, ratio 9.5: 3.48 vs 2.13
+    ((16, 32, 32), (5, 9, 9), 32, 1, False, True, 32, "native"),     # ratio 3.8 (fourteenth session)
+    ((16, 32, 32), (5, 7, 7), 64, 1, False, True, 64, ""),           # video-3d, ratio 6.3
+    ((12, 30, 39), (2, 16, 13), 64, 1, False, True, 64, "native"),   # 416 keys, ratio 4.6
 ]
 
 

@@ -52,3 +52,17 @@ def test_verdict(seed):
     assert verdict(fast, {"sm90": slow, "tc": fast}, tol) == "ok"
     assert verdict(None, {"sm90": fast}, tol) == "-"
     assert verdict(fast, {"sm90": None, "tc": None}, tol) == "-"
+
+
+def test_rounds_alternate_the_order_and_keep_each_best(monkeypatch):
+    calls = []
+    draws = iter([3.0, 2.0, None, 1.0, 5.0, 4.0])  # round 0: default, sm90, tc; round 1: tc, sm90, default
+
+    def fake_timed(family, fn):
+        calls.append(family)
+        return next(draws)
+
+    monkeypatch.setattr(dispatch_sweep, "_timed", fake_timed)
+    times = dispatch_sweep._rounds(lambda: None, 2)
+    assert calls == [None, "sm90", "tc", "tc", "sm90", None]
+    assert times == {None: 3.0, "sm90": 2.0, "tc": 1.0}

@@ -151,6 +151,15 @@ constexpr int64_t kSm90MinWindow1dHead128Rpb = 65;  // 1-D with an RPB (thirtiet
 constexpr double kSm90MaxWalkRatioHead128[2] = {8.5, 10.5};  // 2-D, 3-D forwards below kSm90MinWindow
 constexpr int64_t kSm90MinWindowBackwardHead128[3] = {kSm90MinWindow1dHead128, 49, 80};
 constexpr int64_t kSm90MinWindowBackwardRpbHead128[3] = {kSm90MinWindow1dHead128Rpb, 150, 400};
+// The 3-D backward without an RPB (same session, calls 3-4): the window alone mispredicted
+// random shapes by up to 1.6x either way (17x33x58 7x5x13 at head dim 32: 455 keys, sm90
+// 3.48 vs tc 2.13 ms; 12x42x51 3x14x8 with dilation 3 on H at 64: 336 keys, 0.654 vs 0.921;
+// 17x40x52 5x3x7 at 128: 105 keys, 2.75 vs 2.11), the backward pair's walk ratio (as the
+// forward's, on its 2x8x8 / 1x8x8 boxes) did not: sm90 won at head dim 32 up to 3.8 (5x9x9
+// on 16x32x32, fourteenth session) and lost from 5.4 (tie; 5.5-9.5 lost by 20-64%), at 64
+// won at 3.8-5.0 and 6.4 (by 10-43%) and lost at 6.3 (video-3d's 5x7x7: 1.08 vs 1.13,
+// fourteenth session), at 128 won at 6.3-8.5 (by 23-31%) and lost from 13.7.
+constexpr double kSm90MaxBackwardWalkRatio3d[3] = {4.5, 6.0, 11.0};  // head dims <= 32, <= 64, <= 128
 
 // The backward's minimum window for a head dim (the larger of D and D_v) without an RPB.
 int64_t sm90_min_window_backward(int na_dim, int64_t head_dim) {
@@ -394,17 +403,29 @@ bool sm90_small_1d(const nattn::Params& p, int64_t head_dim) {
   return e && walked_keys(p, *e) <= kSm90OneBoxKeys1d;
 }
 
-// Keys the default pair's boxes walk per query, times the query rows they cover, over the
-// window's keys (kSm90MaxWalkRatio); no pair: infinity.
-double sm90_walk_ratio(const nattn::Params& p, int head_dim) {
-  const nattn::KernelEntry* e = default_sm90(p, head_dim);
+// Keys a pair's boxes walk per query, times the query rows they cover, over the window's
+// keys (kSm90MaxWalkRatio); no pair: infinity.
+double walk_ratio(const nattn::Params& p, const nattn::KernelEntry* e) {
   if (!e) return 1e30;
   return walked_keys(p, *e) * query_box_padding(p, *e) / double(window_keys(p));
+}
+
+// The forward's, with its default pair.
+double sm90_walk_ratio(const nattn::Params& p, int head_dim) { return walk_ratio(p, default_sm90(p, head_dim)); }
+
+// The backward's, with its pair (the dQ pass's boxes; the dK/dV pass walks as many queries
+// per key on the same boxes, the roles swapped): kSm90MaxBackwardWalkRatio3d.
+double sm90_backward_walk_ratio(const nattn::Params& p, int head_dim) {
+  const Sm90Entries all = sm90_entries();
+  for (int i = 0; i < all.n; ++i)
+    if (all.e[i]->backward && sm90_entry_for(*all.e[i], p, head_dim)) return walk_ratio(p, all.e[i]);
+  return 1e30;
 }
 
 // Head dims 65-128 (kSm90WideHeadDim): the rules measured there.
 bool sm90_preferred_wide(const nattn::Params& p, int64_t window, int head_dim, bool backward) {
   const int nd = p.na_dim;
+  if (backward && nd == 3 && !p.rpb) return sm90_backward_walk_ratio(p, head_dim) <= kSm90MaxBackwardWalkRatio3d[2];
   if (backward) return window >= (p.rpb ? kSm90MinWindowBackwardRpbHead128 : kSm90MinWindowBackwardHead128)[nd - 1];
   if (nd == 1) return window >= (p.rpb ? kSm90MinWindow1dHead128Rpb : kSm90MinWindow1dHead128);
   if (p.rpb) return window > tc_rpb_max_window(nd, head_dim) && window >= kSm90MinWindow[nd - 1];
@@ -421,6 +442,8 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
   if (!backward && p.na_dim == 1 && window < kSm90MinWindow[0]) return sm90_small_1d(p, head_dim);
   if (!backward && p.rpb && window <= tc_rpb_max_window(p.na_dim, head_dim)) return false;
   if (backward && p.rpb && window < kSm90MinWindowBackwardRpb[p.na_dim - 1]) return false;
+  if (backward && p.na_dim == 3 && !p.rpb)
+    return sm90_backward_walk_ratio(p, int(head_dim)) <= kSm90MaxBackwardWalkRatio3d[head_dim > kSm90SmallHeadDim];
   const bool by_walk = p.na_dim == 3 || (p.na_dim == 2 && window < kSm90MinWindow[1]);
   if (!backward && by_walk && !p.rpb)
     return sm90_walk_ratio(p, int(head_dim)) <= kSm90MaxWalkRatio[p.na_dim - 2][head_dim > kSm90SmallHeadDim];
@@ -463,8 +486,10 @@ NATTN_API int64_t nattn_sm90_min_window_backward(int64_t na_dim) {
   return na_dim >= 1 && na_dim <= 3 ? kSm90MinWindowBackward[na_dim - 1] : -1;
 }
 
-// The backward's for a head dim (D == D_v): 2-D at head dims <= 32 and 3-D at <= 64 start
-// later (kSm90MinWindowBackwardSmallHead).
+// The backward's for a head dim (D == D_v) without an RPB: 2-D at head dims <= 32 and 3-D at
+// <= 64 start later (kSm90MinWindowBackwardSmallHead), head dim 128 earlier
+// (kSm90MinWindowBackwardHead128). In 3-D the backward pair's walk ratio decides
+// (kSm90MaxBackwardWalkRatio3d): a typical window, not a bound there.
 NATTN_API int64_t nattn_sm90_min_window_backward_head(int64_t na_dim, int64_t head_dim) {
   if (na_dim >= 1 && na_dim <= 3 && head_dim > kTcMaxHeadDim) return 1;
   return na_dim >= 1 && na_dim <= 3 ? sm90_min_window_backward(int(na_dim), head_dim) : -1;

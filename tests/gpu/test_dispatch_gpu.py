@@ -171,6 +171,16 @@ def test_head_dim_128_runs_sm90_from_small_windows_without_rpb():
     assert families((3, 3, 3), rpb=False, backward=True, **three) == {"forward": "tc", "dkv": "tc"}
 
 
+def test_3d_backward_follows_the_backward_pairs_walk_ratio():
+    # measured (PERF.md, thirty-fifth session, calls 3-4; backward alone, sm90 vs tc, GPU ms):
+    # 17x33x58 7x5x13 at head dim 32 (455 keys, ratio 9.5) 3.48 vs 2.13; 5x9x9 on 16x32x32
+    # (ratio 3.8) runs sm90 (fourteenth session: 1.51 vs 1.68); at head dim 64 12x30x39
+    # 2x16x13 (ratio 4.6; timed causal along T) 0.749 vs 1.308
+    assert families((7, 5, 13), rpb=False, dim=32, spatial=(17, 33, 58), batch=1, backward=True)["dkv"] == "tc"
+    assert families((5, 9, 9), rpb=False, dim=32, spatial=(16, 32, 32), batch=1, backward=True)["dkv"] == "sm90"
+    assert families((2, 16, 13), rpb=False, dim=64, spatial=(12, 30, 39), batch=1, backward=True)["dkv"] == "sm90"
+
+
 def test_head_dims_above_128_train_on_sm90_at_any_window():
     # no tensor-core instance above 128: the Hopper backward at 256 (backward_wide.cuh) runs
     # from the smallest window, natively or on zero-padded copies (PERF.md, twenty-ninth
