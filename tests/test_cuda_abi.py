@@ -204,6 +204,10 @@ _RULES = [
     ((16, 32, 32), (5, 9, 9), 32, 1, False, True, 32, "native"),     # ratio 3.8 (fourteenth session)
     ((16, 32, 32), (5, 7, 7), 64, 1, False, True, 64, ""),           # video-3d, ratio 6.3
     ((12, 30, 39), (2, 16, 13), 64, 1, False, True, 64, "native"),   # 416 keys, ratio 4.6
+    # 1-D dilation 3-4 at head dim 64: the 64-key pair in one copy, the rules without dilation
+    ((155581,), (212,), 64, 4, False, False, 64, "native"),  # 0.359 vs 0.409
+    ((155581,), (212,), 64, 4, False, True, 64, "native"),   # 0.851 vs 1.093
+    ((16384,), (257,), 64, 5, False, False, 64, ""),         # dilation 5: pieces (0.272 vs 0.218)
 ]
 
 

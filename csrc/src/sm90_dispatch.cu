@@ -383,9 +383,11 @@ bool split_by_default(const nattn::Params& p, int device) {
 // pieces; from dilation 5 even 64-key boxes go in pieces), tc vs sm90, GPU ms fwd / f+b:
 // 32768 tokens D128 w512 d8 0.761 / 2.56 vs 0.724 / 2.19, D64 w1024 d3 0.718 / 2.45 vs
 // 0.359 / 1.10 (0.294 forward on the 64-key pair, call 4); 16384 tokens D64 w257 d5 0.218 /
-// 0.781 vs 0.272 / 0.874. Such windows run sm90 from this many keys per unit of dilation
-// (at dilation 3-4, where the 64-key pair avoids pieces, the crossover may lie lower: not
-// measured).
+// 0.781 vs 0.272 / 0.874. Windows whose every key box goes in pieces (dilation 5 and up at
+// head dims <= 64) run sm90 from this many keys per unit of dilation; at dilation 3-4 the
+// 64-key pair avoids pieces and the rules without dilation apply (thirty-fifth session,
+// dispatch_sweep.py: 155581 tokens B1 H4 D64 w212 dilation 4, sm90 0.359 / 0.851 vs tc 0.409
+// / 1.093 ms, forward / backward alone).
 constexpr int64_t kSm90MinWindow1dPerDilation = 64;
 // Thirtieth session (PERF.md call 5; 16384 tokens B2 H8, forward, GPU ms, sm90 vs tc): below
 // 128 keys in 1-D the 64-query pair wins where its union fits one 128-key box (D64 w33 0.061
@@ -438,7 +440,8 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
   if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;
   if (head_dim > kSm90WideHeadDim) return sm90_preferred_wide(p, window, int(head_dim), backward);
-  if (p.na_dim == 1 && p.dilation[0] > 2 && window < kSm90MinWindow1dPerDilation * p.dilation[0]) return false;
+  const bool pieces_only = p.na_dim == 1 && nattn::sm90::box_pieces(64, p.dilation[0]) > 1;
+  if (pieces_only && window < kSm90MinWindow1dPerDilation * p.dilation[0]) return false;
   if (!backward && p.na_dim == 1 && window < kSm90MinWindow[0]) return sm90_small_1d(p, head_dim);
   if (!backward && p.rpb && window <= tc_rpb_max_window(p.na_dim, head_dim)) return false;
   if (backward && p.rpb && window < kSm90MinWindowBackwardRpb[p.na_dim - 1]) return false;

@@ -118,7 +118,7 @@ def test_backward_with_rpb_runs_tc_below_1024_keys_in_2d():
     assert families((9, 13, 13), rpb=True, dim=64, spatial=(12, 16, 16), batch=1, backward=True)["dkv"] == "tc"
 
 
-def test_1d_dilation_above_2_runs_sm90_from_64_keys_per_unit_of_dilation():
+def test_1d_dilation_with_every_key_box_in_pieces_runs_sm90_from_64_keys_per_unit_of_dilation():
     # measured (PERF.md, twenty-eighth session, call 2; tc vs sm90, fwd / f+b ms): 16384 tokens
     # B2 H8 D64 w257 dilation 5 0.218 / 0.781 vs 0.272 / 0.874; 32768 tokens D128 w512
     # dilation 8 0.761 / 2.56 vs 0.724 / 2.19 (the boxes' copies in pieces, element stride d)
@@ -126,6 +126,9 @@ def test_1d_dilation_above_2_runs_sm90_from_64_keys_per_unit_of_dilation():
     assert families((257,), dilation=5, **kw) == {"forward": "tc", "dkv": "tc"}
     assert families((321,), dilation=5, **kw) == {"forward": "sm90", "dkv": "sm90"}
     assert families((257,), dilation=2, **kw) == {"forward": "sm90", "dkv": "sm90"}
+    # dilation 4: the 64-key pair in one copy, the rules without dilation (thirty-fifth
+    # session: 155581 tokens B1 H4 w212 0.359 / 0.851 vs 0.409 / 1.093)
+    assert families((212,), dilation=4, **kw) == {"forward": "sm90", "dkv": "sm90"}
 
 
 def test_small_1d_windows_run_sm90_where_one_key_box_holds_a_query_box_union():
