@@ -1,7 +1,7 @@
 """The default family choice on random problems, against each family forced: where do libnattn's
 rules (tuned on the anchors and a few more shapes) pick a family that runs slower?
 
-    python benchmarks/dispatch_sweep.py [--count 40] [--seed 0] [--tol 0.10] [--no-bwd] [--rounds 2]
+    python benchmarks/dispatch_sweep.py [--count 40] [--seed 0] [--tol 0.10] [--no-bwd] [--rounds 2] [--only 15,17]
 
 Each problem is drawn the way users call NA (1-D / 2-D / 3-D; odd and even kernels; dilation,
 stride, per-axis causality, GQA, an RPB table, head dims 32 / 64 / 128; a few million query
@@ -101,6 +101,16 @@ def _timed(family: Optional[str], fn) -> Optional[float]:
         os.environ.pop("NATTN_FAMILY", None)
 
 
+def problems(count: int, seed: int, only=None):
+    """The sweep's problems, drawn in order from ``seed`` (so ``only``, a set of row numbers,
+    picks the same problems as the whole sweep's rows)."""
+    rng = random.Random(seed)
+    for i in range(count):
+        p = random_problem(rng, i)
+        if only is None or i in only:
+            yield p
+
+
 def _best(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return b if a is None else a if b is None else min(a, b)
 
@@ -118,15 +128,13 @@ def _rounds(fn, rounds: int) -> Dict[Optional[str], Optional[float]]:
     return times
 
 
-def sweep(count: int, seed: int, tol: float, bwd: bool, rounds: int = 2) -> None:
+def sweep(count: int, seed: int, tol: float, bwd: bool, rounds: int = 2, only=None) -> None:
     import nattn
     funcs = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
-    rng = random.Random(seed)
     flagged = []
     print(f"nattn {nattn.__version__}; {torch.cuda.get_device_name()}; seed {seed}; tolerance {tol:.0%}; "
           f"GPU ms (bf16, CUDA-graph replays)", flush=True)
-    for i in range(count):
-        p = random_problem(rng, i)
+    for p in problems(count, seed, only):
         q, k, v, rpb = _inputs(p, bwd)
         leaves = tuple(t for t in (q, k, v, rpb) if t is not None)
 
@@ -157,7 +165,8 @@ def sweep(count: int, seed: int, tol: float, bwd: bool, rounds: int = 2) -> None
                 flagged.append((p.name, what, times))
         q = k = v = rpb = leaves = g = None  # this problem's tensors freed before the next one's
         torch.cuda.empty_cache()
-    print(f"\n{len(flagged)} of {count} problems x {len(passes)} passes with the default more than {tol:.0%} "
+    timed = count if only is None else len(only & set(range(count)))
+    print(f"\n{len(flagged)} of {timed} problems x {2 if bwd else 1} passes with the default more than {tol:.0%} "
           "behind a forced family:")
     for name, what, times in flagged:
         best = min((t, fam) for fam, t in times.items() if fam is not None and t is not None)
@@ -172,8 +181,11 @@ def main(argv=None) -> None:
     ap.add_argument("--tol", type=float, default=0.10)
     ap.add_argument("--no-bwd", action="store_true", help="forward only")
     ap.add_argument("--rounds", type=int, default=2, help="timings per configuration, the order alternating")
+    ap.add_argument("--only", default=None, metavar="I,J,...",
+                    help="time only these rows of the seed's sweep (the numbers its lines start with)")
     args = ap.parse_args(argv)
-    sweep(args.count, args.seed, args.tol, not args.no_bwd, max(1, args.rounds))
+    only = None if args.only is None else {int(x) for x in args.only.split(",") if x.strip()}
+    sweep(args.count, args.seed, args.tol, not args.no_bwd, max(1, args.rounds), only)
 
 
 if __name__ == "__main__":

@@ -66,3 +66,11 @@ def test_rounds_alternate_the_order_and_keep_each_best(monkeypatch):
     times = dispatch_sweep._rounds(lambda: None, 2)
     assert calls == [None, "sm90", "tc", "tc", "sm90", None]
     assert times == {None: 3.0, "sm90": 2.0, "tc": 1.0}
+
+
+def test_only_picks_the_same_rows_as_the_whole_sweep():
+    seed = random.randrange(2**31)
+    whole = list(dispatch_sweep.problems(12, seed))
+    picked = list(dispatch_sweep.problems(12, seed, only={3, 7, 40}))
+    assert picked == [whole[3], whole[7]]
+    assert picked[0].name.startswith("03:") and picked[1].name.startswith("07:")
