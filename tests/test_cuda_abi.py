@@ -238,6 +238,25 @@ def test_bench_dry_run_prints_the_configurations(capsys):
     assert "libnattn:" in capsys.readouterr().out  # no kernel for head dim 264: said, not raised
 
 
+@pytest.mark.parametrize("size, window, dim, says", [
+    (["128", "128"], ["7", "7"], 128, "runs by default, forward and backward"),
+    (["128", "128"], ["5", "5"], 128, "not the default here"),
+    (["16", "32", "32"], ["5", "7", "7"], 64, "runs the forward by default; the backward runs another family"),
+])
+def test_bench_dry_run_says_which_passes_the_rules_run_on_sm90(capsys, size, window, dim, says):
+    """The dry run's Hopper line names the passes libnattn's rules give the family (its
+    measured choices, PERF.md thirty-fifth session: 7x7 at head dim 128 both, 5x5 neither,
+    video-3d's 5x7x7 at 64 the forward only)."""
+    from nattn.bench.__main__ import main
+    nd = len(size)
+    if dim not in LIB.kernels.get(("sm90", "bfloat16", nd), ()) or getattr(LIB, "_sm90_preferred", None) is None:
+        pytest.skip("this build has no bf16 sm90 instance for the case, or no rule query")
+    if ("bfloat16", nd, dim) not in LIB.sm90_backward:
+        pytest.skip("this build has no sm90 backward for the case")
+    assert main(["-i", *size, "-w", *window, "-d", str(dim), "--dtype", "bf16", "--dry-run"]) == 0
+    assert says in capsys.readouterr().out
+
+
 def test_bench_optimize_needs_a_hopper_gpu():
     from nattn.bench.__main__ import main
     if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):

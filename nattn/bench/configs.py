@@ -44,12 +44,14 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
     minimum = lib.sm90_min_window_head.get((p.na_dim, p.dim), lib.sm90_min_window.get(p.na_dim))
     runs = "runs by default" if minimum is not None and params.window_size >= minimum else \
         f"runs by default from {minimum} keys per query (this window: {params.window_size})"
-    try:  # libnattn's own answer (its rules depend on how the boxes fit the problem)
-        chosen = BACKENDS["cuda"].sm90_preferred(q, k, v, params)
-    except ValueError:
-        chosen = None
+    chosen = _default_passes(q, k, v, params, bool(p.rpb))
     if chosen is not None:
-        runs = "runs by default" if chosen else "not the default here: another family measured faster on such problems"
+        runs = {(True, True): "runs by default, forward and backward",
+                (True, False): "runs the forward by default; the backward runs another family, measured faster "
+                               "on such problems",
+                (False, True): "runs the backward by default; the forward runs another family, measured faster "
+                               "on such problems",
+                (False, False): "not the default here: another family measured faster on such problems"}[chosen]
     lines.append(f"  sm90 (compute capability 9.0; {runs}; name one per call with backend='cuda:<name>', or "
                  "NATTN_SM90_TILE=<name> process-wide; cost: keys walked per query times the query rows its boxes cover per query, 64-key boxes counted 1.15x, "
                  "64-query boxes 1.3x in 1-D, 1.5x in 3-D, 0.6x in 2-D at head dim 32, 1-D key boxes copied in "
@@ -60,6 +62,18 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
         note = f"declined: {c['declined']}" if c["declined"] else ", ".join(flags)
         lines.append(f"    {c['name']:<{width}}  cost {c['keys']:>8}  {note}".rstrip())
     return lines
+
+
+def _default_passes(q, k, v, params, rpb: bool):
+    """Whether libnattn's own rules (which depend on how the boxes fit the problem) run the
+    forward and the backward on the Hopper family: a (forward, backward) pair of bools, or
+    None where this build cannot say."""
+    from ..backends import BACKENDS
+    try:
+        answers = tuple(BACKENDS["cuda"].sm90_preferred(q, k, v, params, rpb=rpb, backward=b) for b in (False, True))
+    except ValueError:
+        return None
+    return None if None in answers else tuple(bool(a) for a in answers)
 
 
 def dry_run(problems, dtype_name: str) -> str:
