@@ -2,6 +2,7 @@
 rules (tuned on the anchors and a few more shapes) pick a family that runs slower?
 
     python benchmarks/dispatch_sweep.py [--count 40] [--seed 0] [--tol 0.10] [--no-bwd] [--rounds 2] [--only 15,17]
+    python benchmarks/dispatch_sweep.py --summarize SWEEP_OUTPUT...   # no GPU: per seed and pass
 
 Each problem is drawn the way users call NA (1-D / 2-D / 3-D; odd and even kernels; dilation,
 stride, per-axis causality, GQA, an RPB table, head dims 32 / 64 / 128; a few million query
@@ -19,7 +20,8 @@ import argparse
 import math
 import os
 import random
-from typing import Dict, Optional
+import re
+from typing import Dict, List, Optional
 
 import torch
 
@@ -174,6 +176,42 @@ def sweep(count: int, seed: int, tol: float, bwd: bool, rounds: int = 2, only=No
               f"({times[None] / best[0]:.2f}x)")
 
 
+_ROW = re.compile(r"(\d+:\S+)\s+(fwd|bwd) default\s+(\S+)\s+sm90\s+(\S+)\s+tc\s+(\S+)")
+_SEED = re.compile(r"nattn .*; seed (\d+);")
+
+
+def read_rows(lines) -> Dict[tuple, tuple]:
+    """{(seed, problem, pass): (default, sm90, tc)} from a sweep's printed lines (None where a
+    family declined or the default failed)."""
+    rows, seed = {}, None
+    for line in lines:
+        m = _SEED.match(line)
+        if m:
+            seed = int(m[1])
+            continue
+        m = _ROW.match(line.strip())
+        if m:
+            rows[(seed, m[1], m[2])] = tuple(None if x in ("-", "failed") else float(x) for x in m.group(3, 4, 5))
+    return rows
+
+
+def summarize(rows: Dict[tuple, tuple], tol: float = 0.10) -> List[str]:
+    """Per seed and pass: the geometric mean of the default's time over the fastest family's,
+    and the rows more than ``tol`` behind (rows with a default time and a family's)."""
+    groups: Dict[tuple, List[float]] = {}
+    for (seed, _, what), (default, *forced) in sorted(rows.items(), key=lambda r: (r[0][0] or 0, r[0][1:])):
+        best = min((t for t in forced if t is not None), default=None)
+        if default is not None and best:
+            groups.setdefault((seed, what), []).append(default / best)
+    out = []
+    for (seed, what), ratios in sorted(groups.items(), key=lambda g: (g[0][0] or 0, g[0][1])):
+        mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        behind = sum(r > 1 + tol for r in ratios)
+        out.append(f"seed {seed} {what}: default / best {mean:.3f} (geometric mean of {len(ratios)}), "
+                   f"{behind} more than {tol:.0%} behind")
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=40)
@@ -183,7 +221,16 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=2, help="timings per configuration, the order alternating")
     ap.add_argument("--only", default=None, metavar="I,J,...",
                     help="time only these rows of the seed's sweep (the numbers its lines start with)")
+    ap.add_argument("--summarize", nargs="+", metavar="FILE",
+                    help="no GPU: read sweeps' printed output and summarize each seed and pass")
     args = ap.parse_args(argv)
+    if args.summarize:
+        rows = {}
+        for path in args.summarize:
+            with open(path) as f:
+                rows.update(read_rows(f))
+        print("\n".join(summarize(rows, args.tol)))
+        return
     only = None if args.only is None else {int(x) for x in args.only.split(",") if x.strip()}
     sweep(args.count, args.seed, args.tol, not args.no_bwd, max(1, args.rounds), only)
 

@@ -74,3 +74,20 @@ def test_only_picks_the_same_rows_as_the_whole_sweep():
     picked = list(dispatch_sweep.problems(12, seed, only={3, 7, 40}))
     assert picked == [whole[3], whole[7]]
     assert picked[0].name.startswith("03:") and picked[1].name.startswith("07:")
+
+
+def test_summarize_reads_printed_rows():
+    lines = [
+        "nattn 0.1.0; NVIDIA H200; seed 7; tolerance 10%; GPU ms (bf16, CUDA-graph replays)",
+        "00:128x128-k7x7-b2-h8/8-d128            fwd default    0.200  sm90    0.100  tc    0.400  SLOWER",
+        "00:128x128-k7x7-b2-h8/8-d128            bwd default    0.500  sm90    0.500  tc    0.600  ok",
+        "01:16x32x32-k3x3x3-b2-h8/8-d128         fwd default    0.300  sm90       -  tc    0.300  ok",
+        "01:16x32x32-k3x3x3-b2-h8/8-d128         bwd default   failed  sm90    0.900  tc    0.800  -",
+        "unrelated line",
+    ]
+    rows = dispatch_sweep.read_rows(lines)
+    assert rows[(7, "01:16x32x32-k3x3x3-b2-h8/8-d128", "fwd")] == (0.3, None, 0.3)
+    assert rows[(7, "01:16x32x32-k3x3x3-b2-h8/8-d128", "bwd")] == (None, 0.9, 0.8)
+    out = dispatch_sweep.summarize(rows, 0.10)
+    assert out == ["seed 7 bwd: default / best 1.000 (geometric mean of 1), 0 more than 10% behind",
+                   f"seed 7 fwd: default / best {2 ** 0.5:.3f} (geometric mean of 2), 1 more than 10% behind"]
