@@ -19,7 +19,7 @@ import torch
 
 import nattn
 from nattn.backends import BACKENDS
-from nattn.bench.timing import median_ms
+from nattn.bench.timing import family_ms
 from nattn.params import normalize
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -37,17 +37,6 @@ def verdict(times: dict, rule_sm90: bool, tol: float = 0.03) -> str:
     return "MISMATCH" if times[picked] > times[other] * (1 + tol) else "ok"
 
 
-def timed(fam: str, fn) -> float:
-    """GPU ms of ``fn`` with family ``fam`` forced, or None where it declines the problem."""
-    os.environ["NATTN_FAMILY"] = fam
-    try:
-        return median_ms(fn, [()], torch.device("cuda"), graphs=True)
-    except (RuntimeError, ValueError):
-        return None
-    finally:
-        os.environ.pop("NATTN_FAMILY", None)
-
-
 def check(name: str, bwd: bool, with_rpb: bool, tol: float) -> None:
     p = problem(name)
     q, leaves, f = call(p, bwd, with_rpb)
@@ -62,7 +51,7 @@ def check(name: str, bwd: bool, with_rpb: bool, tol: float) -> None:
     passes = [("fwd", fwd, False)] + ([("bwd", lambda: torch.autograd.grad(f(), leaves, g), True)] if bwd else [])
     forward = {}
     for what, fn, backward in passes:
-        times = {fam: timed(fam, fn) for fam in FAMILIES}
+        times = {fam: family_ms(fam, fn) for fam in FAMILIES}
         if backward:  # the backward alone: each family's forward + backward minus its forward
             times = {fam: (t - forward[fam] if t is not None and forward[fam] is not None else None)
                      for fam, t in times.items()}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import random
 import re
 from typing import Dict, List, Optional
@@ -26,6 +25,7 @@ from typing import Dict, List, Optional
 import torch
 
 from nattn.bench.problems import Problem
+from nattn.bench.timing import family_ms
 
 FAMILIES = ("sm90", "tc")
 HEAD_DIMS = (32, 64, 128)
@@ -92,15 +92,7 @@ def _inputs(p: Problem, bwd: bool):
 
 def _timed(family: Optional[str], fn) -> Optional[float]:
     """GPU ms of ``fn`` with ``family`` forced (None: the default), or None where it declines."""
-    from nattn.bench.timing import median_ms
-    if family is not None:
-        os.environ["NATTN_FAMILY"] = family
-    try:
-        return median_ms(fn, [()], torch.device("cuda"), target_ms=100.0, graphs=True)
-    except (RuntimeError, ValueError):
-        return None
-    finally:
-        os.environ.pop("NATTN_FAMILY", None)
+    return family_ms(family, fn, target_ms=100.0)
 
 
 def problems(count: int, seed: int, only=None):
@@ -199,7 +191,7 @@ def summarize(rows: Dict[tuple, tuple], tol: float = 0.10) -> List[str]:
     """Per seed and pass: the geometric mean of the default's time over the fastest family's,
     and the rows more than ``tol`` behind (rows with a default time and a family's)."""
     groups: Dict[tuple, List[float]] = {}
-    for (seed, _, what), (default, *forced) in sorted(rows.items(), key=lambda r: (r[0][0] or 0, r[0][1:])):
+    for (seed, _, what), (default, *forced) in rows.items():
         best = min((t for t in forced if t is not None), default=None)
         if default is not None and best:
             groups.setdefault((seed, what), []).append(default / best)

@@ -270,3 +270,21 @@ def test_models_suite_fast_norm_builds_under_timms_switch(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert seen == [True] and not is_fast_norm()
     assert "timm fast norm" in out and "| nat_mini | eager |" in out
+
+
+def test_family_ms_forces_the_family_for_the_call_only(monkeypatch):
+    """``family_ms`` sets NATTN_FAMILY while the call runs (None: unset) and unsets it after;
+    a family that declines the problem (the call raises) times as None."""
+    from nattn.bench.timing import family_ms
+    monkeypatch.setenv("NATTN_FAMILY", "simt")
+    seen = []
+
+    def declined():
+        seen.append(os.environ.get("NATTN_FAMILY"))
+        raise RuntimeError("the family declines")
+
+    assert family_ms("sm90", declined) is None and seen == ["sm90"]
+    assert "NATTN_FAMILY" not in os.environ
+    monkeypatch.setenv("NATTN_FAMILY", "tc")
+    assert family_ms(None, declined) is None and seen == ["sm90", "tc"]
+    assert "NATTN_FAMILY" not in os.environ

@@ -3,9 +3,10 @@ data would otherwise sit in L2 (repeated calls on one buffer measure the cache).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -81,6 +82,20 @@ def median_ms(fn: Callable, input_sets: Sequence, device: torch.device,
             t0 = time.perf_counter(); fn(*input_sets[i % n]); i += 1
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def family_ms(family: Optional[str], fn: Callable, target_ms: float = 300.0) -> Optional[float]:
+    """GPU ms of ``fn()`` (CUDA-graph replays, ``median_ms``) with libnattn's family cap
+    NATTN_FAMILY (read on every call) set to ``family`` (None: unset, the default rules), or
+    None where the forced family declines the problem. NATTN_FAMILY is unset afterwards."""
+    if family is not None:
+        os.environ["NATTN_FAMILY"] = family
+    try:
+        return median_ms(fn, [()], torch.device("cuda"), target_ms=target_ms, graphs=True)
+    except (RuntimeError, ValueError):
+        return None
+    finally:
+        os.environ.pop("NATTN_FAMILY", None)
 
 
 def _captured(fn: Callable, input_sets: Sequence, device: torch.device) -> list:
