@@ -134,6 +134,28 @@ def test_sm90_default_3d_pair(spatial, kernel, head_dim, pair):
     assert [c["name"] for c in configs if c["default"]] == [pair]
 
 
+@pytest.mark.parametrize("spatial, kernel, head_dim, pair", [
+    # each warpgroup's 2x4x8 half of a 4x4x8 box sees fewer 2x4x8 boxes than a 1x8x8 half
+    # sees 1x8x8 ones (steps counted on the CPU: 7% fewer on HunyuanVideo, 17% on video-3d)
+    ((30, 48, 80), (18, 24, 24), 128, "q4x4x8_k2x4x8"),
+    ((16, 32, 32), (5, 7, 7), 64, "q4x4x8_k2x4x8"),
+    ((16, 32, 32), (9, 11, 11), 32, "q4x4x8_k2x4x8"),
+    ((8, 64, 64), (3, 11, 11), 64, "q2x8x8_k1x8x8"),     # 6% more steps with the 4x4x8 box
+    ((21, 60, 90), (11, 33, 33), 128, "q2x8x8_k1x8x8"),  # 2% fewer: the first pair stays
+])
+def test_sm90_backward_3d_pair(spatial, kernel, head_dim, pair):
+    """The 3-D backward's pair: the first of SM90_BACKWARD_TILES unless another walks at least
+    5% fewer warpgroup steps (sm90_dispatch.cu, backward_steps)."""
+    if ("bfloat16", 3, head_dim) not in getattr(LIB, "sm90_backward", ()) or \
+            len([t for n, t in kernel_table.SM90_BACKWARD_TILES if n == 3]) < 2:
+        pytest.skip("this build has no bf16 3-D sm90 backward at this head dim")
+    q = torch.empty(1, *spatial, 2, head_dim, dtype=torch.bfloat16, device="meta")
+    configs = CUDA.sm90_configs(q, q, q, normalize(q, q, q, 3, kernel))
+    assert [c["name"] for c in configs if c["backward_default"]] == [pair]
+    # the second backward pair's forward runs only when named (not timed as a forward)
+    assert [c["name"] for c in configs if c["default"]] != ["q4x4x8_k2x4x8"]
+
+
 @pytest.mark.parametrize("spatial, kernel, dilation, head_dim, pair", [
     ((28, 28), (7, 7), (4, 4), 64, "q8x8_k7x16"),  # 7x7 groups: 8x16 boxes cover 2.6 rows a query (0.152 vs 0.065 ms)
     ((56, 56), (7, 7), (1, 1), 64, "q8x8_k7x16"),

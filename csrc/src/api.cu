@@ -342,7 +342,8 @@ NATTN_API int64_t nattn_num_problem_fields() { return NATTN_NUM_PROBLEM_FIELDS; 
 // tuners: one line per compiled pair of the problem's dtype, NA dim and head dim,
 // "name keys flags" ('\n'-separated), keys = the keys its boxes walk per query (the cost
 // the default choice uses), flags among "default" (what a call runs unless NATTN_SM90_TILE
-// says otherwise), "backward" (the pair has the backward), "declined:<reason>". Returns 0,
+// says otherwise), "backward" (the pair has the backward), "backward_default" (the pair the
+// backward runs, find_sm90_backward), "declined:<reason>". Returns 0,
 // or the error code and message of a forward with the same fields.
 NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* out, int64_t out_len, char* err,
                                  int64_t err_len) {
@@ -353,6 +354,8 @@ NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* 
   if (!out || out_len <= 0) return kInvalid;
   const int dim_max = p.dim > p.dim_v ? p.dim : p.dim_v;
   const nattn::KernelEntry* best = default_sm90(p, dim_max);
+  const char* no_backward = nullptr;
+  const nattn::KernelEntry* best_backward = find_sm90_backward(p, dim_max, &no_backward);
   int64_t used = 0;
   out[0] = '\0';
   const Sm90Entries all = sm90_entries();
@@ -362,9 +365,9 @@ NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* 
     char name[64];
     sm90_tile_name(e, p.na_dim, name, sizeof name);
     const char* why = sm90_pair_declines(p, e);
-    const int n = snprintf(out + used, size_t(out_len - used), "%s%s %.0f%s%s%s%s", used ? "\n" : "", name,
+    const int n = snprintf(out + used, size_t(out_len - used), "%s%s %.0f%s%s%s%s%s", used ? "\n" : "", name,
                            sm90_tile_cost(p, e), &e == best ? " default" : "", e.backward ? " backward" : "",
-                           why ? " declined:" : "", why ? why : "");
+                           &e == best_backward ? " backward_default" : "", why ? " declined:" : "", why ? why : "");
     if (n < 0 || used + n >= out_len) return fail(err, err_len, kInvalid, NattnProblem{}, "nattn_sm90_configs",
                                                   "output buffer of %lld bytes too small", (long long)out_len);
     used += n;

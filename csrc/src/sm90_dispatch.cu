@@ -295,11 +295,17 @@ bool sm90_entry_for(const nattn::KernelEntry& e, const nattn::Params& p, int dim
 const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
   const nattn::KernelEntry* best = nullptr;
   const nattn::KernelEntry* first = nullptr;
+  const nattn::KernelEntry* first_backward = nullptr;
   double best_cost = 0;
   const Sm90Entries all = sm90_entries();
   for (int i = 0; i < all.n; ++i) {
     const nattn::KernelEntry& e = *all.e[i];
-    if (!sm90_entry_for(e, p, dim) || !sm90_pair_fits(p, e)) continue;
+    if (!sm90_entry_for(e, p, dim)) continue;
+    // Backward pairs after the NA dim's first (3-D's 4x4x8 / 2x4x8, there for the backward's
+    // walk) run a forward only when named: their forward was not timed against the others.
+    if (e.backward && first_backward && &e != first_backward) continue;
+    if (e.backward && !first_backward) first_backward = &e;
+    if (!sm90_pair_fits(p, e)) continue;
     const double cost = sm90_tile_cost(p, e);
     if (!first) first = &e;
     if (!best || cost < best_cost) best = &e, best_cost = cost;
@@ -345,23 +351,63 @@ const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char*
   return best;
 }
 
-// The Hopper entry for a backward: the pair of SM90_BACKWARD_TILES for this NA dim (or the
-// call's / NATTN_SM90_TILE's pair when it has a backward; a forced forward-only pair leaves
-// the backward on the default, so forcing a pair never makes training fail).
+// Warpgroup steps of the dQ pass with a backward pair (a 128-query box halved along axis 0,
+// one half per consumer warpgroup, walking 64-key boxes), over the whole problem: per axis
+// and dilation group, each query box's union in key boxes (exact at the borders, with stride
+// and causality: query_window); along axis 0 per half, the boxes of the CTA's walk that the
+// half sees (the others it only releases: seen_steps). The walk is a product of per-axis
+// ranges, so the per-axis sums multiply. The dK/dV pass walks the same boxes with the roles
+// swapped; its count is within a few percent of this one.
+double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e) {
+  double steps = 1;
+  for (int a = 0; a < p.na_dim; ++a) {
+    const int d = p.dilation[a], k = p.kernel[a], s = p.stride[a], qb = e.qbox[a], kb = e.kbox[a];
+    const bool c = p.causal[a] != 0;
+    int64_t sum = 0;
+    for (int g = 0; g < d; ++g) {
+      const int len = group_len(p.spatial[a], g, d);
+      for (int q0 = 0; q0 < len; q0 += qb) {
+        const int lo = query_window(q0, len, k, s, c).start;
+        const int parts = a == 0 ? 2 : 1;  // axis 0: the two warpgroups' halves
+        for (int h = 0; h < parts; ++h) {
+          const int first = q0 + h * qb / parts, last = nattn_min(first + qb / parts, len) - 1;
+          if (first > last) continue;
+          const AxisRange wf = query_window(first, len, k, s, c), wl = query_window(last, len, k, s, c);
+          sum += (wl.start + wl.count - 1 - lo) / kb - (wf.start - lo) / kb + 1;
+        }
+      }
+    }
+    steps *= double(sum);
+  }
+  return steps;
+}
+
+// In 3-D a backward pair other than the first runs when its passes walk at most this share
+// of the first pair's steps (backward_steps).
+constexpr double kSm90BackwardTileGain = 0.95;
+
+// The Hopper entry for a backward: the call's / NATTN_SM90_TILE's pair when it has a backward
+// (a forced forward-only pair leaves the backward on the default, so forcing a pair never
+// makes training fail), else the first pair of SM90_BACKWARD_TILES for this NA dim, or another
+// that walks at least 5% fewer steps (backward_steps).
 const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, const char** why) {
   const char* forced = getenv("NATTN_SM90_TILE");
   if (tile_requested(p)) forced = nullptr;  // the call's pair decides (below)
   const nattn::KernelEntry* first = nullptr;
+  const nattn::KernelEntry* best = nullptr;
+  double first_steps = 0, best_steps = 0;
   const Sm90Entries all = sm90_entries();
   for (int i = 0; i < all.n; ++i) {
     const nattn::KernelEntry& e = *all.e[i];
     if (!sm90_entry_for(e, p, dim) || !e.backward) continue;
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
-    if (!first) first = &e;
+    const double steps = backward_steps(p, e);
+    if (!first) first = &e, first_steps = steps;
+    if (!best || steps < best_steps) best = &e, best_steps = steps;
   }
   if (!first) *why = "no compiled sm90 backward for this dtype, NA dim and head dim";
-  return first;
+  return best && best_steps <= kSm90BackwardTileGain * first_steps ? best : first;
 }
 
 // Split-KV by default (a call that leaves kv_splits at 0): a forward whose 128-query boxes

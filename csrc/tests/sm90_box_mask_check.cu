@@ -51,7 +51,7 @@ int main() {
         check<2, Box<8, 16, 1>>(checks) || check<2, Box<4, 16, 1>>(checks) || check<2, Box<8, 8, 1>>(checks) ||
         check<2, Box<7, 16, 1>>(checks) || check<2, Box<4, 24, 1>>(checks) ||
         check<3, Box<2, 8, 8>>(checks) || check<3, Box<2, 4, 16>>(checks) || check<3, Box<4, 2, 16>>(checks) ||
-        check<3, Box<1, 8, 8>>(checks) || check<3, Box<1, 5, 16>>(checks))
+        check<3, Box<1, 8, 8>>(checks) || check<3, Box<1, 5, 16>>(checks) || check<3, Box<2, 4, 8>>(checks))
       return 1;
   }
   printf("ok %lld\n", checks);

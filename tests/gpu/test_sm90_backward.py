@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
+from nattn._cuda.kernel_table import SM90_BACKWARD_TILES, Instance  # noqa: E402
 from gpu_cases import GpuCase, check, compare_gradients, forward_backward  # noqa: E402
 from sm90_cases import dilated_1d_sweep, fits_wide_rpb, sm90_sweep  # noqa: E402
 
@@ -44,6 +45,20 @@ def test_sm90_backward_matches_reference(case):
 
 @pytest.mark.parametrize("case", WIDE, ids=[f"wide{i}-{c}" for i, c in enumerate(WIDE)])
 def test_sm90_backward_wide_windows(case):
+    compare(case)
+
+
+# Each 3-D backward pair forced (NATTN_SM90_TILE, forward and backward) on fresh 3-D cases:
+# the default runs whichever walks fewer steps (src/sm90_dispatch.cu, backward_steps).
+PAIRS_3D = [Instance("sm90", "bfloat16", 3, 64, t).tile_name for n, t in SM90_BACKWARD_TILES if n == 3]
+PAIR_CASES = [(pair, c) for i, pair in enumerate(PAIRS_3D)
+              for c in [c for c in sm90_sweep(300, seed=9191 + i) if len(c.spatial) == 3][:int(os.environ.get(
+                  "NATTN_SM90_BWD_PAIR_CASES", "90"))]]
+
+
+@pytest.mark.parametrize("pair,case", PAIR_CASES, ids=[f"{p}-{i}-{c}" for i, (p, c) in enumerate(PAIR_CASES)])
+def test_sm90_backward_every_3d_pair(pair, case, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", pair)  # read by libnattn on every call
     compare(case)
 
 

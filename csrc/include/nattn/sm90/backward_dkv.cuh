@@ -226,7 +226,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = typename S::Cols;
   constexpr int kRank = NA + 2;
   // Register split between the producer and consumer warpgroups (setmaxnreg).
-  constexpr bool kWideRegs = NATTN_SM90_DKV_WIDE_REGS && !DQ_ATOMIC && NA == 3 && HD == 128;
+  // (Not where query boxes are deeper than one frame, the 4x4x8 / 2x4x8 pair: with it the
+  // consumers' shifted dK product spilled 8 bytes, and the LSE / delta warp at 24 registers.)
+  constexpr bool kWideRegs = NATTN_SM90_DKV_WIDE_REGS && !DQ_ATOMIC && NA == 3 && HD == 128 && CB::extent(0) == 1;
   using Regs = typename std::conditional<kWideRegs, RegisterSplit<24, 240>, DefaultRegisterSplit>::type;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
@@ -251,7 +253,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // After the deterministic dQ pass a staged table is in fixed point (32-bit integers; the
   // launcher stages it only with the workspace); the KV-parallel dQ mode stages float32.
   const bool fixed = stage_rpb && !DQ_ATOMIC;
-  const int64_t rpb_len = int64_t(p.groups) * p.rpb_head_size;
+  // The staged table's entries: held from the prologue to the epilogue, the 64-bit count
+  // spilled in the 4x4x8 / 2x4x8 pair's head-dim-32 instance, which counts in 32 bits (a
+  // table staged in shared memory is small); a 32-bit count made other instances spill.
+  using TableLen = typename std::conditional<(NA == 3 && HD <= 32 && CB::extent(0) > 1), int, int64_t>::type;
+  const TableLen rpb_len = TableLen(int64_t(p.groups) * p.rpb_head_size);
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&map_k);
@@ -274,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_barrier_init();
   }
   if (stage_rpb)
-    for (int64_t i = threadIdx.x; i < rpb_len; i += kThreads) drpb_smem[i] = 0.f;
+    for (TableLen i = threadIdx.x; i < rpb_len; i += kThreads) drpb_smem[i] = 0.f;
   __syncthreads();
 
   if (wg == 0) {  // ------------------------------------------------ producers
@@ -348,9 +354,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         row[r].rpb += (p.kernel[a] - 1 + jc) * rpb_mult[a];
       }
     }
-    // Query boxes whose every query sees every key of this warpgroup need no mask.
-    int full_lo[3], full_hi[3];
-    unmasked_boxes<NA, RB, true, true>(p, tile, cw, full_lo, full_hi);
+    // Query boxes whose every query sees every key of this warpgroup need no mask: origins
+    // within [full_lo, full_last] per axis. At 3-D each pair packed as two 16-bit halves, as
+    // the key rows' ranges (full_last may be negative: arithmetic shifts), which the 4x4x8 /
+    // 2x4x8 pair at head dim 128 needed to keep its step loop free of spills.
+    int full_box[3][kPacked ? 1 : 2];
+    {
+      int full_lo[3], full_hi[3];
+      unmasked_boxes<NA, RB, true, true>(p, tile, cw, full_lo, full_hi);
+#pragma unroll
+      for (int a = 0; a < NA; ++a) {
+        const int last = full_hi[a] - (CB::extent(a) - 1);
+        if constexpr (kPacked) full_box[a][0] = (full_lo[a] & 0xffff) | (last << 16);
+        else full_box[a][0] = full_lo[a], full_box[a][kPacked ? 0 : 1] = last;
+      }
+    }
 
     float dk[HD / 2], dv[HD / 2];
 #pragma unroll
@@ -509,7 +527,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       bool full = true;
 #pragma unroll
       for (int a = 0; a < NA; ++a)
-        full = full && origin[a] >= full_lo[a] && origin[a] + CB::extent(a) - 1 <= full_hi[a];
+        full = full && origin[a] >= (kPacked ? full_box[a][0] & 0xffff : full_box[a][0]) &&
+               origin[a] <= (kPacked ? full_box[a][0] >> 16 : full_box[a][kPacked ? 0 : 1]);
       // P^T first, so that dV += P^T dO runs while dS^T is computed.
       if (full && !has_rpb) {
 #pragma unroll
@@ -651,7 +670,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (stage_rpb) {  // ... or into the float32 gradient
       named_sync(5, 256);
       float* dst = p.drpb + int64_t(h_kv) * p.groups * p.rpb_head_size;
-      for (int64_t i = threadIdx.x - 128; i < rpb_len; i += 256)
+      for (TableLen i = threadIdx.x - 128; i < rpb_len; i += 256)
         if (drpb_smem[i] != 0.f) atomicAdd(dst + i, drpb_smem[i]);
     }
   }
