@@ -224,7 +224,7 @@ _RULES = [
     # the 3-D backward by the backward pair's walk ratio (thirty-fifth session, call 4)
     ((17, 33, 58), (7, 5, 13), 32, 1, False, True, 32, ""),          # 455 keys, ratio 9.5: 3.48 vs 2.13
     ((16, 32, 32), (5, 9, 9), 32, 1, False, True, 32, "native"),     # ratio 3.8 (fourteenth session)
-    ((16, 32, 32), (5, 7, 7), 64, 1, False, True, 64, ""),           # video-3d, ratio 6.3
+    ((16, 32, 32), (5, 7, 7), 64, 1, False, True, 64, "native"),     # video-3d, ratio 6.3: 0.901 vs 0.930
     ((12, 30, 39), (2, 16, 13), 64, 1, False, True, 64, "native"),   # 416 keys, ratio 4.6
     # 1-D dilation 3-4 at head dim 64: the 64-key pair in one copy, the rules without dilation
     ((155581,), (212,), 64, 4, False, False, 64, "native"),  # 0.359 vs 0.409
@@ -263,12 +263,13 @@ def test_bench_dry_run_prints_the_configurations(capsys):
 @pytest.mark.parametrize("size, window, dim, says", [
     (["128", "128"], ["7", "7"], 128, "runs by default, forward and backward"),
     (["128", "128"], ["5", "5"], 128, "not the default here"),
-    (["16", "32", "32"], ["5", "7", "7"], 64, "runs the forward by default; the backward runs another family"),
+    (["16", "32", "32"], ["5", "7", "7"], 32, "not the default here"),
+    (["16", "32", "32"], ["5", "7", "7"], 64, "runs by default, forward and backward"),
 ])
 def test_bench_dry_run_says_which_passes_the_rules_run_on_sm90(capsys, size, window, dim, says):
     """The dry run's Hopper line names the passes libnattn's rules give the family (its
-    measured choices, PERF.md thirty-fifth session: 7x7 at head dim 128 both, 5x5 neither,
-    video-3d's 5x7x7 at 64 the forward only)."""
+    measured choices, PERF.md thirty-fifth and thirty-sixth sessions: 7x7 at head dim 128
+    both, 5x5 neither, video-3d's 5x7x7 at 64 both, at 32 neither)."""
     from nattn.bench.__main__ import main
     nd = len(size)
     if dim not in LIB.kernels.get(("sm90", "bfloat16", nd), ()) or getattr(LIB, "_sm90_preferred", None) is None:

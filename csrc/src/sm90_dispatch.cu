@@ -158,8 +158,10 @@ constexpr int64_t kSm90MinWindowBackwardRpbHead128[3] = {kSm90MinWindow1dHead128
 // forward's, on its 2x8x8 / 1x8x8 boxes) did not: sm90 won at head dim 32 up to 3.8 (5x9x9
 // on 16x32x32, fourteenth session) and lost from 5.4 (tie; 5.5-9.5 lost by 20-64%), at 64
 // won at 3.8-5.0 and 6.4 (by 10-43%) and lost at 6.3 (video-3d's 5x7x7: 0.988 vs 0.903,
-// call 5) and 6.8, at 128 won at 6.3-8.5 (by 23-31%) and lost from 13.7.
-constexpr double kSm90MaxBackwardWalkRatio3d[3] = {4.5, 6.0, 11.0};  // head dims <= 32, <= 64, <= 128
+// call 5) and 6.8, at 128 won at 6.3-8.5 (by 23-31%) and lost from 13.7. Thirty-sixth
+// session: with the 4x4x8 / 2x4x8 backward pair (find_sm90_backward) video-3d's backward runs
+// 0.901 vs tc's 0.930 (PERF.md call 4), so head dims <= 64 take sm90 up to 6.5.
+constexpr double kSm90MaxBackwardWalkRatio3d[3] = {4.5, 6.5, 11.0};  // head dims <= 32, <= 64, <= 128
 
 // The backward's minimum window for a head dim (the larger of D and D_v) without an RPB.
 int64_t sm90_min_window_backward(int na_dim, int64_t head_dim) {

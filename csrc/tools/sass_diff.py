@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_sm90_sass import candidates, kernels, opcodes  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-INSTANCE = re.compile(r"(\w+?)_(float32|float16|bfloat16)_na([123])d_hd(\d+)")
+# (sm90 instances end in their tile pair: sm90_bfloat16_na3d_hd128_q2x8x8_k1x8x8)
+INSTANCE = re.compile(r"(\w+?)_(float32|float16|bfloat16)_na([123])d_hd(\d+)(?:_q[\dx]+_k[\dx]+)?")
 
 
 def generate(tree: str, out: str, names):

@@ -354,20 +354,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         row[r].rpb += (p.kernel[a] - 1 + jc) * rpb_mult[a];
       }
     }
-    // Query boxes whose every query sees every key of this warpgroup need no mask: origins
-    // within [full_lo, full_last] per axis. At 3-D each pair packed as two 16-bit halves, as
-    // the key rows' ranges (full_last may be negative: arithmetic shifts), which the 4x4x8 /
-    // 2x4x8 pair at head dim 128 needed to keep its step loop free of spills.
-    int full_box[3][kPacked ? 1 : 2];
-    {
-      int full_lo[3], full_hi[3];
-      unmasked_boxes<NA, RB, true, true>(p, tile, cw, full_lo, full_hi);
+    // Query boxes whose every query sees every key of this warpgroup need no mask. At 3-D the
+    // bounds of their origins packed as two 16-bit halves per axis, as the key rows' ranges
+    // (the upper one may be negative: arithmetic shifts), which the 4x4x8 / 2x4x8 pair at head
+    // dim 128 needed to keep its step loop free of spills.
+    int full_lo[3], full_hi[3], full_box[3];
+    unmasked_boxes<NA, RB, true, true>(p, tile, cw, full_lo, full_hi);
+    if constexpr (kPacked) {
 #pragma unroll
-      for (int a = 0; a < NA; ++a) {
-        const int last = full_hi[a] - (CB::extent(a) - 1);
-        if constexpr (kPacked) full_box[a][0] = (full_lo[a] & 0xffff) | (last << 16);
-        else full_box[a][0] = full_lo[a], full_box[a][kPacked ? 0 : 1] = last;
-      }
+      for (int a = 0; a < NA; ++a) full_box[a] = (full_lo[a] & 0xffff) | ((full_hi[a] - (CB::extent(a) - 1)) << 16);
     }
 
     float dk[HD / 2], dv[HD / 2];
@@ -527,8 +522,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       bool full = true;
 #pragma unroll
       for (int a = 0; a < NA; ++a)
-        full = full && origin[a] >= (kPacked ? full_box[a][0] & 0xffff : full_box[a][0]) &&
-               origin[a] <= (kPacked ? full_box[a][0] >> 16 : full_box[a][kPacked ? 0 : 1]);
+        if constexpr (kPacked) full = full && origin[a] >= (full_box[a] & 0xffff) && origin[a] <= full_box[a] >> 16;
+        else full = full && origin[a] >= full_lo[a] && origin[a] + CB::extent(a) - 1 <= full_hi[a];
       // P^T first, so that dV += P^T dO runs while dS^T is computed.
       if (full && !has_rpb) {
 #pragma unroll
