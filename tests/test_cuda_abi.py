@@ -221,6 +221,10 @@ _RULES = [
     ((16, 32, 32), (5, 7, 7), 128, 1, True, True, 128, ""),          # with an RPB 2.732 vs 2.130
     ((16, 32, 32), (5, 9, 9), 128, 1, True, True, 128, "native"),    # with an RPB 3.880 vs 4.883
     ((17, 40, 52), (5, 3, 7), 128, 1, False, True, 128, ""),         # 105 keys, walk ratio 16.7: 2.75 vs 2.11
+    # 2-D at head dim 32 from 500 keys (thirty-sixth session, call 6: backward alone)
+    ((128, 128), (21, 21), 32, 1, False, True, 32, ""),        # 1.333 vs 1.272
+    ((56, 56), (21, 21), 32, 1, False, True, 32, ""),          # 1.100 vs 0.997
+    ((128, 128), (25, 25), 32, 1, False, True, 32, "native"),  # 1.498 vs 1.713
     # the 3-D backward by the backward pair's walk ratio (thirty-fifth session, call 4)
     ((17, 33, 58), (7, 5, 13), 32, 1, False, True, 32, ""),          # 455 keys, ratio 9.5: 3.48 vs 2.13
     ((16, 32, 32), (5, 9, 9), 32, 1, False, True, 32, "native"),     # ratio 3.8 (fourteenth session)
@@ -406,13 +410,14 @@ def test_simt_dropout_runs_by_default(monkeypatch):
 
 def test_sm90_backward_minimum_by_head_dim():
     """The backward's sm90 minimum window without an RPB (timed on the H200 against tc's
-    passes): 2-D at head dims <= 32 and 3-D at <= 64 from 400 keys, head dim 128 (where tc
+    passes): 2-D at head dims <= 32 from 500 keys and 3-D at <= 64 from 400 (where the walk
+    ratio does not decide), head dim 128 (where tc
     runs one block per SM) from 25 / 49 / 80 keys, else the per-NA-dim minimum; the Python
     dispatch reads the same table."""
     if not hasattr(LIB, "sm90_min_window_backward_head") or not LIB.sm90_min_window_backward_head:
         pytest.skip("this build predates the per-head-dim backward minimum")
     table, per_dim = LIB.sm90_min_window_backward_head, LIB.sm90_min_window_backward
-    assert table[(2, 32)] == table[(3, 32)] == table[(3, 64)] == 400
+    assert table[(3, 32)] == table[(3, 64)] == 400 and table[(2, 32)] == 500
     assert table[(2, 64)] == per_dim[2] and table[(1, 32)] == per_dim[1] and table[(1, 64)] == per_dim[1]
     assert (table[(1, 128)], table[(2, 128)], table[(3, 128)]) == (25, 49, 80)
     assert all(per_dim[n] < 400 for n in (1, 2, 3))

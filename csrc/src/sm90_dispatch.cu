@@ -124,7 +124,12 @@ constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
 // 7x7x7 1.36 vs 1.44, 5x9x9 1.68 vs 1.51, 7x9x9 2.20 vs 1.93; 2-D 13x13 at head dim 64 and
 // 3-D 5x7x7 at 128 stay sm90's (1.14 vs 1.05, 0.95 vs 0.74). So the backward of 2-D windows
 // at head dims <= 32 and of 3-D ones at head dims <= 64 runs sm90 from 400 keys.
-constexpr int64_t kSm90MinWindowBackwardSmallHead = 400;
+// Thirty-sixth session (PERF.md call 6, backward alone, sm90 vs tc, GPU ms, 2-D head dim 32):
+// tc's passes have caught up at 21x21 (128x128 B4 H8 1.333 vs 1.272, 56x56 B32 H4 1.100 vs
+// 0.997, 303x391 with dilation 4x1 2.762 vs 2.317; a causal 20x20 1.19x, dispatch_sweep seed
+// 5) and sm90 wins from 25x25 (1.498 vs 1.713, on 256x256 1.562 vs 1.732): 2-D from 500 keys.
+// (3-D without an RPB follows the walk ratio: kSm90MaxBackwardWalkRatio3d.)
+constexpr int64_t kSm90MinWindowBackwardSmallHead[3] = {0, 500, 400};
 constexpr int kSm90BackwardSmallHeadDim[3] = {0, 32, 64};
 
 // Head dims 65-128 (the 128-channel instances), where the tensor-core family runs one block
@@ -165,7 +170,7 @@ constexpr double kSm90MaxBackwardWalkRatio3d[3] = {4.5, 6.5, 11.0};  // head dim
 
 // The backward's minimum window for a head dim (the larger of D and D_v) without an RPB.
 int64_t sm90_min_window_backward(int na_dim, int64_t head_dim) {
-  if (head_dim > 0 && head_dim <= kSm90BackwardSmallHeadDim[na_dim - 1]) return kSm90MinWindowBackwardSmallHead;
+  if (head_dim > 0 && head_dim <= kSm90BackwardSmallHeadDim[na_dim - 1]) return kSm90MinWindowBackwardSmallHead[na_dim - 1];
   if (head_dim > kSm90WideHeadDim && head_dim <= kTcMaxHeadDim) return kSm90MinWindowBackwardHead128[na_dim - 1];
   return kSm90MinWindowBackward[na_dim - 1];
 }
@@ -538,7 +543,7 @@ NATTN_API int64_t nattn_sm90_min_window_backward(int64_t na_dim) {
 }
 
 // The backward's for a head dim (D == D_v) without an RPB: 2-D at head dims <= 32 and 3-D at
-// <= 64 start later (kSm90MinWindowBackwardSmallHead), head dim 128 earlier
+// <= 64 start later (kSm90MinWindowBackwardSmallHead: 500 / 400 keys), head dim 128 earlier
 // (kSm90MinWindowBackwardHead128). In 3-D the backward pair's walk ratio decides
 // (kSm90MaxBackwardWalkRatio3d): a typical window, not a bound there.
 NATTN_API int64_t nattn_sm90_min_window_backward_head(int64_t na_dim, int64_t head_dim) {

@@ -249,7 +249,7 @@ int main() {
     if (check<1, Box<128, 1, 1>>(checks) || check<1, Box<64, 1, 1>>(checks) ||
         check<2, Box<8, 16, 1>>(checks) || check<2, Box<8, 8, 1>>(checks) ||
         check<3, Box<2, 8, 8>>(checks) || check<3, Box<4, 4, 8>>(checks) || check<3, Box<4, 8, 4>>(checks) ||
-        check<3, Box<2, 4, 8>>(checks))
+        check<3, Box<2, 4, 8>>(checks) || check<2, Box<16, 8, 1>>(checks))
       return 1;
     if (check<1, Box<128, 1, 1>>(checks, true) || check<1, Box<64, 1, 1>>(checks, true) ||
         check<2, Box<8, 16, 1>>(checks, true) || check<2, Box<8, 8, 1>>(checks, true) ||
@@ -258,15 +258,17 @@ int main() {
     if (check_walk<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) || check_walk<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
         check_walk<2, Box<8, 8, 1>, Box<7, 16, 1>>(checks) || check_walk<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks) ||
         check_walk<3, Box<4, 4, 8>, Box<2, 4, 16>>(checks) || check_walk<3, Box<2, 4, 8>, Box<1, 5, 16>>(checks) ||
-        check_walk<3, Box<4, 4, 8>, Box<2, 4, 8>>(checks))
+        check_walk<3, Box<4, 4, 8>, Box<2, 4, 8>>(checks) || check_walk<2, Box<16, 8, 1>, Box<8, 8, 1>>(checks))
       return 1;
     if (check_skips<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) || check_skips<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
-        check_skips<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks) || check_skips<3, Box<4, 4, 8>, Box<2, 4, 8>>(checks))
+        check_skips<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks) || check_skips<3, Box<4, 4, 8>, Box<2, 4, 8>>(checks) ||
+        check_skips<2, Box<16, 8, 1>, Box<8, 8, 1>>(checks))
       return 1;
     if (check_inverse_range<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) ||
         check_inverse_range<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
         check_inverse_range<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks) ||
-        check_inverse_range<3, Box<4, 4, 8>, Box<2, 4, 8>>(checks))
+        check_inverse_range<3, Box<4, 4, 8>, Box<2, 4, 8>>(checks) ||
+        check_inverse_range<2, Box<16, 8, 1>, Box<8, 8, 1>>(checks))
       return 1;
   }
   printf("ok %lld\n", checks);
