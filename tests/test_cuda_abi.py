@@ -156,6 +156,25 @@ def test_sm90_backward_3d_pair(spatial, kernel, head_dim, pair):
     assert [c["name"] for c in configs if c["default"]] != ["q4x4x8_k2x4x8"]
 
 
+@pytest.mark.parametrize("spatial, kernel, head_dim, pair", [
+    # an 8x8 half of a 16x8 box sees fewer 8x8 boxes than a 4x16 half 4x16 ones on square
+    # windows from ~21x21 (steps counted on the CPU: 8% fewer at 21x21 on 128x128, 4% at
+    # FLUX's 80x80, 20% at 25x25 on 256x256), more at 13x13
+    ((128, 128), (21, 21), 64, "q16x8_k8x8"),
+    ((256, 256), (25, 25), 32, "q16x8_k8x8"),
+    ((128, 128), (13, 13), 64, "q8x16_k4x16"),
+])
+def test_sm90_backward_2d_pair(spatial, kernel, head_dim, pair):
+    """The 2-D backward's pair, as in 3-D (test_sm90_backward_3d_pair)."""
+    if ("bfloat16", 2, head_dim) not in getattr(LIB, "sm90_backward", ()) or \
+            len([t for n, t in kernel_table.SM90_BACKWARD_TILES if n == 2]) < 2:
+        pytest.skip("this build has no bf16 2-D sm90 backward at this head dim")
+    q = torch.empty(1, *spatial, 2, head_dim, dtype=torch.bfloat16, device="meta")
+    configs = CUDA.sm90_configs(q, q, q, normalize(q, q, q, 2, kernel))
+    assert [c["name"] for c in configs if c["backward_default"]] == [pair]
+    assert [c["name"] for c in configs if c["default"]] != ["q16x8_k8x8"]
+
+
 @pytest.mark.parametrize("spatial, kernel, dilation, head_dim, pair", [
     ((28, 28), (7, 7), (4, 4), 64, "q8x8_k7x16"),  # 7x7 groups: 8x16 boxes cover 2.6 rows a query (0.152 vs 0.065 ms)
     ((56, 56), (7, 7), (1, 1), 64, "q8x8_k7x16"),

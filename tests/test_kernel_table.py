@@ -53,8 +53,8 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         assert first.tile == default
     fam = kt.FAMILY_BY_NAME["sm90"]
     assert fam.backward and fam.prepare and fam.only_archs == ("9.0",)
-    # a backward pair per NA dim (3-D: two), each also a forward pair; only those get a backward
-    assert sorted(n for n, _ in kt.SM90_BACKWARD_TILES) == [1, 2, 3, 3]
+    # a backward pair per NA dim (2-D and 3-D: two), each also a forward pair; only those get one
+    assert sorted(n for n, _ in kt.SM90_BACKWARD_TILES) == [1, 2, 2, 3, 3]
     assert set(kt.SM90_BACKWARD_TILES) <= set(kt.SM90_TILES)
     sm90 = [i for i in insts if i.family == "sm90"]
     assert {(i.na_dim, i.tile) for i in sm90 if i.has_backward} == set(kt.SM90_BACKWARD_TILES)

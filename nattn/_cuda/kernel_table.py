@@ -74,7 +74,7 @@ SM90_TILES = (
     (1, ((64,), (128,))),
     (2, ((8, 8), (7, 16))), (2, ((8, 8), (4, 24))),
     (3, ((2, 4, 8), (1, 5, 16))),
-    (3, ((4, 4, 8), (2, 4, 8))),
+    (3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))),
 )
 # The 64-query pairs (one consumer warpgroup, two CTAs per SM: <= 168 registers a thread)
 # hold their accumulators without spilling only at these head dims.
@@ -91,12 +91,13 @@ SM90_TILE_HEAD_DIMS = (
 # 64-token box. The dQ pass walks 64-key boxes from 128-query boxes; the dK/dV pass swaps
 # the roles (128 keys per CTA walking 64-query boxes), which keeps both passes' accumulators
 # (S, dP and a head-dim-wide dQ, or dK and dV) within a consumer warpgroup's registers.
-# The first pair of an NA dim is its default; in 3-D the 4x4x8 / 2x4x8 pair runs where it
-# walks fewer steps (each warpgroup's 2x4x8 half of the 128-token box sees fewer 2x4x8
-# boxes than a 1x8x8 half sees 1x8x8 ones: src/sm90_dispatch.cu, sm90_backward_steps).
+# The first pair of an NA dim is its default; another runs where it walks fewer steps
+# (src/sm90_dispatch.cu, backward_steps): in 3-D each warpgroup's 2x4x8 half of a 4x4x8
+# box sees fewer 2x4x8 boxes than a 1x8x8 half sees 1x8x8 ones; in 2-D an 8x8 half of a
+# 16x8 box fewer 8x8 boxes than a 4x16 half 4x16 ones on large square windows.
 SM90_BACKWARD_TILES = (
     (1, ((128,), (64,))), (2, ((8, 16), (4, 16))), (3, ((2, 8, 8), (1, 8, 8))),
-    (3, ((4, 4, 8), (2, 4, 8))),
+    (3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))),
 )
 
 # simt: every GPU from SM50, every dtype and head dim. tc: tensor cores (mma.sync, SM80+),

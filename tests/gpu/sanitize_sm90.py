@@ -4,6 +4,7 @@ tests/gpu/sanitize_sm90.py``. NATTN_FAMILY=sm90 makes any case the family declin
 NATTN_SANITIZE_CASES sets the random sweep's size (default 12), NATTN_SANITIZE_SECTIONS which
 sections run (main's docstring)."""
 
+import itertools
 import os
 import sys
 
@@ -155,7 +156,32 @@ def head_dim_256():
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), "head dim 256 query range"
 
 
-SECTIONS = ("sweep", "heads_first", "query_range", "small_pairs", "split_kv", "padded", "pieces", "head_dim_256")
+def backward_pairs():
+    # Every backward pair forced on a problem of its NA dim whose grid ends in partial boxes,
+    # with dilation and GQA, once with an RPB and once causal along axis 0 (an RPB takes no
+    # causal axis), forward and backward (the default runs a second 2-D / 3-D pair where it
+    # walks fewer steps).
+    from nattn._cuda.kernel_table import SM90_BACKWARD_TILES, Instance
+    shapes = {1: ((1001,), (97,), (2,)), 2: ((47, 45), (21, 17), (2, 1)), 3: ((11, 21, 27), (5, 9, 11), (1, 2, 1))}
+    for (n, tile), with_rpb in itertools.product(SM90_BACKWARD_TILES, (True, False)):
+        spatial, kernel, dilation = shapes[n]
+        q = torch.randn(2, *spatial, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(2, *spatial, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        rpb = torch.randn(4, *(2 * w - 1 for w in kernel), device="cuda", requires_grad=True) if with_rpb else None
+        causal = (not with_rpb,) + (False,) * (n - 1)
+        leaves = (q, k, v) + ((rpb,) if with_rpb else ())
+        os.environ["NATTN_SM90_TILE"] = name = Instance("sm90", "bfloat16", n, 64, tile).tile_name
+        try:
+            out = FUNCS[n](q, k, v, kernel, dilation=dilation, is_causal=causal, rpb=rpb, backend="cuda")
+            grads = torch.autograd.grad(out, leaves, torch.randn_like(out))
+            torch.cuda.synchronize()
+        finally:
+            del os.environ["NATTN_SM90_TILE"]
+        assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), name
+
+
+SECTIONS = ("sweep", "heads_first", "query_range", "small_pairs", "split_kv", "padded", "pieces", "head_dim_256",
+            "backward_pairs")
 
 
 def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
