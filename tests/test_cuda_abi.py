@@ -135,44 +135,33 @@ def test_sm90_default_3d_pair(spatial, kernel, head_dim, pair):
 
 
 @pytest.mark.parametrize("spatial, kernel, head_dim, pair", [
-    # each warpgroup's 2x4x8 half of a 4x4x8 box sees fewer 2x4x8 boxes than a 1x8x8 half
-    # sees 1x8x8 ones (steps counted on the CPU: 7% fewer on HunyuanVideo, 17% on video-3d)
+    # 3-D: each warpgroup's 2x4x8 half of a 4x4x8 box sees fewer 2x4x8 boxes than a 1x8x8
+    # half sees 1x8x8 ones (steps counted on the CPU: 7% fewer on HunyuanVideo, 17% on video-3d)
     ((30, 48, 80), (18, 24, 24), 128, "q4x4x8_k2x4x8"),
     ((16, 32, 32), (5, 7, 7), 64, "q4x4x8_k2x4x8"),
     ((16, 32, 32), (9, 11, 11), 32, "q4x4x8_k2x4x8"),
     ((8, 64, 64), (3, 11, 11), 64, "q2x8x8_k1x8x8"),     # 6% more steps with the 4x4x8 box
     ((21, 60, 90), (11, 33, 33), 128, "q2x8x8_k1x8x8"),  # 2% fewer: the first pair stays
-])
-def test_sm90_backward_3d_pair(spatial, kernel, head_dim, pair):
-    """The 3-D backward's pair: the first of SM90_BACKWARD_TILES unless another walks at least
-    5% fewer warpgroup steps (sm90_dispatch.cu, backward_steps)."""
-    if ("bfloat16", 3, head_dim) not in getattr(LIB, "sm90_backward", ()) or \
-            len([t for n, t in kernel_table.SM90_BACKWARD_TILES if n == 3]) < 2:
-        pytest.skip("this build has no bf16 3-D sm90 backward at this head dim")
-    q = torch.empty(1, *spatial, 2, head_dim, dtype=torch.bfloat16, device="meta")
-    configs = CUDA.sm90_configs(q, q, q, normalize(q, q, q, 3, kernel))
-    assert [c["name"] for c in configs if c["backward_default"]] == [pair]
-    # the second backward pair's forward runs only when named (not timed as a forward)
-    assert [c["name"] for c in configs if c["default"]] != ["q4x4x8_k2x4x8"]
-
-
-@pytest.mark.parametrize("spatial, kernel, head_dim, pair", [
-    # an 8x8 half of a 16x8 box sees fewer 8x8 boxes than a 4x16 half 4x16 ones on square
-    # windows from ~21x21 (steps counted on the CPU: 8% fewer at 21x21 on 128x128, 4% at
-    # FLUX's 80x80, 20% at 25x25 on 256x256), more at 13x13
+    # 2-D: an 8x8 half of a 16x8 box sees fewer 8x8 boxes than a 4x16 half 4x16 ones on square
+    # windows from ~21x21 (8% fewer at 21x21 on 128x128, 4% at FLUX's 80x80, 20% at 25x25 on
+    # 256x256), more at 13x13
     ((128, 128), (21, 21), 64, "q16x8_k8x8"),
     ((256, 256), (25, 25), 32, "q16x8_k8x8"),
     ((128, 128), (13, 13), 64, "q8x16_k4x16"),
 ])
-def test_sm90_backward_2d_pair(spatial, kernel, head_dim, pair):
-    """The 2-D backward's pair, as in 3-D (test_sm90_backward_3d_pair)."""
-    if ("bfloat16", 2, head_dim) not in getattr(LIB, "sm90_backward", ()) or \
-            len([t for n, t in kernel_table.SM90_BACKWARD_TILES if n == 2]) < 2:
-        pytest.skip("this build has no bf16 2-D sm90 backward at this head dim")
+def test_sm90_backward_pair(spatial, kernel, head_dim, pair):
+    """The backward's pair: the first of SM90_BACKWARD_TILES for the NA dim unless another
+    walks at least 5% fewer warpgroup steps (sm90_dispatch.cu, backward_steps); the later
+    pairs' forwards run only when named (not timed as forwards)."""
+    nd = len(spatial)
+    later = [kernel_table.Instance("sm90", "bfloat16", nd, head_dim, t).tile_name
+             for n, t in kernel_table.SM90_BACKWARD_TILES if n == nd][1:]
+    if ("bfloat16", nd, head_dim) not in getattr(LIB, "sm90_backward", ()) or not later:
+        pytest.skip("this build has no bf16 sm90 backward at this NA dim and head dim")
     q = torch.empty(1, *spatial, 2, head_dim, dtype=torch.bfloat16, device="meta")
-    configs = CUDA.sm90_configs(q, q, q, normalize(q, q, q, 2, kernel))
+    configs = CUDA.sm90_configs(q, q, q, normalize(q, q, q, nd, kernel))
     assert [c["name"] for c in configs if c["backward_default"]] == [pair]
-    assert [c["name"] for c in configs if c["default"]] != ["q16x8_k8x8"]
+    assert not {c["name"] for c in configs if c["default"]} & set(later)
 
 
 @pytest.mark.parametrize("spatial, kernel, dilation, head_dim, pair", [
