@@ -148,6 +148,9 @@ def test_sm90_default_3d_pair(spatial, kernel, head_dim, pair):
     ((128, 128), (21, 21), 64, "q16x8_k8x8"),
     ((256, 256), (25, 25), 32, "q16x8_k8x8"),
     ((128, 128), (13, 13), 64, "q8x16_k4x16"),
+    # head dim 256 (the wide passes, which the count does not model): the first pair
+    ((30, 48, 80), (18, 24, 24), 256, "q2x8x8_k1x8x8"),
+    ((256, 256), (25, 25), 256, "q8x16_k4x16"),
 ])
 def test_sm90_backward_pair(spatial, kernel, head_dim, pair):
     """The backward's pair: the first of SM90_BACKWARD_TILES for the NA dim unless another

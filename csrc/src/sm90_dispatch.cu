@@ -308,8 +308,8 @@ const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
   for (int i = 0; i < all.n; ++i) {
     const nattn::KernelEntry& e = *all.e[i];
     if (!sm90_entry_for(e, p, dim)) continue;
-    // Backward pairs after the NA dim's first (3-D's 4x4x8 / 2x4x8, there for the backward's
-    // walk) run a forward only when named: their forward was not timed against the others.
+    // Backward pairs after the NA dim's first (2-D's 16x8 / 8x8, 3-D's 4x4x8 / 2x4x8, there
+    // for the backward's walk) run a forward only when named: not timed against the others.
     if (e.backward && first_backward && &e != first_backward) continue;
     if (e.backward && !first_backward) first_backward = &e;
     if (!sm90_pair_fits(p, e)) continue;
@@ -389,32 +389,42 @@ double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e) {
   return steps;
 }
 
-// In 3-D a backward pair other than the first runs when its passes walk at most this share
-// of the first pair's steps (backward_steps).
+// A backward pair other than its NA dim's first (2-D's 16x8 / 8x8, 3-D's 4x4x8 / 2x4x8) runs
+// when its passes walk at most this share of the first pair's steps (backward_steps).
 constexpr double kSm90BackwardTileGain = 0.95;
 
 // The Hopper entry for a backward: the call's / NATTN_SM90_TILE's pair when it has a backward
 // (a forced forward-only pair leaves the backward on the default, so forcing a pair never
 // makes training fail), else the first pair of SM90_BACKWARD_TILES for this NA dim, or another
-// that walks at least 5% fewer steps (backward_steps).
+// that walks at least 5% fewer steps (backward_steps; head dims up to 128).
 const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, const char** why) {
   const char* forced = getenv("NATTN_SM90_TILE");
   if (tile_requested(p)) forced = nullptr;  // the call's pair decides (below)
-  const nattn::KernelEntry* first = nullptr;
-  const nattn::KernelEntry* best = nullptr;
-  double first_steps = 0, best_steps = 0;
+  const nattn::KernelEntry* pairs[8];
+  int n = 0;
   const Sm90Entries all = sm90_entries();
   for (int i = 0; i < all.n; ++i) {
     const nattn::KernelEntry& e = *all.e[i];
     if (!sm90_entry_for(e, p, dim) || !e.backward) continue;
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
-    const double steps = backward_steps(p, e);
-    if (!first) first = &e, first_steps = steps;
-    if (!best || steps < best_steps) best = &e, best_steps = steps;
+    if (n < 8) pairs[n++] = &e;
   }
-  if (!first) *why = "no compiled sm90 backward for this dtype, NA dim and head dim";
-  return best && best_steps <= kSm90BackwardTileGain * first_steps ? best : first;
+  if (n == 0) {
+    *why = "no compiled sm90 backward for this dtype, NA dim and head dim";
+    return nullptr;
+  }
+  // (1-D: no count, whatever the sequence's length; head dim 256's wide passes walk the
+  // 64-token box on both sides, which the count does not model: the first pair there)
+  if (n == 1 || dim > kTcMaxHeadDim) return pairs[0];
+  const double first_steps = backward_steps(p, *pairs[0]);
+  const nattn::KernelEntry* best = pairs[0];
+  double best_steps = first_steps;
+  for (int i = 1; i < n; ++i) {
+    const double steps = backward_steps(p, *pairs[i]);
+    if (steps < best_steps) best = pairs[i], best_steps = steps;
+  }
+  return best_steps <= kSm90BackwardTileGain * first_steps ? best : pairs[0];
 }
 
 // Split-KV by default (a call that leaves kv_splits at 0): a forward whose 128-query boxes

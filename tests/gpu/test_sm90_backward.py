@@ -55,7 +55,10 @@ _MANY = [n for n in (1, 2, 3) if sum(m == n for m, _ in SM90_BACKWARD_TILES) > 1
 PAIRS = [(n, Instance("sm90", "bfloat16", n, 64, t).tile_name) for n, t in SM90_BACKWARD_TILES if n in _MANY]
 PAIR_CASES = [(pair, c) for i, (n, pair) in enumerate(PAIRS)
               for c in [c for c in sm90_sweep(300, seed=9191 + i) if len(c.spatial) == n][:int(os.environ.get(
-                  "NATTN_SM90_BWD_PAIR_CASES", "90"))]]
+                  "NATTN_SM90_BWD_PAIR_CASES", "90"))]
+              # head dim 256 (the wide passes over the pair's 64-token box; forced only: the
+              # default keeps the first pair there)
+              + [fits_wide_rpb(c) for c in sm90_sweep(60, seed=9292 + i, dims=(256,)) if len(c.spatial) == n][:12]]
 
 
 @pytest.mark.parametrize("pair,case", PAIR_CASES, ids=[f"{p}-{i}-{c}" for i, (p, c) in enumerate(PAIR_CASES)])
