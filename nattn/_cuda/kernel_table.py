@@ -106,7 +106,7 @@ SM90_BACKWARD_TILES = (
 # fp32). sm90: Hopper (TMA + wgmma, sm_90a code), head dims
 # 32/64/128/256 exactly (D == D_v; 256: forward pairs with 64-key boxes, its backward the pairs'
 # 64-token box on both sides, sm90/backward_wide.cuh), forward with
-# every tile pair, backward with one per NA dim.
+# every tile pair, backward with the pairs of SM90_BACKWARD_TILES.
 # libnattn picks the most specialised family that takes a problem at run time (src/api.cu)
 # and falls back to the next one otherwise.
 FAMILIES = (
