@@ -1,0 +1,101 @@
+"""The Hopper family's work per tile pair, counted on the CPU: how many (query box, key box)
+steps a problem's CTAs walk with each (query box, key box) pair, as a walk ratio (query-key
+pairs computed over the ones the windows hold). Counts what the kernels walk, exactly at
+the borders, per dilation group, with stride and causal axes:
+
+- backward (the dQ pass: 128-query boxes halved along axis 0, one half per consumer
+  warpgroup, walking 64-key boxes; a half computes only the boxes its own windows reach
+  along axis 0, `seen_steps`; the dK/dV pass walks the same boxes with the roles swapped):
+  the measure libnattn picks a backward pair by (`backward_steps` in src/sm90_dispatch.cu);
+- forward (both warpgroups compute every box of the CTA's walk): for comparing forward pairs.
+
+    python benchmarks/pair_steps.py --spatial 30 48 80 --kernel 18 24 24
+    python benchmarks/pair_steps.py --spatial 256 256 --kernel 80 80 --pairs 8x16/4x16 16x8/8x8 4x32/4x16
+
+Without --pairs: the kernel table's backward pairs of the NA dim. Candidate pairs need not
+be built (that is what this is for: count before compiling an instance).
+"""
+
+import argparse
+import math
+import os
+import sys
+from typing import List, Sequence, Tuple
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from nattn._cuda.kernel_table import SM90_BACKWARD_TILES  # noqa: E402
+from nattn.windows import axis_window  # noqa: E402
+
+
+def group_bounds(length: int, kernel: int, stride: int, causal: bool) -> Tuple[List[int], List[int]]:
+    """Per query of one dilation group (group coordinates), its window's first and last key."""
+    keys, valid, _ = axis_window(length, kernel, stride, 1, causal)
+    first = keys.masked_fill(~valid, length).min(dim=1).values.tolist()
+    last = keys.masked_fill(~valid, -1).max(dim=1).values.tolist()
+    return first, last
+
+
+def axis_steps(length: int, kernel: int, stride: int, dilation: int, causal: bool, qb: int, kb: int,
+               halves: bool) -> int:
+    """Key boxes of extent kb walked along one axis, summed over its query boxes of extent qb
+    (every dilation group); with ``halves`` per half of each query box, counting only the
+    boxes of the box's walk that the half's windows reach."""
+    total = 0
+    for g in range(dilation):
+        n = (length - g + dilation - 1) // dilation
+        first, last = group_bounds(n, kernel, stride, causal)
+        for q0 in range(0, n, qb):
+            start = first[q0]  # the walk starts at the box's union
+            parts = 2 if halves else 1
+            for h in range(parts):
+                a, b = q0 + h * qb // parts, min(q0 + (h + 1) * qb // parts, n) - 1
+                if halves and a > b:
+                    continue
+                total += (last[b] - start) // kb - (first[a] - start) // kb + 1
+    return total
+
+
+def walk_ratio(spatial: Sequence[int], kernel: Sequence[int], qbox: Sequence[int], kbox: Sequence[int],
+               stride=None, dilation=None, causal=None, backward: bool = True) -> float:
+    """Query-key pairs a pair's steps compute over those of the windows: the per-axis sums
+    multiply (the walk is a product of per-axis ranges). Backward: 64-query warpgroup steps
+    (axis 0 halved); forward: the CTA's query box against every key box of its walk."""
+    nd = len(spatial)
+    stride, dilation, causal = stride or (1,) * nd, dilation or (1,) * nd, causal or (False,) * nd
+    steps = 1
+    for a in range(nd):
+        steps *= axis_steps(spatial[a], kernel[a], stride[a], dilation[a], causal[a], qbox[a], kbox[a],
+                            halves=backward and a == 0)
+    rows = math.prod(qbox) // 2 if backward else math.prod(qbox)
+    return steps * rows * math.prod(kbox) / (math.prod(spatial) * math.prod(kernel))
+
+
+def parse_pair(text: str) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    q, k = text.split("/")
+    return tuple(int(x) for x in q.split("x")), tuple(int(x) for x in k.split("x"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spatial", type=int, nargs="+", required=True)
+    ap.add_argument("--kernel", type=int, nargs="+", required=True)
+    ap.add_argument("--stride", type=int, nargs="+")
+    ap.add_argument("--dilation", type=int, nargs="+")
+    ap.add_argument("--causal", type=int, nargs="+", help="0 / 1 per axis")
+    ap.add_argument("--pairs", nargs="+", help="QUERYBOX/KEYBOX, e.g. 4x4x8/2x4x8 (default: the table's backward pairs)")
+    ap.add_argument("--forward", action="store_true", help="count the forward's walk instead of the backward's")
+    args = ap.parse_args(argv)
+    nd = len(args.spatial)
+    pairs = ([parse_pair(p) for p in args.pairs] if args.pairs else [t for n, t in SM90_BACKWARD_TILES if n == nd])
+    if len(args.kernel) != nd or any(len(q) != nd or len(k) != nd for q, k in pairs):
+        sys.exit("--kernel and every pair need one extent per axis of --spatial")
+    causal = tuple(bool(c) for c in args.causal) if args.causal else None
+    ratios = [walk_ratio(args.spatial, args.kernel, q, k, args.stride, args.dilation, causal, not args.forward)
+              for q, k in pairs]
+    for (q, k), r in zip(pairs, ratios):
+        name = "x".join(map(str, q)) + "/" + "x".join(map(str, k))
+        print(f"{name:16s} walk ratio {r:7.3f}   {r / ratios[0]:.3f}x the first")
+
+
+if __name__ == "__main__":
+    main()
