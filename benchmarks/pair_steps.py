@@ -44,12 +44,12 @@ def axis_steps(length: int, kernel: int, stride: int, dilation: int, causal: boo
     for g in range(dilation):
         n = (length - g + dilation - 1) // dilation
         first, last = group_bounds(n, kernel, stride, causal)
+        parts = 2 if halves else 1
         for q0 in range(0, n, qb):
             start = first[q0]  # the walk starts at the box's union
-            parts = 2 if halves else 1
             for h in range(parts):
                 a, b = q0 + h * qb // parts, min(q0 + (h + 1) * qb // parts, n) - 1
-                if halves and a > b:
+                if a > b:  # a half past the group's end (whole boxes always hold a query)
                     continue
                 total += (last[b] - start) // kb - (first[a] - start) // kb + 1
     return total

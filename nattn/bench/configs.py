@@ -60,7 +60,7 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
     width = max(len(c["name"]) for c in configs)
     for c in configs:
         flags = [f for f, on in (("default", c["default"]), ("backward", c["backward"]),
-                                 ("backward default", c.get("backward_default"))) if on]
+                                 ("backward default", c["backward_default"])) if on]
         note = f"declined: {c['declined']}" if c["declined"] else ", ".join(flags)
         lines.append(f"    {c['name']:<{width}}  cost {c['keys']:>8}  {note}".rstrip())
     return lines
