@@ -144,9 +144,12 @@ def test_sm90_default_3d_pair(spatial, kernel, head_dim, pair):
     ((21, 60, 90), (11, 33, 33), 128, "q2x8x8_k1x8x8"),  # 2% fewer: the first pair stays
     # 2-D: an 8x8 half of a 16x8 box sees fewer 8x8 boxes than a 4x16 half 4x16 ones on square
     # windows from ~21x21 (8% fewer at 21x21 on 128x128, 4% at FLUX's 80x80, 20% at 25x25 on
-    # 256x256), more at 13x13
+    # 256x256), more at 13x13; in 2-D the second pair runs from 3% fewer steps
     ((128, 128), (21, 21), 64, "q16x8_k8x8"),
     ((256, 256), (25, 25), 32, "q16x8_k8x8"),
+    ((256, 256), (80, 80), 128, "q16x8_k8x8"),   # 0.960x the steps
+    ((90, 160), (33, 33), 128, "q16x8_k8x8"),    # 0.966x
+    ((128, 128), (64, 64), 128, "q8x16_k4x16"),  # 0.973x: the first pair stays
     ((128, 128), (13, 13), 64, "q8x16_k4x16"),
     # head dim 256 (the wide passes, which the count does not model): the first pair
     ((30, 48, 80), (18, 24, 24), 256, "q2x8x8_k1x8x8"),
@@ -154,8 +157,8 @@ def test_sm90_default_3d_pair(spatial, kernel, head_dim, pair):
 ])
 def test_sm90_backward_pair(spatial, kernel, head_dim, pair):
     """The backward's pair: the first of SM90_BACKWARD_TILES for the NA dim unless another
-    walks at least 5% fewer warpgroup steps (sm90_dispatch.cu, backward_steps); the later
-    pairs' forwards run only when named (not timed as forwards)."""
+    walks at least 3% (2-D) / 5% (3-D) fewer warpgroup steps (sm90_dispatch.cu,
+    backward_steps); the later pairs' forwards run only when named (not timed as forwards)."""
     nd = len(spatial)
     later = [kernel_table.Instance("sm90", "bfloat16", nd, head_dim, t).tile_name
              for n, t in kernel_table.SM90_BACKWARD_TILES if n == nd][1:]

@@ -390,13 +390,17 @@ double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e) {
 }
 
 // A backward pair other than its NA dim's first (2-D's 16x8 / 8x8, 3-D's 4x4x8 / 2x4x8) runs
-// when its passes walk at most this share of the first pair's steps (backward_steps).
-constexpr double kSm90BackwardTileGain = 0.95;
+// when its passes walk at most this share of the first pair's steps (backward_steps), per NA
+// dim (1-D has one pair). In 2-D the square pair also straddles fewer window edges (fewer
+// masked steps), so it wins from 0.96-0.97x the steps on large windows (H200, backward alone:
+// FLUX's 80x80 at 0.96x 4% faster, 192x192 80x80 6%, 90x160 33x33 4%, 256x256 64x64 2%;
+// PERF.md thirty-seventh session); in 3-D the counts were checked up to 0.95x.
+constexpr double kSm90BackwardTileGain[3] = {1.0, 0.97, 0.95};
 
 // The Hopper entry for a backward: the call's / NATTN_SM90_TILE's pair when it has a backward
 // (a forced forward-only pair leaves the backward on the default, so forcing a pair never
 // makes training fail), else the first pair of SM90_BACKWARD_TILES for this NA dim, or another
-// that walks at least 5% fewer steps (backward_steps; head dims up to 128).
+// that walks at least 3% (2-D) / 5% (3-D) fewer steps (backward_steps; head dims up to 128).
 const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, const char** why) {
   const char* forced = getenv("NATTN_SM90_TILE");
   if (tile_requested(p)) forced = nullptr;  // the call's pair decides (below)
@@ -424,7 +428,7 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
     const double steps = backward_steps(p, *pairs[i]);
     if (steps < best_steps) best = pairs[i], best_steps = steps;
   }
-  return best_steps <= kSm90BackwardTileGain * first_steps ? best : pairs[0];
+  return best_steps <= kSm90BackwardTileGain[p.na_dim - 1] * first_steps ? best : pairs[0];
 }
 
 // Split-KV by default (a call that leaves kv_splits at 0): a forward whose 128-query boxes
