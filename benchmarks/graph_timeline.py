@@ -2,9 +2,12 @@
 span from the first kernel's start to the last one's end, per backend configuration.
 
     python benchmarks/graph_timeline.py -i 4096 -w 2048 -n 2 -d 128 --backend cuda:kv=1 --backend cuda:kv=2
+    python benchmarks/graph_timeline.py -i 32768 -w 2048 -n 8 -d 128 --backprop
 
-The forward only (no grad), bf16, batch 1 unless -b; `-w` per axis like `-i`. The span minus
-the kernels' sum is the time between them (graph node launch latency).
+The forward only (no grad) unless --backprop (forward + backward, `torch.autograd.grad` with a
+fixed output gradient, as `python -m nattn.bench --backprop` times it: every kernel, copy and
+fill the call runs is listed), bf16, batch 1 unless -b; `-w` per axis like `-i`. The span
+minus the kernels' sum is the time between them (graph node launch latency).
 """
 
 import argparse
@@ -20,11 +23,15 @@ FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
 
 def timeline(args, backend, calls=20, replays=5):
     shape = (args.b, *args.i, args.n, args.d)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=args.backprop)
+               for _ in range(3))
+    grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     window = args.w * len(args.i) if len(args.w) == 1 else args.w
     fn = FUNCS[len(args.i)]
 
     def call():
+        if args.backprop:
+            return torch.autograd.grad(fn(q, k, v, tuple(window), backend=backend), (q, k, v), grad)
         with torch.no_grad():
             return fn(q, k, v, tuple(window), backend=backend)
 
@@ -68,6 +75,7 @@ def main():
     ap.add_argument("-d", type=int, default=128, help="head dim")
     ap.add_argument("-b", type=int, default=1, help="batch")
     ap.add_argument("--backend", action="append", default=None, help="backend configuration (repeatable)")
+    ap.add_argument("--backprop", action="store_true", help="forward + backward (default: the forward alone)")
     args = ap.parse_args()
     for backend in args.backend or ["cuda"]:
         timeline(args, backend)
