@@ -64,6 +64,14 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         q, k = i.tile
         if i.has_backward:  # a 128-token box and a 64-token box (the two passes swap them)
             assert math.prod(q) == 128 and math.prod(k) == 64
+    # forwards only when named: the backward pairs after each NA dim's first (built for the
+    # backward's walk), flagged in the table's rows
+    later = {(n, t) for n, t in kt.SM90_BACKWARD_TILES
+             if t != next(u for m, u in kt.SM90_BACKWARD_TILES if m == n)}
+    assert set(kt.SM90_NAMED_FORWARD_TILES) == later
+    assert {(i.na_dim, i.tile) for i in sm90 if i.forward_named_only} == later
+    named = next(i for i in sm90 if i.forward_named_only)
+    assert kt.table_source([named]).rstrip().count(", true},") == 1
 
 
 def test_arch_specific_families_only_when_their_arch_is_built():
@@ -98,14 +106,14 @@ def test_generated_table_names_every_family(tmp_path):
         assert f'#include "nattn/{fam}/launch.h"' in table
     args = "nattn::bf16_t, 1, 32"
     assert (f'{{"tc", 2, 1, 32, &tc::launch_forward<{args}>, &tc::launch_backward<{args}>, nullptr, nullptr, '
-            '{0, 0, 0}, {0, 0, 0}}' in table)
+            '{0, 0, 0}, {0, 0, 0}, false}' in table)
     hargs = f"{args}, nattn::sm90::Tile<128, 1, 1, 128, 1, 1>"
     assert (f'{{"sm90", 2, 1, 32, &sm90::launch_forward<{hargs}>, nullptr, &sm90::prepare_forward<{hargs}>, '
-            'nullptr, {128, 1, 1}, {128, 1, 1}}' in table)
+            'nullptr, {128, 1, 1}, {128, 1, 1}, false}' in table)
     bargs = f"{args}, nattn::sm90::Tile<128, 1, 1, 64, 1, 1>"
     assert (f'{{"sm90", 2, 1, 32, &sm90::launch_forward<{bargs}>, &sm90::launch_backward<{bargs}>, '
-            f'&sm90::prepare_forward<{bargs}>, &sm90::prepare_backward<{bargs}>, {{128, 1, 1}}, {{64, 1, 1}}}}'
-            in table)
+            f'&sm90::prepare_forward<{bargs}>, &sm90::prepare_backward<{bargs}>, {{128, 1, 1}}, {{64, 1, 1}}, '
+            'false}' in table)
     inst = (tmp_path / "tc_bfloat16_na1d_hd32.cu").read_text()
     assert '#include "nattn/tc/kernels.cuh"' in inst and "namespace tc" in inst
     hopper = (tmp_path / "sm90_bfloat16_na1d_hd32_q128_k128.cu").read_text()

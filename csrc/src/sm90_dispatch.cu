@@ -302,16 +302,14 @@ bool sm90_entry_for(const nattn::KernelEntry& e, const nattn::Params& p, int dim
 const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
   const nattn::KernelEntry* best = nullptr;
   const nattn::KernelEntry* first = nullptr;
-  const nattn::KernelEntry* first_backward = nullptr;
   double best_cost = 0;
   const Sm90Entries all = sm90_entries();
   for (int i = 0; i < all.n; ++i) {
     const nattn::KernelEntry& e = *all.e[i];
     if (!sm90_entry_for(e, p, dim)) continue;
-    // Backward pairs after the NA dim's first (2-D's 16x8 / 8x8, 3-D's 4x4x8 / 2x4x8, there
-    // for the backward's walk) run a forward only when named: not timed against the others.
-    if (e.backward && first_backward && &e != first_backward) continue;
-    if (e.backward && !first_backward) first_backward = &e;
+    // Pairs built for the backward's walk (2-D's 16x8 / 8x8, 3-D's 4x4x8 / 2x4x8:
+    // SM90_NAMED_FORWARD_TILES) run a forward only when named: not timed against the others.
+    if (e.forward_named_only) continue;
     if (!sm90_pair_fits(p, e)) continue;
     const double cost = sm90_tile_cost(p, e);
     if (!first) first = &e;

@@ -51,6 +51,8 @@ class Family:
     tile_head_dims: Tuple[Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], Tuple[int, ...]], ...] = ()
     # Head dims with a backward instance (empty: all of the family's).
     backward_head_dims: Tuple[int, ...] = ()
+    # Tiled families: pairs whose forward runs only when a call names it (never the default).
+    named_forward_tiles: Tuple[Tuple[int, Tuple[Tuple[int, ...], Tuple[int, ...]]], ...] = ()
 
     def tile_has_head_dim(self, tile, head_dim: int) -> bool:
         return tile is None or all(head_dim in dims for t, dims in self.tile_head_dims if t == tuple(tile))
@@ -99,6 +101,10 @@ SM90_BACKWARD_TILES = (
     (1, ((128,), (64,))), (2, ((8, 16), (4, 16))), (3, ((2, 8, 8), (1, 8, 8))),
     (3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))),
 )
+# Pairs built for the backward's walk whose forward runs only when named (NATTN_SM90_TILE, or
+# a call's tile pair): their forwards were not timed against the others, so the forward's
+# default choice (src/sm90_dispatch.cu, default_sm90) never takes them.
+SM90_NAMED_FORWARD_TILES = ((3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))))
 
 # simt: every GPU from SM50, every dtype and head dim. tc: tensor cores (mma.sync, SM80+),
 # head dims up to 128: fp16/bf16, and float32 through TF32 products (TF32_FAMILY; libnattn
@@ -114,7 +120,8 @@ FAMILIES = (
     Family("tc", 80, DTYPES, (16, 32, 64, 128), NA_DIMS),
     Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128, 256), NA_DIMS, only_archs=("9.0",),
            prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES,
-           tile_head_dims=SM90_TILE_HEAD_DIMS, backward_head_dims=(32, 64, 128, 256)),
+           tile_head_dims=SM90_TILE_HEAD_DIMS, backward_head_dims=(32, 64, 128, 256),
+           named_forward_tiles=SM90_NAMED_FORWARD_TILES),
 )
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 
@@ -243,6 +250,11 @@ class Instance:
         if not fam.backward or (fam.backward_head_dims and self.head_dim not in fam.backward_head_dims):
             return False
         return not fam.backward_tiles or (self.na_dim, self.tile) in fam.backward_tiles
+
+    @property
+    def forward_named_only(self) -> bool:
+        """Whether the forward runs only when a call names this tile pair."""
+        return (self.na_dim, self.tile) in FAMILY_BY_NAME[self.family].named_forward_tiles
 
     @property
     def tile_name(self) -> str:
@@ -385,11 +397,12 @@ def table_source(insts: Sequence[Instance]) -> str:
         prepare = f"&{ns}prepare_forward<{args}>" if fam.prepare else "nullptr"
         prepare_bwd = f"&{ns}prepare_backward<{args}>" if fam.prepare and i.has_backward else "nullptr"
         q, k = (("{" + ", ".join(map(str, _pad3(b))) + "}") for b in (i.tile or ((0, 0, 0), (0, 0, 0))))
+        named = "true" if i.forward_named_only else "false"
         lines.append(
             f'  {{"{i.family}", {code}, {i.na_dim}, {i.head_dim}, '
-            f"&{ns}launch_forward<{args}>, {backward}, {prepare}, {prepare_bwd}, {q}, {k}}},")
+            f"&{ns}launch_forward<{args}>, {backward}, {prepare}, {prepare_bwd}, {q}, {k}, {named}}},")
     if not insts:
-        lines.append("  {nullptr, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, {0, 0, 0}, {0, 0, 0}},")
+        lines.append("  {nullptr, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, {0, 0, 0}, {0, 0, 0}, false},")
     lines += ["};", f"const int kNumKernels = {len(insts)};", "}  // namespace nattn", ""]
     return "\n".join(lines)
 

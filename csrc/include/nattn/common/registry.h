@@ -91,6 +91,7 @@ struct KernelEntry {
   PrepareFn prepare;   // nullptr: takes every problem its table row matches
   PrepareFn prepare_backward;  // the same for the backward (nullptr: no prepare step)
   int qbox[3], kbox[3];  // tiled families (sm90): query and key box extents; else zeros
+  bool forward_named_only;  // the forward runs only when a call names the pair (never the default)
 };
 
 extern const KernelEntry kKernels[];
