@@ -5,18 +5,25 @@ the borders, per dilation group, with stride and causal axes:
 
 - backward (the dQ pass: 128-query boxes halved along axis 0, one half per consumer
   warpgroup, walking 64-key boxes; a half computes only the boxes its own windows reach
-  along axis 0, `seen_steps`; the dK/dV pass walks the same boxes with the roles swapped):
-  the measure libnattn picks a backward pair by (`backward_steps` in src/sm90_dispatch.cu);
+  along axis 0, `seen_steps`): the measure libnattn picks a backward pair by
+  (`backward_steps` in src/sm90_dispatch.cu); and the dK/dV pass's walk, counted apart
+  (`--passes`): 128-key boxes halved along axis 0 walking the 64-query boxes of their
+  inverse neighbourhood. The two differ where boxes are deep along axis 0 or grids small:
+  8x2x8 / 2x4x8 on video-3d walks 0.70x the first pair's dQ steps but 0.90x its dK/dV steps
+  (4x4x8 / 2x4x8: 0.83x both), and its dK/dV pass ran slower; 16x8 / 8x8 at 25x25 on 64x64
+  0.91x and 1.16x (PERF.md, thirty-seventh session);
 - forward (both warpgroups compute every box of the CTA's walk): for comparing forward pairs.
 
     python benchmarks/pair_steps.py --spatial 30 48 80 --kernel 18 24 24
     python benchmarks/pair_steps.py --spatial 256 256 --kernel 80 80 --pairs 8x16/4x16 16x8/8x8 4x32/4x16
+    python benchmarks/pair_steps.py --spatial 16 32 32 --kernel 5 7 7 --pairs 4x4x8/2x4x8 8x2x8/2x4x8 --passes
 
 Without --pairs: the kernel table's backward pairs of the NA dim. Candidate pairs need not
 be built (that is what this is for: count before compiling an instance).
 """
 
 import argparse
+import bisect
 import math
 import os
 import sys
@@ -55,6 +62,41 @@ def axis_steps(length: int, kernel: int, stride: int, dilation: int, causal: boo
     return total
 
 
+def axis_dkv_steps(length: int, kernel: int, stride: int, dilation: int, causal: bool, kb: int, qb: int,
+                   halves: bool) -> int:
+    """The dK/dV pass along one axis: query boxes of extent qb walked from each key box of
+    extent kb (every dilation group), starting at the key box's inverse neighbourhood; with
+    ``halves`` per half of the key box, counting only the query boxes whose queries see the
+    half's keys."""
+    total = 0
+    for g in range(dilation):
+        n = (length - g + dilation - 1) // dilation
+        first, last = group_bounds(n, kernel, stride, causal)  # non-decreasing in the query
+        inv_lo = [bisect.bisect_left(last, j) for j in range(n)]  # the first query that sees key j
+        inv_hi = [bisect.bisect_right(first, j) - 1 for j in range(n)]  # the last one
+        parts = 2 if halves else 1
+        for j0 in range(0, n, kb):
+            start = inv_lo[j0]  # the walk starts at the box's inverse union
+            for h in range(parts):
+                a, b = j0 + h * kb // parts, min(j0 + (h + 1) * kb // parts, n) - 1
+                if a <= b and inv_hi[b] >= inv_lo[a]:
+                    total += (inv_hi[b] - start) // qb - (inv_lo[a] - start) // qb + 1
+    return total
+
+
+def dkv_walk_ratio(spatial: Sequence[int], kernel: Sequence[int], qbox: Sequence[int], kbox: Sequence[int],
+                   stride=None, dilation=None, causal=None) -> float:
+    """The dK/dV pass's computed key-query pairs over the windows': the pair's 128-token box
+    (``qbox``) holds a CTA's keys, halved along axis 0 (one half per consumer warpgroup),
+    walking 64-token boxes (``kbox``) of queries; the per-axis sums multiply."""
+    nd = len(spatial)
+    stride, dilation, causal = stride or (1,) * nd, dilation or (1,) * nd, causal or (False,) * nd
+    steps = 1
+    for a in range(nd):
+        steps *= axis_dkv_steps(spatial[a], kernel[a], stride[a], dilation[a], causal[a], qbox[a], kbox[a], a == 0)
+    return steps * (math.prod(qbox) // 2) * math.prod(kbox) / (math.prod(spatial) * math.prod(kernel))
+
+
 def walk_ratio(spatial: Sequence[int], kernel: Sequence[int], qbox: Sequence[int], kbox: Sequence[int],
                stride=None, dilation=None, causal=None, backward: bool = True) -> float:
     """Query-key pairs a pair's steps compute over those of the windows: the per-axis sums
@@ -84,6 +126,8 @@ def main(argv=None):
     ap.add_argument("--causal", type=int, nargs="+", help="0 / 1 per axis")
     ap.add_argument("--pairs", nargs="+", help="QUERYBOX/KEYBOX, e.g. 4x4x8/2x4x8 (default: the table's backward pairs)")
     ap.add_argument("--forward", action="store_true", help="count the forward's walk instead of the backward's")
+    ap.add_argument("--passes", action="store_true",
+                    help="backward: also the dK/dV pass's walk (the library's choice counts the dQ pass's)")
     args = ap.parse_args(argv)
     nd = len(args.spatial)
     pairs = ([parse_pair(p) for p in args.pairs] if args.pairs else [t for n, t in SM90_BACKWARD_TILES if n == nd])
@@ -92,9 +136,14 @@ def main(argv=None):
     causal = tuple(bool(c) for c in args.causal) if args.causal else None
     ratios = [walk_ratio(args.spatial, args.kernel, q, k, args.stride, args.dilation, causal, not args.forward)
               for q, k in pairs]
-    for (q, k), r in zip(pairs, ratios):
+    dkv = ([dkv_walk_ratio(args.spatial, args.kernel, q, k, args.stride, args.dilation, causal) for q, k in pairs]
+           if args.passes and not args.forward else None)
+    for i, ((q, k), r) in enumerate(zip(pairs, ratios)):
         name = "x".join(map(str, q)) + "/" + "x".join(map(str, k))
-        print(f"{name:16s} walk ratio {r:7.3f}   {r / ratios[0]:.3f}x the first")
+        line = f"{name:16s} walk ratio {r:7.3f}   {r / ratios[0]:.3f}x the first"
+        if dkv:
+            line += f"   dK/dV pass {dkv[i]:7.3f}   {dkv[i] / dkv[0]:.3f}x the first"
+        print(line)
 
 
 if __name__ == "__main__":

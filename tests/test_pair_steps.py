@@ -1,7 +1,8 @@
 """benchmarks/pair_steps.py: the per-axis product of step counts equals a direct count over
-every CTA box and warpgroup half (N-D windows enumerated query by query), on small random
-problems with stride, dilation and causal axes; and the counts the library's backward pair
-choice was measured against (PERF.md, thirty-sixth session)."""
+every CTA box and warpgroup half (N-D windows enumerated query by query; the dK/dV pass's
+inverse neighbourhoods by scanning every query's window), on small random problems with
+stride, dilation and causal axes; and the counts the library's backward pair choice was
+measured against (PERF.md, thirty-sixth and thirty-seventh sessions)."""
 
 import importlib.util
 import itertools
@@ -53,6 +54,43 @@ def direct_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox, backward
     return steps * rows * math.prod(kbox) / (math.prod(spatial) * math.prod(kernel))
 
 
+def direct_dkv_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox):
+    """The dK/dV pass counted CTA by CTA: per key box (the pair's 128-token box) and
+    warpgroup half along axis 0, the queries that see any of its keys found by scanning every
+    query's window (a query sees a box of keys iff along each axis its window meets the
+    box's extent), walked in query boxes of kbox from the queries that see the box's first key."""
+    nd = len(spatial)
+    axes = [axis_window(spatial[a], kernel[a], stride[a], dilation[a], causal[a]) for a in range(nd)]
+
+    def sees(a, g, n, lo, hi):  # group-coordinate queries of group g along axis a whose window meets [lo, hi]
+        key, valid, _ = axes[a]
+        out = []
+        for i in range(n):
+            ks = [int(k) // dilation[a] for k, ok in zip(key[i * dilation[a] + g].tolist(),
+                                                        valid[i * dilation[a] + g].tolist()) if ok]
+            if any(lo <= k <= hi for k in ks):
+                out.append(i)
+        return out
+
+    steps = 0
+    for group in itertools.product(*[range(d) for d in dilation]):
+        lens = [(spatial[a] - group[a] + dilation[a] - 1) // dilation[a] for a in range(nd)]
+        for origin in itertools.product(*[range(0, lens[a], qbox[a]) for a in range(nd)]):
+            start = [min(sees(a, group[a], lens[a], origin[a], origin[a])) for a in range(nd)]
+            for h in range(2):
+                first = list(origin)
+                last = [min(origin[a] + qbox[a], lens[a]) - 1 for a in range(nd)]
+                first[0] = origin[0] + h * qbox[0] // 2
+                last[0] = min(first[0] + qbox[0] // 2, lens[0]) - 1
+                if first[0] > last[0]:
+                    continue
+                seen = [sees(a, group[a], lens[a], first[a], last[a]) for a in range(nd)]
+                if all(seen):
+                    steps += math.prod((max(seen[a]) - start[a]) // kbox[a] - (min(seen[a]) - start[a]) // kbox[a] + 1
+                                       for a in range(nd))
+    return steps * (math.prod(qbox) // 2) * math.prod(kbox) / (math.prod(spatial) * math.prod(kernel))
+
+
 @pytest.mark.parametrize("nd", [2, 3] * 6)
 def test_per_axis_product_matches_a_direct_count(nd):
     seed = random.randrange(2**31)
@@ -68,6 +106,9 @@ def test_per_axis_product_matches_a_direct_count(nd):
         got = pair_steps.walk_ratio(spatial, kernel, qbox, kbox, stride, dilation, causal, backward)
         want = direct_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox, backward)
         assert got == pytest.approx(want), (seed, spatial, kernel, stride, dilation, causal, qbox, kbox, backward)
+    got = pair_steps.dkv_walk_ratio(spatial, kernel, qbox, kbox, stride, dilation, causal)
+    want = direct_dkv_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox)
+    assert got == pytest.approx(want), ("dK/dV", seed, spatial, kernel, stride, dilation, causal, qbox, kbox)
 
 
 def test_counts_behind_the_backward_pair_choice():
@@ -80,7 +121,23 @@ def test_counts_behind_the_backward_pair_choice():
     assert ratio((128, 128), (13, 13), ((16, 8), (8, 8)), ((8, 16), (4, 16))) > 0.95
 
 
+def test_dkv_counts_of_the_measured_pairs():
+    """The dK/dV pass's count where it parts from the dQ pass's (PERF.md, thirty-seventh
+    session): 8x2x8 / 2x4x8 on video-3d 0.70x the first pair's dQ steps but 0.90x its dK/dV
+    steps (its dK/dV pass ran slower than 4x4x8 / 2x4x8's, 0.83x both); 16x8 / 8x8 at 25x25
+    on 64x64 0.91x and 1.16x (its backward ran 3-4% slower than 8x16 / 4x16's)."""
+    def both(s, k, pair, first):
+        return (pair_steps.walk_ratio(s, k, *pair) / pair_steps.walk_ratio(s, k, *first),
+                pair_steps.dkv_walk_ratio(s, k, *pair) / pair_steps.dkv_walk_ratio(s, k, *first))
+    first3 = ((2, 8, 8), (1, 8, 8))
+    assert both((16, 32, 32), (5, 7, 7), ((8, 2, 8), (2, 4, 8)), first3) == pytest.approx((0.700, 0.900), abs=1e-3)
+    assert both((16, 32, 32), (5, 7, 7), ((4, 4, 8), (2, 4, 8)), first3) == pytest.approx((0.825, 0.825), abs=1e-3)
+    assert both((64, 64), (25, 25), ((16, 8), (8, 8)), ((8, 16), (4, 16))) == pytest.approx((0.914, 1.157), abs=1e-3)
+
+
 def test_cli_prints_the_table_pairs(capsys):
     pair_steps.main(["--spatial", "16", "32", "32", "--kernel", "5", "7", "7"])
     out = capsys.readouterr().out
     assert "2x8x8/1x8x8" in out and "4x4x8/2x4x8" in out and "1.000x the first" in out
+    pair_steps.main(["--spatial", "64", "64", "--kernel", "25", "25", "--passes"])
+    assert "dK/dV pass   2.074   1.157x the first" in capsys.readouterr().out
