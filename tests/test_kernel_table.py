@@ -65,9 +65,8 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         if i.has_backward:  # a 128-token box and a 64-token box (the two passes swap them)
             assert math.prod(q) == 128 and math.prod(k) == 64
     # forwards only when named: the backward pairs after each NA dim's first (built for the
-    # backward's walk), flagged in the table's rows
-    later = {(n, t) for n, t in kt.SM90_BACKWARD_TILES
-             if t != next(u for m, u in kt.SM90_BACKWARD_TILES if m == n)}
+    # backward's walk: 2-D's 16x8 / 8x8, 3-D's 4x4x8 / 2x4x8), flagged in the table's rows
+    later = {(2, ((16, 8), (8, 8))), (3, ((4, 4, 8), (2, 4, 8)))}
     assert set(kt.SM90_NAMED_FORWARD_TILES) == later
     assert {(i.na_dim, i.tile) for i in sm90 if i.forward_named_only} == later
     named = next(i for i in sm90 if i.forward_named_only)

@@ -362,7 +362,9 @@ const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char*
 // and causality: query_window); along axis 0 per half, the boxes of the CTA's walk that the
 // half sees (the others it only releases: seen_steps). The walk is a product of per-axis
 // ranges, so the per-axis sums multiply. The dK/dV pass walks the same boxes with the roles
-// swapped; its count is within a few percent of this one.
+// swapped; its count differs where boxes are deep along axis 0 or grids small (8x2x8 / 2x4x8
+// on 16x32x32 5x7x7: 0.70x the first pair's dQ steps, 0.90x its dK/dV steps; benchmarks/
+// pair_steps.py --passes counts both).
 double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e) {
   double steps = 1;
   for (int a = 0; a < p.na_dim; ++a) {

@@ -101,10 +101,12 @@ SM90_BACKWARD_TILES = (
     (1, ((128,), (64,))), (2, ((8, 16), (4, 16))), (3, ((2, 8, 8), (1, 8, 8))),
     (3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))),
 )
-# Pairs built for the backward's walk whose forward runs only when named (NATTN_SM90_TILE, or
-# a call's tile pair): their forwards were not timed against the others, so the forward's
-# default choice (src/sm90_dispatch.cu, default_sm90) never takes them.
-SM90_NAMED_FORWARD_TILES = ((3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))))
+# The backward pairs after each NA dim's first were built for the backward's walk: their
+# forward runs only when named (NATTN_SM90_TILE, or a call's tile pair), not timed against
+# the other forwards, so the forward's default choice (src/sm90_dispatch.cu, default_sm90)
+# never takes them (a flag of their table rows, KernelEntry::forward_named_only).
+SM90_NAMED_FORWARD_TILES = tuple(
+    (n, t) for i, (n, t) in enumerate(SM90_BACKWARD_TILES) if any(m == n for m, _ in SM90_BACKWARD_TILES[:i]))
 
 # simt: every GPU from SM50, every dtype and head dim. tc: tensor cores (mma.sync, SM80+),
 # head dims up to 128: fp16/bf16, and float32 through TF32 products (TF32_FAMILY; libnattn
