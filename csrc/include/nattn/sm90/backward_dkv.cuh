@@ -48,6 +48,12 @@
 #ifndef NATTN_SM90_DKV_WIDE_REGS
 #define NATTN_SM90_DKV_WIDE_REGS 1
 #endif
+// ... and bit NA - 1 set (default: every NA dim): at head dim 128 dV's product is issued
+// after dP^T's, in its own group, and left in flight while dS^T is computed (kDvLast below;
+// PERF.md, thirty-eighth session: HunyuanVideo's dK/dV pass 3.6% faster, FLUX's 2.6%).
+#ifndef NATTN_SM90_DKV_DV_LAST
+#define NATTN_SM90_DKV_DV_LAST 7
+#endif
 
 namespace nattn { namespace sm90 {
 
@@ -464,6 +470,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dk, a[kk], C::mn_major(q_tile, kk), 1);
       wgmma_commit();
     };
+    // kDvLast: dP^T's product first, in its own group, so that dS^T is computed while dV's
+    // runs (head dim 128, where dP^T is issued late).
+    constexpr bool kDvLast = !DQ_ATOMIC && HD == 128 && ((NATTN_SM90_DKV_DV_LAST >> (NA - 1)) & 1) != 0;
     BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
     for (int it = 0; it < first_step; ++it, walk.next(tile)) release_only(it);
     for (int it = first_step; it < last_step; ++it, walk.next(tile)) {
@@ -498,6 +507,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (dk_behind) {
         if constexpr (kShiftDk) issue_dk(it - 1, da_prev);
         wgmma_wait<1>();  // S^T (and dP^T) are in; the previous step's dK product may still run
+      } else if (kShiftDk && kDvLast) {
+        // an empty group in the previous dK product's place: the same wait counts on every
+        // path (with two, ptxas serialized the kernel's wgmma, C7514)
+        wgmma_commit();
+        wgmma_wait<1>();
       } else {
         wgmma_wait<0>();
       }
@@ -575,12 +589,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       // in flight, the 16-bit dS^T written here made ptxas serialize the kernel's wgmma, C7515)
       if (!late_dp && !kShiftDk) ds_packed();
       wgmma_fence();
+      if constexpr (kDvLast) {
+        issue_dp(dpt, do_tile);
+        wgmma_commit();
+      }
 #pragma unroll
       for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dv, pa[kk], C::mn_major(do_tile, kk), 1);
-      if (late_dp) issue_dp(dpt, do_tile);
+      if (late_dp && !kDvLast) issue_dp(dpt, do_tile);
       wgmma_commit();
       if (late_dp || kShiftDk) {  // (kShiftDk: also dV's product, not in flight across steps)
-        wgmma_wait<0>();
+        if constexpr (kDvLast) wgmma_wait<1>();
+        else wgmma_wait<0>();
         fence_regs(dpt);
       }
       if (dk_behind) {
@@ -589,6 +608,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         release_stage(it - 1);
       }
       if (late_dp || kShiftDk) ds_packed();
+      if constexpr (kDvLast && kShiftDk) {  // dV's product is done before dS^T moves to da_prev
+        wgmma_wait<0>();                    // (in flight into the next step, ptxas serialized
+        fence_regs(dv);                     // the kernel's wgmma in 1-D, C7514)
+        fence_regs(pa);
+      }
       mbar_arrive(ld_empty + s);  // this thread's reads of the LSE / delta rows are done
       if constexpr (kShiftDk) {
 #pragma unroll
