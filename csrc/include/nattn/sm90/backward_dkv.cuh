@@ -50,7 +50,8 @@
 #endif
 // ... and bit NA - 1 set (default: every NA dim): at head dim 128 dV's product is issued
 // after dP^T's, in its own group, and left in flight while dS^T is computed (kDvLast below;
-// PERF.md, thirty-eighth session: HunyuanVideo's dK/dV pass 3.6% faster, FLUX's 2.6%).
+// PERF.md, thirty-eighth session: the dK/dV pass 1.0% faster on HunyuanVideo, 0.7% on FLUX,
+// 2.9% on the 1-D anchor).
 #ifndef NATTN_SM90_DKV_DV_LAST
 #define NATTN_SM90_DKV_DV_LAST 7
 #endif
