@@ -15,7 +15,9 @@ block, the rounding step relative to the head's largest |dS|); csrc/tests/sm90_m
 checks that the Hopper tensor maps address the element the strides give in every layout the
 API accepts (heads-first tensors included) and decline the layouts they cannot express;
 csrc/tests/sm90_pad_copy_check.cu checks the zero-padded head dims' copies address each
-chunk's element in the strided tensor and its packed slot."""
+chunk's element in the strided tensor and its packed slot; csrc/tests/sm90_ordered_dq_check.cu
+checks that an ordered KV-parallel dQ's key CTAs, walking the query-box grid, carry every
+rank of every box once, in blockIdx order (a gap would hang the waiting CTAs)."""
 
 import os
 import shutil
@@ -38,9 +40,10 @@ def _build_and_run(tmp_path, name):
 
 
 # window math, the tensor-core walk, the unfused window ops, the Hopper query boxes' rows and
-# window masks, the fixed-point dRPB's scale, the Hopper tensor maps' addressing, the padded copies
+# window masks, the fixed-point dRPB's scale, the Hopper tensor maps' addressing, the padded
+# copies, the ordered KV-parallel dQ's grid and ranks
 CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_check", "sm90_box_mask_check",
-          "drpb_fixed_check", "sm90_map_spec_check", "sm90_pad_copy_check"]
+          "drpb_fixed_check", "sm90_map_spec_check", "sm90_pad_copy_check", "sm90_ordered_dq_check"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")

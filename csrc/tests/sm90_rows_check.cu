@@ -26,27 +26,7 @@ using namespace nattn::sm90;
 
 #define NATTN_CHECK_SEED 0x243f6a8885a308d3ull
 #include "host_rng.h"
-
-template <int NA>
-static Params random_problem() {
-  Params p = {};
-  p.na_dim = NA;
-  p.tokens = 1;
-  for (int a = 0; a < 3; ++a) p.spatial[a] = p.kernel[a] = p.stride[a] = p.dilation[a] = 1;
-  for (int a = 0; a < NA; ++a) {
-    p.kernel[a] = rnd(1, NA == 1 ? 40 : 9);
-    p.dilation[a] = rnd(1, 4);
-    p.spatial[a] = p.kernel[a] * p.dilation[a] + rnd(0, NA == 1 ? 400 : NA == 2 ? 40 : 12);
-    p.stride[a] = rnd(1, p.kernel[a]);
-    p.causal[a] = rnd(0, 3) == 0;
-    p.tokens *= p.spatial[a];
-  }
-  for (int a = 0; a < 3; ++a) {  // every query (the forward's query range: the whole axis)
-    p.q_lo[a] = 0;
-    p.q_hi[a] = p.spatial[a];
-  }
-  return p;
-}
+#include "sm90_problems.h"
 
 // Step it of a walk over t's boxes of shape B, decoded directly: pass it / tiles, then the
 // box index's digits per axis, last axis fastest.
