@@ -21,13 +21,11 @@
 
 namespace nattn { namespace sm90 {
 
-// Query boxes of the grid per (batch, query head): the counters a call needs per head.
+// Query boxes of the grid per (batch, query head): the counters a call needs per head (the
+// key CTAs' grid, num_key_ctas, laid with the query box).
 template <class CB>
 NATTN_HD int64_t grid_query_boxes(const Params& p) {
-  int64_t n = 1;
-  for (int a = 0; a < p.na_dim; ++a)
-    n *= int64_t(p.dilation[a]) * qtiles_per_group(p.spatial[a], p.dilation[a], CB::extent(a));
-  return n;
+  return num_key_ctas<CB>(p);
 }
 
 // A dK/dV CTA's walk (cta_tile_inverse, no query range) moved onto the grid: per axis from
