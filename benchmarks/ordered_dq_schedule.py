@@ -1,0 +1,120 @@
+"""A model of the waits an ordered KV-parallel dQ would add (no GPU; nothing here is measured):
+the dK/dV pass's key CTAs each walk their query boxes on the global grid
+(csrc/include/nattn/sm90/ordered_dq.cuh, snap_to_grid) and add their dQ part of each box in
+rank order, a key CTA's rank being its place in blockIdx.x order among the CTAs that add into
+the box (ordered_slot). The model:
+
+- 132 SMs, one CTA each, dispatched in blockIdx order (x = key box, fastest; then the head);
+- every step (one query box) takes one unit of compute; its dQ add follows the step and waits
+  for the box's previous rank to have added (a counter per box) and for the CTA's previous
+  add (one writer); compute may run at most ``--staging`` adds ahead of the writer (the dQ
+  staging buffers);
+- a CTA ends with its last add.
+
+It prints the makespan with the order against without it (every add at once), for the walk
+ascending (today's BoxWalk: axis 0 slowest, from the first box) and descending (the last box
+first, which puts a lower-rank CTA ahead of a higher one on the boxes they share).
+
+    python benchmarks/ordered_dq_schedule.py --spatial 32768 --kernel 2048 --kbox 128 --qbox 64
+    python benchmarks/ordered_dq_schedule.py --spatial 256 256 --kernel 80 80 --kbox 16 8 --qbox 8 8 --heads 2
+"""
+
+import argparse
+import bisect
+import heapq
+import itertools
+import os
+import sys
+from typing import Sequence
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from nattn.windows import axis_window  # noqa: E402
+
+
+def axis_bounds(length: int, kernel: int, stride: int, causal: bool):
+    """Per query its window's first and last key; per key its first and last inverse query
+    (windows' ends rise with the query, so bisection finds them)."""
+    keys, valid, _ = axis_window(length, kernel, stride, 1, causal)
+    first = keys.masked_fill(~valid, length).min(dim=1).values.tolist()
+    last = keys.masked_fill(~valid, -1).max(dim=1).values.tolist()
+    inv_first = [bisect.bisect_left(last, j) for j in range(length)]
+    inv_last = [bisect.bisect_right(first, j) - 1 for j in range(length)]
+    return first, last, inv_first, inv_last
+
+
+def axis_plan(length, kernel, stride, causal, kb, qb):
+    """Per key box along the axis: its grid walk (query boxes), and per query box the first
+    key box touching it (a CTA's rank is a raster over such per-axis offsets)."""
+    first, last, inv_first, inv_last = axis_bounds(length, kernel, stride, causal)
+    walks = []
+    for j0 in range(0, length, kb):
+        j1 = min(j0 + kb, length) - 1
+        walks.append(list(range(inv_first[j0] // qb, inv_last[j1] // qb + 1)))
+    touch = []
+    for q0 in range(0, length, qb):
+        q1 = min(q0 + qb, length) - 1
+        touch.append((first[q0] // kb, last[q1] // kb))
+    return walks, touch
+
+
+def schedule(spatial: Sequence[int], kernel, stride, causal, kbox, qbox, heads: int, sms: int, staging: int,
+             descending: bool, ordered: bool) -> float:
+    plans = [axis_plan(*args) for args in zip(spatial, kernel, stride, causal, kbox, qbox)]
+    nk = [len(w) for w, _ in plans]
+    slots = [0.0] * sms
+    heapq.heapify(slots)
+    end = 0.0
+    for _ in range(heads):
+        done = {}  # box -> (rank of its last add, its time)
+        for cta in itertools.product(*[range(n) for n in nk]):  # blockIdx order: last axis fastest
+            start = heapq.heappop(slots)
+            walk = list(itertools.product(*[plans[a][0][cta[a]] for a in range(len(spatial))]))
+            if descending:
+                walk.reverse()
+            computed, adds = start, []
+            for s, box in enumerate(walk):
+                computed = max(computed, adds[s - staging] if s >= staging else start) + 1.0
+                at = max(computed, adds[-1] if adds else start)
+                if ordered:
+                    rank, count = 0, 1
+                    for a in range(len(spatial)):
+                        lo, hi = plans[a][1][box[a]]
+                        rank, count = rank * (hi - lo + 1) + cta[a] - lo, count * (hi - lo + 1)
+                    prev = done.get(box)
+                    if rank > 0:
+                        # the previous rank added already: lower blockIdx, dispatched earlier
+                        assert prev is not None and prev[0] == rank - 1, (box, rank, prev)
+                        at = max(at, prev[1])
+                    done[box] = (rank, at)
+                adds.append(at)
+            finish = adds[-1] if adds else start
+            end = max(end, finish)
+            heapq.heappush(slots, finish)
+    return end
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spatial", type=int, nargs="+", required=True)
+    ap.add_argument("--kernel", type=int, nargs="+", required=True)
+    ap.add_argument("--stride", type=int, nargs="+")
+    ap.add_argument("--causal", type=int, nargs="+", help="0/1 per axis")
+    ap.add_argument("--kbox", type=int, nargs="+", required=True, help="the key CTA's box (the pair's 128-token box)")
+    ap.add_argument("--qbox", type=int, nargs="+", required=True, help="the walked query box (the 64-token box)")
+    ap.add_argument("--heads", type=int, default=1, help="heads x batch simulated (their CTAs share the SMs)")
+    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--staging", type=int, default=2, help="adds the compute may run ahead of the writer")
+    a = ap.parse_args(argv)
+    n = len(a.spatial)
+    stride = a.stride or [1] * n
+    causal = [bool(c) for c in (a.causal or [0] * n)]
+    args = (a.spatial, a.kernel, stride, causal, a.kbox, a.qbox, a.heads, a.sms, a.staging)
+    free = schedule(*args, descending=False, ordered=False)
+    for desc in (False, True):
+        t = schedule(*args, descending=desc, ordered=True)
+        print(f"walk {'descending' if desc else 'ascending '}: ordered adds take {t / free:.3f}x the unordered "
+              f"makespan ({t:.0f} vs {free:.0f} step units)")
+
+
+if __name__ == "__main__":
+    main()
