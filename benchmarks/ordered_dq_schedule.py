@@ -20,32 +20,20 @@ first, which puts a lower-rank CTA ahead of a higher one on the boxes they share
 """
 
 import argparse
-import bisect
 import heapq
 import itertools
 import os
 import sys
 from typing import Sequence
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from nattn.windows import axis_window  # noqa: E402
-
-
-def axis_bounds(length: int, kernel: int, stride: int, causal: bool):
-    """Per query its window's first and last key; per key its first and last inverse query
-    (windows' ends rise with the query, so bisection finds them)."""
-    keys, valid, _ = axis_window(length, kernel, stride, 1, causal)
-    first = keys.masked_fill(~valid, length).min(dim=1).values.tolist()
-    last = keys.masked_fill(~valid, -1).max(dim=1).values.tolist()
-    inv_first = [bisect.bisect_left(last, j) for j in range(length)]
-    inv_last = [bisect.bisect_right(first, j) - 1 for j in range(length)]
-    return first, last, inv_first, inv_last
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pair_steps import group_inverse  # noqa: E402
 
 
 def axis_plan(length, kernel, stride, causal, kb, qb):
-    """Per key box along the axis: its grid walk (query boxes), and per query box the first
-    key box touching it (a CTA's rank is a raster over such per-axis offsets)."""
-    first, last, inv_first, inv_last = axis_bounds(length, kernel, stride, causal)
+    """Per key box along the axis: its grid walk (query boxes); per query box the first and
+    last key boxes touching it (a CTA's rank is a raster over its per-axis offsets)."""
+    first, last, inv_first, inv_last = group_inverse(length, kernel, stride, causal)
     walks = []
     for j0 in range(0, length, kb):
         j1 = min(j0 + kb, length) - 1

@@ -42,6 +42,15 @@ def group_bounds(length: int, kernel: int, stride: int, causal: bool) -> Tuple[L
     return first, last
 
 
+def group_inverse(length: int, kernel: int, stride: int, causal: bool):
+    """group_bounds, and per key its first and last inverse query (the queries whose windows
+    hold it: window ends rise with the query, so bisection finds them)."""
+    first, last = group_bounds(length, kernel, stride, causal)
+    inv_lo = [bisect.bisect_left(last, j) for j in range(length)]
+    inv_hi = [bisect.bisect_right(first, j) - 1 for j in range(length)]
+    return first, last, inv_lo, inv_hi
+
+
 def axis_steps(length: int, kernel: int, stride: int, dilation: int, causal: bool, qb: int, kb: int,
                halves: bool) -> int:
     """Key boxes of extent kb walked along one axis, summed over its query boxes of extent qb
@@ -71,9 +80,7 @@ def axis_dkv_steps(length: int, kernel: int, stride: int, dilation: int, causal:
     total = 0
     for g in range(dilation):
         n = (length - g + dilation - 1) // dilation
-        first, last = group_bounds(n, kernel, stride, causal)  # non-decreasing in the query
-        inv_lo = [bisect.bisect_left(last, j) for j in range(n)]  # the first query that sees key j
-        inv_hi = [bisect.bisect_right(first, j) - 1 for j in range(n)]  # the last one
+        _, _, inv_lo, inv_hi = group_inverse(n, kernel, stride, causal)
         parts = 2 if halves else 1
         for j0 in range(0, n, kb):
             start = inv_lo[j0]  # the walk starts at the box's inverse union
