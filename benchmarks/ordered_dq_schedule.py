@@ -1,8 +1,8 @@
 """A model of the waits an ordered KV-parallel dQ would add (no GPU; nothing here is measured):
-the dK/dV pass's key CTAs each walk their query boxes on the global grid
-(csrc/include/nattn/sm90/ordered_dq.cuh, snap_to_grid) and add their dQ part of each box in
-rank order, a key CTA's rank being its place in blockIdx.x order among the CTAs that add into
-the box (ordered_slot). The model:
+the dK/dV pass's key CTAs each walk their query boxes on the global grid (cta_tile_inverse
+with GRID; csrc/include/nattn/sm90/ordered_dq.cuh) and add their dQ part of each box in rank
+order, a key CTA's rank being its place in blockIdx.x order among the CTAs that add into the
+box (ordered_slot). The model:
 
 - 132 SMs, one CTA each, dispatched in blockIdx order (x = key box, fastest; then the head);
 - every step (one query box) takes one unit of compute; its dQ add follows the step and waits

@@ -1,6 +1,6 @@
 // Host-side check of the ordered KV-parallel dQ's geometry (nattn/sm90/ordered_dq.cuh; runs
 // on the CPU, no GPU). For random problems and every backward tile pair, the dK/dV CTAs'
-// walks moved onto the query-box grid (snap_to_grid) are replayed. Per grid box, the CTAs
+// walks moved onto the query-box grid (cta_tile_inverse with GRID) are replayed. Per grid box, the CTAs
 // that add into it must carry the ranks 0 .. count - 1 (ordered_slot), once each, rising
 // with blockIdx.x. Each walked box must be one the CTA's keys are seen from, and each box
 // holding a query must be added into. A missing or repeated rank, or ranks out of blockIdx
@@ -55,7 +55,7 @@ static int check(long long& checks, long long& steps, long long& snapped_steps) 
     CtaTile t;
     if (!cta_tile_inverse<NA, RB, CB>(p, unsigned(cta), t)) continue;
     steps += t.tiles;
-    snap_to_grid<NA, RB, CB>(p, t);
+    cta_tile_inverse<NA, RB, CB, true>(p, unsigned(cta), t);
     snapped_steps += t.tiles;
     BoxWalk<NA, CB> walk(t);
     for (int it = 0; it < t.tiles; ++it, walk.next(t)) {

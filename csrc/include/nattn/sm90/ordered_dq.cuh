@@ -5,7 +5,8 @@
 // - one grid of query boxes shared by every key CTA: per axis and dilation group, boxes of
 //   CB::extent(a) group coordinates from 0. cta_tile_inverse starts a CTA's walk at its
 //   first key's first inverse query instead, so two CTAs' boxes overlap partially
-//   (snap_to_grid floors the walk onto the grid: at most one more box per axis);
+//   (cta_tile_inverse<..., GRID = true> floors the walk onto the grid: at most one more box
+//   per axis);
 // - each key CTA's rank among the CTAs that add into a box. The key boxes touching query box
 //   q along an axis are those between its first query's window start and its last query's
 //   window end (windows are monotone), so the CTAs touching q are a product of per-axis
@@ -26,22 +27,6 @@ namespace nattn { namespace sm90 {
 template <class CB>
 NATTN_HD int64_t grid_query_boxes(const Params& p) {
   return num_key_ctas<CB>(p);
-}
-
-// A dK/dV CTA's walk (cta_tile_inverse, no query range) moved onto the grid: per axis from
-// the grid box holding its first inverse query to the one holding its last.
-template <int NA, class RB, class CB>
-NATTN_HD void snap_to_grid(const Params& p, CtaTile& t) {
-  t.tiles = 1;
-  for (int a = 0; a < NA; ++a) {
-    const int e = CB::extent(a);
-    const int last = nattn_min(t.q0[a] + RB::extent(a) - 1, t.len[a] - 1);
-    const AxisRange inv = key_inverse(last, t.len[a], p.kernel[a], p.stride[a], p.causal[a] != 0);
-    const int hi = inv.start + inv.count - 1;
-    t.lo[a] = t.lo[a] / e * e;
-    t.nk[a] = hi >= t.lo[a] ? hi / e - t.lo[a] / e + 1 : 0;
-    t.tiles *= t.nk[a];
-  }
 }
 
 // Where a key CTA (t) adds the query box at `origin` (grid-aligned group coordinates): the

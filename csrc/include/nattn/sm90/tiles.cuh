@@ -145,8 +145,10 @@ NATTN_HD int64_t num_key_ctas(const Params& p) {
 // Decodes like cta_tile (q0 is the first key here; the grid is every key box, num_key_ctas);
 // lo / nk then count query boxes. Only queries of the query range are walked (a halo rank's
 // own; every query by default): the others add nothing (their rows hold LSE +inf, or a zero
-// output gradient).
-template <int NA, class RB, class CB>
+// output gradient). GRID: the walk starts on the global query-box grid (the box holding the
+// first inverse query: at most one more box per axis), which an ordered KV-parallel dQ needs
+// (nattn/sm90/ordered_dq.cuh; no query range).
+template <int NA, class RB, class CB, bool GRID = false>
 NATTN_HD bool cta_tile_inverse(const Params& p, unsigned index, CtaTile& t) {
   t.tiles = 1;
   for (int a = NA - 1; a >= 0; --a) {
@@ -171,6 +173,7 @@ NATTN_HD bool cta_tile_inverse(const Params& p, unsigned index, CtaTile& t) {
       t.lo[a] = nattn_max(t.lo[a], (p.q_lo[a] - g + d - 1) / d);
       hi = nattn_min(hi, top < 0 ? -1 : top / d);
     }
+    if (GRID) t.lo[a] = t.lo[a] / CB::extent(a) * CB::extent(a);
     t.nk[a] = hi >= t.lo[a] ? (hi - t.lo[a] + CB::extent(a)) / CB::extent(a) : 0;
     t.tiles *= t.nk[a];
   }
