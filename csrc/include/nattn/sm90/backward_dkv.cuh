@@ -598,7 +598,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dv, pa[kk], C::mn_major(do_tile, kk), 1);
       if (late_dp && !kDvLast) issue_dp(dpt, do_tile);
       wgmma_commit();
-      if (late_dp || kShiftDk) {  // (kShiftDk: also dV's product, not in flight across steps)
+      // (kShiftDk: also dV's product, not in flight across steps; with kDvLast after dS^T, below)
+      if (late_dp || kShiftDk) {
         if constexpr (kDvLast) wgmma_wait<1>();
         else wgmma_wait<0>();
         fence_regs(dpt);
