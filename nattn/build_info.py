@@ -43,7 +43,7 @@ def describe(config: Dict[str, Any], gpu_arch: Optional[str] = None) -> List[str
     this is where a user learns that no kernels were built and how to build them.
     """
     if config["library"] is None:
-        lines = ["compiled kernels: none (a pure-Python install: reference and flex backends)"]
+        lines = ["compiled kernels: none (a pure-Python install: tiled, reference and flex backends)"]
         if gpu_arch:
             lines.append(f"warning: a GPU (sm_{gpu_arch.replace('.', '')}) is present but no CUDA "
                          f"kernels were built for it; build them with "

@@ -16,6 +16,20 @@ from typing import Sequence, Tuple
 import torch
 
 
+def _window_base(ig, group_len, kernel: int, stride: int, causal: bool):
+    """Group coordinate of window slot 0 for queries at group coordinates ``ig`` (negative
+    for causal windows near the start, whose first slots hold no key)."""
+    block = (ig // stride) * stride
+    if causal:
+        leader = torch.minimum(block + stride - 1, group_len - 1)
+        return leader - kernel + 1  # the window ends at the leader
+    leader = torch.minimum(block + stride // 2, group_len - 1)
+    left = kernel // 2
+    right = kernel // 2 + kernel % 2 - 1
+    centre = torch.maximum(torch.minimum(leader, group_len - 1 - right), torch.full_like(leader, left))
+    return centre - left
+
+
 def axis_window(
     length: int, kernel: int, stride: int, dilation: int, causal: bool, device=None, queries=None
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -25,22 +39,27 @@ def axis_window(
     group = i % dilation  # dilation group of the query
     ig = i // dilation  # coordinate inside the group
     group_len = (length - group + dilation - 1) // dilation  # ceil((L - g) / d)
-    block = (ig // stride) * stride
     t = torch.arange(kernel, device=device)
+    jg = _window_base(ig, group_len, kernel, stride, causal)[:, None] + t[None, :]
     if causal:
-        leader = torch.minimum(block + stride - 1, group_len - 1)
-        jg = (leader - kernel + 1)[:, None] + t[None, :]  # window ends at the leader
         valid = (jg >= 0) & (jg <= ig[:, None])
     else:
-        leader = torch.minimum(block + stride // 2, group_len - 1)
-        left = kernel // 2
-        right = kernel // 2 + kernel % 2 - 1
-        centre = torch.maximum(torch.minimum(leader, group_len - 1 - right), torch.full_like(leader, left))
-        jg = (centre - left)[:, None] + t[None, :]
         valid = torch.ones(i.shape[0], kernel, dtype=torch.bool, device=device)
     key_coord = jg.clamp(min=0) * dilation + group[:, None]
     rpb_offset = jg - ig[:, None] + kernel - 1
     return key_coord, valid, rpb_offset
+
+
+def axis_key_interval(length: int, kernel: int, stride: int, causal: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(first, last)``, each ``[length]``: the keys every query of an undilated axis of
+    ``length`` attends to are ``first..last`` (inclusive; contiguous, as in
+    :func:`axis_window`: a dilated axis is this per dilation group). Costs O(length), where
+    :func:`axis_window` builds ``[length, kernel]`` tables."""
+    ig = torch.arange(length)
+    base = _window_base(ig, torch.full_like(ig, length), kernel, stride, causal)
+    if causal:
+        return base.clamp(min=0), ig
+    return base, base + kernel - 1
 
 
 class WindowTable:

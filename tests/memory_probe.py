@@ -1,6 +1,6 @@
 """Run one NA forward+backward in a fresh process and print the peak RSS growth in bytes.
 
-Usage: python memory_probe.py X Y HEADS DIM KERNEL. Used by test_memory_bound.py.
+Usage: python memory_probe.py X Y HEADS DIM KERNEL [BACKEND]. Used by test_memory_bound.py.
 """
 
 import resource
@@ -34,15 +34,16 @@ def peak_bytes() -> int:
 
 def main():
     x, y, heads, dim, kernel = map(int, sys.argv[1:6])
+    backend = sys.argv[6] if len(sys.argv) > 6 else "reference"
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, x, y, heads, dim, requires_grad=True) for _ in range(3))
     g = torch.randn(1, x, y, heads, dim)
     # Warm up on a tiny problem so lazy imports and allocator pools are in the baseline.
     s = torch.randn(1, kernel, kernel, heads, dim, requires_grad=True)
-    nattn.na2d(s, s, s, kernel).sum().backward()
+    nattn.na2d(s, s, s, kernel, backend=backend).sum().backward()
     reset_peak()
     base = rss_bytes()
-    out = nattn.na2d(q, k, v, kernel, backend="reference")
+    out = nattn.na2d(q, k, v, kernel, backend=backend)
     out.backward(g)
     assert torch.isfinite(q.grad).all() and torch.isfinite(out).all()
     peak = peak_bytes()

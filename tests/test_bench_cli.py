@@ -115,7 +115,7 @@ def test_cpu_smoke_run_end_to_end(tmp_path, capsys, quick_timing):
     for res in run["results"]:
         rows = {r["name"]: r for r in res["rows"]}
         auto = rows["nattn:auto"]
-        assert auto["backend"] == "reference" and auto["check"]["ok"] is True
+        assert auto["backend"] == "tiled" and auto["check"]["ok"] is True
         assert auto["fwd_ms"] > 0 and auto["fwd_bwd_ms"] > 0
         assert rows["dense sdpa"]["fwd_ms"] > 0
         flex = rows["flex (row-major)"]

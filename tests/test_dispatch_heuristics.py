@@ -45,10 +45,10 @@ def test_cpu_and_missing_backends_keep_registered_order():
     assert na_auto_order(["cuda", "reference"], CUDA_Q, params((80, 80))) == ["cuda", "reference"]
 
 
-def test_cpu_dispatch_picks_reference():
+def test_cpu_dispatch_picks_tiled():
     q = torch.randn(1, 16, 16, 2, 8)
-    assert AUTO_ORDER[-1] == "reference"
-    assert choose_na_backend(q, q, q, None, params((13, 13))) == "reference"
+    assert AUTO_ORDER[-2:] == ["tiled", "reference"]
+    assert choose_na_backend(q, q, q, None, params((13, 13))) == "tiled"
 
 
 def test_tensor_core_problems_keep_cuda_up_to_their_limit(monkeypatch):

@@ -13,7 +13,7 @@ from .reference import ReferenceBackend
 
 # Automatic dispatch tries backends in this order (fastest first); unknown names go
 # just before the reference, which runs everything and so always comes last.
-PRIORITY = ("cuda", "flex", "reference")
+PRIORITY = ("cuda", "flex", "tiled", "reference")
 BACKENDS: Dict[str, Backend] = {}
 AUTO_ORDER: List[str] = []
 

@@ -181,7 +181,7 @@ def run(args, problems: List[Problem]) -> dict:
     if args.device == "cuda" and not cuda:
         print("No CUDA device is available: running the CPU path instead.")
     if not cuda:
-        print("CPU run: small problems only (reference, dense SDPA, eager flex forward); "
+        print("CPU run: small problems only (nattn on the CPU backends, dense SDPA, eager flex forward); "
               "these numbers say nothing about GPU speed.")
         problems = [p if p.tokens * p.window <= 512 * 125 else cpu_copy(p) for p in problems]
     from .cli import DTYPES

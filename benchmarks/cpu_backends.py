@@ -1,0 +1,90 @@
+"""NA on the CPU: the tiled backend against the reference (and dense SDPA on the same
+tensors, for scale), forward and forward + backward, ms per call (best of ``--reps``).
+
+    python benchmarks/cpu_backends.py [--dtype float32|bfloat16] [--reps 5] [--only NAME,...]
+
+Problems: a DiNAT-like 2-D layer (56x56, 7x7, 4 heads, D32), the same at 28x28 with dilation
+4, a 2-D 13x13 window (64x64, D64), a 3-D 5x7x7 window (8x16x16, D64), a 1-D window of 255
+(4096 tokens, D64), and a GQA / RPB 2-D layer. Dense SDPA computes every N x N score (it is
+not NA): it shows what the CPU's matrix products reach.
+"""
+
+import argparse
+import math
+import time
+
+import torch
+
+import nattn
+
+PROBLEMS = {
+    "dinat-2d-k7": dict(spatial=(56, 56), kernel=7, heads=4, dim=32),
+    "dinat-2d-k7-dil4": dict(spatial=(28, 28), kernel=7, heads=8, dim=32, dilation=4),
+    "2d-k13": dict(spatial=(64, 64), kernel=13, heads=4, dim=64),
+    "3d-k5x7x7": dict(spatial=(8, 16, 16), kernel=(5, 7, 7), heads=4, dim=64),
+    "1d-w255": dict(spatial=(4096,), kernel=255, heads=4, dim=64),
+    "2d-k7-gqa-rpb": dict(spatial=(32, 32), kernel=7, heads=8, heads_kv=2, dim=32, rpb=True),
+}
+FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
+
+
+def best_ms(fn, reps):
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times) * 1e3
+
+
+def run(name, spec, dtype, reps):
+    spatial, heads, dim = spec["spatial"], spec["heads"], spec["dim"]
+    heads_kv = spec.get("heads_kv", heads)
+    kernel = spec["kernel"]
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, *spatial, heads, dim, generator=g).to(dtype).requires_grad_(True)
+    k, v = (torch.randn(1, *spatial, heads_kv, dim, generator=g).to(dtype).requires_grad_(True) for _ in range(2))
+    ks = kernel if isinstance(kernel, tuple) else (kernel,) * len(spatial)
+    rpb = (torch.randn(heads, *[2 * x - 1 for x in ks], generator=g).requires_grad_(True)
+           if spec.get("rpb") else None)
+    grad = torch.randn(*q.shape[:-1], dim, generator=g).to(dtype)
+    fn = FUNCS[len(spatial)]
+    row = [name]
+    for backend in ("reference", "tiled"):
+        def call():
+            return fn(q, k, v, kernel, dilation=spec.get("dilation", 1), rpb=rpb, backend=backend)
+
+        with torch.no_grad():
+            fwd = best_ms(call, reps)
+        both = best_ms(lambda: call().backward(grad), reps)
+        row += [fwd, both]
+    qf, kf, vf = (t.detach().flatten(1, -3).transpose(1, 2) for t in (q, k, v))
+    with torch.no_grad():
+        dense = best_ms(lambda: torch.nn.functional.scaled_dot_product_attention(
+            qf, kf, vf, enable_gqa=heads_kv != heads), reps)
+    tokens = math.prod(spatial)
+    gflop = 4 * tokens * heads * math.prod(ks) * dim / 1e9
+    return row + [dense, gflop]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    names = [n for n in PROBLEMS if not args.only or n in args.only.split(",")]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}; ms (best of {args.reps})")
+    print("| problem | reference fwd | reference f+b | tiled fwd | tiled f+b | speedup fwd / f+b | "
+          "tiled fwd GFLOP/s | dense SDPA fwd |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        n, rf, rb, tf, tb, dense, gflop = run(name, PROBLEMS[name], dtype, args.reps)
+        print(f"| {n} | {rf:.2f} | {rb:.2f} | {tf:.2f} | {tb:.2f} | {rf / tf:.1f}x / {rb / tb:.1f}x | "
+              f"{gflop / tf * 1e3:.1f} | {dense:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

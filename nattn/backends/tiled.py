@@ -1,0 +1,336 @@
+"""The tiled backend: NA as dense products over boxes of queries, in plain PyTorch.
+
+The reference backend gathers every query's own window and multiplies it vector by vector;
+this one cuts the queries into boxes (backends/tiled_plan.py), multiplies each box's
+queries with the one range of keys their windows span (matrix products), and masks the
+scores outside each query's window before the softmax. It computes more scores than the
+windows hold (``prod(U)`` per query, see tiled_plan) and wins by doing them in matrix
+products: on a CPU it runs NA several times faster than the reference.
+
+Automatic dispatch runs it on CPU tensors (``backend="tiled"`` runs it on any device).
+Same numbers as the reference: float32 math (float64 for float64 inputs), outputs in the
+input dtype, LSE in float32 (float64); an explicit backward from the saved LSE whose key,
+value and bias gradients are summed back with ``index_add_`` (deterministic on the CPU).
+Memory is bounded by the chunk of boxes, never N x N. No attention dropout (the
+reference backend runs it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import List, Tuple
+
+import torch
+
+from ..params import NAParams
+from . import register_backend
+from .base import Backend
+from .dilation_fold import class_view, fold, fold_classes, padded, padded_shape
+from .reference_math import compute_dtype, lse_dtype
+from .tiled_dropout import BoxDropout
+from .tiled_plan import AxisPlan, axis_plan, box_sizes
+
+# Scores held per chunk of boxes (float32: 4 MiB, about what a core's caches keep close).
+CHUNK_SCORES = 1 << 20
+
+
+def _outer(parts: List[torch.Tensor], combine) -> torch.Tensor:
+    """Per axis ``a`` a tensor ``[C, *dims_a]`` (the same number of dims for every axis) ->
+    ``[C, prod(dims_a[0] over a), prod(dims_a[1] over a), ...]``: every combination of one
+    entry per axis, axis 0 slowest, reduced with ``combine`` (``&``, ``+``)."""
+    n, trailing = len(parts), parts[0].dim() - 1
+    out = None
+    for a, t in enumerate(parts):
+        shape = [t.shape[0]] + [t.shape[1 + j] if i == a else 1 for j in range(trailing) for i in range(n)]
+        t = t.view(shape)
+        out = t if out is None else combine(out, t)
+    return out.reshape(out.shape[0], *[math.prod(out.shape[1 + j * n : 1 + (j + 1) * n]) for j in range(trailing)])
+
+
+class _Boxes:
+    """One dilation group's sub-grid, cut into boxes: index tensors per chunk of boxes."""
+
+    def __init__(self, lengths, params: NAParams, groups: int, with_rpb: bool, device):
+        self.lengths = lengths
+        self.tokens = math.prod(lengths)
+        b = box_sizes(lengths, params.kernel_size, params.stride, params.is_causal, groups)
+        self.plans: List[AxisPlan] = [
+            axis_plan(n, k, s, c, bx)
+            for n, k, s, c, bx in zip(lengths, params.kernel_size, params.stride, params.is_causal, b)]
+        self.count = math.prod(p.boxes for p in self.plans)
+        self.rows = math.prod(p.box for p in self.plans)
+        self.keys = math.prod(p.keys for p in self.plans)
+        self.with_rpb = with_rpb
+        self.rpb_sizes = [2 * k - 1 for k in params.kernel_size]
+        self.device = device
+        self._chunks = {}
+
+    def chunks(self, scores_per_box: int):
+        """The index tensors of every chunk of boxes; kept for the next KV head when all of
+        them together are small (masks and bias indices hold a byte or four per score)."""
+        per = max(1, CHUNK_SCORES // max(1, scores_per_box))
+        if per in self._chunks:
+            return self._chunks[per]
+        chunks = (self._chunk(start, min(start + per, self.count)) for start in range(0, self.count, per))
+        if self.count * self.rows * self.keys * (5 if self.with_rpb else 1) > CHUNK_SCORES:
+            return chunks
+        self._chunks[per] = list(chunks)
+        return self._chunks[per]
+
+    def _chunk(self, start: int, stop: int):
+        ids = torch.arange(start, stop)
+        coords = []
+        for p in reversed(self.plans):  # unravel the box index, axis 0 slowest
+            coords.append(ids % p.boxes)
+            ids = ids // p.boxes
+        coords.reverse()
+        strides = [math.prod(self.lengths[a + 1:]) for a in range(len(self.lengths))]
+        # query rows: token index (gathers; padded rows clamped) and scatter index (padded: N)
+        q_parts, ok_parts = [], []
+        for p, c, st in zip(self.plans, coords, strides):
+            qc = c[:, None] * p.box + torch.arange(p.box)[None, :]
+            ok_parts.append(qc < p.length)
+            q_parts.append(qc.clamp(max=p.length - 1) * st)
+        q_gather = _outer(q_parts, torch.add)
+        ok = _outer(ok_parts, torch.logical_and)
+        q_scatter = torch.where(ok, q_gather, self.tokens)
+        k_idx = _outer([(p.key_start[c][:, None] + torch.arange(p.keys)[None, :]) * st
+                        for p, c, st in zip(self.plans, coords, strides)], torch.add)
+        mask = _outer([p.mask[c] for p, c in zip(self.plans, coords)], torch.logical_and)
+        rpb_idx = None
+        if self.with_rpb:
+            mult = [math.prod(self.rpb_sizes[a + 1:]) for a in range(len(self.plans))]
+            rpb_idx = _outer([p.rpb[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add).int()
+        dev = self.device
+        return (q_gather.to(dev), q_scatter.to(dev), k_idx.to(dev), mask.to(dev),
+                None if rpb_idx is None else rpb_idx.to(dev))
+
+
+def _heads_first(x, heads_kv, dtype, groups=None):
+    """``x [B, *grid, H, w]`` as a new ``[B, H_kv, N, (G,) w]`` tensor in ``dtype``: a box's
+    rows are then one gather along N, ready for the products."""
+    shape = (x.shape[0], -1, heads_kv) + ((groups,) if groups is not None else ()) + (x.shape[-1],)
+    x = x.reshape(shape).transpose(1, 2)
+    return torch.empty(x.shape, dtype=dtype, device=x.device).copy_(x)
+
+
+class _Problem:
+    """An undilated problem's tensors, heads first (``[B, H_kv, N, G, D]``), compute dtype."""
+
+    def __init__(self, q, k, v, params: NAParams, boxes: "_Boxes"):
+        self.batch, self.heads, self.dim = q.shape[0], q.shape[-2], q.shape[-1]
+        self.heads_kv, self.dim_v = k.shape[-2], v.shape[-1]
+        self.groups = self.heads // self.heads_kv
+        self.dtype = compute_dtype(q.dtype)
+        self.lengths = tuple(q.shape[1 : 1 + params.na_dim])
+        # the scale goes into q once: scores come out scaled, dK = dS^T (scale q)
+        self.q = self.first(q, self.groups).mul_(params.scale)
+        self.k = self.first(k)
+        self.v = self.first(v)
+        self.boxes = boxes
+
+    def first(self, x, groups=None):
+        return _heads_first(x, self.heads_kv, self.dtype, groups)
+
+    def rows(self, x, idx):
+        """``x [B, H_kv, N, G, w]`` at box rows ``idx [C, R]`` -> ``[B, H_kv, C, R * G, w]``."""
+        b, c, r = self.batch, idx.shape[0], idx.shape[1]
+        return x.index_select(2, idx.reshape(-1)).view(b, self.heads_kv, c, r * self.groups, x.shape[-1])
+
+    def keys(self, x, idx):
+        """``x [B, H_kv, N, w]`` at the boxes' keys ``idx [C, U]`` -> ``[B, H_kv, C, U, w]``."""
+        return x[:, :, idx]  # (advanced indexing: 2-3x index_select's speed here, CPU)
+
+    def scores(self, qb, kb, mask, rpb_idx, rpb):
+        """Masked scaled logits ``[B, H_kv, C, R, G, U]`` of the boxes' queries and keys;
+        ``rpb`` is the bias table transposed, ``[entries, H]``."""
+        b, c = qb.shape[0], qb.shape[2]
+        r, u = mask.shape[1], mask.shape[2]
+        s = torch.matmul(qb, kb.transpose(-1, -2)).view(b, self.heads_kv, c, r, self.groups, u)
+        if rpb is not None:
+            bias = rpb.index_select(0, rpb_idx.reshape(-1)).view(c, r, u, self.heads_kv, self.groups)
+            s += bias.permute(3, 0, 1, 4, 2)
+        return s.masked_fill_(~mask[:, :, None, :], float("-inf"))
+
+
+
+def _store(x: torch.Tensor, dst: torch.Tensor, count) -> None:
+    """A heads-first result ``x [B * prod(count), H_kv, N (+ 1 padding), G, w]`` into ``dst``,
+    a class view ``[B, *count, *grid, H, w]`` (dilation_fold.class_view): one strided copy."""
+    b, grid, heads, width = dst.shape[0], dst.shape[1 + len(count) : -2], dst.shape[-2], dst.shape[-1]
+    hk, g = x.shape[1], x.shape[3]
+    n = math.prod(grid)
+    src = x[:, :, :n].view(b, *count, hk, *grid, g, width)
+    na, nc = len(grid), len(count)
+    order = [0, *range(1, 1 + nc), *range(2 + nc, 2 + nc + na), 1 + nc, 2 + nc + na, 3 + nc + na]
+    dst.view(b, *count, *grid, hk, heads // hk, width).copy_(src.permute(order))
+
+
+def _per_kv_head(q, k, rpb, params: NAParams):
+    """Per KV head: its slices of the heads (query heads, KV head, RPB rows) and the boxes,
+    planned once for all of them. Running one KV head at a time keeps the heads-first copies
+    and result buffers at one head's size."""
+    hk = k.shape[-2]
+    g = q.shape[-2] // hk
+    boxes = _Boxes(tuple(q.shape[1 : 1 + params.na_dim]), params, g, rpb is not None, q.device)
+    for h in range(hk):
+        yield slice(h * g, (h + 1) * g), slice(h, h + 1), boxes
+
+
+def _forward(q, k, v, rpb, params: NAParams, out, lse, count, drop):
+    """Undilated NA on a class of dilation groups (``q`` etc. folded), written into its views
+    of ``out`` and ``lse`` (``count`` groups per axis); ``drop`` its dropout or None."""
+    for qh, kh, boxes in _per_kv_head(q, k, rpb, params):
+        o_pad, l_pad = _forward_heads_first(q[..., qh, :], k[..., kh, :], v[..., kh, :],
+                                            None if rpb is None else rpb[qh], params, boxes, drop, qh.start)
+        _store(o_pad, out[..., qh, :], count)  # the inputs' copies are freed by now
+        _store(l_pad, lse[..., qh, None], count)
+
+
+def _scores_per_box(pr: "_Problem", drop) -> int:
+    per = pr.batch * pr.heads * pr.boxes.rows * pr.boxes.keys
+    return per * (1 + drop.ELEMENTS_PER_WEIGHT) if drop is not None else per
+
+
+def _forward_heads_first(q, k, v, rpb, params: NAParams, boxes, drop, first_head):
+    pr = _Problem(q, k, v, params, boxes)
+    table = None if rpb is None else rpb.to(pr.dtype).flatten(1).t().contiguous()
+    b, hk, g, n = pr.batch, pr.heads_kv, pr.groups, pr.boxes.tokens
+    o_pad = torch.empty(b, hk, n + 1, g, pr.dim_v, dtype=pr.dtype, device=q.device)
+    l_pad = torch.empty(b, hk, n + 1, g, 1, dtype=pr.dtype, device=q.device)
+    for q_gather, q_scatter, k_idx, mask, rpb_idx in pr.boxes.chunks(_scores_per_box(pr, drop)):
+        c, r, u = mask.shape
+        s = pr.scores(pr.rows(pr.q, q_gather), pr.keys(pr.k, k_idx), mask, rpb_idx, table)
+        top = s.amax(-1, keepdim=True)
+        top.masked_fill_(top == float("-inf"), 0)  # a row without keys (padding): p = 0
+        s.sub_(top).exp_()
+        total = s.sum(-1, keepdim=True)
+        rows = q_scatter.reshape(-1)  # padded rows all land on the extra token N
+        l_pad.index_copy_(2, rows, top.add_(total.log()).view(b, hk, c * r, g, 1))  # -inf: no key
+        s.div_(torch.where(total > 0, total, torch.ones_like(total)))
+        if drop is not None:  # the dropped weights meet V; the LSE stays the undropped one
+            s.mul_(drop.factor(q_gather, k_idx, first_head, g, s.dtype))
+        o = torch.matmul(s.view(b, hk, c, r * g, u), pr.keys(pr.v, k_idx))
+        o_pad.index_copy_(2, rows, o.view(b, hk, c * r, g, pr.dim_v))
+    return o_pad, l_pad
+
+
+def _backward(q, k, v, rpb, delta, lse, grad_out, params: NAParams, drpb, grads, count, drop):
+    """Undilated NA backward on a class of dilation groups: dq, dk, dv into its views
+    ``grads``; the bias gradient added into ``drpb`` (``[H, table]``, or None). ``delta`` is
+    rowsum(dO * O) minus the LSE's gradient, ``[B, *grid, H]``."""
+    dq, dk, dv = grads
+    for qh, kh, boxes in _per_kv_head(q, k, rpb, params):
+        results = _backward_heads_first(
+            q[..., qh, :], k[..., kh, :], v[..., kh, :], None if rpb is None else rpb[qh], delta[..., qh],
+            lse[..., qh], grad_out[..., qh, :], params, None if drpb is None else drpb[qh], boxes, drop, qh.start)
+        for x, dst in zip(results, (dq[..., qh, :], dk[..., kh, :], dv[..., kh, :])):
+            _store(x, dst, count)  # the inputs' copies are freed by now
+
+
+def _backward_heads_first(q, k, v, rpb, delta, lse, grad_out, params: NAParams, drpb, boxes, drop, first_head):
+    pr = _Problem(q, k, v, params, boxes)
+    table = None if rpb is None else rpb.to(pr.dtype).flatten(1).t().contiguous()
+    b, hk, g, n, cd = pr.batch, pr.heads_kv, pr.groups, pr.boxes.tokens, pr.dtype
+    d_out = pr.first(grad_out, g)
+    delta = pr.first(delta[..., None], g)[..., 0]  # [B, H_kv, N, G]
+    lse_g = pr.first(lse[..., None], g)[..., 0]
+    lse_g.masked_fill_(lse_g == float("-inf"), 0)
+    dq_pad = torch.empty(b, hk, n + 1, g, pr.dim, dtype=cd, device=q.device)
+    dk = torch.zeros(b, hk, n, pr.dim, dtype=cd, device=q.device)
+    dv = torch.zeros(b, hk, n, pr.dim_v, dtype=cd, device=q.device)
+    for q_gather, q_scatter, k_idx, mask, rpb_idx in pr.boxes.chunks(_scores_per_box(pr, drop)):
+        c, r, u = mask.shape
+        qb, kb, vb = pr.rows(pr.q, q_gather), pr.keys(pr.k, k_idx), pr.keys(pr.v, k_idx)
+        dob = pr.rows(d_out, q_gather)
+        s = pr.scores(qb, kb, mask, rpb_idx, table)
+        p = s.sub_(lse_g.index_select(2, q_gather.reshape(-1)).view(b, hk, c, r, g, 1)).exp_().view(b, hk, c, r * g, u)  # probabilities
+        ds = torch.matmul(dob, vb.transpose(-1, -2))  # dP
+        kept = p
+        if drop is not None:  # dP and the weights that met dO carry the forward's mask
+            factor = drop.factor(q_gather, k_idx, first_head, g, p.dtype).view(p.shape)
+            ds.mul_(factor)
+            kept = p * factor
+        ds.sub_(delta.index_select(2, q_gather.reshape(-1)).view(b, hk, c, r * g, 1)).mul_(p)  # d logits (scale in q)
+        dq_pad.index_copy_(2, q_scatter.reshape(-1), torch.matmul(ds, kb).mul_(params.scale).view(b, hk, c * r, g, pr.dim))
+        flat = k_idx.reshape(-1)
+        dk.index_add_(2, flat, torch.matmul(ds.transpose(-1, -2), qb).view(b, hk, -1, pr.dim))
+        dv.index_add_(2, flat, torch.matmul(kept.transpose(-1, -2), dob).view(b, hk, -1, pr.dim_v))
+        if drpb is not None:
+            ds_h = ds.sum(0).view(hk, c, r, g, u).permute(0, 3, 1, 2, 4).reshape(pr.heads, -1)
+            drpb.index_add_(1, rpb_idx.reshape(-1), ds_h)
+    return dq_pad, dk[:, :, :, None], dv[:, :, :, None]
+
+
+def _unpadded(x, spatial):
+    if tuple(x.shape[1 : 1 + len(spatial)]) == tuple(spatial):
+        return x
+    return x[(slice(None),) + tuple(slice(0, n) for n in spatial)].contiguous()
+
+
+def _dropout(rng, params: NAParams, q, spatial, cls):
+    if params.dropout_p == 0:
+        return None
+    if rng is None:
+        raise ValueError(f"dropout_p={params.dropout_p} needs the call's rng tensor [seed, offset]")
+    return BoxDropout(rng, params.dropout_p, q.shape[0], spatial, params.dilation, cls)
+
+
+def forward(q, k, v, rpb, params: NAParams, rng=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(out [B, *spatial, H, D_v], lse [B, *spatial, H])``: undilated NA on every class of
+    equally long dilation groups, the groups folded into the batch (backends/dilation_fold.py);
+    ``rng`` ``[seed, offset]`` with attention dropout."""
+    spatial, dil = tuple(q.shape[1 : 1 + params.na_dim]), params.dilation
+    plain = dataclasses.replace(params, dilation=(1,) * params.na_dim)
+    qp, kp, vp = (padded(x, spatial, dil) for x in (q, k, v))
+    out = q.new_empty(padded_shape(q, spatial, dil)[:-1] + (v.shape[-1],))
+    lse = torch.empty(out.shape[:-1], dtype=lse_dtype(q.dtype), device=q.device)
+    for cls in fold_classes(spatial, dil):
+        _forward(fold(qp, cls, dil), fold(kp, cls, dil), fold(vp, cls, dil), rpb, plain,
+                 class_view(out, cls, dil), class_view(lse, cls, dil), cls.count, _dropout(rng, params, q, spatial, cls))
+    return _unpadded(out, spatial), _unpadded(lse, spatial)
+
+
+def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams, rng=None):
+    """``(dq, dk, dv, drpb-or-None)`` from the saved LSE; ``grad_lse`` (may be None) is the
+    gradient into the LSE output (d lse / d logits = probabilities); ``rng`` the forward's
+    with dropout (delta = rowsum(dO * O) holds with the dropped O)."""
+    spatial, dil = tuple(q.shape[1 : 1 + params.na_dim]), params.dilation
+    plain = dataclasses.replace(params, dilation=(1,) * params.na_dim)
+    cd = compute_dtype(q.dtype)
+    # rowsum(dO * O) as one product per query (no [.., D_v] temporary)
+    delta = torch.einsum("...d,...d->...", grad_out.to(cd), out.to(cd))
+    if grad_lse is not None:
+        delta = delta - grad_lse.to(cd)
+    ins = [padded(x, spatial, dil) for x in (q, k, v, delta, lse, grad_out)]
+    grads = [x.new_empty(padded_shape(x, spatial, dil)) for x in (q, k, v)]
+    drpb = None if rpb is None else torch.zeros(rpb.shape[0], rpb[0].numel(), dtype=cd, device=q.device)
+    for cls in fold_classes(spatial, dil):
+        folded = [fold(x, cls, dil) for x in ins]
+        _backward(*folded[:3], rpb, *folded[3:], plain, drpb, [class_view(g, cls, dil) for g in grads], cls.count,
+                  _dropout(rng, params, q, spatial, cls))
+    dq, dk, dv = (_unpadded(g, spatial) for g in grads)
+    return dq, dk, dv, None if drpb is None else drpb.reshape(rpb.shape).to(rpb.dtype)
+
+
+class TiledBackend(Backend):
+    name = "tiled"
+    supports_dropout = True  # the same keep mask as every backend (nattn/dropout.py)
+
+    def na_not_supported_reasons(self, q, k, v, rpb, params, explicit):
+        device = q.device.type
+        if device == "meta":
+            return ["tiled does not run meta tensors (the reference backend gives their shapes)"]
+        if device != "cpu" and not explicit:
+            return [f"tiled runs automatically on CPU tensors only, got {device} (backend='tiled' runs it there)"]
+        return []
+
+    def na_forward(self, q, k, v, rpb, params, rng=None):
+        return forward(q, k, v, rpb, params, rng)
+
+    def na_backward(self, q, k, v, rpb, out, lse, grad_out, grad_lse, params, rng=None):
+        return backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, rng)
+
+
+register_backend(TiledBackend())

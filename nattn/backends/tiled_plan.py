@@ -1,0 +1,92 @@
+"""Query boxes and key boxes of the tiled backend (backends/tiled.py), axis by axis.
+
+Along an undilated axis (a dilated one is this per dilation group) the queries are cut into
+boxes of ``b`` consecutive tokens. The keys of a box's queries lie in one range of the axis
+(every window is a contiguous range, windows.axis_key_interval); the plan gives every box
+the same number ``U`` of keys, the longest such range, shifted to stay inside the axis. A
+box of the whole problem is the product of one box per axis: its queries attend to the
+product of the axes' key ranges, masked per axis to each query's own window. Per query
+that is ``prod(U)`` scores where the window holds ``prod(k)``; bigger boxes waste more
+scores but make bigger matrix products (``box_sizes`` weighs the two).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Tuple
+
+import torch
+
+from ..windows import axis_key_interval
+
+# Per-product overhead, in scores per query row of a box: a box of R query rows costs
+# U * (1 + ROW_OVERHEAD / R) (CPU, float32; 7x7 windows measured best at 4x4 boxes, 13x13
+# at 8x8: both hold for values between ~15 and ~30).
+ROW_OVERHEAD = 20.0
+
+
+@dataclass(frozen=True)
+class AxisPlan:
+    """One axis (or dilation group) of ``length`` tokens cut into ``boxes`` boxes of ``box``."""
+
+    length: int
+    box: int
+    boxes: int
+    keys: int  # U: keys per box
+    key_start: torch.Tensor  # [boxes]: the first of each box's U keys
+    mask: torch.Tensor  # [boxes, box, keys] bool: query (padded past length: all False) sees key
+    rpb: torch.Tensor  # [boxes, box, keys]: key - query + kernel - 1, clamped into the table
+
+
+def _key_ranges(length: int, kernel: int, stride: int, causal: bool, box: int):
+    first, last = axis_key_interval(length, kernel, stride, causal)
+    boxes = -(-length // box)
+    pad = boxes * box - length
+    first = torch.cat([first, first.new_full((pad,), length)]).view(boxes, box)
+    last = torch.cat([last, last.new_full((pad,), -1)]).view(boxes, box)
+    lo, hi = first.amin(1), last.amax(1)
+    keys = min(length, int((hi - lo).max()) + 1)
+    return boxes, keys, first, last, lo
+
+
+def axis_keys(length: int, kernel: int, stride: int, causal: bool, box: int) -> int:
+    """U of a box of ``box`` tokens along this axis."""
+    return _key_ranges(length, kernel, stride, causal, box)[1]
+
+
+@lru_cache(maxsize=256)
+def axis_plan(length: int, kernel: int, stride: int, causal: bool, box: int) -> AxisPlan:
+    boxes, keys, first, last, lo = _key_ranges(length, kernel, stride, causal, box)
+    start = torch.minimum(lo, torch.full_like(lo, length - keys))  # keep the range inside the axis
+    key = start[:, None, None] + torch.arange(keys)[None, None, :]  # [boxes, 1, keys]
+    mask = (key >= first[:, :, None]) & (key <= last[:, :, None])
+    query = torch.arange(boxes * box).view(boxes, box, 1)
+    rpb = (key - query + kernel - 1).clamp(0, 2 * kernel - 2)
+    return AxisPlan(length, box, boxes, keys, start, mask, rpb)
+
+
+def _candidates(length: int) -> Tuple[int, ...]:
+    """Box sizes tried along an axis: powers of two up to the axis (and the axis itself)."""
+    sizes = {1 << i for i in range(11) if (1 << i) < length} | {min(length, 1024)}
+    return tuple(sorted(sizes))
+
+
+@lru_cache(maxsize=256)
+def box_sizes(lengths: Tuple[int, ...], kernel: Tuple[int, ...], stride: Tuple[int, ...],
+              causal: Tuple[bool, ...], rows_per_token: int) -> Tuple[int, ...]:
+    """Per axis, the box size with the least estimated work: scores per query times the
+    per-product overhead of its box's ``rows_per_token * prod(box)`` query rows (GQA puts a
+    KV head's query heads in one product: ``rows_per_token`` of them)."""
+    per_axis = [[(b, axis_keys(n, k, s, c, b)) for b in _candidates(n)]
+                for n, k, s, c in zip(lengths, kernel, stride, causal)]
+    best, best_cost = None, math.inf
+    for combo in itertools.product(*per_axis):
+        rows = rows_per_token * math.prod(b for b, _ in combo)
+        pad = math.prod(-(-n // b) * b / n for n, (b, _) in zip(lengths, combo))  # padded query rows
+        cost = math.prod(u for _, u in combo) * pad * (1 + ROW_OVERHEAD / rows)
+        if cost < best_cost:
+            best, best_cost = tuple(b for b, _ in combo), cost
+    return best
