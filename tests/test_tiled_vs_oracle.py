@@ -11,7 +11,7 @@ import torch
 
 import nattn
 from nattn.backends import choose_na_backend
-from nattn.backends import tiled
+from nattn.backends import tiled, tiled_plan
 from nattn.backends.dilation_fold import fold, fold_classes, padded, unfold_into
 from nattn.backends.tiled_plan import axis_plan, box_sizes
 from nattn.params import normalize
@@ -47,7 +47,7 @@ def test_float16_sweep(case):
 def test_larger_problems_in_many_chunks(seed, monkeypatch):
     """Problems of a few thousand tokens (bigger boxes, borders far apart) with the chunk
     made small, so that every call walks many chunks of boxes."""
-    monkeypatch.setattr(tiled, "CHUNK_SCORES", 1 << 12)
+    monkeypatch.setattr(tiled_plan, "CHUNK_SCORES", 1 << 12)
     rng = random.Random(seed)
     case = random_case(rng, 1 + seed % 3, max_tokens=2400)
     check_case(case, torch.float64, (1e-9, 1e-9), backend="tiled")
@@ -191,7 +191,7 @@ def test_memory_stays_bounded_by_the_chunk(monkeypatch):
         return s
 
     monkeypatch.setattr(tiled._Problem, "scores", spy)
-    monkeypatch.setattr(tiled, "CHUNK_SCORES", 1 << 16)
+    monkeypatch.setattr(tiled_plan, "CHUNK_SCORES", 1 << 16)
     q, k, v = (torch.randn(2, 48, 48, 2, 8, requires_grad=True) for _ in range(3))
     nattn.na2d(q, k, v, 9, backend="tiled").sum().backward()
     boxes = box_sizes((48, 48), (9, 9), (1, 1), (False, False), 1)

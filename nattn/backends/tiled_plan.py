@@ -7,7 +7,9 @@ the same number ``U`` of keys, the longest such range, shifted to stay inside th
 box of the whole problem is the product of one box per axis: its queries attend to the
 product of the axes' key ranges, masked per axis to each query's own window. Per query
 that is ``prod(U)`` scores where the window holds ``prod(k)``; bigger boxes waste more
-scores but make bigger matrix products (``box_sizes`` weighs the two).
+scores but make bigger matrix products (``box_sizes`` weighs the two). ``Boxes`` holds a
+problem's plans and hands out the index tensors (query rows, key ranges, masks, bias
+indices) of its boxes chunk by chunk.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 
+from ..params import NAParams
 from ..windows import axis_key_interval
+
+# Scores held per chunk of boxes (float32: 4 MiB, about what a core's caches keep close).
+CHUNK_SCORES = 1 << 20
 
 # Per-product overhead, in scores per query row of a box: a box of R query rows costs
 # U * (1 + ROW_OVERHEAD / R) (CPU, float32; 7x7 windows measured best at 4x4 boxes, 13x13
@@ -90,3 +96,75 @@ def box_sizes(lengths: Tuple[int, ...], kernel: Tuple[int, ...], stride: Tuple[i
         if cost < best_cost:
             best, best_cost = tuple(b for b, _ in combo), cost
     return best
+
+
+def _outer(parts: List[torch.Tensor], combine) -> torch.Tensor:
+    """Per axis ``a`` a tensor ``[C, *dims_a]`` (the same number of dims for every axis) ->
+    ``[C, prod(dims_a[0] over a), prod(dims_a[1] over a), ...]``: every combination of one
+    entry per axis, axis 0 slowest, reduced with ``combine`` (``&``, ``+``)."""
+    n, trailing = len(parts), parts[0].dim() - 1
+    out = None
+    for a, t in enumerate(parts):
+        shape = [t.shape[0]] + [t.shape[1 + j] if i == a else 1 for j in range(trailing) for i in range(n)]
+        t = t.view(shape)
+        out = t if out is None else combine(out, t)
+    return out.reshape(out.shape[0], *[math.prod(out.shape[1 + j * n : 1 + (j + 1) * n]) for j in range(trailing)])
+
+
+class Boxes:
+    """One dilation group's sub-grid, cut into boxes: index tensors per chunk of boxes."""
+
+    def __init__(self, lengths, params: NAParams, groups: int, with_rpb: bool, device):
+        self.lengths = lengths
+        self.tokens = math.prod(lengths)
+        b = box_sizes(lengths, params.kernel_size, params.stride, params.is_causal, groups)
+        self.plans: List[AxisPlan] = [
+            axis_plan(n, k, s, c, bx)
+            for n, k, s, c, bx in zip(lengths, params.kernel_size, params.stride, params.is_causal, b)]
+        self.count = math.prod(p.boxes for p in self.plans)
+        self.rows = math.prod(p.box for p in self.plans)
+        self.keys = math.prod(p.keys for p in self.plans)
+        self.with_rpb = with_rpb
+        self.rpb_sizes = [2 * k - 1 for k in params.kernel_size]
+        self.device = device
+        self._chunks = {}
+
+    def chunks(self, scores_per_box: int):
+        """The index tensors of every chunk of boxes; kept for the next KV head when all of
+        them together are small (masks and bias indices hold a byte or four per score)."""
+        per = max(1, CHUNK_SCORES // max(1, scores_per_box))
+        if per in self._chunks:
+            return self._chunks[per]
+        chunks = (self._chunk(start, min(start + per, self.count)) for start in range(0, self.count, per))
+        if self.count * self.rows * self.keys * (5 if self.with_rpb else 1) > CHUNK_SCORES:
+            return chunks
+        self._chunks[per] = list(chunks)
+        return self._chunks[per]
+
+    def _chunk(self, start: int, stop: int):
+        ids = torch.arange(start, stop)
+        coords = []
+        for p in reversed(self.plans):  # unravel the box index, axis 0 slowest
+            coords.append(ids % p.boxes)
+            ids = ids // p.boxes
+        coords.reverse()
+        strides = [math.prod(self.lengths[a + 1:]) for a in range(len(self.lengths))]
+        # query rows: token index (gathers; padded rows clamped) and scatter index (padded: N)
+        q_parts, ok_parts = [], []
+        for p, c, st in zip(self.plans, coords, strides):
+            qc = c[:, None] * p.box + torch.arange(p.box)[None, :]
+            ok_parts.append(qc < p.length)
+            q_parts.append(qc.clamp(max=p.length - 1) * st)
+        q_gather = _outer(q_parts, torch.add)
+        ok = _outer(ok_parts, torch.logical_and)
+        q_scatter = torch.where(ok, q_gather, self.tokens)
+        k_idx = _outer([(p.key_start[c][:, None] + torch.arange(p.keys)[None, :]) * st
+                        for p, c, st in zip(self.plans, coords, strides)], torch.add)
+        mask = _outer([p.mask[c] for p, c in zip(self.plans, coords)], torch.logical_and)
+        rpb_idx = None
+        if self.with_rpb:
+            mult = [math.prod(self.rpb_sizes[a + 1:]) for a in range(len(self.plans))]
+            rpb_idx = _outer([p.rpb[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add).int()
+        dev = self.device
+        return (q_gather.to(dev), q_scatter.to(dev), k_idx.to(dev), mask.to(dev),
+                None if rpb_idx is None else rpb_idx.to(dev))
