@@ -11,7 +11,7 @@ Automatic dispatch runs it on CPU tensors (``backend="tiled"`` runs it on any de
 Same numbers as the reference: float32 math (float64 for float64 inputs), outputs in the
 input dtype, LSE in float32 (float64); an explicit backward from the saved LSE whose key,
 value and bias gradients are summed back with ``index_add_`` (deterministic on the CPU).
-Memory is bounded by the chunk of boxes and one KV head's copies, never N x N. Attention
+Memory is bounded by the chunk of boxes and a block of KV heads' copies, never N x N. Attention
 dropout draws the reference's keep mask (backends/tiled_dropout.py).
 """
 
@@ -92,21 +92,30 @@ def _store(x: torch.Tensor, dst: torch.Tensor, count) -> None:
     dst.view(b, *count, *grid, hk, heads // hk, width).copy_(src.permute(order))
 
 
-def _per_kv_head(q, k, rpb, params: NAParams):
-    """Per KV head: its slices of the heads (query heads, KV head, RPB rows) and the boxes,
-    planned once for all of them. Running one KV head at a time keeps the heads-first copies
-    and result buffers at one head's size."""
+# Elements of one block of KV heads' heads-first copies and result buffers (float32: 32 MiB).
+HEAD_BLOCK_ELEMENTS = 1 << 23
+
+
+def _per_kv_head(q, k, v, rpb, params: NAParams):
+    """Blocks of KV heads: their slices of the heads (query heads, KV heads, RPB rows) and
+    the boxes, planned once for all of them. A block's copies and buffers stay within
+    HEAD_BLOCK_ELEMENTS (one KV head at least), so large problems run a head at a time and
+    small ones in one go (fewer, larger products)."""
     hk = k.shape[-2]
     g = q.shape[-2] // hk
+    tokens = q[..., 0, 0].numel()  # batch x grid
+    per_head = tokens * 2 * (g * q.shape[-1] + k.shape[-1] + g * v.shape[-1] + v.shape[-1])  # copies + results
+    block = max(1, min(hk, HEAD_BLOCK_ELEMENTS // max(1, per_head)))
     boxes = Boxes(tuple(q.shape[1 : 1 + params.na_dim]), params, g, rpb is not None, q.device)
-    for h in range(hk):
-        yield slice(h * g, (h + 1) * g), slice(h, h + 1), boxes
+    for h in range(0, hk, block):
+        e = min(hk, h + block)
+        yield slice(h * g, e * g), slice(h, e), boxes
 
 
 def _forward(q, k, v, rpb, params: NAParams, out, lse, count, drop):
     """Undilated NA on a class of dilation groups (``q`` etc. folded), written into its views
     of ``out`` and ``lse`` (``count`` groups per axis); ``drop`` its dropout or None."""
-    for qh, kh, boxes in _per_kv_head(q, k, rpb, params):
+    for qh, kh, boxes in _per_kv_head(q, k, v, rpb, params):
         o_pad, l_pad = _forward_heads_first(q[..., qh, :], k[..., kh, :], v[..., kh, :],
                                             None if rpb is None else rpb[qh], params, boxes, drop, qh.start)
         _store(o_pad, out[..., qh, :], count)  # the inputs' copies are freed by now
@@ -135,7 +144,7 @@ def _forward_heads_first(q, k, v, rpb, params: NAParams, boxes, drop, first_head
         l_pad.index_copy_(2, rows, top.add_(total.log()).view(b, hk, c * r, g, 1))  # -inf: no key
         s.div_(torch.where(total > 0, total, torch.ones_like(total)))
         if drop is not None:  # the dropped weights meet V; the LSE stays the undropped one
-            s.mul_(drop.factor(q_gather, k_idx, first_head, g, s.dtype))
+            s.mul_(drop.factor(q_gather, k_idx, first_head, hk, g, s.dtype))
         o = torch.matmul(s.view(b, hk, c, r * g, u), pr.keys(pr.v, k_idx))
         o_pad.index_copy_(2, rows, o.view(b, hk, c * r, g, pr.dim_v))
     return o_pad, l_pad
@@ -146,7 +155,7 @@ def _backward(q, k, v, rpb, delta, lse, grad_out, params: NAParams, drpb, grads,
     ``grads``; the bias gradient added into ``drpb`` (``[H, table]``, or None). ``delta`` is
     rowsum(dO * O) minus the LSE's gradient, ``[B, *grid, H]``."""
     dq, dk, dv = grads
-    for qh, kh, boxes in _per_kv_head(q, k, rpb, params):
+    for qh, kh, boxes in _per_kv_head(q, k, v, rpb, params):
         results = _backward_heads_first(
             q[..., qh, :], k[..., kh, :], v[..., kh, :], None if rpb is None else rpb[qh], delta[..., qh],
             lse[..., qh], grad_out[..., qh, :], params, None if drpb is None else drpb[qh], boxes, drop, qh.start)
@@ -181,7 +190,7 @@ def _backward_heads_first(q, k, v, rpb, delta, lse, grad_out, params: NAParams, 
         ds = torch.matmul(dob, vb.transpose(-1, -2))  # dP
         kept = p
         if drop is not None:  # dP and the weights that met dO carry the forward's mask
-            factor = drop.factor(q_gather, k_idx, first_head, g, p.dtype).view(p.shape)
+            factor = drop.factor(q_gather, k_idx, first_head, hk, g, p.dtype).view(p.shape)
             ds.mul_(factor)
             kept = p * factor
         ds.sub_(delta.index_select(2, q_gather.reshape(-1)).view(b, hk, c, r * g, 1)).mul_(p)  # d logits (scale in q)
