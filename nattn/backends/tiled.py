@@ -29,15 +29,16 @@ from .base import Backend
 from .dilation_fold import class_view, fold, fold_classes, padded, padded_shape
 from .reference_math import compute_dtype, lse_dtype
 from .tiled_dropout import BoxDropout
-from .tiled_plan import Boxes
+from .tiled_plan import Boxes, boxes_for
 
 
-def _heads_first(x, heads_kv, dtype, groups=None):
-    """``x [B, *grid, H, w]`` as a new ``[B, H_kv, N, (G,) w]`` tensor in ``dtype``: a box's
-    rows are then one gather along N, ready for the products."""
+def _heads_first(x, heads_kv, dtype, groups=None, scale=None):
+    """``x [B, *grid, H, w]`` (times ``scale``) as a new ``[B, H_kv, N, (G,) w]`` tensor in
+    ``dtype``: a box's rows are then one gather along N, ready for the products."""
     shape = (x.shape[0], -1, heads_kv) + ((groups,) if groups is not None else ()) + (x.shape[-1],)
     x = x.reshape(shape).transpose(1, 2)
-    return torch.empty(x.shape, dtype=dtype, device=x.device).copy_(x)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    return out.copy_(x) if scale is None else torch.mul(x, scale, out=out)
 
 
 class _Problem:
@@ -50,7 +51,7 @@ class _Problem:
         self.dtype = compute_dtype(q.dtype)
         self.lengths = tuple(q.shape[1 : 1 + params.na_dim])
         # the scale goes into q once: scores come out scaled, dK = dS^T (scale q)
-        self.q = self.first(q, self.groups).mul_(params.scale)
+        self.q = _heads_first(q, self.heads_kv, self.dtype, self.groups, params.scale)
         self.k = self.first(k)
         self.v = self.first(v)
         self.boxes = boxes
@@ -69,13 +70,14 @@ class _Problem:
 
     def scores(self, qb, kb, mask, rpb_idx, rpb):
         """Masked scaled logits ``[B, H_kv, C, R, G, U]`` of the boxes' queries and keys;
-        ``rpb`` is the bias table transposed, ``[entries, H]``."""
+        ``rpb`` is the bias table transposed with a row of -inf appended (``_bias_table``),
+        which the masked scores' bias index points at: the bias then masks too."""
         b, c = qb.shape[0], qb.shape[2]
         r, u = mask.shape[1], mask.shape[2]
         s = torch.matmul(qb, kb.transpose(-1, -2)).view(b, self.heads_kv, c, r, self.groups, u)
         if rpb is not None:
             bias = rpb.index_select(0, rpb_idx.reshape(-1)).view(c, r, u, self.heads_kv, self.groups)
-            s += bias.permute(3, 0, 1, 4, 2)
+            return s.add_(bias.permute(3, 0, 1, 4, 2))
         return s.masked_fill_(~mask[:, :, None, :], float("-inf"))
 
 
@@ -106,7 +108,8 @@ def _per_kv_head(q, k, v, rpb, params: NAParams):
     tokens = q[..., 0, 0].numel()  # batch x grid
     per_head = tokens * 2 * (g * q.shape[-1] + k.shape[-1] + g * v.shape[-1] + v.shape[-1])  # copies + results
     block = max(1, min(hk, HEAD_BLOCK_ELEMENTS // max(1, per_head)))
-    boxes = Boxes(tuple(q.shape[1 : 1 + params.na_dim]), params, g, rpb is not None, q.device)
+    boxes = boxes_for(tuple(q.shape[1 : 1 + params.na_dim]), params.kernel_size, params.stride, params.is_causal,
+                      g, rpb is not None, q.device)
     for h in range(0, hk, block):
         e = min(hk, h + block)
         yield slice(h * g, e * g), slice(h, e), boxes
@@ -122,6 +125,15 @@ def _forward(q, k, v, rpb, params: NAParams, out, lse, count, drop):
         _store(l_pad, lse[..., qh, None], count)
 
 
+def _bias_table(rpb, dtype):
+    """``rpb [H, ...]`` as ``[entries + 1, H]`` in ``dtype``, the last row -inf (the masked
+    scores' entry, tiled_plan.Boxes), or None."""
+    if rpb is None:
+        return None
+    table = rpb.to(dtype).flatten(1).t()
+    return torch.cat([table, table.new_full((1, table.shape[1]), float("-inf"))])
+
+
 def _scores_per_box(pr: "_Problem", drop) -> int:
     per = pr.batch * pr.heads * pr.boxes.rows * pr.boxes.keys
     return per * (1 + drop.ELEMENTS_PER_WEIGHT) if drop is not None else per
@@ -129,7 +141,7 @@ def _scores_per_box(pr: "_Problem", drop) -> int:
 
 def _forward_heads_first(q, k, v, rpb, params: NAParams, boxes, drop, first_head):
     pr = _Problem(q, k, v, params, boxes)
-    table = None if rpb is None else rpb.to(pr.dtype).flatten(1).t().contiguous()
+    table = _bias_table(rpb, pr.dtype)
     b, hk, g, n = pr.batch, pr.heads_kv, pr.groups, pr.boxes.tokens
     o_pad = torch.empty(b, hk, n + 1, g, pr.dim_v, dtype=pr.dtype, device=q.device)
     l_pad = torch.empty(b, hk, n + 1, g, 1, dtype=pr.dtype, device=q.device)
@@ -171,7 +183,7 @@ def _token_major(x: torch.Tensor) -> torch.Tensor:
 
 def _backward_heads_first(q, k, v, rpb, delta, lse, grad_out, params: NAParams, drpb, boxes, drop, first_head):
     pr = _Problem(q, k, v, params, boxes)
-    table = None if rpb is None else rpb.to(pr.dtype).flatten(1).t().contiguous()
+    table = _bias_table(rpb, pr.dtype)
     b, hk, g, n, cd = pr.batch, pr.heads_kv, pr.groups, pr.boxes.tokens, pr.dtype
     d_out = pr.first(grad_out, g)
     delta = pr.first(delta[..., None], g)[..., 0]  # [B, H_kv, N, G]
@@ -246,13 +258,14 @@ def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams, rng=N
         delta = delta - grad_lse.to(cd)
     ins = [padded(x, spatial, dil) for x in (q, k, v, delta, lse, grad_out)]
     grads = [x.new_empty(padded_shape(x, spatial, dil)) for x in (q, k, v)]
-    drpb = None if rpb is None else torch.zeros(rpb.shape[0], rpb[0].numel(), dtype=cd, device=q.device)
+    # one more column: the masked scores' entry (their gradient is zero)
+    drpb = None if rpb is None else torch.zeros(rpb.shape[0], rpb[0].numel() + 1, dtype=cd, device=q.device)
     for cls in fold_classes(spatial, dil):
         folded = [fold(x, cls, dil) for x in ins]
         _backward(*folded[:3], rpb, *folded[3:], plain, drpb, [class_view(g, cls, dil) for g in grads], cls.count,
                   _dropout(rng, params, q, spatial, cls))
     dq, dk, dv = (_unpadded(g, spatial) for g in grads)
-    return dq, dk, dv, None if drpb is None else drpb.reshape(rpb.shape).to(rpb.dtype)
+    return dq, dk, dv, None if drpb is None else drpb[:, :-1].reshape(rpb.shape).to(rpb.dtype)
 
 
 class TiledBackend(Backend):

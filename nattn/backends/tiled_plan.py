@@ -22,7 +22,6 @@ from typing import List, Tuple
 
 import torch
 
-from ..params import NAParams
 from ..windows import axis_key_interval
 
 # Scores held per chunk of boxes (float32: 4 MiB, about what a core's caches keep close).
@@ -111,32 +110,39 @@ def _outer(parts: List[torch.Tensor], combine) -> torch.Tensor:
     return out.reshape(out.shape[0], *[math.prod(out.shape[1 + j * n : 1 + (j + 1) * n]) for j in range(trailing)])
 
 
+@lru_cache(maxsize=16)
+def boxes_for(lengths, kernel, stride, causal, groups: int, with_rpb: bool, device) -> "Boxes":
+    """A problem's boxes, shared by its calls (and by layers of the same shape): their small
+    index tensors are built once."""
+    return Boxes(lengths, kernel, stride, causal, groups, with_rpb, device)
+
+
 class Boxes:
     """One dilation group's sub-grid, cut into boxes: index tensors per chunk of boxes."""
 
-    def __init__(self, lengths, params: NAParams, groups: int, with_rpb: bool, device):
+    def __init__(self, lengths, kernel, stride, causal, groups: int, with_rpb: bool, device):
         self.lengths = lengths
         self.tokens = math.prod(lengths)
-        b = box_sizes(lengths, params.kernel_size, params.stride, params.is_causal, groups)
+        b = box_sizes(lengths, kernel, stride, causal, groups)
         self.plans: List[AxisPlan] = [
-            axis_plan(n, k, s, c, bx)
-            for n, k, s, c, bx in zip(lengths, params.kernel_size, params.stride, params.is_causal, b)]
+            axis_plan(n, k, s, c, bx) for n, k, s, c, bx in zip(lengths, kernel, stride, causal, b)]
         self.count = math.prod(p.boxes for p in self.plans)
         self.rows = math.prod(p.box for p in self.plans)
         self.keys = math.prod(p.keys for p in self.plans)
         self.with_rpb = with_rpb
-        self.rpb_sizes = [2 * k - 1 for k in params.kernel_size]
+        self.rpb_sizes = [2 * k - 1 for k in kernel]
         self.device = device
         self._chunks = {}
 
     def chunks(self, scores_per_box: int):
-        """The index tensors of every chunk of boxes; kept for the next KV head when all of
-        them together are small (masks and bias indices hold a byte or four per score)."""
+        """The index tensors of every chunk of boxes; kept (for the next KV head and call)
+        when all of them together are small: masks and bias indices hold 1 and 4 bytes a
+        score, so at most 2.5 MiB a problem (boxes_for keeps 16 problems)."""
         per = max(1, CHUNK_SCORES // max(1, scores_per_box))
         if per in self._chunks:
             return self._chunks[per]
         chunks = (self._chunk(start, min(start + per, self.count)) for start in range(0, self.count, per))
-        if self.count * self.rows * self.keys * (5 if self.with_rpb else 1) > CHUNK_SCORES:
+        if self.count * self.rows * self.keys > CHUNK_SCORES // 2:
             return chunks
         self._chunks[per] = list(chunks)
         return self._chunks[per]
@@ -164,7 +170,9 @@ class Boxes:
         rpb_idx = None
         if self.with_rpb:
             mult = [math.prod(self.rpb_sizes[a + 1:]) for a in range(len(self.plans))]
-            rpb_idx = _outer([p.rpb[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add).int()
+            rpb_idx = _outer([p.rpb[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add)
+            # masked scores point one past the table: the tiled backend puts -inf there
+            rpb_idx = torch.where(mask, rpb_idx, math.prod(self.rpb_sizes)).int()
         dev = self.device
         return (q_gather.to(dev), q_scatter.to(dev), k_idx.to(dev), mask.to(dev),
                 None if rpb_idx is None else rpb_idx.to(dev))
