@@ -81,7 +81,6 @@ class _Problem:
         return s.masked_fill_(~mask[:, :, None, :], float("-inf"))
 
 
-
 def _store(x: torch.Tensor, dst: torch.Tensor, count) -> None:
     """A heads-first result ``x [B * prod(count), H_kv, N (+ 1 padding), G, w]`` into ``dst``,
     a class view ``[B, *count, *grid, H, w]`` (dilation_fold.class_view): one strided copy."""
@@ -98,7 +97,7 @@ def _store(x: torch.Tensor, dst: torch.Tensor, count) -> None:
 HEAD_BLOCK_ELEMENTS = 1 << 23
 
 
-def _per_kv_head(q, k, v, rpb, params: NAParams):
+def _kv_head_blocks(q, k, v, rpb, params: NAParams):
     """Blocks of KV heads: their slices of the heads (query heads, KV heads, RPB rows) and
     the boxes, planned once for all of them. A block's copies and buffers stay within
     HEAD_BLOCK_ELEMENTS (one KV head at least), so large problems run a head at a time and
@@ -106,7 +105,8 @@ def _per_kv_head(q, k, v, rpb, params: NAParams):
     hk = k.shape[-2]
     g = q.shape[-2] // hk
     tokens = q[..., 0, 0].numel()  # batch x grid
-    per_head = tokens * 2 * (g * q.shape[-1] + k.shape[-1] + g * v.shape[-1] + v.shape[-1])  # copies + results
+    # a KV head's copies (q, k, v, dO) and results (dq, dk, dv or out), ~2 of each
+    per_head = tokens * 2 * (g * q.shape[-1] + k.shape[-1] + g * v.shape[-1] + v.shape[-1])
     block = max(1, min(hk, HEAD_BLOCK_ELEMENTS // max(1, per_head)))
     boxes = boxes_for(tuple(q.shape[1 : 1 + params.na_dim]), params.kernel_size, params.stride, params.is_causal,
                       g, rpb is not None, q.device)
@@ -118,7 +118,7 @@ def _per_kv_head(q, k, v, rpb, params: NAParams):
 def _forward(q, k, v, rpb, params: NAParams, out, lse, count, drop):
     """Undilated NA on a class of dilation groups (``q`` etc. folded), written into its views
     of ``out`` and ``lse`` (``count`` groups per axis); ``drop`` its dropout or None."""
-    for qh, kh, boxes in _per_kv_head(q, k, v, rpb, params):
+    for qh, kh, boxes in _kv_head_blocks(q, k, v, rpb, params):
         o_pad, l_pad = _forward_heads_first(q[..., qh, :], k[..., kh, :], v[..., kh, :],
                                             None if rpb is None else rpb[qh], params, boxes, drop, qh.start)
         _store(o_pad, out[..., qh, :], count)  # the inputs' copies are freed by now
@@ -167,7 +167,7 @@ def _backward(q, k, v, rpb, delta, lse, grad_out, params: NAParams, drpb, grads,
     ``grads``; the bias gradient added into ``drpb`` (``[H, table]``, or None). ``delta`` is
     rowsum(dO * O) minus the LSE's gradient, ``[B, *grid, H]``."""
     dq, dk, dv = grads
-    for qh, kh, boxes in _per_kv_head(q, k, v, rpb, params):
+    for qh, kh, boxes in _kv_head_blocks(q, k, v, rpb, params):
         results = _backward_heads_first(
             q[..., qh, :], k[..., kh, :], v[..., kh, :], None if rpb is None else rpb[qh], delta[..., qh],
             lse[..., qh], grad_out[..., qh, :], params, None if drpb is None else drpb[qh], boxes, drop, qh.start)
@@ -181,7 +181,8 @@ def _token_major(x: torch.Tensor) -> torch.Tensor:
     return x.permute(2, 3, 0, 1, 4).reshape(c * u, b, hk, w)
 
 
-def _backward_heads_first(q, k, v, rpb, delta, lse, grad_out, params: NAParams, drpb, boxes, drop, first_head):
+def _backward_heads_first(q, k, v, rpb, delta, lse, grad_out, params: NAParams, drpb, boxes, drop,
+                          first_head):
     pr = _Problem(q, k, v, params, boxes)
     table = _bias_table(rpb, pr.dtype)
     b, hk, g, n, cd = pr.batch, pr.heads_kv, pr.groups, pr.boxes.tokens, pr.dtype
@@ -198,15 +199,17 @@ def _backward_heads_first(q, k, v, rpb, delta, lse, grad_out, params: NAParams, 
         qb, kb, vb = pr.rows(pr.q, q_gather), pr.keys(pr.k, k_idx), pr.keys(pr.v, k_idx)
         dob = pr.rows(d_out, q_gather)
         s = pr.scores(qb, kb, mask, rpb_idx, table)
-        p = s.sub_(lse_g.index_select(2, q_gather.reshape(-1)).view(b, hk, c, r, g, 1)).exp_().view(b, hk, c, r * g, u)  # probabilities
+        rows_lse = lse_g.index_select(2, q_gather.reshape(-1)).view(b, hk, c, r, g, 1)
+        p = s.sub_(rows_lse).exp_().view(b, hk, c, r * g, u)  # probabilities
         ds = torch.matmul(dob, vb.transpose(-1, -2))  # dP
         kept = p
         if drop is not None:  # dP and the weights that met dO carry the forward's mask
             factor = drop.factor(q_gather, k_idx, first_head, hk, g, p.dtype).view(p.shape)
             ds.mul_(factor)
             kept = p * factor
-        ds.sub_(delta.index_select(2, q_gather.reshape(-1)).view(b, hk, c, r * g, 1)).mul_(p)  # d logits (scale in q)
-        dq_pad.index_copy_(2, q_scatter.reshape(-1), torch.matmul(ds, kb).mul_(params.scale).view(b, hk, c * r, g, pr.dim))
+        ds.sub_(delta.index_select(2, q_gather.reshape(-1)).view(b, hk, c, r * g, 1)).mul_(p)  # d logits
+        dq = torch.matmul(ds, kb).mul_(params.scale)  # (the logits' scale is in q: dK needs none)
+        dq_pad.index_copy_(2, q_scatter.reshape(-1), dq.view(b, hk, c * r, g, pr.dim))
         flat = k_idx.reshape(-1)
         dk.index_add_(0, flat, _token_major(torch.matmul(ds.transpose(-1, -2), qb)))
         dv.index_add_(0, flat, _token_major(torch.matmul(kept.transpose(-1, -2), dob)))
@@ -240,8 +243,8 @@ def forward(q, k, v, rpb, params: NAParams, rng=None) -> Tuple[torch.Tensor, tor
     out = q.new_empty(padded_shape(q, spatial, dil)[:-1] + (v.shape[-1],))
     lse = torch.empty(out.shape[:-1], dtype=lse_dtype(q.dtype), device=q.device)
     for cls in fold_classes(spatial, dil):
-        _forward(fold(qp, cls, dil), fold(kp, cls, dil), fold(vp, cls, dil), rpb, plain,
-                 class_view(out, cls, dil), class_view(lse, cls, dil), cls.count, _dropout(rng, params, q, spatial, cls))
+        _forward(fold(qp, cls, dil), fold(kp, cls, dil), fold(vp, cls, dil), rpb, plain, class_view(out, cls, dil),
+                 class_view(lse, cls, dil), cls.count, _dropout(rng, params, q, spatial, cls))
     return _unpadded(out, spatial), _unpadded(lse, spatial)
 
 
