@@ -28,7 +28,8 @@ def test_the_order_only_adds_time_and_ranks_come_in_order():
         args = (*_problem(rng, na), rng.randint(1, 3), rng.randint(1, 8), rng.randint(1, 3))
         free = model.schedule(*args, descending=False, ordered=False)
         for desc in (False, True):
-            assert model.schedule(*args, descending=desc, ordered=True) >= free
+            for order in ("raster", "both-ends"):  # ranks follow the dispatch order
+                assert model.schedule(*args, descending=desc, ordered=True, order=order) >= free
 
 
 def test_one_dimension_descending_walk_waits_for_nothing():
@@ -40,3 +41,21 @@ def test_one_dimension_descending_walk_waits_for_nothing():
         assert model.schedule(*args, descending=True, ordered=True) == free
         ascending_waited += model.schedule(*args, descending=False, ordered=True) > free
     assert ascending_waited > 0  # the order does bind: ascending walks wait
+
+
+def test_two_dimension_waits_shrink_with_the_border_share():
+    """The 2-D waits come from the border key CTAs (wider walks): a longer last axis with the
+    same window waits relatively less."""
+    def cost(spatial):
+        args = (spatial, (10, 10), (1, 1), (False, False), (4, 2), (2, 2), 1, 16, 2)
+        return (model.schedule(*args, descending=True, ordered=True)
+                / model.schedule(*args, descending=True, ordered=False))
+
+    short, long = cost((32, 32)), cost((32, 128))
+    assert short > 1.0 and long < short
+
+
+def test_last_axis_positions():
+    assert model.last_axis_positions(5, "raster") == [0, 1, 2, 3, 4]
+    assert model.last_axis_positions(5, "both-ends") == [0, 2, 4, 3, 1]  # 0, 4, 1, 3, 2
+
