@@ -227,3 +227,17 @@ def test_dropout_matches_the_reference(case):
                                                           stride=case.stride, dilation=case.dilation,
                                                           is_causal=case.causal, scale=case.scale,
                                                           rpb=t.get("rpb"), backend="tiled"))
+
+
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_results_are_contiguous_as_the_ops_fake_results(dilation):
+    """The custom ops' fake implementations promise contiguous results (torch.compile checks
+    the strides): every tensor the backend returns is contiguous, the bias gradient included."""
+    q, k, v = (torch.randn(2, 9, 10, 4, 8) for _ in range(3))
+    rpb = torch.randn(4, 5, 5)
+    params = normalize(q, k, v, 2, 3, dilation=dilation, rpb=rpb)
+    out, lse = tiled.forward(q, k, v, rpb, params)
+    grads = tiled.backward(q, k, v, rpb, out, lse, torch.randn_like(out), torch.randn_like(lse), params)
+    for x in (out, lse, *grads):
+        assert x.is_contiguous()
+    assert grads[3].shape == rpb.shape

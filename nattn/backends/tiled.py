@@ -268,7 +268,9 @@ def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams, rng=N
         _backward(*folded[:3], rpb, *folded[3:], plain, drpb, [class_view(g, cls, dil) for g in grads], cls.count,
                   _dropout(rng, params, q, spatial, cls))
     dq, dk, dv = (_unpadded(g, spatial) for g in grads)
-    return dq, dk, dv, None if drpb is None else drpb[:, :-1].reshape(rpb.shape).to(rpb.dtype)
+    if drpb is not None:  # without the masked scores' column, contiguous as the op's fake result
+        drpb = drpb[:, :-1].to(rpb.dtype).contiguous().view(rpb.shape)
+    return dq, dk, dv, drpb
 
 
 class TiledBackend(Backend):
