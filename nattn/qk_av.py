@@ -6,8 +6,10 @@
 from :class:`~nattn.windows.WindowTable`; slots a causal window does not hold get a
 ``-inf`` logit and are ignored by ``*_av``. Differentiable (first derivatives). CUDA
 tensors run libnattn's window kernels (nattn/qk_av_kernels.py: fp32/fp16/bf16, head dims
-that are multiples of 8); everything else runs plain PyTorch (nattn/qk_av_math.py gathers
-the window keys/values a chunk of queries at a time, forward and backward). Memory: the inputs and the logits
+that are multiples of 8); CPU tensors run the tiled backend's boxes (nattn/qk_av_tiled.py:
+matrix products over each box's key range); everything else runs plain PyTorch
+(nattn/qk_av_math.py gathers the window keys/values a chunk of queries at a time, forward
+and backward). Memory: the inputs and the logits
 ``B * N * H * W``, plus one chunk; never an ``N x N`` tensor.
 """
 
@@ -25,11 +27,19 @@ from .params import (
 )
 from .qk_av_kernels import KernelAV, KernelQK
 from .qk_av_math import WindowAV, WindowQK
+from .qk_av_tiled import TiledAV, TiledQK
 from .windows import WindowTable
 
 # CUDA tensors run libnattn's window kernels where it has them (nattn/qk_av_kernels.py);
 # False sends them through the plain PyTorch path too (tests and benchmarks compare both).
 USE_KERNELS = True
+# CPU tensors run the tiled backend's boxes (nattn/qk_av_tiled.py); False: the window gathers.
+USE_TILED = True
+
+
+def _tiled(t: torch.Tensor) -> bool:
+    # traced code keeps the window gathers (the boxes' index tensors are cached per problem)
+    return USE_TILED and t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def _kernels(t: torch.Tensor, na_dim: int, dim: int, dtype: Optional[torch.dtype] = None) -> bool:
@@ -88,9 +98,12 @@ def na_qk(
             logits = logits + table.bias(rpb, logits.dtype).reshape(1, *spatial, heads, table.window_size)
         return logits
     key_idx, valid, rpb_idx = table.chunk(0, table.num_tokens)  # [N, W] each
-    qf = query.reshape(b, -1, heads_kv, groups, dim)
-    # [B, N, H_kv, G, W] in chunks of queries; clamped slots never read (NaN there cannot leak)
-    logits = WindowQK.apply(qf, key.reshape(b, -1, heads_kv, dim), key_idx, valid, any(params.is_causal))
+    if _tiled(query):
+        logits = TiledQK.apply(query, key, params).reshape(b, -1, heads_kv, groups, table.window_size)
+    else:
+        qf = query.reshape(b, -1, heads_kv, groups, dim)
+        # [B, N, H_kv, G, W] in chunks of queries; clamped slots never read (NaN there cannot leak)
+        logits = WindowQK.apply(qf, key.reshape(b, -1, heads_kv, dim), key_idx, valid, any(params.is_causal))
     if rpb is not None:
         logits = logits + table.bias(rpb, logits.dtype, rpb_idx).reshape(1, -1, heads_kv, groups, table.window_size)
     logits = logits.masked_fill(~valid[None, :, None, None, :], float("-inf"))
@@ -153,6 +166,8 @@ def na_av(
     params = NAParams(kernel, strides, dils, causal, 1.0)
     if _kernels(value, na_dim, dim_v):
         return KernelAV.apply(attn, value, params)
+    if _tiled(value):
+        return TiledAV.apply(attn, value, params)
     b, groups = attn.shape[0], heads // heads_kv
     table = _table(spatial, params, value.device)
     key_idx, valid, _ = table.chunk(0, table.num_tokens)

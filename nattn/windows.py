@@ -50,13 +50,21 @@ def axis_window(
     return key_coord, valid, rpb_offset
 
 
+def axis_window_start(length: int, kernel: int, stride: int, causal: bool) -> torch.Tensor:
+    """``[length]``: the coordinate of window slot 0 of every query of an undilated axis (slot
+    ``t`` is that plus ``t``; negative for causal windows near the start, whose first slots
+    hold no key)."""
+    ig = torch.arange(length)
+    return _window_base(ig, torch.full_like(ig, length), kernel, stride, causal)
+
+
 def axis_key_interval(length: int, kernel: int, stride: int, causal: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(first, last)``, each ``[length]``: the keys every query of an undilated axis of
     ``length`` attends to are ``first..last`` (inclusive; contiguous, as in
     :func:`axis_window`: a dilated axis is this per dilation group). Costs O(length), where
     :func:`axis_window` builds ``[length, kernel]`` tables."""
     ig = torch.arange(length)
-    base = _window_base(ig, torch.full_like(ig, length), kernel, stride, causal)
+    base = axis_window_start(length, kernel, stride, causal)
     if causal:
         return base.clamp(min=0), ig
     return base, base + kernel - 1

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import nattn
+import nattn.qk_av
 import nattn.qk_av_math
+from nattn.backends import tiled_plan
 from oracle import mask_and_bias_index
 
 QK = {1: nattn.na1d_qk, 2: nattn.na2d_qk, 3: nattn.na3d_qk}
@@ -27,12 +29,18 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["one-chunk", "many-chunks"])
+@pytest.fixture(params=["tiled", "tiled-many-chunks", "gathers", "gathers-many-chunks"])
 def chunking(request, monkeypatch):
-    """The default chunk budget (one chunk here), or a few queries per chunk."""
-    if request.param == "many-chunks":
+    """CPU tensors' path (the tiled boxes) or the window gathers (traced code, devices without
+    the kernels), each with its default chunk budget (one chunk here) or a few queries or
+    boxes per chunk."""
+    if request.param.startswith("gathers"):
+        monkeypatch.setattr(nattn.qk_av, "USE_TILED", False)
+    if request.param == "gathers-many-chunks":
         budget = 96 * torch.randint(1, 4, ()).item()  # a few queries per chunk, one for big windows
         monkeypatch.setattr(nattn.qk_av_math, "CHUNK_ELEMENTS", budget)
+    if request.param == "tiled-many-chunks":
+        monkeypatch.setattr(tiled_plan, "CHUNK_SCORES", 64 * torch.randint(1, 4, ()).item())
     return request.param
 
 
@@ -143,10 +151,13 @@ def test_errors_name_the_argument():
         nattn.na2d_av(torch.zeros(2, 6, 7, 2, 9, dtype=q.dtype), v, 3, dilation=3)
 
 
+@pytest.mark.parametrize("tiled", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradcheck_qk_and_av_in_chunks(causal, monkeypatch):
+def test_gradcheck_qk_and_av_in_chunks(causal, tiled, monkeypatch):
     """First derivatives of the chunked custom backward, attn's own gradient included."""
+    monkeypatch.setattr(nattn.qk_av, "USE_TILED", tiled)
     monkeypatch.setattr(nattn.qk_av_math, "CHUNK_ELEMENTS", 40)
+    monkeypatch.setattr(tiled_plan, "CHUNK_SCORES", 64)
     spatial, kernel, stride, dilation = (5, 6), (2, 3), (1, 2), (2, 1)
     q, k, v = _inputs(spatial, 2, 1, d=2, dv=2, b=1)
     attn = torch.rand(1, *spatial, 2, 6, dtype=torch.float64, requires_grad=True)
@@ -224,3 +235,35 @@ def test_window_kernel_calls_pack_every_field_in_the_library_order(monkeypatch):
     assert at["dilation"] == [2, 1, 1] and at["causal"] == [1, 0, 0] and at["neg_inf"] == 0
     assert (at["a_ptr"], at["b_ptr"], at["out_ptr"]) == (a.data_ptr(), b.data_ptr(), out.data_ptr())
     assert not qk_av_kernels.available(a, 2, 16)  # CPU tensors keep the PyTorch path
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_tiled_boxes_equal_the_window_gathers(seed, monkeypatch):
+    """On random problems (every window option, GQA, RPB): the CPU's tiled path gives the
+    gathers' logits, outputs and gradients; AV ignores what attn holds outside a window."""
+    from cases import random_case
+    import random
+    case = random_case(random.Random(seed), 1 + seed % 3, max_tokens=200)
+    n = len(case.spatial)
+    q, k, v = _inputs(case.spatial, case.heads, case.heads_kv, d=4, dv=3, b=case.batch)
+    rpb = (torch.randn(case.heads, *(2 * x - 1 for x in case.kernel), dtype=torch.float64, requires_grad=True)
+           if case.rpb else None)
+    args = (case.kernel, case.stride, case.dilation, case.causal)
+    attn = torch.randn(case.batch, *case.spatial, case.heads, math.prod(case.kernel), dtype=torch.float64)
+    attn = attn.masked_fill(torch.rand(attn.shape) < 0.05, float("nan")).requires_grad_(True)
+    results = []
+    for tiled in (True, False):
+        monkeypatch.setattr(nattn.qk_av, "USE_TILED", tiled)
+        logits = QK[n](q, k, *args, rpb=rpb)
+        finite = torch.where(torch.isfinite(logits), logits, 0)  # -inf: slots a causal window lacks
+        out = AV[n](torch.where(torch.isnan(attn) & (logits > -1e30), 0, attn), v, *args)
+        g = torch.Generator().manual_seed(seed)
+        loss = (finite * torch.randn(finite.shape, generator=g, dtype=finite.dtype)).sum() + (
+            out * torch.randn(out.shape, generator=g, dtype=out.dtype)).sum()
+        leaves = [t for t in (q, k, v, rpb, attn) if t is not None]
+        results.append((logits, out, torch.autograd.grad(loss, leaves)))
+    (l1, o1, g1), (l2, o2, g2) = results
+    torch.testing.assert_close(l1, l2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(o1, o2, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, equal_nan=True)

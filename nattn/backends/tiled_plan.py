@@ -22,7 +22,7 @@ from typing import List, Tuple
 
 import torch
 
-from ..windows import axis_key_interval
+from ..windows import axis_key_interval, axis_window_start
 
 # Scores held per chunk of boxes (float32: 4 MiB, about what a core's caches keep close).
 CHUNK_SCORES = 1 << 20
@@ -44,6 +44,8 @@ class AxisPlan:
     key_start: torch.Tensor  # [boxes]: the first of each box's U keys
     mask: torch.Tensor  # [boxes, box, keys] bool: query (padded past length: all False) sees key
     rpb: torch.Tensor  # [boxes, box, keys]: key - query + kernel - 1, clamped into the table
+    slot: torch.Tensor  # [boxes, box, kernel]: window slot t's place among the box's keys (clamped)
+    slot_ok: torch.Tensor  # [boxes, box, kernel] bool: slot t holds a key (the unfused ops' slots)
 
 
 def _key_ranges(length: int, kernel: int, stride: int, causal: bool, box: int):
@@ -70,7 +72,12 @@ def axis_plan(length: int, kernel: int, stride: int, causal: bool, box: int) -> 
     mask = (key >= first[:, :, None]) & (key <= last[:, :, None])
     query = torch.arange(boxes * box).view(boxes, box, 1)
     rpb = (key - query + kernel - 1).clamp(0, 2 * kernel - 2)
-    return AxisPlan(length, box, boxes, keys, start, mask, rpb)
+    base = axis_window_start(length, kernel, stride, causal)
+    base = torch.cat([base, base.new_zeros(boxes * box - length)]).view(boxes, box, 1)
+    coord = base + torch.arange(kernel)  # [boxes, box, kernel]: each slot's key
+    slot_ok = (coord >= 0) & (query < length) & ((coord <= query) if causal else True)
+    slot = (coord - start[:, None, None]).clamp(0, keys - 1)
+    return AxisPlan(length, box, boxes, keys, start, mask, rpb, slot, slot_ok)
 
 
 def _candidates(length: int) -> Tuple[int, ...]:
@@ -134,20 +141,23 @@ class Boxes:
         self.device = device
         self._chunks = {}
 
-    def chunks(self, scores_per_box: int):
-        """The index tensors of every chunk of boxes; kept (for the next KV head and call)
-        when all of them together are small: masks and bias indices hold 1 and 4 bytes a
-        score, so at most 2.5 MiB a problem (boxes_for keeps 16 problems)."""
+    def chunks(self, scores_per_box: int, slots: bool = False):
+        """The index tensors of every chunk of boxes: ``(q_gather, q_scatter, k_idx, mask,
+        rpb_idx)``, with ``slots`` also ``(slot, slot_ok)`` ``[C, R, W]`` (each window slot's
+        place among the box's keys, and whether it holds a key: the unfused ops' layout).
+        Kept (for the next KV head and call) when all of them together are small: masks and
+        bias indices hold 1 and 4 bytes a score, so at most 2.5 MiB a problem (boxes_for
+        keeps 16 problems)."""
         per = max(1, CHUNK_SCORES // max(1, scores_per_box))
-        if per in self._chunks:
-            return self._chunks[per]
-        chunks = (self._chunk(start, min(start + per, self.count)) for start in range(0, self.count, per))
+        if (per, slots) in self._chunks:
+            return self._chunks[per, slots]
+        chunks = (self._chunk(start, min(start + per, self.count), slots) for start in range(0, self.count, per))
         if self.count * self.rows * self.keys > CHUNK_SCORES // 2:
             return chunks
-        self._chunks[per] = list(chunks)
-        return self._chunks[per]
+        self._chunks[per, slots] = list(chunks)
+        return self._chunks[per, slots]
 
-    def _chunk(self, start: int, stop: int):
+    def _chunk(self, start: int, stop: int, slots: bool):
         ids = torch.arange(start, stop)
         coords = []
         for p in reversed(self.plans):  # unravel the box index, axis 0 slowest
@@ -174,5 +184,11 @@ class Boxes:
             # masked scores point one past the table: the tiled backend puts -inf there
             rpb_idx = torch.where(mask, rpb_idx, math.prod(self.rpb_sizes)).int()
         dev = self.device
-        return (q_gather.to(dev), q_scatter.to(dev), k_idx.to(dev), mask.to(dev),
-                None if rpb_idx is None else rpb_idx.to(dev))
+        out = (q_gather.to(dev), q_scatter.to(dev), k_idx.to(dev), mask.to(dev),
+               None if rpb_idx is None else rpb_idx.to(dev))
+        if not slots:
+            return out
+        mult = [math.prod(p.keys for p in self.plans[a + 1:]) for a in range(len(self.plans))]
+        slot = _outer([p.slot[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add)
+        slot_ok = _outer([p.slot_ok[c] for p, c in zip(self.plans, coords)], torch.logical_and)
+        return out + (slot.to(dev), slot_ok.to(dev))
