@@ -17,15 +17,11 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from .backends.dilation_fold import class_view, fold, fold_classes, padded, padded_shape
+from .backends.dilation_fold import class_view, fold, fold_classes, padded, padded_shape, unpadded
 from .backends.reference_math import compute_dtype
-from .backends.tiled import _heads_first, _store, _token_major
+from .backends.tiled import heads_first, store_heads_first, token_major
 from .backends.tiled_plan import boxes_for
 from .params import NAParams
-
-
-def _unpadded(x, spatial):
-    return x[(slice(None),) + tuple(slice(0, n) for n in spatial)].contiguous()
 
 
 def _per_class(params: NAParams, spatial, inputs, outputs, run):
@@ -36,7 +32,7 @@ def _per_class(params: NAParams, spatial, inputs, outputs, run):
     padded_in = [padded(x, spatial, dil) for x in inputs]
     for cls in fold_classes(spatial, dil):
         run([fold(x, cls, dil) for x in padded_in], [class_view(o, cls, dil) for o in outputs], cls.count, plain)
-    return [_unpadded(o, spatial) if o.shape[1 : 1 + len(spatial)] != tuple(spatial) else o for o in outputs]
+    return [unpadded(o, spatial) for o in outputs]
 
 
 class _Boxed:
@@ -53,7 +49,7 @@ class _Boxed:
         self.per_box = self.batch * heads * self.boxes.rows * max(self.boxes.keys, width_rows)
 
     def first(self, x, groups=None):
-        return _heads_first(x, self.heads_kv, self.dtype, groups)
+        return heads_first(x, self.heads_kv, self.dtype, groups)
 
     def rows(self, x, idx):
         """``x [B, H_kv, N, G, w]`` at box rows ``idx [C, R]`` -> ``[B, H_kv, C, R, G, w]``."""
@@ -95,7 +91,7 @@ def _qk_forward(q, k, params: NAParams):
             idx, ok = pr.slots(slot, slot_ok)
             picked = s.gather(-1, idx).masked_fill_(~ok, 0)
             logits.index_copy_(2, q_scatter.reshape(-1), picked.flatten(2, 3))
-        _store(logits, outs[0], count)
+        store_heads_first(logits, outs[0], count)
 
     return _per_class(params, q.shape[1:-2], [q, k], [out], run)[0]
 
@@ -119,9 +115,9 @@ def _qk_backward(q, k, grad, params: NAParams):
             dq_pad.index_copy_(2, q_scatter.reshape(-1), torch.matmul(ds, kb).view(*dq_pad.shape[:2], c * r,
                                                                                    pr.groups, -1))
             qb = pr.rows(qh, q_gather).flatten(3, 4)
-            dk_t.index_add_(0, k_idx.reshape(-1), _token_major(torch.matmul(ds.transpose(-1, -2), qb)))
-        _store(dq_pad, outs[0], count)
-        _store(dk_t.permute(1, 2, 0, 3)[:, :, :, None], outs[1], count)
+            dk_t.index_add_(0, k_idx.reshape(-1), token_major(torch.matmul(ds.transpose(-1, -2), qb)))
+        store_heads_first(dq_pad, outs[0], count)
+        store_heads_first(dk_t.permute(1, 2, 0, 3)[:, :, :, None], outs[1], count)
 
     return _per_class(params, q.shape[1:-2], [q, k, grad], [dq, dk], run)
 
@@ -141,7 +137,7 @@ def _av_forward(a, v, params: NAParams):
             p = pr.spread(pr.rows(ah, q_gather).masked_fill_(~ok, 0), idx, u)
             o = torch.matmul(p, vh[:, :, k_idx])
             o_pad.index_copy_(2, q_scatter.reshape(-1), o.view(*o_pad.shape[:2], c * r, pr.groups, -1))
-        _store(o_pad, outs[0], count)
+        store_heads_first(o_pad, outs[0], count)
 
     return _per_class(params, a.shape[1:-2], [a, v], [out], run)[0]
 
@@ -165,44 +161,32 @@ def _av_backward(a, v, grad, params: NAParams):
             dp = torch.matmul(gb, vb.transpose(-1, -2)).view(pr.batch, pr.heads_kv, c, r, pr.groups, u)
             da_pad.index_copy_(2, q_scatter.reshape(-1), dp.gather(-1, idx).masked_fill_(~ok, 0).flatten(2, 3))
             p = pr.spread(pr.rows(ah, q_gather).masked_fill_(~ok, 0), idx, u)
-            dv_t.index_add_(0, k_idx.reshape(-1), _token_major(torch.matmul(p.transpose(-1, -2), gb)))
-        _store(da_pad, outs[0], count)
-        _store(dv_t.permute(1, 2, 0, 3)[:, :, :, None], outs[1], count)
+            dv_t.index_add_(0, k_idx.reshape(-1), token_major(torch.matmul(p.transpose(-1, -2), gb)))
+        store_heads_first(da_pad, outs[0], count)
+        store_heads_first(dv_t.permute(1, 2, 0, 3)[:, :, :, None], outs[1], count)
 
     return _per_class(params, a.shape[1:-2], [a, v, grad], [da, dv], run)
 
 
-class TiledQK(torch.autograd.Function):
-    """``q [B, *spatial, H, D]``, ``k [B, *spatial, H_kv, D]`` -> ``[B, *spatial, H, W]``
-    (0 in the slots a causal window does not hold)."""
+def _product(name: str, doc: str, forward, backward):
+    """An autograd Function ``(x, y, params) -> forward(x, y, params)`` whose backward is
+    ``backward(x, y, grad, params) -> (dx, dy)`` (first derivatives)."""
 
-    @staticmethod
-    def forward(ctx, q, k, params: NAParams):
-        ctx.save_for_backward(q, k)
+    def fwd(ctx, x, y, params: NAParams):
+        ctx.save_for_backward(x, y)
         ctx.params = params
-        return _qk_forward(q, k, params)
+        return forward(x, y, params)
 
-    @staticmethod
     @once_differentiable
-    def backward(ctx, grad):
-        q, k = ctx.saved_tensors
-        dq, dk = _qk_backward(q, k, grad, ctx.params)
-        return dq, dk, None
+    def bwd(ctx, grad):
+        x, y = ctx.saved_tensors
+        return (*backward(x, y, grad, ctx.params), None)
+
+    return type(name, (torch.autograd.Function,), {"__doc__": doc, "forward": staticmethod(fwd),
+                                                    "backward": staticmethod(bwd)})
 
 
-class TiledAV(torch.autograd.Function):
-    """``a [B, *spatial, H, W]``, ``v [B, *spatial, H_kv, D_v]`` -> ``[B, *spatial, H, D_v]``
-    (slots a causal window does not hold ignored, whatever ``a`` holds there)."""
-
-    @staticmethod
-    def forward(ctx, a, v, params: NAParams):
-        ctx.save_for_backward(a, v)
-        ctx.params = params
-        return _av_forward(a, v, params)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        a, v = ctx.saved_tensors
-        da, dv = _av_backward(a, v, grad, ctx.params)
-        return da, dv, None
+TiledQK = _product("TiledQK", """``q [B, *spatial, H, D]``, ``k [B, *spatial, H_kv, D]`` -> ``[B, *spatial, H, W]``
+    (0 in the slots a causal window does not hold).""", _qk_forward, _qk_backward)
+TiledAV = _product("TiledAV", """``a [B, *spatial, H, W]``, ``v [B, *spatial, H_kv, D_v]`` -> ``[B, *spatial, H, D_v]``
+    (slots a causal window does not hold ignored, whatever ``a`` holds there).""", _av_forward, _av_backward)

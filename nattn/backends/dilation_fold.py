@@ -51,6 +51,14 @@ def padded(x: torch.Tensor, spatial: Sequence[int], dilation: Sequence[int]) -> 
     return out
 
 
+def unpadded(x: torch.Tensor, spatial: Sequence[int]) -> torch.Tensor:
+    """:func:`padded`'s inverse: ``x`` cut back to ``spatial`` (contiguous; ``x`` itself when
+    nothing was padded)."""
+    if tuple(x.shape[1 : 1 + len(spatial)]) == tuple(spatial):
+        return x
+    return x[(slice(None),) + tuple(slice(0, n) for n in spatial)].contiguous()
+
+
 def class_view(x: torch.Tensor, cls: FoldClass, dilation: Sequence[int]) -> torch.Tensor:
     """The class's tokens of padded ``x``: a view ``[B, *count, *lengths, ...]``."""
     na = len(cls.lengths)

@@ -26,13 +26,13 @@ import torch
 from ..params import NAParams
 from . import register_backend
 from .base import Backend
-from .dilation_fold import class_view, fold, fold_classes, padded, padded_shape
+from .dilation_fold import class_view, fold, fold_classes, padded, padded_shape, unpadded
 from .reference_math import compute_dtype, lse_dtype
 from .tiled_dropout import BoxDropout
 from .tiled_plan import Boxes, boxes_for
 
 
-def _heads_first(x, heads_kv, dtype, groups=None, scale=None):
+def heads_first(x, heads_kv, dtype, groups=None, scale=None):
     """``x [B, *grid, H, w]`` (times ``scale``) as a new ``[B, H_kv, N, (G,) w]`` tensor in
     ``dtype``: a box's rows are then one gather along N, ready for the products."""
     shape = (x.shape[0], -1, heads_kv) + ((groups,) if groups is not None else ()) + (x.shape[-1],)
@@ -51,13 +51,13 @@ class _Problem:
         self.dtype = compute_dtype(q.dtype)
         self.lengths = tuple(q.shape[1 : 1 + params.na_dim])
         # the scale goes into q once: scores come out scaled, dK = dS^T (scale q)
-        self.q = _heads_first(q, self.heads_kv, self.dtype, self.groups, params.scale)
+        self.q = heads_first(q, self.heads_kv, self.dtype, self.groups, params.scale)
         self.k = self.first(k)
         self.v = self.first(v)
         self.boxes = boxes
 
     def first(self, x, groups=None):
-        return _heads_first(x, self.heads_kv, self.dtype, groups)
+        return heads_first(x, self.heads_kv, self.dtype, groups)
 
     def rows(self, x, idx):
         """``x [B, H_kv, N, G, w]`` at box rows ``idx [C, R]`` -> ``[B, H_kv, C, R * G, w]``."""
@@ -81,7 +81,7 @@ class _Problem:
         return s.masked_fill_(~mask[:, :, None, :], float("-inf"))
 
 
-def _store(x: torch.Tensor, dst: torch.Tensor, count) -> None:
+def store_heads_first(x: torch.Tensor, dst: torch.Tensor, count) -> None:
     """A heads-first result ``x [B * prod(count), H_kv, N (+ 1 padding), G, w]`` into ``dst``,
     a class view ``[B, *count, *grid, H, w]`` (dilation_fold.class_view): one strided copy."""
     b, grid, heads, width = dst.shape[0], dst.shape[1 + len(count) : -2], dst.shape[-2], dst.shape[-1]
@@ -121,8 +121,8 @@ def _forward(q, k, v, rpb, params: NAParams, out, lse, count, drop):
     for qh, kh, boxes in _kv_head_blocks(q, k, v, rpb, params):
         o_pad, l_pad = _forward_heads_first(q[..., qh, :], k[..., kh, :], v[..., kh, :],
                                             None if rpb is None else rpb[qh], params, boxes, drop, qh.start)
-        _store(o_pad, out[..., qh, :], count)  # the inputs' copies are freed by now
-        _store(l_pad, lse[..., qh, None], count)
+        store_heads_first(o_pad, out[..., qh, :], count)  # the inputs' copies are freed by now
+        store_heads_first(l_pad, lse[..., qh, None], count)
 
 
 def _bias_table(rpb, dtype):
@@ -172,10 +172,10 @@ def _backward(q, k, v, rpb, delta, lse, grad_out, params: NAParams, drpb, grads,
             q[..., qh, :], k[..., kh, :], v[..., kh, :], None if rpb is None else rpb[qh], delta[..., qh],
             lse[..., qh], grad_out[..., qh, :], params, None if drpb is None else drpb[qh], boxes, drop, qh.start)
         for x, dst in zip(results, (dq[..., qh, :], dk[..., kh, :], dv[..., kh, :])):
-            _store(x, dst, count)  # the inputs' copies are freed by now
+            store_heads_first(x, dst, count)  # the inputs' copies are freed by now
 
 
-def _token_major(x: torch.Tensor) -> torch.Tensor:
+def token_major(x: torch.Tensor) -> torch.Tensor:
     """``[B, H_kv, C, U, w]`` per-box key gradients -> ``[C * U, B, H_kv, w]``."""
     b, hk, c, u, w = x.shape
     return x.permute(2, 3, 0, 1, 4).reshape(c * u, b, hk, w)
@@ -211,18 +211,12 @@ def _backward_heads_first(q, k, v, rpb, delta, lse, grad_out, params: NAParams, 
         dq = torch.matmul(ds, kb).mul_(params.scale)  # (the logits' scale is in q: dK needs none)
         dq_pad.index_copy_(2, q_scatter.reshape(-1), dq.view(b, hk, c * r, g, pr.dim))
         flat = k_idx.reshape(-1)
-        dk.index_add_(0, flat, _token_major(torch.matmul(ds.transpose(-1, -2), qb)))
-        dv.index_add_(0, flat, _token_major(torch.matmul(kept.transpose(-1, -2), dob)))
+        dk.index_add_(0, flat, token_major(torch.matmul(ds.transpose(-1, -2), qb)))
+        dv.index_add_(0, flat, token_major(torch.matmul(kept.transpose(-1, -2), dob)))
         if drpb is not None:
             ds_h = ds.sum(0).view(hk, c, r, g, u).permute(0, 3, 1, 2, 4).reshape(pr.heads, -1)
             drpb.index_add_(1, rpb_idx.reshape(-1).long(), ds_h)  # (an int32 index: 25x slower)
     return dq_pad, dk.permute(1, 2, 0, 3)[:, :, :, None], dv.permute(1, 2, 0, 3)[:, :, :, None]
-
-
-def _unpadded(x, spatial):
-    if tuple(x.shape[1 : 1 + len(spatial)]) == tuple(spatial):
-        return x
-    return x[(slice(None),) + tuple(slice(0, n) for n in spatial)].contiguous()
 
 
 def _dropout(rng, params: NAParams, q, spatial, cls):
@@ -245,7 +239,7 @@ def forward(q, k, v, rpb, params: NAParams, rng=None) -> Tuple[torch.Tensor, tor
     for cls in fold_classes(spatial, dil):
         _forward(fold(qp, cls, dil), fold(kp, cls, dil), fold(vp, cls, dil), rpb, plain, class_view(out, cls, dil),
                  class_view(lse, cls, dil), cls.count, _dropout(rng, params, q, spatial, cls))
-    return _unpadded(out, spatial), _unpadded(lse, spatial)
+    return unpadded(out, spatial), unpadded(lse, spatial)
 
 
 def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams, rng=None):
@@ -267,7 +261,7 @@ def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams, rng=N
         folded = [fold(x, cls, dil) for x in ins]
         _backward(*folded[:3], rpb, *folded[3:], plain, drpb, [class_view(g, cls, dil) for g in grads], cls.count,
                   _dropout(rng, params, q, spatial, cls))
-    dq, dk, dv = (_unpadded(g, spatial) for g in grads)
+    dq, dk, dv = (unpadded(g, spatial) for g in grads)
     if drpb is not None:  # without the masked scores' column, contiguous as the op's fake result
         drpb = drpb[:, :-1].to(rpb.dtype).contiguous().view(rpb.shape)
     return dq, dk, dv, drpb
