@@ -148,13 +148,10 @@ def _forward_heads_first(q, k, v, rpb, params: NAParams, boxes, drop, first_head
     for q_gather, q_scatter, k_idx, mask, rpb_idx in pr.boxes.chunks(_scores_per_box(pr, drop)):
         c, r, u = mask.shape
         s = pr.scores(pr.rows(pr.q, q_gather), pr.keys(pr.k, k_idx), mask, rpb_idx, table)
-        top = s.amax(-1, keepdim=True)
-        top.masked_fill_(top == float("-inf"), 0)  # a row without keys (padding): p = 0
-        s.sub_(top).exp_()
-        total = s.sum(-1, keepdim=True)
+        lse_c = torch.logsumexp(s, -1, keepdim=True)  # -inf: a row without keys (padding)
         rows = q_scatter.reshape(-1)  # padded rows all land on the extra token N
-        l_pad.index_copy_(2, rows, top.add_(total.log()).view(b, hk, c * r, g, 1))  # -inf: no key
-        s.div_(torch.where(total > 0, total, torch.ones_like(total)))
+        l_pad.index_copy_(2, rows, lse_c.view(b, hk, c * r, g, 1))
+        s.sub_(lse_c.masked_fill_(lse_c == float("-inf"), 0)).exp_()  # probabilities (0 without keys)
         if drop is not None:  # the dropped weights meet V; the LSE stays the undropped one
             s.mul_(drop.factor(q_gather, k_idx, first_head, hk, g, s.dtype))
         o = torch.matmul(s.view(b, hk, c, r * g, u), pr.keys(pr.v, k_idx))
