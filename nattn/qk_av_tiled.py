@@ -11,28 +11,16 @@ hold give 0 (QK) and are ignored (AV), as nattn/qk_av_math.py's functions.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from .backends.dilation_fold import class_view, fold, fold_classes, padded, padded_shape, unpadded
+from .backends.dilation_fold import each_class, padded_shape, undilated
 from .backends.reference_math import compute_dtype
-from .backends.tiled import heads_first, store_heads_first, token_major
+from .backends.tiled import box_rows, heads_first, store_heads_first, token_major
 from .backends.tiled_plan import boxes_for
 from .params import NAParams
-
-
-def _per_class(params: NAParams, spatial, inputs, outputs, run):
-    """``run(folded inputs, class views of outputs, count, undilated params)`` for every class
-    of equally long dilation groups; ``outputs`` are allocated padded and returned unpadded."""
-    dil = params.dilation
-    plain = dataclasses.replace(params, dilation=(1,) * len(spatial))
-    padded_in = [padded(x, spatial, dil) for x in inputs]
-    for cls in fold_classes(spatial, dil):
-        run([fold(x, cls, dil) for x in padded_in], [class_view(o, cls, dil) for o in outputs], cls.count, plain)
-    return [unpadded(o, spatial) for o in outputs]
 
 
 class _Boxed:
@@ -50,10 +38,6 @@ class _Boxed:
 
     def first(self, x, groups=None):
         return heads_first(x, self.heads_kv, self.dtype, groups)
-
-    def rows(self, x, idx):
-        """``x [B, H_kv, N, G, w]`` at box rows ``idx [C, R]`` -> ``[B, H_kv, C, R, G, w]``."""
-        return x.index_select(2, idx.reshape(-1)).view(self.batch, self.heads_kv, *idx.shape, *x.shape[3:])
 
     def chunks(self):
         return self.boxes.chunks(self.per_box, slots=True)
@@ -78,30 +62,34 @@ class _Boxed:
 def _qk_forward(q, k, params: NAParams):
     heads, w = q.shape[-2], params.window_size
     out = q.new_empty(padded_shape(q, q.shape[1:-2], params.dilation)[:-1] + (w,))
+    plain = undilated(params)
 
-    def run(ins, outs, count, plain):
+    def run(cls, ins, outs):
+        count = cls.count
         qf, kf = ins
         pr = _Boxed(qf, kf, plain, heads, w)
         qh, kh = pr.first(qf, pr.groups), pr.first(kf)
         logits = pr.pad(w)
         for q_gather, q_scatter, k_idx, mask, _, slot, slot_ok in pr.chunks():
             c, r, u = mask.shape
-            qb = pr.rows(qh, q_gather).flatten(3, 4)
+            qb = box_rows(qh, q_gather).flatten(3, 4)
             s = torch.matmul(qb, kh[:, :, k_idx].transpose(-1, -2)).view(pr.batch, pr.heads_kv, c, r, pr.groups, u)
             idx, ok = pr.slots(slot, slot_ok)
             picked = s.gather(-1, idx).masked_fill_(~ok, 0)
             logits.index_copy_(2, q_scatter.reshape(-1), picked.flatten(2, 3))
         store_heads_first(logits, outs[0], count)
 
-    return _per_class(params, q.shape[1:-2], [q, k], [out], run)[0]
+    return each_class(q.shape[1:-2], params.dilation, [q, k], [out], run)[0]
 
 
 def _qk_backward(q, k, grad, params: NAParams):
     heads = q.shape[-2]
     dq = q.new_empty(padded_shape(q, q.shape[1:-2], params.dilation))
     dk = k.new_empty(padded_shape(k, k.shape[1:-2], params.dilation))
+    plain = undilated(params)
 
-    def run(ins, outs, count, plain):
+    def run(cls, ins, outs):
+        count = cls.count
         qf, kf, gf = ins
         pr = _Boxed(qf, kf, plain, heads, params.window_size)
         qh, kh, gh = pr.first(qf, pr.groups), pr.first(kf), pr.first(gf, pr.groups)
@@ -110,23 +98,25 @@ def _qk_backward(q, k, grad, params: NAParams):
         for q_gather, q_scatter, k_idx, mask, _, slot, slot_ok in pr.chunks():
             c, r, u = mask.shape
             idx, ok = pr.slots(slot, slot_ok)
-            ds = pr.spread(pr.rows(gh, q_gather).masked_fill_(~ok, 0), idx, u)  # d scores
+            ds = pr.spread(box_rows(gh, q_gather).masked_fill_(~ok, 0), idx, u)  # d scores
             kb = kh[:, :, k_idx]
             dq_pad.index_copy_(2, q_scatter.reshape(-1), torch.matmul(ds, kb).view(*dq_pad.shape[:2], c * r,
                                                                                    pr.groups, -1))
-            qb = pr.rows(qh, q_gather).flatten(3, 4)
+            qb = box_rows(qh, q_gather).flatten(3, 4)
             dk_t.index_add_(0, k_idx.reshape(-1), token_major(torch.matmul(ds.transpose(-1, -2), qb)))
         store_heads_first(dq_pad, outs[0], count)
         store_heads_first(dk_t.permute(1, 2, 0, 3)[:, :, :, None], outs[1], count)
 
-    return _per_class(params, q.shape[1:-2], [q, k, grad], [dq, dk], run)
+    return each_class(q.shape[1:-2], params.dilation, [q, k, grad], [dq, dk], run)
 
 
 def _av_forward(a, v, params: NAParams):
     heads = a.shape[-2]
     out = v.new_empty(padded_shape(a, a.shape[1:-2], params.dilation)[:-1] + (v.shape[-1],))
+    plain = undilated(params)
 
-    def run(ins, outs, count, plain):
+    def run(cls, ins, outs):
+        count = cls.count
         af, vf = ins
         pr = _Boxed(vf, vf, plain, heads, params.window_size)
         ah, vh = pr.first(af, pr.groups), pr.first(vf)
@@ -134,20 +124,22 @@ def _av_forward(a, v, params: NAParams):
         for q_gather, q_scatter, k_idx, mask, _, slot, slot_ok in pr.chunks():
             c, r, u = mask.shape
             idx, ok = pr.slots(slot, slot_ok)
-            p = pr.spread(pr.rows(ah, q_gather).masked_fill_(~ok, 0), idx, u)
+            p = pr.spread(box_rows(ah, q_gather).masked_fill_(~ok, 0), idx, u)
             o = torch.matmul(p, vh[:, :, k_idx])
             o_pad.index_copy_(2, q_scatter.reshape(-1), o.view(*o_pad.shape[:2], c * r, pr.groups, -1))
         store_heads_first(o_pad, outs[0], count)
 
-    return _per_class(params, a.shape[1:-2], [a, v], [out], run)[0]
+    return each_class(a.shape[1:-2], params.dilation, [a, v], [out], run)[0]
 
 
 def _av_backward(a, v, grad, params: NAParams):
     heads, w = a.shape[-2], params.window_size
     da = a.new_empty(padded_shape(a, a.shape[1:-2], params.dilation))
     dv = v.new_empty(padded_shape(v, v.shape[1:-2], params.dilation))
+    plain = undilated(params)
 
-    def run(ins, outs, count, plain):
+    def run(cls, ins, outs):
+        count = cls.count
         af, vf, gf = ins
         pr = _Boxed(vf, vf, plain, heads, w)
         ah, vh, gh = pr.first(af, pr.groups), pr.first(vf), pr.first(gf, pr.groups)
@@ -157,15 +149,15 @@ def _av_backward(a, v, grad, params: NAParams):
             c, r, u = mask.shape
             idx, ok = pr.slots(slot, slot_ok)
             vb = vh[:, :, k_idx]
-            gb = pr.rows(gh, q_gather).flatten(3, 4)
+            gb = box_rows(gh, q_gather).flatten(3, 4)
             dp = torch.matmul(gb, vb.transpose(-1, -2)).view(pr.batch, pr.heads_kv, c, r, pr.groups, u)
             da_pad.index_copy_(2, q_scatter.reshape(-1), dp.gather(-1, idx).masked_fill_(~ok, 0).flatten(2, 3))
-            p = pr.spread(pr.rows(ah, q_gather).masked_fill_(~ok, 0), idx, u)
+            p = pr.spread(box_rows(ah, q_gather).masked_fill_(~ok, 0), idx, u)
             dv_t.index_add_(0, k_idx.reshape(-1), token_major(torch.matmul(p.transpose(-1, -2), gb)))
         store_heads_first(da_pad, outs[0], count)
         store_heads_first(dv_t.permute(1, 2, 0, 3)[:, :, :, None], outs[1], count)
 
-    return _per_class(params, a.shape[1:-2], [a, v, grad], [da, dv], run)
+    return each_class(a.shape[1:-2], params.dilation, [a, v, grad], [da, dv], run)
 
 
 def _product(name: str, doc: str, forward, backward):

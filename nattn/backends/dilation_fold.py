@@ -5,13 +5,14 @@ With dilation ``d`` along an axis of ``L`` tokens, the tokens ``g, g + d, g + 2d
 (docs/semantics.md). Groups ``0 .. L % d - 1`` hold ``ceil(L / d)`` tokens, the others
 ``L // d``: per axis at most two lengths, so at most ``2 ** na_dim`` classes of groups of
 equal lengths. :func:`fold` turns a class into extra batch entries (``[B * groups, *lengths,
-...]``), :func:`unfold_into` writes results back. Tensors are first padded along the axes
-where ``L % d != 0`` (:func:`padded`; a view where none is), so that every class is a strided
-view of one tensor.
+...]``); results go into :func:`class_view`'s views (:func:`each_class` runs both).
+Tensors are first padded along the axes where ``L % d != 0`` (:func:`padded`; a view where
+none is), so that every class is a strided view of one tensor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -77,7 +78,15 @@ def fold(x: torch.Tensor, cls: FoldClass, dilation: Sequence[int]) -> torch.Tens
     return v.reshape(x.shape[0] * math.prod(cls.count), *cls.lengths, *x.shape[1 + len(cls.lengths):])
 
 
-def unfold_into(y: torch.Tensor, dst: torch.Tensor, cls: FoldClass, dilation: Sequence[int]) -> None:
-    """Write ``y`` (:func:`fold`'s layout) into the class's tokens of padded ``dst``."""
-    view = class_view(dst, cls, dilation)
-    view.copy_(y.view(view.shape))
+def undilated(params):
+    """``params`` (an NAParams) with dilation 1 on every axis: what each folded class runs."""
+    return dataclasses.replace(params, dilation=(1,) * len(params.dilation))
+
+
+def each_class(spatial: Sequence[int], dilation: Sequence[int], inputs, outputs, run) -> list:
+    """``run(cls, folded inputs, the class's views of outputs)`` for every class; ``outputs``
+    are allocated padded (:func:`padded_shape`) by the caller and returned unpadded."""
+    padded_in = [padded(x, spatial, dilation) for x in inputs]
+    for cls in fold_classes(spatial, dilation):
+        run(cls, [fold(x, cls, dilation) for x in padded_in], [class_view(o, cls, dilation) for o in outputs])
+    return [unpadded(o, spatial) for o in outputs]

@@ -17,7 +17,6 @@ dropout draws the reference's keep mask (backends/tiled_dropout.py).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Tuple
 
@@ -26,7 +25,7 @@ import torch
 from ..params import NAParams
 from . import register_backend
 from .base import Backend
-from .dilation_fold import class_view, fold, fold_classes, padded, padded_shape, unpadded
+from .dilation_fold import each_class, padded_shape, undilated
 from .reference_math import compute_dtype, lse_dtype
 from .tiled_dropout import BoxDropout
 from .tiled_plan import Boxes, boxes_for
@@ -39,6 +38,11 @@ def heads_first(x, heads_kv, dtype, groups=None, scale=None):
     x = x.reshape(shape).transpose(1, 2)
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
     return out.copy_(x) if scale is None else torch.mul(x, scale, out=out)
+
+
+def box_rows(x, idx):
+    """``x [B, H_kv, N, ...]`` at box rows ``idx [C, R]`` -> ``[B, H_kv, C, R, ...]``."""
+    return x.index_select(2, idx.reshape(-1)).view(*x.shape[:2], *idx.shape, *x.shape[3:])
 
 
 class _Problem:
@@ -61,8 +65,7 @@ class _Problem:
 
     def rows(self, x, idx):
         """``x [B, H_kv, N, G, w]`` at box rows ``idx [C, R]`` -> ``[B, H_kv, C, R * G, w]``."""
-        b, c, r = self.batch, idx.shape[0], idx.shape[1]
-        return x.index_select(2, idx.reshape(-1)).view(b, self.heads_kv, c, r * self.groups, x.shape[-1])
+        return box_rows(x, idx).flatten(3, 4)
 
     def keys(self, x, idx):
         """``x [B, H_kv, N, w]`` at the boxes' keys ``idx [C, U]`` -> ``[B, H_kv, C, U, w]``."""
@@ -229,14 +232,15 @@ def forward(q, k, v, rpb, params: NAParams, rng=None) -> Tuple[torch.Tensor, tor
     equally long dilation groups, the groups folded into the batch (backends/dilation_fold.py);
     ``rng`` ``[seed, offset]`` with attention dropout."""
     spatial, dil = tuple(q.shape[1 : 1 + params.na_dim]), params.dilation
-    plain = dataclasses.replace(params, dilation=(1,) * params.na_dim)
-    qp, kp, vp = (padded(x, spatial, dil) for x in (q, k, v))
+    plain = undilated(params)
     out = q.new_empty(padded_shape(q, spatial, dil)[:-1] + (v.shape[-1],))
     lse = torch.empty(out.shape[:-1], dtype=lse_dtype(q.dtype), device=q.device)
-    for cls in fold_classes(spatial, dil):
-        _forward(fold(qp, cls, dil), fold(kp, cls, dil), fold(vp, cls, dil), rpb, plain, class_view(out, cls, dil),
-                 class_view(lse, cls, dil), cls.count, _dropout(rng, params, q, spatial, cls))
-    return unpadded(out, spatial), unpadded(lse, spatial)
+
+    def run(cls, ins, views):
+        _forward(*ins, rpb, plain, *views, cls.count, _dropout(rng, params, q, spatial, cls))
+
+    out, lse = each_class(spatial, dil, [q, k, v], [out, lse], run)
+    return out, lse
 
 
 def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams, rng=None):
@@ -244,21 +248,20 @@ def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams, rng=N
     gradient into the LSE output (d lse / d logits = probabilities); ``rng`` the forward's
     with dropout (delta = rowsum(dO * O) holds with the dropped O)."""
     spatial, dil = tuple(q.shape[1 : 1 + params.na_dim]), params.dilation
-    plain = dataclasses.replace(params, dilation=(1,) * params.na_dim)
+    plain = undilated(params)
     cd = compute_dtype(q.dtype)
     # rowsum(dO * O) as one product per query (no [.., D_v] temporary)
     delta = torch.einsum("...d,...d->...", grad_out.to(cd), out.to(cd))
     if grad_lse is not None:
         delta = delta - grad_lse.to(cd)
-    ins = [padded(x, spatial, dil) for x in (q, k, v, delta, lse, grad_out)]
     grads = [x.new_empty(padded_shape(x, spatial, dil)) for x in (q, k, v)]
     # one more column: the masked scores' entry (their gradient is zero)
     drpb = None if rpb is None else torch.zeros(rpb.shape[0], rpb[0].numel() + 1, dtype=cd, device=q.device)
-    for cls in fold_classes(spatial, dil):
-        folded = [fold(x, cls, dil) for x in ins]
-        _backward(*folded[:3], rpb, *folded[3:], plain, drpb, [class_view(g, cls, dil) for g in grads], cls.count,
-                  _dropout(rng, params, q, spatial, cls))
-    dq, dk, dv = (unpadded(g, spatial) for g in grads)
+
+    def run(cls, ins, views):
+        _backward(*ins[:3], rpb, *ins[3:], plain, drpb, views, cls.count, _dropout(rng, params, q, spatial, cls))
+
+    dq, dk, dv = each_class(spatial, dil, [q, k, v, delta, lse, grad_out], grads, run)
     if drpb is not None:  # without the masked scores' column, contiguous as the op's fake result
         drpb = drpb[:, :-1].to(rpb.dtype).contiguous().view(rpb.shape)
     return dq, dk, dv, drpb

@@ -18,14 +18,12 @@ import torch
 
 from .. import dropout
 from .dilation_fold import FoldClass
+from .tiled_plan import outer
 
 
 def _outer_sum(values: Sequence[torch.Tensor]) -> torch.Tensor:
     """Every sum of one entry per axis, axis 0 slowest: ``[prod(len)]``."""
-    out = torch.zeros(1, dtype=torch.int64)
-    for v in values:
-        out = (out[:, None] + v[None, :]).reshape(-1)
-    return out
+    return outer([v.view(1, -1) for v in values], torch.add).view(-1)
 
 
 class BoxDropout:

@@ -104,7 +104,7 @@ def box_sizes(lengths: Tuple[int, ...], kernel: Tuple[int, ...], stride: Tuple[i
     return best
 
 
-def _outer(parts: List[torch.Tensor], combine) -> torch.Tensor:
+def outer(parts: List[torch.Tensor], combine) -> torch.Tensor:
     """Per axis ``a`` a tensor ``[C, *dims_a]`` (the same number of dims for every axis) ->
     ``[C, prod(dims_a[0] over a), prod(dims_a[1] over a), ...]``: every combination of one
     entry per axis, axis 0 slowest, reduced with ``combine`` (``&``, ``+``)."""
@@ -171,16 +171,16 @@ class Boxes:
             qc = c[:, None] * p.box + torch.arange(p.box)[None, :]
             ok_parts.append(qc < p.length)
             q_parts.append(qc.clamp(max=p.length - 1) * st)
-        q_gather = _outer(q_parts, torch.add)
-        ok = _outer(ok_parts, torch.logical_and)
+        q_gather = outer(q_parts, torch.add)
+        ok = outer(ok_parts, torch.logical_and)
         q_scatter = torch.where(ok, q_gather, self.tokens)
-        k_idx = _outer([(p.key_start[c][:, None] + torch.arange(p.keys)[None, :]) * st
+        k_idx = outer([(p.key_start[c][:, None] + torch.arange(p.keys)[None, :]) * st
                         for p, c, st in zip(self.plans, coords, strides)], torch.add)
-        mask = _outer([p.mask[c] for p, c in zip(self.plans, coords)], torch.logical_and)
+        mask = outer([p.mask[c] for p, c in zip(self.plans, coords)], torch.logical_and)
         rpb_idx = None
         if self.with_rpb:
             mult = [math.prod(self.rpb_sizes[a + 1:]) for a in range(len(self.plans))]
-            rpb_idx = _outer([p.rpb[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add)
+            rpb_idx = outer([p.rpb[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add)
             # masked scores point one past the table: the tiled backend puts -inf there
             rpb_idx = torch.where(mask, rpb_idx, math.prod(self.rpb_sizes)).int()
         dev = self.device
@@ -189,6 +189,6 @@ class Boxes:
         if not slots:
             return out
         mult = [math.prod(p.keys for p in self.plans[a + 1:]) for a in range(len(self.plans))]
-        slot = _outer([p.slot[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add)
-        slot_ok = _outer([p.slot_ok[c] for p, c in zip(self.plans, coords)], torch.logical_and)
+        slot = outer([p.slot[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add)
+        slot_ok = outer([p.slot_ok[c] for p, c in zip(self.plans, coords)], torch.logical_and)
         return out + (slot.to(dev), slot_ok.to(dev))
