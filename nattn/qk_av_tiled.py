@@ -18,9 +18,41 @@ from torch.autograd.function import once_differentiable
 
 from .backends.dilation_fold import each_class, padded_shape, undilated
 from .backends.reference_math import compute_dtype
-from .backends.tiled import box_rows, heads_first, store_heads_first, token_major
 from .backends.tiled_plan import boxes_for
 from .params import NAParams
+
+
+# The heads-first layout these products use: [B, H_kv, N, (G,) w]
+def heads_first(x, heads_kv, dtype, groups=None, scale=None):
+    """``x [B, *grid, H, w]`` (times ``scale``) as a new ``[B, H_kv, N, (G,) w]`` tensor in
+    ``dtype``: a box's rows are then one gather along N, ready for the products."""
+    shape = (x.shape[0], -1, heads_kv) + ((groups,) if groups is not None else ()) + (x.shape[-1],)
+    x = x.reshape(shape).transpose(1, 2)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    return out.copy_(x) if scale is None else torch.mul(x, scale, out=out)
+
+
+def box_rows(x, idx):
+    """``x [B, H_kv, N, ...]`` at box rows ``idx [C, R]`` -> ``[B, H_kv, C, R, ...]``."""
+    return x.index_select(2, idx.reshape(-1)).view(*x.shape[:2], *idx.shape, *x.shape[3:])
+
+
+def store_heads_first(x: torch.Tensor, dst: torch.Tensor, count) -> None:
+    """A heads-first result ``x [B * prod(count), H_kv, N (+ 1 padding), G, w]`` into ``dst``,
+    a class view ``[B, *count, *grid, H, w]`` (dilation_fold.class_view): one strided copy."""
+    b, grid, heads, width = dst.shape[0], dst.shape[1 + len(count) : -2], dst.shape[-2], dst.shape[-1]
+    hk, g = x.shape[1], x.shape[3]
+    n = math.prod(grid)
+    src = x[:, :, :n].view(b, *count, hk, *grid, g, width)
+    na, nc = len(grid), len(count)
+    order = [0, *range(1, 1 + nc), *range(2 + nc, 2 + nc + na), 1 + nc, 2 + nc + na, 3 + nc + na]
+    dst.view(b, *count, *grid, hk, heads // hk, width).copy_(src.permute(order))
+
+
+def token_major(x: torch.Tensor) -> torch.Tensor:
+    """``[B, H_kv, C, U, w]`` per-box key gradients -> ``[C * U, B, H_kv, w]``."""
+    b, hk, c, u, w = x.shape
+    return x.permute(2, 3, 0, 1, 4).reshape(c * u, b, hk, w)
 
 
 class _Boxed:
@@ -70,8 +102,9 @@ def _qk_forward(q, k, params: NAParams):
         pr = _Boxed(qf, kf, plain, heads, w)
         qh, kh = pr.first(qf, pr.groups), pr.first(kf)
         logits = pr.pad(w)
-        for q_gather, q_scatter, k_idx, mask, _, slot, slot_ok in pr.chunks():
-            c, r, u = mask.shape
+        for ch in pr.chunks():
+            q_gather, q_scatter, k_idx, slot, slot_ok = ch.q_gather, ch.q_scatter, ch.k_idx, ch.slot, ch.slot_ok
+            (c, r), u = q_gather.shape, k_idx.shape[1]
             qb = box_rows(qh, q_gather).flatten(3, 4)
             s = torch.matmul(qb, kh[:, :, k_idx].transpose(-1, -2)).view(pr.batch, pr.heads_kv, c, r, pr.groups, u)
             idx, ok = pr.slots(slot, slot_ok)
@@ -95,8 +128,9 @@ def _qk_backward(q, k, grad, params: NAParams):
         qh, kh, gh = pr.first(qf, pr.groups), pr.first(kf), pr.first(gf, pr.groups)
         dq_pad = pr.pad(qf.shape[-1])
         dk_t = torch.zeros(pr.tokens, pr.batch, pr.heads_kv, kf.shape[-1], dtype=pr.dtype, device=qf.device)
-        for q_gather, q_scatter, k_idx, mask, _, slot, slot_ok in pr.chunks():
-            c, r, u = mask.shape
+        for ch in pr.chunks():
+            q_gather, q_scatter, k_idx, slot, slot_ok = ch.q_gather, ch.q_scatter, ch.k_idx, ch.slot, ch.slot_ok
+            (c, r), u = q_gather.shape, k_idx.shape[1]
             idx, ok = pr.slots(slot, slot_ok)
             ds = pr.spread(box_rows(gh, q_gather).masked_fill_(~ok, 0), idx, u)  # d scores
             kb = kh[:, :, k_idx]
@@ -121,8 +155,9 @@ def _av_forward(a, v, params: NAParams):
         pr = _Boxed(vf, vf, plain, heads, params.window_size)
         ah, vh = pr.first(af, pr.groups), pr.first(vf)
         o_pad = pr.pad(vf.shape[-1])
-        for q_gather, q_scatter, k_idx, mask, _, slot, slot_ok in pr.chunks():
-            c, r, u = mask.shape
+        for ch in pr.chunks():
+            q_gather, q_scatter, k_idx, slot, slot_ok = ch.q_gather, ch.q_scatter, ch.k_idx, ch.slot, ch.slot_ok
+            (c, r), u = q_gather.shape, k_idx.shape[1]
             idx, ok = pr.slots(slot, slot_ok)
             p = pr.spread(box_rows(ah, q_gather).masked_fill_(~ok, 0), idx, u)
             o = torch.matmul(p, vh[:, :, k_idx])
@@ -145,8 +180,9 @@ def _av_backward(a, v, grad, params: NAParams):
         ah, vh, gh = pr.first(af, pr.groups), pr.first(vf), pr.first(gf, pr.groups)
         da_pad = pr.pad(w)
         dv_t = torch.zeros(pr.tokens, pr.batch, pr.heads_kv, vf.shape[-1], dtype=pr.dtype, device=vf.device)
-        for q_gather, q_scatter, k_idx, mask, _, slot, slot_ok in pr.chunks():
-            c, r, u = mask.shape
+        for ch in pr.chunks():
+            q_gather, q_scatter, k_idx, slot, slot_ok = ch.q_gather, ch.q_scatter, ch.k_idx, ch.slot, ch.slot_ok
+            (c, r), u = q_gather.shape, k_idx.shape[1]
             idx, ok = pr.slots(slot, slot_ok)
             vb = vh[:, :, k_idx]
             gb = box_rows(gh, q_gather).flatten(3, 4)

@@ -23,7 +23,7 @@ from typing import Tuple
 import torch
 
 from ..params import NAParams
-from . import register_backend
+from . import register_backend, scratch
 from .base import Backend
 from .dilation_fold import each_class, padded_shape, undilated
 from .reference_math import compute_dtype, lse_dtype
@@ -31,101 +31,116 @@ from .tiled_dropout import BoxDropout
 from .tiled_plan import Boxes, boxes_for
 
 
-def heads_first(x, heads_kv, dtype, groups=None, scale=None):
-    """``x [B, *grid, H, w]`` (times ``scale``) as a new ``[B, H_kv, N, (G,) w]`` tensor in
-    ``dtype``: a box's rows are then one gather along N, ready for the products."""
-    shape = (x.shape[0], -1, heads_kv) + ((groups,) if groups is not None else ()) + (x.shape[-1],)
-    x = x.reshape(shape).transpose(1, 2)
-    out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    return out.copy_(x) if scale is None else torch.mul(x, scale, out=out)
+def token_rows(x: torch.Tensor, dtype) -> torch.Tensor:
+    """``x [B, *grid, H, w]`` as ``[B, N, H * w]`` in ``dtype``: a box's
+    rows are then one ``index_select`` of whole tokens, and each head's rows of it a strided
+    matrix that the products read in place. ``x``'s own view where it is one already."""
+    b, heads, width = x.shape[0], x.shape[-2], x.shape[-1]
+    if x.dtype == dtype:
+        return x.reshape(b, -1, heads * width)
+    return torch.empty(x.shape, dtype=dtype, device=x.device).copy_(x).view(b, -1, heads * width)
 
 
-def box_rows(x, idx):
-    """``x [B, H_kv, N, ...]`` at box rows ``idx [C, R]`` -> ``[B, H_kv, C, R, ...]``."""
-    return x.index_select(2, idx.reshape(-1)).view(*x.shape[:2], *idx.shape, *x.shape[3:])
+def store(x: torch.Tensor, dst: torch.Tensor, count) -> None:
+    """A result ``x [B * prod(count), N (+ spare rows), ...]`` into ``dst``, a class view
+    ``[B, *count, *grid, ...]`` of the output (dilation_fold.class_view): one strided copy."""
+    na = len(count)
+    dst.copy_(x[:, : math.prod(dst.shape[1 + na : 1 + 2 * na])].view(dst.shape))
+
+
+def _each_head(out, left, right) -> None:
+    """``out[h] = left(h) @ right(h)`` for every query head ``h``, batched over boxes: one
+    product per head on strided views (one product over all heads would first copy the
+    gathered rows heads first: ~40% of the forward's time on 7x7 windows)."""
+    for h in range(out.shape[0]):
+        torch.bmm(left(h), right(h), out=out[h])
+
+
+def _each_kv_head(out, left, right, groups: int) -> None:
+    """``out[j] = sum of left(h) @ right(h)`` over the query heads ``h`` of KV head ``j``."""
+    for h in range(out.shape[0] * groups):
+        if h % groups:
+            out[h // groups].baddbmm_(left(h), right(h))
+        else:
+            torch.bmm(left(h), right(h), out=out[h // groups])
 
 
 class _Problem:
-    """An undilated problem's tensors, heads first (``[B, H_kv, N, G, D]``), compute dtype."""
+    """An undilated problem's tensors as token rows ``[B, N, H * w]`` in the compute dtype,
+    the scale in the gathered query rows (scores come out scaled; dK = dS^T (scale q) needs
+    none). Temporaries
+    come from the thread's scratch buffers (backends/scratch.py), by name."""
 
     def __init__(self, q, k, v, params: NAParams, boxes: Boxes):
         self.batch, self.heads, self.dim = q.shape[0], q.shape[-2], q.shape[-1]
         self.heads_kv, self.dim_v = k.shape[-2], v.shape[-1]
         self.groups = self.heads // self.heads_kv
         self.dtype = compute_dtype(q.dtype)
-        self.lengths = tuple(q.shape[1 : 1 + params.na_dim])
-        # the scale goes into q once: scores come out scaled, dK = dS^T (scale q)
-        self.q = heads_first(q, self.heads_kv, self.dtype, self.groups, params.scale)
-        self.k = self.first(k)
-        self.v = self.first(v)
+        self.device = q.device
+        self.q = token_rows(q, self.dtype)
+        self.scale = params.scale
+        self.k = token_rows(k, self.dtype)
+        self.v = token_rows(v, self.dtype)
         self.boxes = boxes
 
-    def first(self, x, groups=None):
-        return heads_first(x, self.heads_kv, self.dtype, groups)
-
-    def rows(self, x, idx):
-        """``x [B, H_kv, N, G, w]`` at box rows ``idx [C, R]`` -> ``[B, H_kv, C, R * G, w]``."""
-        return box_rows(x, idx).flatten(3, 4)
-
-    def keys(self, x, idx):
-        """``x [B, H_kv, N, w]`` at the boxes' keys ``idx [C, U]`` -> ``[B, H_kv, C, U, w]``."""
-        return x[:, :, idx]  # (advanced indexing: 2-3x index_select's speed here, CPU)
-
-    def scores(self, qb, kb, mask, rpb_idx, rpb):
-        """Masked scaled logits ``[B, H_kv, C, R, G, U]`` of the boxes' queries and keys;
-        ``rpb`` is the bias table transposed with a row of -inf appended (``_bias_table``),
-        which the masked scores' bias index points at: the bias then masks too."""
-        b, c = qb.shape[0], qb.shape[2]
-        r, u = mask.shape[1], mask.shape[2]
-        s = torch.matmul(qb, kb.transpose(-1, -2)).view(b, self.heads_kv, c, r, self.groups, u)
-        if rpb is not None:
-            bias = rpb.index_select(0, rpb_idx.reshape(-1)).view(c, r, u, self.heads_kv, self.groups)
-            return s.add_(bias.permute(3, 0, 1, 4, 2))
-        return s.masked_fill_(~mask[:, :, None, :], float("-inf"))
+    def new(self, name: str, *shape):
+        """A temporary: the thread's scratch buffer ``name`` (else fresh pages per chunk and
+        call, backends/scratch.py)."""
+        return scratch.take(name, shape, self.dtype, self.device)
 
 
-def store_heads_first(x: torch.Tensor, dst: torch.Tensor, count) -> None:
-    """A heads-first result ``x [B * prod(count), H_kv, N (+ 1 padding), G, w]`` into ``dst``,
-    a class view ``[B, *count, *grid, H, w]`` (dilation_fold.class_view): one strided copy."""
-    b, grid, heads, width = dst.shape[0], dst.shape[1 + len(count) : -2], dst.shape[-2], dst.shape[-1]
-    hk, g = x.shape[1], x.shape[3]
-    n = math.prod(grid)
-    src = x[:, :, :n].view(b, *count, hk, *grid, g, width)
-    na, nc = len(grid), len(count)
-    order = [0, *range(1, 1 + nc), *range(2 + nc, 2 + nc + na), 1 + nc, 2 + nc + na, 3 + nc + na]
-    dst.view(b, *count, *grid, hk, heads // hk, width).copy_(src.permute(order))
+    def rows(self, name: str, x, idx, heads: int):
+        """``x [B, N, H * w]`` at the token rows ``idx [C, R]`` -> ``[B * C, R, H, w]``."""
+        (c, r), b = idx.shape, x.shape[0]
+        out = self.new(name, b, c * r, x.shape[-1])
+        return torch.index_select(x, 1, idx.reshape(-1), out=out).view(b * c, r, heads, -1)
+
+    def queries(self, idx):
+        """The scaled query rows at ``idx``: ``[B * C, R, H, D]``."""
+        return self.rows("qb", self.q, idx, self.heads).mul_(self.scale)
+
+    def scores(self, qb, kb, mask, rpb_idx, table):
+        """Masked scaled logits ``[H, B * C, R, U]`` of the boxes' queries ``qb [B * C, R, H,
+        D]`` and keys ``kb [B * C, U, H_kv, D]``: ``mask`` is the chunk's additive mask, or
+        with a bias ``table`` (``_bias_table``: a row of -inf appended) None, the masked
+        scores' bias index pointing at that row: the bias then masks too."""
+        bc, r, u, g = qb.shape[0], qb.shape[1], kb.shape[1], self.groups
+        s = self.new("s", self.heads, bc, r, u)
+        _each_head(s, lambda h: qb[:, :, h], lambda h: kb[:, :, h // g].transpose(1, 2))
+        per_box = s.view(self.heads, self.batch, bc // self.batch, r, u)
+        if table is None:
+            per_box.add_(mask)
+        else:
+            bias = table.index_select(0, rpb_idx.reshape(-1)).view(*per_box.shape[2:], self.heads)
+            per_box.add_(bias.permute(3, 0, 1, 2).unsqueeze(1))
+        return s
+
+    def softmax(self, s):
+        """The scores' probabilities (torch's softmax, not exp(s - logsumexp(s)): torch.exp
+        runs 3-10x slower on the tiny and -inf results most of a box's scores give, CPU)."""
+        return torch._softmax(s, -1, False, out=self.new("p", *s.shape))
+
+    def per_query_head(self, rows, idx):
+        """``rows [B, N, H]`` (one value per query and head) at ``idx [C, R]`` -> ``[H, B * C,
+        R, 1]``, against the scores."""
+        c, r = idx.shape
+        return rows.index_select(1, idx.reshape(-1)).permute(2, 0, 1).reshape(self.heads, -1, r, 1)
+
+    def add_token_major(self, acc, part, idx):
+        """Per-box key results ``part [H_kv, B * C, U, w]`` summed into ``acc [N, B, H_kv *
+        w]`` at the boxes' keys ``idx [C, U]`` (token-major: index_add_ along dim 0 runs ~5x
+        faster than along a later dim)."""
+        hk, _, u, w = part.shape
+        c, b = idx.shape[0], self.batch
+        tm = self.new("token_major", c, u, b, hk, w)
+        tm.copy_(part.view(hk, b, c, u, w).permute(2, 3, 1, 0, 4))
+        acc.index_add_(0, idx.reshape(-1), tm.view(c * u, b, hk * w))
 
 
-# Elements of one block of KV heads' heads-first copies and result buffers (float32: 32 MiB).
-HEAD_BLOCK_ELEMENTS = 1 << 23
-
-
-def _kv_head_blocks(q, k, v, rpb, params: NAParams):
-    """Blocks of KV heads: their slices of the heads (query heads, KV heads, RPB rows) and
-    the boxes, planned once for all of them. A block's copies and buffers stay within
-    HEAD_BLOCK_ELEMENTS (one KV head at least), so large problems run a head at a time and
-    small ones in one go (fewer, larger products)."""
-    hk = k.shape[-2]
-    g = q.shape[-2] // hk
-    tokens = q[..., 0, 0].numel()  # batch x grid
-    # a KV head's copies (q, k, v, dO) and results (dq, dk, dv or out), ~2 of each
-    per_head = tokens * 2 * (g * q.shape[-1] + k.shape[-1] + g * v.shape[-1] + v.shape[-1])
-    block = max(1, min(hk, HEAD_BLOCK_ELEMENTS // max(1, per_head)))
-    boxes = boxes_for(tuple(q.shape[1 : 1 + params.na_dim]), params.kernel_size, params.stride, params.is_causal,
-                      g, rpb is not None, q.device)
-    for h in range(0, hk, block):
-        e = min(hk, h + block)
-        yield slice(h * g, e * g), slice(h, e), boxes
-
-
-def _forward(q, k, v, rpb, params: NAParams, out, lse, count, drop):
-    """Undilated NA on a class of dilation groups (``q`` etc. folded), written into its views
-    of ``out`` and ``lse`` (``count`` groups per axis); ``drop`` its dropout or None."""
-    for qh, kh, boxes in _kv_head_blocks(q, k, v, rpb, params):
-        o_pad, l_pad = _forward_heads_first(q[..., qh, :], k[..., kh, :], v[..., kh, :],
-                                            None if rpb is None else rpb[qh], params, boxes, drop, qh.start)
-        store_heads_first(o_pad, out[..., qh, :], count)  # the inputs' copies are freed by now
-        store_heads_first(l_pad, lse[..., qh, None], count)
+def _boxes(q, params: NAParams, rpb) -> Boxes:
+    # one product per query head: a box's rows are its tokens (boxes_for's rows per token 1)
+    return boxes_for(tuple(q.shape[1 : 1 + params.na_dim]), params.kernel_size, params.stride, params.is_causal,
+                     1, rpb is not None, q.device)
 
 
 def _bias_table(rpb, dtype):
@@ -142,81 +157,73 @@ def _scores_per_box(pr: "_Problem", drop) -> int:
     return per * (1 + drop.ELEMENTS_PER_WEIGHT) if drop is not None else per
 
 
-def _forward_heads_first(q, k, v, rpb, params: NAParams, boxes, drop, first_head):
-    pr = _Problem(q, k, v, params, boxes)
+def _forward(q, k, v, rpb, params: NAParams, out, lse, count, drop):
+    """Undilated NA on a class of dilation groups (``q`` etc. folded), written into its views
+    of ``out`` and ``lse`` (``count`` groups per axis); ``drop`` its dropout or None."""
+    pr = _Problem(q, k, v, params, _boxes(q, params, rpb))
     table = _bias_table(rpb, pr.dtype)
-    b, hk, g, n = pr.batch, pr.heads_kv, pr.groups, pr.boxes.tokens
-    o_pad = torch.empty(b, hk, n + 1, g, pr.dim_v, dtype=pr.dtype, device=q.device)
-    l_pad = torch.empty(b, hk, n + 1, g, 1, dtype=pr.dtype, device=q.device)
-    for q_gather, q_scatter, k_idx, mask, rpb_idx in pr.boxes.chunks(_scores_per_box(pr, drop)):
-        c, r, u = mask.shape
-        s = pr.scores(pr.rows(pr.q, q_gather), pr.keys(pr.k, k_idx), mask, rpb_idx, table)
-        lse_c = torch.logsumexp(s, -1, keepdim=True)  # -inf: a row without keys (padding)
-        rows = q_scatter.reshape(-1)  # padded rows all land on the extra token N
-        l_pad.index_copy_(2, rows, lse_c.view(b, hk, c * r, g, 1))
-        s.sub_(lse_c.masked_fill_(lse_c == float("-inf"), 0)).exp_()  # probabilities (0 without keys)
+    b, h, hk, g, n, dv = pr.batch, pr.heads, pr.heads_kv, pr.groups, pr.boxes.tokens, pr.dim_v
+    o_pad = pr.new("o_pad", b, n + 1, h, dv)  # padded query rows land on the spare token N
+    l_pad = pr.new("l_pad", b, n + 1, h)
+    for ch in pr.boxes.chunks(_scores_per_box(pr, drop)):
+        (c, r), rows = ch.q_gather.shape, ch.q_scatter.reshape(-1)
+        s = pr.scores(pr.queries(ch.q_gather), pr.rows("kb", pr.k, ch.k_idx, hk), ch.mask,
+                      ch.rpb_idx, table)
+        p = pr.softmax(s)
+        lse_c = s.amax(-1, keepdim=True).sub_(p.amax(-1, keepdim=True).log_())  # exp(max - lse) = max p
+        l_pad.index_copy_(1, rows, lse_c.view(h, b, c * r).permute(1, 2, 0))
         if drop is not None:  # the dropped weights meet V; the LSE stays the undropped one
-            s.mul_(drop.factor(q_gather, k_idx, first_head, hk, g, s.dtype))
-        o = torch.matmul(s.view(b, hk, c, r * g, u), pr.keys(pr.v, k_idx))
-        o_pad.index_copy_(2, rows, o.view(b, hk, c * r, g, pr.dim_v))
-    return o_pad, l_pad
+            p.view(h, b, c, r, -1).mul_(drop.factor(ch.q_gather, ch.k_idx, h, p.dtype))
+        vb = pr.rows("vb", pr.v, ch.k_idx, hk)
+        o = pr.new("o", h, b * c, r, dv)
+        _each_head(o, lambda i: p[i], lambda i: vb[:, :, i // g])
+        o_pad.index_copy_(1, rows, o.view(h, b, c * r, dv).permute(1, 2, 0, 3))
+    store(o_pad, out, count)
+    store(l_pad, lse, count)
 
 
-def _backward(q, k, v, rpb, delta, lse, grad_out, params: NAParams, drpb, grads, count, drop):
+def _backward(q, k, v, rpb, delta, grad_out, params: NAParams, drpb, grads, count, drop):
     """Undilated NA backward on a class of dilation groups: dq, dk, dv into its views
-    ``grads``; the bias gradient added into ``drpb`` (``[H, table]``, or None). ``delta`` is
-    rowsum(dO * O) minus the LSE's gradient, ``[B, *grid, H]``."""
-    dq, dk, dv = grads
-    for qh, kh, boxes in _kv_head_blocks(q, k, v, rpb, params):
-        results = _backward_heads_first(
-            q[..., qh, :], k[..., kh, :], v[..., kh, :], None if rpb is None else rpb[qh], delta[..., qh],
-            lse[..., qh], grad_out[..., qh, :], params, None if drpb is None else drpb[qh], boxes, drop, qh.start)
-        for x, dst in zip(results, (dq[..., qh, :], dk[..., kh, :], dv[..., kh, :])):
-            store_heads_first(x, dst, count)  # the inputs' copies are freed by now
-
-
-def token_major(x: torch.Tensor) -> torch.Tensor:
-    """``[B, H_kv, C, U, w]`` per-box key gradients -> ``[C * U, B, H_kv, w]``."""
-    b, hk, c, u, w = x.shape
-    return x.permute(2, 3, 0, 1, 4).reshape(c * u, b, hk, w)
-
-
-def _backward_heads_first(q, k, v, rpb, delta, lse, grad_out, params: NAParams, drpb, boxes, drop,
-                          first_head):
-    pr = _Problem(q, k, v, params, boxes)
+    ``grads``; the bias gradient added into ``drpb`` (``[H, table + 1]``, or None). ``delta``
+    is rowsum(dO * O) minus the LSE's gradient, ``[B, *grid, H]``."""
+    pr = _Problem(q, k, v, params, _boxes(q, params, rpb))
     table = _bias_table(rpb, pr.dtype)
-    b, hk, g, n, cd = pr.batch, pr.heads_kv, pr.groups, pr.boxes.tokens, pr.dtype
-    d_out = pr.first(grad_out, g)
-    delta = pr.first(delta[..., None], g)[..., 0]  # [B, H_kv, N, G]
-    lse_g = pr.first(lse[..., None], g)[..., 0]
-    lse_g.masked_fill_(lse_g == float("-inf"), 0)
-    dq_pad = torch.empty(b, hk, n + 1, g, pr.dim, dtype=cd, device=q.device)
-    # dK and dV token-major: index_add_ along dim 0 runs ~5x faster than along a later dim
-    dk = torch.zeros(n, b, hk, pr.dim, dtype=cd, device=q.device)
-    dv = torch.zeros(n, b, hk, pr.dim_v, dtype=cd, device=q.device)
-    for q_gather, q_scatter, k_idx, mask, rpb_idx in pr.boxes.chunks(_scores_per_box(pr, drop)):
-        c, r, u = mask.shape
-        qb, kb, vb = pr.rows(pr.q, q_gather), pr.keys(pr.k, k_idx), pr.keys(pr.v, k_idx)
-        dob = pr.rows(d_out, q_gather)
-        s = pr.scores(qb, kb, mask, rpb_idx, table)
-        rows_lse = lse_g.index_select(2, q_gather.reshape(-1)).view(b, hk, c, r, g, 1)
-        p = s.sub_(rows_lse).exp_().view(b, hk, c, r * g, u)  # probabilities
-        ds = torch.matmul(dob, vb.transpose(-1, -2))  # dP
+    b, h, hk, g, n = pr.batch, pr.heads, pr.heads_kv, pr.groups, pr.boxes.tokens
+    d, dv = pr.dim, pr.dim_v
+    d_out = token_rows(grad_out, pr.dtype)
+    delta = delta.reshape(b, n, h).to(pr.dtype)
+    dq_pad = pr.new("dq_pad", b, n + 1, h, d)
+    dk_acc = pr.new("dk_acc", n, b, hk * d).zero_()
+    dv_acc = pr.new("dv_acc", n, b, hk * dv).zero_()
+    for ch in pr.boxes.chunks(_scores_per_box(pr, drop)):
+        (c, r), u = ch.q_gather.shape, ch.k_idx.shape[1]
+        qb, dob = pr.queries(ch.q_gather), pr.rows("dob", d_out, ch.q_gather, h)
+        kb, vb = pr.rows("kb", pr.k, ch.k_idx, hk), pr.rows("vb", pr.v, ch.k_idx, hk)
+        p = pr.softmax(pr.scores(qb, kb, ch.mask, ch.rpb_idx, table))  # the forward's probabilities
+        if ch.row_ok is not None:  # padded rows (all keys unmasked there) take no part
+            p.view(h, b, c, r, u).mul_(ch.row_ok)
+        ds = pr.new("s", h, b * c, r, u)  # dP, then the logits' gradient in place (the scores' buffer)
+        _each_head(ds, lambda i: dob[:, :, i], lambda i: vb[:, :, i // g].transpose(1, 2))
         kept = p
         if drop is not None:  # dP and the weights that met dO carry the forward's mask
-            factor = drop.factor(q_gather, k_idx, first_head, hk, g, p.dtype).view(p.shape)
+            factor = drop.factor(ch.q_gather, ch.k_idx, h, p.dtype).view(p.shape)
             ds.mul_(factor)
-            kept = p * factor
-        ds.sub_(delta.index_select(2, q_gather.reshape(-1)).view(b, hk, c, r * g, 1)).mul_(p)  # d logits
-        dq = torch.matmul(ds, kb).mul_(params.scale)  # (the logits' scale is in q: dK needs none)
-        dq_pad.index_copy_(2, q_scatter.reshape(-1), dq.view(b, hk, c * r, g, pr.dim))
-        flat = k_idx.reshape(-1)
-        dk.index_add_(0, flat, token_major(torch.matmul(ds.transpose(-1, -2), qb)))
-        dv.index_add_(0, flat, token_major(torch.matmul(kept.transpose(-1, -2), dob)))
+            kept = torch.mul(p, factor, out=pr.new("kept", *p.shape))
+        ds.sub_(pr.per_query_head(delta, ch.q_gather)).mul_(p)
+        dq = pr.new("dq", h, b * c, r, d)
+        _each_head(dq, lambda i: ds[i], lambda i: kb[:, :, i // g])
+        dq.mul_(params.scale)  # (the logits' scale is in q: dK needs none)
+        dq_pad.index_copy_(1, ch.q_scatter.reshape(-1), dq.view(h, b, c * r, d).permute(1, 2, 0, 3))
+        for acc, width, left, right in ((dk_acc, d, ds, qb), (dv_acc, dv, kept, dob)):
+            part = pr.new("part", hk, b * c, u, width)
+            _each_kv_head(part, lambda i: left[i].transpose(1, 2), lambda i: right[:, :, i], g)
+            pr.add_token_major(acc, part, ch.k_idx)
         if drpb is not None:
-            ds_h = ds.sum(0).view(hk, c, r, g, u).permute(0, 3, 1, 2, 4).reshape(pr.heads, -1)
-            drpb.index_add_(1, rpb_idx.reshape(-1).long(), ds_h)  # (an int32 index: 25x slower)
-    return dq_pad, dk.permute(1, 2, 0, 3)[:, :, :, None], dv.permute(1, 2, 0, 3)[:, :, :, None]
+            drpb.index_add_(1, ch.rpb_idx.reshape(-1).long(), ds.view(h, b, -1).sum(1))  # (int32 index: 25x slower)
+    dq, dk, dv_out = grads
+    store(dq_pad, dq, count)
+    for acc, dst in ((dk_acc, dk), (dv_acc, dv_out)):
+        store(acc.view(n, b, hk, -1).transpose(0, 1), dst, count)
 
 
 def _dropout(rng, params: NAParams, q, spatial, cls):
@@ -261,7 +268,8 @@ def backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params: NAParams, rng=N
     def run(cls, ins, views):
         _backward(*ins[:3], rpb, *ins[3:], plain, drpb, views, cls.count, _dropout(rng, params, q, spatial, cls))
 
-    dq, dk, dv = each_class(spatial, dil, [q, k, v, delta, lse, grad_out], grads, run)
+    # (the saved LSE is not needed: the backward recomputes the probabilities with softmax)
+    dq, dk, dv = each_class(spatial, dil, [q, k, v, delta, grad_out], grads, run)
     if drpb is not None:  # without the masked scores' column, contiguous as the op's fake result
         drpb = drpb[:, :-1].to(rpb.dtype).contiguous().view(rpb.shape)
     return dq, dk, dv, drpb

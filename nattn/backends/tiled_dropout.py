@@ -43,16 +43,13 @@ class BoxDropout:
         self.offset = _outer_sum([torch.arange(m) * d * s for m, d, s in zip(cls.lengths, dilation, strides)]).to(dev)
         self.rng, self.p = rng, p
 
-    def factor(self, q_rows: torch.Tensor, k_idx: torch.Tensor, first_head: int, heads_kv: int, groups: int,
-               dtype) -> torch.Tensor:
-        """``[B', H_kv, C, R, G, U]`` for the query rows ``q_rows [C, R]`` and keys ``k_idx
-        [C, U]`` (group-local token indices) of query heads ``first_head ..`` (``H_kv`` KV
-        heads of ``G`` query heads each)."""
+    def factor(self, q_rows: torch.Tensor, k_idx: torch.Tensor, heads: int, dtype) -> torch.Tensor:
+        """``[H, B', C, R, U]`` for the query rows ``q_rows [C, R]`` and keys ``k_idx [C, U]``
+        (group-local token indices) of every query head."""
         c, r, u = q_rows.shape[0], q_rows.shape[1], k_idx.shape[1]
-        base = self.base.view(-1, 1, 1, 1, 1, 1)
-        query = base + self.offset[q_rows].view(1, 1, c, r, 1, 1)
-        key = base + self.offset[k_idx].view(1, 1, c, 1, 1, u)
-        head = torch.arange(first_head, first_head + heads_kv * groups, device=base.device)
-        keep = dropout.keep_mask(self.rng, self.p, self.batch.view(-1, 1, 1, 1, 1, 1),
-                                 head.view(1, heads_kv, 1, 1, groups, 1), query, key)
+        base = self.base.view(1, -1, 1, 1, 1)
+        query = base + self.offset[q_rows].view(1, 1, c, r, 1)
+        key = base + self.offset[k_idx].view(1, 1, c, 1, u)
+        head = torch.arange(heads, device=base.device).view(-1, 1, 1, 1, 1)
+        keep = dropout.keep_mask(self.rng, self.p, self.batch.view(1, -1, 1, 1, 1), head, query, key)
         return keep.to(dtype) * (1.0 / (1.0 - self.p))

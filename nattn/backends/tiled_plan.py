@@ -18,14 +18,19 @@ import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import List, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
 from ..windows import axis_key_interval, axis_window_start
 
-# Scores held per chunk of boxes (float32: 4 MiB, about what a core's caches keep close).
-CHUNK_SCORES = 1 << 20
+# Scores held per chunk of boxes (float32: 2 MiB; a chunk's temporaries, ~14x that, stay in
+# the thread's scratch buffers between calls: backends/scratch.py).
+CHUNK_SCORES = 1 << 19
+
+# The largest problem (scores of all its boxes, one batch entry and head) whose chunks are
+# kept between calls: their mask or bias index hold 4 bytes a score, so 4 MiB at most.
+CACHED_SCORES = 1 << 20
 
 # Per-product overhead, in scores per query row of a box: a box of R query rows costs
 # U * (1 + ROW_OVERHEAD / R) (CPU, float32; 7x7 windows measured best at 4x4 boxes, 13x13
@@ -117,6 +122,20 @@ def outer(parts: List[torch.Tensor], combine) -> torch.Tensor:
     return out.reshape(out.shape[0], *[math.prod(out.shape[1 + j * n : 1 + (j + 1) * n]) for j in range(trailing)])
 
 
+class Chunk(NamedTuple):
+    """The index tensors of a chunk of ``C`` boxes of ``R`` query rows and ``U`` keys each."""
+
+    q_gather: torch.Tensor  # [C, R]: each row's token (padded rows: the axis's last token)
+    q_scatter: torch.Tensor  # [C, R]: the same, padded rows pointing one past the tokens
+    k_idx: torch.Tensor  # [C, U]: each box's keys
+    mask: Optional[torch.Tensor]  # [C, R, U] float32: 0 where the query sees the key, -inf elsewhere
+    # (padded rows see every key: finite scores that row_ok then zeroes where it matters)
+    rpb_idx: Optional[torch.Tensor]  # [C, R, U] int32 bias entry; masked scores: one past the table
+    row_ok: Optional[torch.Tensor]  # [C, R, 1] float32: 1 for real rows, 0 for padding (None: none)
+    slot: Optional[torch.Tensor] = None  # [C, R, W]: window slot t's place among the box's keys
+    slot_ok: Optional[torch.Tensor] = None  # [C, R, W] bool: slot t holds a key
+
+
 @lru_cache(maxsize=16)
 def boxes_for(lengths, kernel, stride, causal, groups: int, with_rpb: bool, device) -> "Boxes":
     """A problem's boxes, shared by its calls (and by layers of the same shape): their small
@@ -142,17 +161,17 @@ class Boxes:
         self._chunks = {}
 
     def chunks(self, scores_per_box: int, slots: bool = False):
-        """The index tensors of every chunk of boxes: ``(q_gather, q_scatter, k_idx, mask,
-        rpb_idx)``, with ``slots`` also ``(slot, slot_ok)`` ``[C, R, W]`` (each window slot's
-        place among the box's keys, and whether it holds a key: the unfused ops' layout).
-        Kept (for the next KV head and call) when all of them together are small: masks and
-        bias indices hold 1 and 4 bytes a score, so at most 2.5 MiB a problem (boxes_for
-        keeps 16 problems)."""
+        """Every chunk of boxes (a ``Chunk``), with ``slots`` also ``slot`` and ``slot_ok`` (the
+        unfused ops' layout). The mask is additive: one add masks a chunk's scores of every
+        batch entry and head, where a boolean ``masked_fill_`` broadcast over them runs ~10x
+        slower (CPU). With a bias table it is None: the bias index points masked scores at a
+        row of -inf. Kept for the next call up to CACHED_SCORES (boxes_for keeps 16
+        problems)."""
         per = max(1, CHUNK_SCORES // max(1, scores_per_box))
         if (per, slots) in self._chunks:
             return self._chunks[per, slots]
         chunks = (self._chunk(start, min(start + per, self.count), slots) for start in range(0, self.count, per))
-        if self.count * self.rows * self.keys > CHUNK_SCORES // 2:
+        if self.count * self.rows * self.keys > CACHED_SCORES:
             return chunks
         self._chunks[per, slots] = list(chunks)
         return self._chunks[per, slots]
@@ -176,19 +195,23 @@ class Boxes:
         q_scatter = torch.where(ok, q_gather, self.tokens)
         k_idx = outer([(p.key_start[c][:, None] + torch.arange(p.keys)[None, :]) * st
                         for p, c, st in zip(self.plans, coords, strides)], torch.add)
-        mask = outer([p.mask[c] for p, c in zip(self.plans, coords)], torch.logical_and)
-        rpb_idx = None
+        # padded rows see every key of their box: finite scores, never a row without keys
+        # (its softmax would be NaN); the backward weighs them by row_ok
+        mask = outer([p.mask[c] for p, c in zip(self.plans, coords)], torch.logical_and) | ~ok[..., None]
+        rpb_idx = additive = None
         if self.with_rpb:
             mult = [math.prod(self.rpb_sizes[a + 1:]) for a in range(len(self.plans))]
             rpb_idx = outer([p.rpb[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add)
             # masked scores point one past the table: the tiled backend puts -inf there
             rpb_idx = torch.where(mask, rpb_idx, math.prod(self.rpb_sizes)).int()
+        else:
+            additive = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+        row_ok = None if bool(ok.all()) else ok.float()[..., None]
         dev = self.device
-        out = (q_gather.to(dev), q_scatter.to(dev), k_idx.to(dev), mask.to(dev),
-               None if rpb_idx is None else rpb_idx.to(dev))
+        on = [None if t is None else t.to(dev) for t in (q_gather, q_scatter, k_idx, additive, rpb_idx, row_ok)]
         if not slots:
-            return out
+            return Chunk(*on)
         mult = [math.prod(p.keys for p in self.plans[a + 1:]) for a in range(len(self.plans))]
         slot = outer([p.slot[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add)
         slot_ok = outer([p.slot_ok[c] for p, c in zip(self.plans, coords)], torch.logical_and)
-        return out + (slot.to(dev), slot_ok.to(dev))
+        return Chunk(*on, slot.to(dev), slot_ok.to(dev))
