@@ -8,8 +8,9 @@ faults took up to half of its time (PERF.md, fortieth session). Here a named buf
 on in its thread and is handed out again, as a view of the shape asked for, on the next
 call: the same pages, already mapped.
 
-Buffers are kept only on the CPU and up to ``LIMIT_BYTES`` per thread (larger requests
-get plain ``torch.empty``); ``release()`` drops the calling thread's. A name is one live
+Buffers are kept only on the CPU, outside functorch's transforms, and up to ``LIMIT_BYTES``
+per thread (other requests get plain ``torch.empty``); ``release()`` drops the calling
+thread's. A name is one live
 temporary at a time: a caller must be done with ``take(name, ...)``'s result before it
 takes the same name again, and never return it (or a view of it) to its own caller.
 """
@@ -33,12 +34,14 @@ class _Buffers(threading.local):
 
 
 _local = _Buffers()
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 def take(name: str, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialized ``shape`` tensor: on the CPU a view of the thread's buffer ``name``
     (grown when too small, while the thread's total stays within LIMIT_BYTES)."""
-    if torch.device(device).type != "cpu":
+    if torch.device(device).type != "cpu" or _functorch_active():
+        # (functorch's transforms forbid writing into a tensor created outside them)
         return torch.empty(shape, dtype=dtype, device=device)
     n = math.prod(shape)
     key = (name, dtype)
