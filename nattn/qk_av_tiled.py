@@ -19,76 +19,51 @@ from torch.autograd.function import once_differentiable
 from .backends.dilation_fold import each_class, padded_shape, undilated
 from .backends.reference_math import compute_dtype
 from .backends.tiled_plan import boxes_for
+from .backends.tiled_rows import TokenRows, each_head, each_kv_head, store, token_rows
 from .params import NAParams
 
 
-# The heads-first layout these products use: [B, H_kv, N, (G,) w]
-def heads_first(x, heads_kv, dtype, groups=None, scale=None):
-    """``x [B, *grid, H, w]`` (times ``scale``) as a new ``[B, H_kv, N, (G,) w]`` tensor in
-    ``dtype``: a box's rows are then one gather along N, ready for the products."""
-    shape = (x.shape[0], -1, heads_kv) + ((groups,) if groups is not None else ()) + (x.shape[-1],)
-    x = x.reshape(shape).transpose(1, 2)
-    out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    return out.copy_(x) if scale is None else torch.mul(x, scale, out=out)
-
-
-def box_rows(x, idx):
-    """``x [B, H_kv, N, ...]`` at box rows ``idx [C, R]`` -> ``[B, H_kv, C, R, ...]``."""
-    return x.index_select(2, idx.reshape(-1)).view(*x.shape[:2], *idx.shape, *x.shape[3:])
-
-
-def store_heads_first(x: torch.Tensor, dst: torch.Tensor, count) -> None:
-    """A heads-first result ``x [B * prod(count), H_kv, N (+ 1 padding), G, w]`` into ``dst``,
-    a class view ``[B, *count, *grid, H, w]`` (dilation_fold.class_view): one strided copy."""
-    b, grid, heads, width = dst.shape[0], dst.shape[1 + len(count) : -2], dst.shape[-2], dst.shape[-1]
-    hk, g = x.shape[1], x.shape[3]
-    n = math.prod(grid)
-    src = x[:, :, :n].view(b, *count, hk, *grid, g, width)
-    na, nc = len(grid), len(count)
-    order = [0, *range(1, 1 + nc), *range(2 + nc, 2 + nc + na), 1 + nc, 2 + nc + na, 3 + nc + na]
-    dst.view(b, *count, *grid, hk, heads // hk, width).copy_(src.permute(order))
-
-
-def token_major(x: torch.Tensor) -> torch.Tensor:
-    """``[B, H_kv, C, U, w]`` per-box key gradients -> ``[C * U, B, H_kv, w]``."""
-    b, hk, c, u, w = x.shape
-    return x.permute(2, 3, 0, 1, 4).reshape(c * u, b, hk, w)
-
-
-class _Boxed:
-    """One class's problem: heads-first copies and the boxes with their window slots."""
+class _Boxed(TokenRows):
+    """One class's problem: the boxes with their window slots, rows in the compute dtype."""
 
     def __init__(self, x, other, params: NAParams, heads: int, width_rows: int):
-        self.batch, self.heads_kv = x.shape[0], other.shape[-2]
+        super().__init__(x.shape[0], compute_dtype(x.dtype), x.device)
+        self.heads, self.heads_kv = heads, other.shape[-2]
         self.groups = heads // self.heads_kv
-        self.dtype = compute_dtype(x.dtype)
         lengths = tuple(x.shape[1 : 1 + params.na_dim])
         self.tokens = math.prod(lengths)
-        self.boxes = boxes_for(lengths, params.kernel_size, params.stride, params.is_causal, self.groups, False,
-                               x.device)
+        self.boxes = boxes_for(lengths, params.kernel_size, params.stride, params.is_causal, 1, False, x.device)
         self.per_box = self.batch * heads * self.boxes.rows * max(self.boxes.keys, width_rows)
-
-    def first(self, x, groups=None):
-        return heads_first(x, self.heads_kv, self.dtype, groups)
 
     def chunks(self):
         return self.boxes.chunks(self.per_box, slots=True)
 
-    def pad(self, width):
-        return torch.empty(self.batch, self.heads_kv, self.tokens + 1, self.groups, width, dtype=self.dtype,
-                           device=self.boxes.device)
+    def slots(self, ch):
+        """The chunk's window slots against ``[H, B, C, R, U]`` scores: (index, holds a key)."""
+        c, r, w = ch.slot.shape
+        return ch.slot.view(1, 1, c, r, w).expand(self.heads, self.batch, c, r, w), ch.slot_ok.view(1, 1, c, r, w)
 
-    def slots(self, slot, slot_ok):
-        """The window slots ``[C, R, W]`` shaped against ``[B, H_kv, C, R, G, W]``."""
-        c, r, w = slot.shape
-        idx = slot.view(1, 1, c, r, 1, w).expand(self.batch, self.heads_kv, c, r, self.groups, w)
-        return idx, slot_ok.view(1, 1, c, r, 1, w)
+    def window_rows(self, name, x, idx, ok):
+        """Per-query window values ``x [B, N, H * W]`` at the rows ``idx [C, R]``, 0 in slots
+        without a key: ``[H, B, C, R, W]``."""
+        (c, r), b = idx.shape, self.batch
+        rows = self.rows(name, x, idx, self.heads).view(b, c, r, self.heads, -1).permute(3, 0, 1, 2, 4)
+        return rows.masked_fill_(~ok, 0)
 
     def spread(self, weights, idx, keys):
-        """Window-slot values ``[B, H_kv, C, R, G, W]`` onto the box's keys: ``[B, H_kv, C, R * G, U]``."""
-        b, hk, c, r, g, _ = weights.shape
-        out = weights.new_zeros(b, hk, c, r, g, keys)
-        return out.scatter_add_(-1, idx, weights).view(b, hk, c, r * g, keys)
+        """Window-slot values ``[H, B, C, R, W]`` onto the box's keys: ``[H, B * C, R, U]``."""
+        h, b, c, r, _ = weights.shape
+        out = self.new("spread", h, b, c, r, keys).zero_()
+        return out.scatter_add_(-1, idx, weights).view(h, b * c, r, keys)
+
+    def pick(self, scores, idx, ok):
+        """Each query's window slots out of ``scores [H, B * C, R, U]`` (0 in slots without a
+        key): ``[H, B * C, R, W]``."""
+        h, bc, r, u = scores.shape
+        w = idx.shape[-1]
+        out = self.new("picked", h, self.batch, bc // self.batch, r, w)
+        torch.gather(scores.view(h, self.batch, -1, r, u), -1, idx, out=out)
+        return out.masked_fill_(~ok, 0).view(h, bc, r, w)
 
 
 def _qk_forward(q, k, params: NAParams):
@@ -97,20 +72,18 @@ def _qk_forward(q, k, params: NAParams):
     plain = undilated(params)
 
     def run(cls, ins, outs):
-        count = cls.count
         qf, kf = ins
         pr = _Boxed(qf, kf, plain, heads, w)
-        qh, kh = pr.first(qf, pr.groups), pr.first(kf)
-        logits = pr.pad(w)
+        h, hk, g = pr.heads, pr.heads_kv, pr.groups
+        q_rows, k_rows = token_rows(qf, pr.dtype), token_rows(kf, pr.dtype)
+        logits = pr.new("logits", pr.batch, pr.tokens + 1, h, w)
         for ch in pr.chunks():
-            q_gather, q_scatter, k_idx, slot, slot_ok = ch.q_gather, ch.q_scatter, ch.k_idx, ch.slot, ch.slot_ok
-            (c, r), u = q_gather.shape, k_idx.shape[1]
-            qb = box_rows(qh, q_gather).flatten(3, 4)
-            s = torch.matmul(qb, kh[:, :, k_idx].transpose(-1, -2)).view(pr.batch, pr.heads_kv, c, r, pr.groups, u)
-            idx, ok = pr.slots(slot, slot_ok)
-            picked = s.gather(-1, idx).masked_fill_(~ok, 0)
-            logits.index_copy_(2, q_scatter.reshape(-1), picked.flatten(2, 3))
-        store_heads_first(logits, outs[0], count)
+            (c, r), u = ch.q_gather.shape, ch.k_idx.shape[1]
+            qb, kb = pr.rows("qb", q_rows, ch.q_gather, h), pr.rows("kb", k_rows, ch.k_idx, hk)
+            s = pr.new("s", h, pr.batch * c, r, u)
+            each_head(s, lambda i: qb[:, :, i], lambda i: kb[:, :, i // g].transpose(1, 2))
+            pr.scatter_rows(logits, ch.q_scatter, pr.pick(s, *pr.slots(ch)))
+        store(logits, outs[0], cls.count)
 
     return each_class(q.shape[1:-2], params.dilation, [q, k], [out], run)[0]
 
@@ -122,24 +95,25 @@ def _qk_backward(q, k, grad, params: NAParams):
     plain = undilated(params)
 
     def run(cls, ins, outs):
-        count = cls.count
         qf, kf, gf = ins
         pr = _Boxed(qf, kf, plain, heads, params.window_size)
-        qh, kh, gh = pr.first(qf, pr.groups), pr.first(kf), pr.first(gf, pr.groups)
-        dq_pad = pr.pad(qf.shape[-1])
-        dk_t = torch.zeros(pr.tokens, pr.batch, pr.heads_kv, kf.shape[-1], dtype=pr.dtype, device=qf.device)
+        h, hk, g, d = pr.heads, pr.heads_kv, pr.groups, qf.shape[-1]
+        q_rows, k_rows, g_rows = (token_rows(x, pr.dtype) for x in (qf, kf, gf))
+        dq_pad = pr.new("dq_pad", pr.batch, pr.tokens + 1, h, d)
+        dk_acc = pr.new("dk_acc", pr.tokens, pr.batch, hk * d).zero_()
         for ch in pr.chunks():
-            q_gather, q_scatter, k_idx, slot, slot_ok = ch.q_gather, ch.q_scatter, ch.k_idx, ch.slot, ch.slot_ok
-            (c, r), u = q_gather.shape, k_idx.shape[1]
-            idx, ok = pr.slots(slot, slot_ok)
-            ds = pr.spread(box_rows(gh, q_gather).masked_fill_(~ok, 0), idx, u)  # d scores
-            kb = kh[:, :, k_idx]
-            dq_pad.index_copy_(2, q_scatter.reshape(-1), torch.matmul(ds, kb).view(*dq_pad.shape[:2], c * r,
-                                                                                   pr.groups, -1))
-            qb = box_rows(qh, q_gather).flatten(3, 4)
-            dk_t.index_add_(0, k_idx.reshape(-1), token_major(torch.matmul(ds.transpose(-1, -2), qb)))
-        store_heads_first(dq_pad, outs[0], count)
-        store_heads_first(dk_t.permute(1, 2, 0, 3)[:, :, :, None], outs[1], count)
+            (c, r), u = ch.q_gather.shape, ch.k_idx.shape[1]
+            idx, ok = pr.slots(ch)
+            ds = pr.spread(pr.window_rows("gb", g_rows, ch.q_gather, ok), idx, u)  # d scores
+            qb, kb = pr.rows("qb", q_rows, ch.q_gather, h), pr.rows("kb", k_rows, ch.k_idx, hk)
+            dqb = pr.new("dq", h, pr.batch * c, r, d)
+            each_head(dqb, lambda i: ds[i], lambda i: kb[:, :, i // g])
+            pr.scatter_rows(dq_pad, ch.q_scatter, dqb)
+            part = pr.new("part", hk, pr.batch * c, u, d)
+            each_kv_head(part, lambda i: ds[i].transpose(1, 2), lambda i: qb[:, :, i], g)
+            pr.add_token_major(dk_acc, part, ch.k_idx)
+        store(dq_pad, outs[0], cls.count)
+        pr.store_token_major(dk_acc, outs[1], cls.count)
 
     return each_class(q.shape[1:-2], params.dilation, [q, k, grad], [dq, dk], run)
 
@@ -150,19 +124,20 @@ def _av_forward(a, v, params: NAParams):
     plain = undilated(params)
 
     def run(cls, ins, outs):
-        count = cls.count
         af, vf = ins
         pr = _Boxed(vf, vf, plain, heads, params.window_size)
-        ah, vh = pr.first(af, pr.groups), pr.first(vf)
-        o_pad = pr.pad(vf.shape[-1])
+        h, hk, g, dv = pr.heads, pr.heads_kv, pr.groups, vf.shape[-1]
+        a_rows, v_rows = token_rows(af, pr.dtype), token_rows(vf, pr.dtype)
+        o_pad = pr.new("o_pad", pr.batch, pr.tokens + 1, h, dv)
         for ch in pr.chunks():
-            q_gather, q_scatter, k_idx, slot, slot_ok = ch.q_gather, ch.q_scatter, ch.k_idx, ch.slot, ch.slot_ok
-            (c, r), u = q_gather.shape, k_idx.shape[1]
-            idx, ok = pr.slots(slot, slot_ok)
-            p = pr.spread(box_rows(ah, q_gather).masked_fill_(~ok, 0), idx, u)
-            o = torch.matmul(p, vh[:, :, k_idx])
-            o_pad.index_copy_(2, q_scatter.reshape(-1), o.view(*o_pad.shape[:2], c * r, pr.groups, -1))
-        store_heads_first(o_pad, outs[0], count)
+            (c, r), u = ch.q_gather.shape, ch.k_idx.shape[1]
+            idx, ok = pr.slots(ch)
+            p = pr.spread(pr.window_rows("ab", a_rows, ch.q_gather, ok), idx, u)
+            vb = pr.rows("vb", v_rows, ch.k_idx, hk)
+            o = pr.new("o", h, pr.batch * c, r, dv)
+            each_head(o, lambda i: p[i], lambda i: vb[:, :, i // g])
+            pr.scatter_rows(o_pad, ch.q_scatter, o)
+        store(o_pad, outs[0], cls.count)
 
     return each_class(a.shape[1:-2], params.dilation, [a, v], [out], run)[0]
 
@@ -174,24 +149,25 @@ def _av_backward(a, v, grad, params: NAParams):
     plain = undilated(params)
 
     def run(cls, ins, outs):
-        count = cls.count
         af, vf, gf = ins
         pr = _Boxed(vf, vf, plain, heads, w)
-        ah, vh, gh = pr.first(af, pr.groups), pr.first(vf), pr.first(gf, pr.groups)
-        da_pad = pr.pad(w)
-        dv_t = torch.zeros(pr.tokens, pr.batch, pr.heads_kv, vf.shape[-1], dtype=pr.dtype, device=vf.device)
+        h, hk, g, d_v = pr.heads, pr.heads_kv, pr.groups, vf.shape[-1]
+        a_rows, v_rows, g_rows = (token_rows(x, pr.dtype) for x in (af, vf, gf))
+        da_pad = pr.new("da_pad", pr.batch, pr.tokens + 1, h, w)
+        dv_acc = pr.new("dv_acc", pr.tokens, pr.batch, hk * d_v).zero_()
         for ch in pr.chunks():
-            q_gather, q_scatter, k_idx, slot, slot_ok = ch.q_gather, ch.q_scatter, ch.k_idx, ch.slot, ch.slot_ok
-            (c, r), u = q_gather.shape, k_idx.shape[1]
-            idx, ok = pr.slots(slot, slot_ok)
-            vb = vh[:, :, k_idx]
-            gb = box_rows(gh, q_gather).flatten(3, 4)
-            dp = torch.matmul(gb, vb.transpose(-1, -2)).view(pr.batch, pr.heads_kv, c, r, pr.groups, u)
-            da_pad.index_copy_(2, q_scatter.reshape(-1), dp.gather(-1, idx).masked_fill_(~ok, 0).flatten(2, 3))
-            p = pr.spread(box_rows(ah, q_gather).masked_fill_(~ok, 0), idx, u)
-            dv_t.index_add_(0, k_idx.reshape(-1), token_major(torch.matmul(p.transpose(-1, -2), gb)))
-        store_heads_first(da_pad, outs[0], count)
-        store_heads_first(dv_t.permute(1, 2, 0, 3)[:, :, :, None], outs[1], count)
+            (c, r), u = ch.q_gather.shape, ch.k_idx.shape[1]
+            idx, ok = pr.slots(ch)
+            gb, vb = pr.rows("gb", g_rows, ch.q_gather, h), pr.rows("vb", v_rows, ch.k_idx, hk)
+            dp = pr.new("s", h, pr.batch * c, r, u)
+            each_head(dp, lambda i: gb[:, :, i], lambda i: vb[:, :, i // g].transpose(1, 2))
+            pr.scatter_rows(da_pad, ch.q_scatter, pr.pick(dp, idx, ok))
+            p = pr.spread(pr.window_rows("ab", a_rows, ch.q_gather, ok), idx, u)
+            part = pr.new("part", hk, pr.batch * c, u, d_v)
+            each_kv_head(part, lambda i: p[i].transpose(1, 2), lambda i: gb[:, :, i], g)
+            pr.add_token_major(dv_acc, part, ch.k_idx)
+        store(da_pad, outs[0], cls.count)
+        pr.store_token_major(dv_acc, outs[1], cls.count)
 
     return each_class(a.shape[1:-2], params.dilation, [a, v, grad], [da, dv], run)
 

@@ -17,83 +17,35 @@ dropout draws the reference's keep mask (backends/tiled_dropout.py).
 
 from __future__ import annotations
 
-import math
 from typing import Tuple
 
 import torch
 
 from ..params import NAParams
-from . import register_backend, scratch
+from . import register_backend
 from .base import Backend
 from .dilation_fold import each_class, padded_shape, undilated
 from .reference_math import compute_dtype, lse_dtype
 from .tiled_dropout import BoxDropout
 from .tiled_plan import Boxes, boxes_for
+from .tiled_rows import TokenRows, each_head, each_kv_head, store, token_rows
 
 
-def token_rows(x: torch.Tensor, dtype) -> torch.Tensor:
-    """``x [B, *grid, H, w]`` as ``[B, N, H * w]`` in ``dtype``: a box's
-    rows are then one ``index_select`` of whole tokens, and each head's rows of it a strided
-    matrix that the products read in place. ``x``'s own view where it is one already."""
-    b, heads, width = x.shape[0], x.shape[-2], x.shape[-1]
-    if x.dtype == dtype:
-        return x.reshape(b, -1, heads * width)
-    return torch.empty(x.shape, dtype=dtype, device=x.device).copy_(x).view(b, -1, heads * width)
-
-
-def store(x: torch.Tensor, dst: torch.Tensor, count) -> None:
-    """A result ``x [B * prod(count), N (+ spare rows), ...]`` into ``dst``, a class view
-    ``[B, *count, *grid, ...]`` of the output (dilation_fold.class_view): one strided copy."""
-    na = len(count)
-    dst.copy_(x[:, : math.prod(dst.shape[1 + na : 1 + 2 * na])].view(dst.shape))
-
-
-def _each_head(out, left, right) -> None:
-    """``out[h] = left(h) @ right(h)`` for every query head ``h``, batched over boxes: one
-    product per head on strided views (one product over all heads would first copy the
-    gathered rows heads first: ~40% of the forward's time on 7x7 windows)."""
-    for h in range(out.shape[0]):
-        torch.bmm(left(h), right(h), out=out[h])
-
-
-def _each_kv_head(out, left, right, groups: int) -> None:
-    """``out[j] = sum of left(h) @ right(h)`` over the query heads ``h`` of KV head ``j``."""
-    for h in range(out.shape[0] * groups):
-        if h % groups:
-            out[h // groups].baddbmm_(left(h), right(h))
-        else:
-            torch.bmm(left(h), right(h), out=out[h // groups])
-
-
-class _Problem:
-    """An undilated problem's tensors as token rows ``[B, N, H * w]`` in the compute dtype,
-    the scale in the gathered query rows (scores come out scaled; dK = dS^T (scale q) needs
-    none). Temporaries
-    come from the thread's scratch buffers (backends/scratch.py), by name."""
+class _Problem(TokenRows):
+    """An undilated problem's tensors as token rows (backends/tiled_rows.py) in the compute
+    dtype, the scale in the gathered query rows (scores come out scaled; dK = dS^T (scale q)
+    needs none)."""
 
     def __init__(self, q, k, v, params: NAParams, boxes: Boxes):
-        self.batch, self.heads, self.dim = q.shape[0], q.shape[-2], q.shape[-1]
+        super().__init__(q.shape[0], compute_dtype(q.dtype), q.device)
+        self.heads, self.dim = q.shape[-2], q.shape[-1]
         self.heads_kv, self.dim_v = k.shape[-2], v.shape[-1]
         self.groups = self.heads // self.heads_kv
-        self.dtype = compute_dtype(q.dtype)
-        self.device = q.device
         self.q = token_rows(q, self.dtype)
         self.scale = params.scale
         self.k = token_rows(k, self.dtype)
         self.v = token_rows(v, self.dtype)
         self.boxes = boxes
-
-    def new(self, name: str, *shape):
-        """A temporary: the thread's scratch buffer ``name`` (else fresh pages per chunk and
-        call, backends/scratch.py)."""
-        return scratch.take(name, shape, self.dtype, self.device)
-
-
-    def rows(self, name: str, x, idx, heads: int):
-        """``x [B, N, H * w]`` at the token rows ``idx [C, R]`` -> ``[B * C, R, H, w]``."""
-        (c, r), b = idx.shape, x.shape[0]
-        out = self.new(name, b, c * r, x.shape[-1])
-        return torch.index_select(x, 1, idx.reshape(-1), out=out).view(b * c, r, heads, -1)
 
     def queries(self, idx):
         """The scaled query rows at ``idx``: ``[B * C, R, H, D]``."""
@@ -106,7 +58,7 @@ class _Problem:
         scores' bias index pointing at that row: the bias then masks too."""
         bc, r, u, g = qb.shape[0], qb.shape[1], kb.shape[1], self.groups
         s = self.new("s", self.heads, bc, r, u)
-        _each_head(s, lambda h: qb[:, :, h], lambda h: kb[:, :, h // g].transpose(1, 2))
+        each_head(s, lambda h: qb[:, :, h], lambda h: kb[:, :, h // g].transpose(1, 2))
         per_box = s.view(self.heads, self.batch, bc // self.batch, r, u)
         if table is None:
             per_box.add_(mask)
@@ -125,16 +77,6 @@ class _Problem:
         R, 1]``, against the scores."""
         c, r = idx.shape
         return rows.index_select(1, idx.reshape(-1)).permute(2, 0, 1).reshape(self.heads, -1, r, 1)
-
-    def add_token_major(self, acc, part, idx):
-        """Per-box key results ``part [H_kv, B * C, U, w]`` summed into ``acc [N, B, H_kv *
-        w]`` at the boxes' keys ``idx [C, U]`` (token-major: index_add_ along dim 0 runs ~5x
-        faster than along a later dim)."""
-        hk, _, u, w = part.shape
-        c, b = idx.shape[0], self.batch
-        tm = self.new("token_major", c, u, b, hk, w)
-        tm.copy_(part.view(hk, b, c, u, w).permute(2, 3, 1, 0, 4))
-        acc.index_add_(0, idx.reshape(-1), tm.view(c * u, b, hk * w))
 
 
 def _boxes(q, params: NAParams, rpb) -> Boxes:
@@ -176,8 +118,8 @@ def _forward(q, k, v, rpb, params: NAParams, out, lse, count, drop):
             p.view(h, b, c, r, -1).mul_(drop.factor(ch.q_gather, ch.k_idx, h, p.dtype))
         vb = pr.rows("vb", pr.v, ch.k_idx, hk)
         o = pr.new("o", h, b * c, r, dv)
-        _each_head(o, lambda i: p[i], lambda i: vb[:, :, i // g])
-        o_pad.index_copy_(1, rows, o.view(h, b, c * r, dv).permute(1, 2, 0, 3))
+        each_head(o, lambda i: p[i], lambda i: vb[:, :, i // g])
+        pr.scatter_rows(o_pad, ch.q_scatter, o)
     store(o_pad, out, count)
     store(l_pad, lse, count)
 
@@ -203,7 +145,7 @@ def _backward(q, k, v, rpb, delta, grad_out, params: NAParams, drpb, grads, coun
         if ch.row_ok is not None:  # padded rows (all keys unmasked there) take no part
             p.view(h, b, c, r, u).mul_(ch.row_ok)
         ds = pr.new("s", h, b * c, r, u)  # dP, then the logits' gradient in place (the scores' buffer)
-        _each_head(ds, lambda i: dob[:, :, i], lambda i: vb[:, :, i // g].transpose(1, 2))
+        each_head(ds, lambda i: dob[:, :, i], lambda i: vb[:, :, i // g].transpose(1, 2))
         kept = p
         if drop is not None:  # dP and the weights that met dO carry the forward's mask
             factor = drop.factor(ch.q_gather, ch.k_idx, h, p.dtype).view(p.shape)
@@ -211,19 +153,19 @@ def _backward(q, k, v, rpb, delta, grad_out, params: NAParams, drpb, grads, coun
             kept = torch.mul(p, factor, out=pr.new("kept", *p.shape))
         ds.sub_(pr.per_query_head(delta, ch.q_gather)).mul_(p)
         dq = pr.new("dq", h, b * c, r, d)
-        _each_head(dq, lambda i: ds[i], lambda i: kb[:, :, i // g])
+        each_head(dq, lambda i: ds[i], lambda i: kb[:, :, i // g])
         dq.mul_(params.scale)  # (the logits' scale is in q: dK needs none)
-        dq_pad.index_copy_(1, ch.q_scatter.reshape(-1), dq.view(h, b, c * r, d).permute(1, 2, 0, 3))
+        pr.scatter_rows(dq_pad, ch.q_scatter, dq)
         for acc, width, left, right in ((dk_acc, d, ds, qb), (dv_acc, dv, kept, dob)):
             part = pr.new("part", hk, b * c, u, width)
-            _each_kv_head(part, lambda i: left[i].transpose(1, 2), lambda i: right[:, :, i], g)
+            each_kv_head(part, lambda i: left[i].transpose(1, 2), lambda i: right[:, :, i], g)
             pr.add_token_major(acc, part, ch.k_idx)
         if drpb is not None:
             drpb.index_add_(1, ch.rpb_idx.reshape(-1).long(), ds.view(h, b, -1).sum(1))  # (int32 index: 25x slower)
     dq, dk, dv_out = grads
     store(dq_pad, dq, count)
-    for acc, dst in ((dk_acc, dk), (dv_acc, dv_out)):
-        store(acc.view(n, b, hk, -1).transpose(0, 1), dst, count)
+    pr.store_token_major(dk_acc, dk, count)
+    pr.store_token_major(dv_acc, dv_out, count)
 
 
 def _dropout(rng, params: NAParams, q, spatial, cls):
