@@ -2,13 +2,14 @@
 tensors, for scale), forward and forward + backward, ms per call (best of ``--reps``).
 
     python benchmarks/cpu_backends.py [--dtype float32|bfloat16] [--reps 5] [--only NAME,...]
-    python benchmarks/cpu_backends.py --models nat_mini,dinat_mini [--batch 2]
+    python benchmarks/cpu_backends.py --models nat_mini,dinat_mini [--batch 2] [--train]
 
 Problems: a DiNAT-like 2-D layer (56x56, 7x7, 4 heads, D32), the same at 28x28 with dilation
 4, a 2-D 13x13 window (64x64, D64), a 3-D 5x7x7 window (8x16x16, D64), a 1-D window of 255
 (4096 tokens, D64), and a GQA / RPB 2-D layer. Dense SDPA computes every N x N score (it is
 not NA): it shows what the CPU's matrix products reach. ``--models`` times whole timm models
-instead (inference, 224x224, float32), their NA layers on each backend.
+instead (inference, or with ``--train`` a training step; 224x224, float32), their NA layers on
+each backend.
 """
 
 import argparse
@@ -71,25 +72,37 @@ def run(name, spec, dtype, reps):
     return row + [dense, gflop]
 
 
-def models(names, batch, reps):
+def models(names, batch, reps, train=False):
     import timm
 
     importlib.import_module("nattn.models")  # registers the NA models with timm
 
+    what = "training step (forward, backward, SGD)" if train else "inference"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, batch {batch}, 224x224; "
-          f"inference ms per batch (best of {reps})")
+          f"{what} ms per batch (best of {reps})")
     print("| model | reference | tiled | speedup |")
     print("|---|---|---|---|")
     x = torch.randn(batch, 3, 224, 224)
+    y = torch.randint(0, 1000, (batch,))
     for name in names:
-        model = timm.create_model(name).eval()
+        torch.manual_seed(0)
+        model = timm.create_model(name).train(train)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step():
+            if not train:
+                with torch.no_grad():
+                    return model(x)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
         row = []
         for backend in ("reference", "tiled"):
             for m in model.modules():
                 if hasattr(m, "backend"):
                     m.backend = backend
-            with torch.no_grad():
-                row.append(best_ms(lambda: model(x), reps))
+            row.append(best_ms(step, reps))
         print(f"| {name} | {row[0]:.0f} | {row[1]:.0f} | {row[0] / row[1]:.1f}x |", flush=True)
 
 
@@ -100,9 +113,10 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--models", default="", help="timm model names: time them instead of single layers")
     ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--train", action="store_true", help="with --models: a training step instead of inference")
     args = ap.parse_args()
     if args.models:
-        return models(args.models.split(","), args.batch, args.reps)
+        return models(args.models.split(","), args.batch, args.reps, args.train)
     dtype = getattr(torch, args.dtype)
     names = [n for n in PROBLEMS if not args.only or n in args.only.split(",")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}; ms (best of {args.reps})")

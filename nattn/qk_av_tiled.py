@@ -19,7 +19,7 @@ from torch.autograd.function import once_differentiable
 from .backends.dilation_fold import each_class, padded_shape, undilated
 from .backends.reference_math import compute_dtype
 from .backends.tiled_plan import boxes_for
-from .backends.tiled_rows import TokenRows, each_head, each_kv_head, store, token_rows
+from .backends.tiled_rows import TokenRows, each_head, each_kv_head, heads_first, store, token_rows
 from .params import NAParams
 
 
@@ -81,7 +81,7 @@ def _qk_forward(q, k, params: NAParams):
             (c, r), u = ch.q_gather.shape, ch.k_idx.shape[1]
             qb, kb = pr.rows("qb", q_rows, ch.q_gather, h), pr.rows("kb", k_rows, ch.k_idx, hk)
             s = pr.new("s", h, pr.batch * c, r, u)
-            each_head(s, lambda i: qb[:, :, i], lambda i: kb[:, :, i // g].transpose(1, 2))
+            each_head(s, heads_first(qb), heads_first(kb, True), g)
             pr.scatter_rows(logits, ch.q_scatter, pr.pick(s, *pr.slots(ch)))
         store(logits, outs[0], cls.count)
 
@@ -107,10 +107,10 @@ def _qk_backward(q, k, grad, params: NAParams):
             ds = pr.spread(pr.window_rows("gb", g_rows, ch.q_gather, ok), idx, u)  # d scores
             qb, kb = pr.rows("qb", q_rows, ch.q_gather, h), pr.rows("kb", k_rows, ch.k_idx, hk)
             dqb = pr.new("dq", h, pr.batch * c, r, d)
-            each_head(dqb, lambda i: ds[i], lambda i: kb[:, :, i // g])
+            each_head(dqb, ds, heads_first(kb), g)
             pr.scatter_rows(dq_pad, ch.q_scatter, dqb)
             part = pr.new("part", hk, pr.batch * c, u, d)
-            each_kv_head(part, lambda i: ds[i].transpose(1, 2), lambda i: qb[:, :, i], g)
+            each_kv_head(part, ds.transpose(2, 3), heads_first(qb), g)
             pr.add_token_major(dk_acc, part, ch.k_idx)
         store(dq_pad, outs[0], cls.count)
         pr.store_token_major(dk_acc, outs[1], cls.count)
@@ -135,7 +135,7 @@ def _av_forward(a, v, params: NAParams):
             p = pr.spread(pr.window_rows("ab", a_rows, ch.q_gather, ok), idx, u)
             vb = pr.rows("vb", v_rows, ch.k_idx, hk)
             o = pr.new("o", h, pr.batch * c, r, dv)
-            each_head(o, lambda i: p[i], lambda i: vb[:, :, i // g])
+            each_head(o, p, heads_first(vb), g)
             pr.scatter_rows(o_pad, ch.q_scatter, o)
         store(o_pad, outs[0], cls.count)
 
@@ -160,11 +160,11 @@ def _av_backward(a, v, grad, params: NAParams):
             idx, ok = pr.slots(ch)
             gb, vb = pr.rows("gb", g_rows, ch.q_gather, h), pr.rows("vb", v_rows, ch.k_idx, hk)
             dp = pr.new("s", h, pr.batch * c, r, u)
-            each_head(dp, lambda i: gb[:, :, i], lambda i: vb[:, :, i // g].transpose(1, 2))
+            each_head(dp, heads_first(gb), heads_first(vb, True), g)
             pr.scatter_rows(da_pad, ch.q_scatter, pr.pick(dp, idx, ok))
             p = pr.spread(pr.window_rows("ab", a_rows, ch.q_gather, ok), idx, u)
             part = pr.new("part", hk, pr.batch * c, u, d_v)
-            each_kv_head(part, lambda i: p[i].transpose(1, 2), lambda i: gb[:, :, i], g)
+            each_kv_head(part, p.transpose(2, 3), heads_first(gb), g)
             pr.add_token_major(dv_acc, part, ch.k_idx)
         store(da_pad, outs[0], cls.count)
         pr.store_token_major(dv_acc, outs[1], cls.count)

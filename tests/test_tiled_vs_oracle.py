@@ -11,7 +11,7 @@ import torch
 
 import nattn
 from nattn.backends import choose_na_backend
-from nattn.backends import tiled, tiled_plan
+from nattn.backends import tiled, tiled_plan, tiled_rows
 from nattn.backends.dilation_fold import class_view, fold, fold_classes, padded
 from nattn.backends.tiled_plan import axis_plan, box_sizes
 from nattn.params import normalize
@@ -41,6 +41,15 @@ def test_bfloat16_sweep(case):
 @pytest.mark.parametrize("case", CASES_LOW[45:], ids=str)
 def test_float16_sweep(case):
     check_case(case, torch.float16, (1e-2, 1e-2), backend="tiled")
+
+
+@pytest.mark.parametrize("products", ["per-head", "stacked"])
+@pytest.mark.parametrize("case", CASES_64[::12], ids=str)
+def test_both_ways_of_running_the_heads(case, products, monkeypatch):
+    """The products over heads run as a loop of one product per head, or as one product over
+    all heads for small ones (tiled_rows.SMALL_PRODUCT): each of them alone, every gradient."""
+    monkeypatch.setattr(tiled_rows, "SMALL_PRODUCT", 0 if products == "per-head" else 1 << 62)
+    check_case(case, torch.float64, (1e-9, 1e-9), backend="tiled")
 
 
 @pytest.mark.parametrize("seed", range(6))

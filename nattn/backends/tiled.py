@@ -28,7 +28,7 @@ from .dilation_fold import each_class, padded_shape, undilated
 from .reference_math import compute_dtype, lse_dtype
 from .tiled_dropout import BoxDropout
 from .tiled_plan import Boxes, boxes_for
-from .tiled_rows import TokenRows, each_head, each_kv_head, store, token_rows
+from .tiled_rows import TokenRows, each_head, each_kv_head, heads_first, store, token_rows
 
 
 class _Problem(TokenRows):
@@ -58,7 +58,7 @@ class _Problem(TokenRows):
         scores' bias index pointing at that row: the bias then masks too."""
         bc, r, u, g = qb.shape[0], qb.shape[1], kb.shape[1], self.groups
         s = self.new("s", self.heads, bc, r, u)
-        each_head(s, lambda h: qb[:, :, h], lambda h: kb[:, :, h // g].transpose(1, 2))
+        each_head(s, heads_first(qb), heads_first(kb, True), g)
         per_box = s.view(self.heads, self.batch, bc // self.batch, r, u)
         if table is None:
             per_box.add_(mask)
@@ -118,7 +118,7 @@ def _forward(q, k, v, rpb, params: NAParams, out, lse, count, drop):
             p.view(h, b, c, r, -1).mul_(drop.factor(ch.q_gather, ch.k_idx, h, p.dtype))
         vb = pr.rows("vb", pr.v, ch.k_idx, hk)
         o = pr.new("o", h, b * c, r, dv)
-        each_head(o, lambda i: p[i], lambda i: vb[:, :, i // g])
+        each_head(o, p, heads_first(vb), g)
         pr.scatter_rows(o_pad, ch.q_scatter, o)
     store(o_pad, out, count)
     store(l_pad, lse, count)
@@ -145,7 +145,7 @@ def _backward(q, k, v, rpb, delta, grad_out, params: NAParams, drpb, grads, coun
         if ch.row_ok is not None:  # padded rows (all keys unmasked there) take no part
             p.view(h, b, c, r, u).mul_(ch.row_ok)
         ds = pr.new("s", h, b * c, r, u)  # dP, then the logits' gradient in place (the scores' buffer)
-        each_head(ds, lambda i: dob[:, :, i], lambda i: vb[:, :, i // g].transpose(1, 2))
+        each_head(ds, heads_first(dob), heads_first(vb, True), g)
         kept = p
         if drop is not None:  # dP and the weights that met dO carry the forward's mask
             factor = drop.factor(ch.q_gather, ch.k_idx, h, p.dtype).view(p.shape)
@@ -153,12 +153,12 @@ def _backward(q, k, v, rpb, delta, grad_out, params: NAParams, drpb, grads, coun
             kept = torch.mul(p, factor, out=pr.new("kept", *p.shape))
         ds.sub_(pr.per_query_head(delta, ch.q_gather)).mul_(p)
         dq = pr.new("dq", h, b * c, r, d)
-        each_head(dq, lambda i: ds[i], lambda i: kb[:, :, i // g])
+        each_head(dq, ds, heads_first(kb), g)
         dq.mul_(params.scale)  # (the logits' scale is in q: dK needs none)
         pr.scatter_rows(dq_pad, ch.q_scatter, dq)
         for acc, width, left, right in ((dk_acc, d, ds, qb), (dv_acc, dv, kept, dob)):
             part = pr.new("part", hk, b * c, u, width)
-            each_kv_head(part, lambda i: left[i].transpose(1, 2), lambda i: right[:, :, i], g)
+            each_kv_head(part, left.transpose(2, 3), heads_first(right), g)
             pr.add_token_major(acc, part, ch.k_idx)
         if drpb is not None:
             drpb.index_add_(1, ch.rpb_idx.reshape(-1).long(), ds.view(h, b, -1).sum(1))  # (int32 index: 25x slower)

@@ -5,7 +5,8 @@ A tensor ``[B, *grid, H, w]`` is kept as ``[B, N, H * w]`` rows, one per token: 
 are one ``index_select`` of whole tokens, and each head's slice of those rows is a strided
 matrix that ``torch.bmm`` reads in place. Products run one head at a time, batched over
 boxes, into ``[H, B * C, rows, cols]`` results: a product over every head at once would
-first copy the gathered rows heads first (~40% of a 7x7 window's forward, CPU).
+first copy the gathered rows heads first (~40% of a 7x7 window's forward, CPU), which pays
+only for small products (SMALL_PRODUCT), where the Python loop costs more.
 Temporaries come from the thread's scratch buffers (backends/scratch.py), by name.
 """
 
@@ -36,19 +37,47 @@ def store(x: torch.Tensor, dst: torch.Tensor, count) -> None:
     dst.copy_(x[:, : math.prod(dst.shape[1 + na : 1 + 2 * na])].view(dst.shape))
 
 
-def each_head(out, left, right) -> None:
-    """``out[h] = left(h) @ right(h)`` for every query head ``h``, batched over boxes."""
-    for h in range(out.shape[0]):
-        torch.bmm(left(h), right(h), out=out[h])
+# Multiply-adds of one head's product below which one product over every head (torch
+# copies the strided operands heads first) beats a Python loop of products over the heads.
+SMALL_PRODUCT = 1 << 16
+
+
+def _small(left, right) -> bool:
+    return left.shape[1] * left.shape[2] * left.shape[3] * right.shape[-1] < SMALL_PRODUCT
+
+
+def each_head(out, left, right, groups: int = 1) -> None:
+    """``out[h] = left[h] @ right[h // groups]`` for every query head ``h``: ``left [H, B * C,
+    R, K]`` and ``right [H_kv, B * C, K, U]`` (strided views, heads first), batched over boxes."""
+    if _small(left, right):
+        if groups > 1:
+            right = right.repeat_interleave(groups, 0)
+        torch.matmul(left, right, out=out)
+        return
+    for h, (a, o) in enumerate(zip(left.unbind(0), out.unbind(0))):
+        torch.bmm(a, right[h // groups], out=o)
 
 
 def each_kv_head(out, left, right, groups: int) -> None:
-    """``out[j] = sum of left(h) @ right(h)`` over the query heads ``h`` of KV head ``j``."""
-    for h in range(out.shape[0] * groups):
-        if h % groups:
-            out[h // groups].baddbmm_(left(h), right(h))
+    """``out[j] = sum of left[h] @ right[h]`` over the query heads ``h`` of KV head ``j``:
+    ``left [H, B * C, U, R]``, ``right [H, B * C, R, w]``, ``out [H_kv, B * C, U, w]``."""
+    if _small(left, right):
+        if groups == 1:
+            torch.matmul(left, right, out=out)
         else:
-            torch.bmm(left(h), right(h), out=out[h // groups])
+            torch.sum(torch.matmul(left, right).unflatten(0, (-1, groups)), 1, out=out)
+        return
+    for h, (a, b) in enumerate(zip(left.unbind(0), right.unbind(0))):
+        if h % groups:
+            out[h // groups].baddbmm_(a, b)
+        else:
+            torch.bmm(a, b, out=out[h // groups])
+
+
+def heads_first(x: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """Gathered rows ``[B * C, R, H, w]`` as the view ``[H, B * C, R, w]`` (``transposed``:
+    ``[H, B * C, w, R]``) that each_head / each_kv_head take."""
+    return x.permute(2, 0, 3, 1) if transposed else x.permute(2, 0, 1, 3)
 
 
 class TokenRows:
