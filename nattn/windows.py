@@ -95,7 +95,9 @@ class WindowTable:
         (heads before slots, as the logits hold them); ``rpb_idx`` the flat RPB index of
         :meth:`chunk` over all queries when the caller already has it."""
         idx = self.chunk(0, self.num_tokens)[2] if rpb_idx is None else rpb_idx
-        return rpb.flatten(1)[:, idx].to(dtype).permute(1, 0, 2)
+        # rows of the transposed table: a gather along dim 1 runs ~15x slower (CPU)
+        rows = rpb.flatten(1).t().contiguous().index_select(0, idx.reshape(-1))
+        return rows.view(*idx.shape, -1).to(dtype).permute(0, 2, 1)
 
     def chunk(self, start: int, stop: int):
         """Flat key index, validity and flat RPB index of queries ``start..stop-1``.
