@@ -39,7 +39,7 @@ def store(x: torch.Tensor, dst: torch.Tensor, count) -> None:
 
 # Multiply-adds of one head's product below which one product over every head (torch
 # copies the strided operands heads first) beats a Python loop of products over the heads.
-SMALL_PRODUCT = 1 << 16
+SMALL_PRODUCT = 1 << 18
 
 
 def _small(left, right) -> bool:
