@@ -7,12 +7,15 @@ scores outside each query's window before the softmax. It computes more scores t
 windows hold (``prod(U)`` per query, see tiled_plan) and wins by doing them in matrix
 products: on a CPU it runs NA several times faster than the reference.
 
-Automatic dispatch runs it on CPU tensors (``backend="tiled"`` runs it on any device).
-Same numbers as the reference: float32 math (float64 for float64 inputs), outputs in the
-input dtype, LSE in float32 (float64); an explicit backward from the saved LSE whose key,
-value and bias gradients are summed back with ``index_add_`` (deterministic on the CPU).
-Memory is bounded by the chunk of boxes and a block of KV heads' copies, never N x N. Attention
-dropout draws the reference's keep mask (backends/tiled_dropout.py).
+Tensors are token rows and the products run per head on strided views
+(backends/tiled_rows.py); the probabilities come from ``torch.softmax``, the LSE from their
+largest value. Automatic dispatch runs it on CPU tensors (``backend="tiled"`` runs it on any
+device). Same numbers as the reference: float32 math (float64 for float64 inputs), outputs
+in the input dtype, LSE in float32 (float64); an explicit backward, recomputing the
+probabilities, whose key, value and bias gradients are summed back with ``index_add_``
+(deterministic on the CPU). Memory is bounded by the chunk of boxes plus the problem's own
+size, never N x N; temporaries live in per-thread scratch buffers (backends/scratch.py).
+Attention dropout draws the reference's keep mask (backends/tiled_dropout.py).
 """
 
 from __future__ import annotations

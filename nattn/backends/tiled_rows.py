@@ -49,10 +49,8 @@ def _small(left, right) -> bool:
 def each_head(out, left, right, groups: int = 1) -> None:
     """``out[h] = left[h] @ right[h // groups]`` for every query head ``h``: ``left [H, B * C,
     R, K]`` and ``right [H_kv, B * C, K, U]`` (strided views, heads first), batched over boxes."""
-    if _small(left, right):
-        if groups > 1:
-            right = right.repeat_interleave(groups, 0)
-        torch.matmul(left, right, out=out)
+    if _small(left, right):  # (matmul's out= fails on functorch's wrappers: a copy instead)
+        out.copy_(torch.matmul(left, right if groups == 1 else right.repeat_interleave(groups, 0)))
         return
     for h, (a, o) in enumerate(zip(left.unbind(0), out.unbind(0))):
         torch.bmm(a, right[h // groups], out=o)
@@ -62,10 +60,8 @@ def each_kv_head(out, left, right, groups: int) -> None:
     """``out[j] = sum of left[h] @ right[h]`` over the query heads ``h`` of KV head ``j``:
     ``left [H, B * C, U, R]``, ``right [H, B * C, R, w]``, ``out [H_kv, B * C, U, w]``."""
     if _small(left, right):
-        if groups == 1:
-            torch.matmul(left, right, out=out)
-        else:
-            torch.sum(torch.matmul(left, right).unflatten(0, (-1, groups)), 1, out=out)
+        prod = torch.matmul(left, right)
+        out.copy_(prod if groups == 1 else prod.unflatten(0, (-1, groups)).sum(1))
         return
     for h, (a, b) in enumerate(zip(left.unbind(0), right.unbind(0))):
         if h % groups:
