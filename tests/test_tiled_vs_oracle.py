@@ -251,3 +251,32 @@ def test_results_are_contiguous_as_the_ops_fake_results(dilation):
     for x in (out, lse, *grads):
         assert x.is_contiguous()
     assert grads[3].shape == rpb.shape
+
+
+def test_kept_chunks_stay_within_their_budget(monkeypatch):
+    """Chunk lists are kept between calls within CACHED_BYTES over all problems, least
+    recently used out first; a problem whose chunks exceed it builds them one at a time."""
+    kept = tiled_plan._KeptChunks()
+    monkeypatch.setattr(tiled_plan, "KEPT", kept)
+    dev = torch.device("cpu")
+
+    def boxes(n, rpb=False):  # (with an RPB: a bias index instead of the mask, the same bytes)
+        return tiled_plan.Boxes((n, n), (5, 5), (1, 1), (False, False), 1, rpb, dev)
+
+    a, b, c = boxes(12), boxes(13), boxes(13, rpb=True)
+    first = a.chunks(1)
+    assert a.chunks(1) is first and kept.bytes > 0  # the same list, kept
+    size_a = kept.bytes
+    b.chunks(1)
+    size_b = kept.bytes - size_a
+    monkeypatch.setattr(tiled_plan, "CACHED_BYTES", size_a + size_b)
+    a.chunks(1)  # a is now the most recently used
+    c.chunks(1)  # c needs b's room: b, the least recently used, goes
+    keys = [k[0] for k in kept.lists]
+    assert a.key in keys and c.key in keys and b.key not in keys
+    assert kept.bytes == size_a + size_b <= tiled_plan.CACHED_BYTES
+    monkeypatch.setattr(tiled_plan, "CACHED_BYTES", 16)
+    big = boxes(15).chunks(1)
+    assert not isinstance(big, list)  # a generator: never all at once
+    assert sum(ch.k_idx.shape[0] for ch in big) == boxes(15).count
+    assert boxes(15).key not in [k[0] for k in kept.lists]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import List, NamedTuple, Optional, Tuple
@@ -28,9 +30,9 @@ from ..windows import axis_key_interval, axis_window_start
 # the thread's scratch buffers between calls: backends/scratch.py).
 CHUNK_SCORES = 1 << 19
 
-# The largest problem (scores of all its boxes, one batch entry and head) whose chunks are
-# kept between calls: their mask or bias index hold 4 bytes a score, so 4 MiB at most.
-CACHED_SCORES = 1 << 20
+# Bytes of chunk index tensors kept between calls, over every problem (the least recently
+# used problem's go first): building them costs ~5-10% of a small window's forward.
+CACHED_BYTES = 32 << 20
 
 # Per-product overhead, in scores per query row of a box: a box of R query rows costs
 # U * (1 + ROW_OVERHEAD / R) (CPU, float32; 7x7 windows measured best at 4x4 boxes, 13x13
@@ -136,6 +138,42 @@ class Chunk(NamedTuple):
     slot_ok: Optional[torch.Tensor] = None  # [C, R, W] bool: slot t holds a key
 
 
+class _KeptChunks:
+    """The chunk lists kept between calls: least recently used first out, within
+    CACHED_BYTES (read when a list is added, so a test may change it), one lock for threads."""
+
+    def __init__(self):
+        self.lists: "OrderedDict[tuple, Tuple[list, int]]" = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            entry = self.lists.get(key)
+            if entry is None:
+                return None
+            self.lists.move_to_end(key)
+            return entry[0]
+
+    def put(self, key, chunks: list) -> None:
+        size = sum(t.numel() * t.element_size() for ch in chunks for t in ch if t is not None)
+        with self.lock:
+            if size > CACHED_BYTES or key in self.lists:
+                return
+            while self.lists and self.bytes + size > CACHED_BYTES:
+                self.bytes -= self.lists.popitem(last=False)[1][1]
+            self.lists[key] = (chunks, size)
+            self.bytes += size
+
+    def clear(self) -> None:
+        with self.lock:
+            self.lists.clear()
+            self.bytes = 0
+
+
+KEPT = _KeptChunks()
+
+
 @lru_cache(maxsize=16)
 def boxes_for(lengths, kernel, stride, causal, groups: int, with_rpb: bool, device) -> "Boxes":
     """A problem's boxes, shared by its calls (and by layers of the same shape): their small
@@ -158,23 +196,31 @@ class Boxes:
         self.with_rpb = with_rpb
         self.rpb_sizes = [2 * k - 1 for k in kernel]
         self.device = device
-        self._chunks = {}
+        self.key = (lengths, kernel, stride, causal, groups, with_rpb, str(device))
 
     def chunks(self, scores_per_box: int, slots: bool = False):
         """Every chunk of boxes (a ``Chunk``), with ``slots`` also ``slot`` and ``slot_ok`` (the
         unfused ops' layout). The mask is additive: one add masks a chunk's scores of every
         batch entry and head, where a boolean ``masked_fill_`` broadcast over them runs ~10x
         slower (CPU). With a bias table it is None: the bias index points masked scores at a
-        row of -inf. Kept for the next call up to CACHED_SCORES (boxes_for keeps 16
-        problems)."""
+        row of -inf. Kept for the next call within CACHED_BYTES over all problems (``KEPT``)."""
         per = max(1, CHUNK_SCORES // max(1, scores_per_box))
-        if (per, slots) in self._chunks:
-            return self._chunks[per, slots]
+        key = (self.key, per, slots)
+        kept = KEPT.get(key)
+        if kept is not None:
+            return kept
         chunks = (self._chunk(start, min(start + per, self.count), slots) for start in range(0, self.count, per))
-        if self.count * self.rows * self.keys > CACHED_SCORES:
-            return chunks
-        self._chunks[per, slots] = list(chunks)
-        return self._chunks[per, slots]
+        if self._index_bytes(slots) > CACHED_BYTES:
+            return chunks  # built one at a time: their memory stays one chunk's
+        chunks = list(chunks)
+        KEPT.put(key, chunks)
+        return chunks
+
+    def _index_bytes(self, slots: bool) -> int:
+        """About what a problem's chunks hold: 4 bytes a score (mask or bias index), and with
+        ``slots`` 9 a window slot (int64 place, bool)."""
+        window = math.prod(p.slot.shape[-1] for p in self.plans)
+        return self.count * self.rows * (4 * self.keys + (9 * window if slots else 0))
 
     def _chunk(self, start: int, stop: int, slots: bool):
         ids = torch.arange(start, stop)
