@@ -196,8 +196,8 @@ def test_memory_stays_bounded_by_the_chunk(monkeypatch):
     seen = []
     real = tiled._Problem.scores
 
-    def spy(self, qb, kb, mask, rpb_idx, rpb):
-        s = real(self, qb, kb, mask, rpb_idx, rpb)
+    def spy(self, *args):
+        s = real(self, *args)
         seen.append(s.numel())
         return s
 
@@ -256,27 +256,40 @@ def test_results_are_contiguous_as_the_ops_fake_results(dilation):
 def test_kept_chunks_stay_within_their_budget(monkeypatch):
     """Chunk lists are kept between calls within CACHED_BYTES over all problems, least
     recently used out first; a problem whose chunks exceed it builds them one at a time."""
-    kept = tiled_plan._KeptChunks()
-    monkeypatch.setattr(tiled_plan, "KEPT", kept)
     dev = torch.device("cpu")
 
-    def boxes(n, rpb=False):  # (with an RPB: a bias index instead of the mask, the same bytes)
+    def boxes(n, rpb=False):
         return tiled_plan.Boxes((n, n), (5, 5), (1, 1), (False, False), 1, rpb, dev)
 
     a, b, c = boxes(12), boxes(13), boxes(13, rpb=True)
+    sizes = []
+    for x in (a, b, c):  # each one's bytes, alone
+        alone = tiled_plan._KeptChunks()
+        monkeypatch.setattr(tiled_plan, "KEPT", alone)
+        x.chunks(1)
+        sizes.append(alone.bytes)
+    kept = tiled_plan._KeptChunks()
+    monkeypatch.setattr(tiled_plan, "KEPT", kept)
+    monkeypatch.setattr(tiled_plan, "CACHED_BYTES", sizes[0] + max(sizes[1:]))
     first = a.chunks(1)
-    assert a.chunks(1) is first and kept.bytes > 0  # the same list, kept
-    size_a = kept.bytes
+    assert a.chunks(1) is first  # the same list, kept
     b.chunks(1)
-    size_b = kept.bytes - size_a
-    monkeypatch.setattr(tiled_plan, "CACHED_BYTES", size_a + size_b)
     a.chunks(1)  # a is now the most recently used
     c.chunks(1)  # c needs b's room: b, the least recently used, goes
     keys = [k[0] for k in kept.lists]
     assert a.key in keys and c.key in keys and b.key not in keys
-    assert kept.bytes == size_a + size_b <= tiled_plan.CACHED_BYTES
+    assert kept.bytes == sizes[0] + sizes[2] <= tiled_plan.CACHED_BYTES
     monkeypatch.setattr(tiled_plan, "CACHED_BYTES", 16)
     big = boxes(15).chunks(1)
     assert not isinstance(big, list)  # a generator: never all at once
     assert sum(ch.k_idx.shape[0] for ch in big) == boxes(15).count
     assert boxes(15).key not in [k[0] for k in kept.lists]
+
+
+def test_bias_patterns_are_shared_by_interior_boxes():
+    """With an RPB, a chunk holds each distinct box pattern of bias entries once: 2-D boxes
+    of a 7x7 window fall into at most 3 x 3 (first, interior, last along each axis)."""
+    boxes = tiled_plan.Boxes((40, 40), (7, 7), (1, 1), (False, False), 1, True, torch.device("cpu"))
+    for ch in boxes.chunks(1):
+        assert ch.rpb_idx.shape[0] <= 9 and ch.rpb_box.shape == (ch.k_idx.shape[0],)
+        assert int(ch.rpb_box.max()) < ch.rpb_idx.shape[0]

@@ -54,21 +54,31 @@ class _Problem(TokenRows):
         """The scaled query rows at ``idx``: ``[B * C, R, H, D]``."""
         return self.rows("qb", self.q, idx, self.heads).mul_(self.scale)
 
-    def scores(self, qb, kb, mask, rpb_idx, table):
+    def scores(self, qb, kb, ch, table):
         """Masked scaled logits ``[H, B * C, R, U]`` of the boxes' queries ``qb [B * C, R, H,
-        D]`` and keys ``kb [B * C, U, H_kv, D]``: ``mask`` is the chunk's additive mask, or
-        with a bias ``table`` (``_bias_table``: a row of -inf appended) None, the masked
-        scores' bias index pointing at that row: the bias then masks too."""
+        D]`` and keys ``kb [B * C, U, H_kv, D]`` of chunk ``ch``: its additive mask, or with a
+        bias ``table`` (``_bias_table``: a row of -inf appended) the bias of each box's
+        pattern, the masked scores' entry being that row: the bias then masks too."""
         bc, r, u, g = qb.shape[0], qb.shape[1], kb.shape[1], self.groups
         s = self.new("s", self.heads, bc, r, u)
         each_head(s, heads_first(qb), heads_first(kb, True), g)
         per_box = s.view(self.heads, self.batch, bc // self.batch, r, u)
         if table is None:
-            per_box.add_(mask)
-        else:
-            bias = table.index_select(0, rpb_idx.reshape(-1)).view(*per_box.shape[2:], self.heads)
-            per_box.add_(bias.permute(3, 0, 1, 2).unsqueeze(1))
+            per_box.add_(ch.mask)
+        else:  # the patterns' bias (few), then each box's rows of it (whole rows: fast)
+            patterns = table.index_select(0, ch.rpb_idx.reshape(-1)).t().reshape(self.heads, -1, r * u)
+            bias = patterns.index_select(1, ch.rpb_box).view(self.heads, 1, -1, r, u)
+            per_box.add_(bias)
         return s
+
+    def add_bias_gradient(self, drpb, ds, ch) -> None:
+        """The logits' gradient ``ds [H, B * C, R, U]`` summed into ``drpb [H, table + 1]``:
+        per box pattern first (one index_add_ of whole rows), then onto the table."""
+        h, bc, r, u = ds.shape
+        per_box = ds.view(h, self.batch, -1, r * u)
+        per_box = per_box[:, 0] if self.batch == 1 else per_box.sum(1)
+        per_pattern = ds.new_zeros(h, ch.rpb_idx.shape[0], r * u).index_add_(1, ch.rpb_box, per_box)
+        drpb.index_add_(1, ch.rpb_idx.reshape(-1), per_pattern.view(h, -1))
 
     def softmax(self, s):
         """The scores' probabilities (torch's softmax, not exp(s - logsumexp(s)): torch.exp
@@ -112,8 +122,7 @@ def _forward(q, k, v, rpb, params: NAParams, out, lse, count, drop):
     l_pad = pr.new("l_pad", b, n + 1, h)
     for ch in pr.boxes.chunks(_scores_per_box(pr, drop)):
         (c, r), rows = ch.q_gather.shape, ch.q_scatter.reshape(-1)
-        s = pr.scores(pr.queries(ch.q_gather), pr.rows("kb", pr.k, ch.k_idx, hk), ch.mask,
-                      ch.rpb_idx, table)
+        s = pr.scores(pr.queries(ch.q_gather), pr.rows("kb", pr.k, ch.k_idx, hk), ch, table)
         p = pr.softmax(s)
         lse_c = s.amax(-1, keepdim=True).sub_(p.amax(-1, keepdim=True).log_())  # exp(max - lse) = max p
         l_pad.index_copy_(1, rows, lse_c.view(h, b, c * r).permute(1, 2, 0))
@@ -144,7 +153,7 @@ def _backward(q, k, v, rpb, delta, grad_out, params: NAParams, drpb, grads, coun
         (c, r), u = ch.q_gather.shape, ch.k_idx.shape[1]
         qb, dob = pr.queries(ch.q_gather), pr.rows("dob", d_out, ch.q_gather, h)
         kb, vb = pr.rows("kb", pr.k, ch.k_idx, hk), pr.rows("vb", pr.v, ch.k_idx, hk)
-        p = pr.softmax(pr.scores(qb, kb, ch.mask, ch.rpb_idx, table))  # the forward's probabilities
+        p = pr.softmax(pr.scores(qb, kb, ch, table))  # the forward's probabilities
         if ch.row_ok is not None:  # padded rows (all keys unmasked there) take no part
             p.view(h, b, c, r, u).mul_(ch.row_ok)
         ds = pr.new("s", h, b * c, r, u)  # dP, then the logits' gradient in place (the scores' buffer)
@@ -164,7 +173,7 @@ def _backward(q, k, v, rpb, delta, grad_out, params: NAParams, drpb, grads, coun
             each_kv_head(part, left.transpose(2, 3), heads_first(right), g)
             pr.add_token_major(acc, part, ch.k_idx)
         if drpb is not None:
-            drpb.index_add_(1, ch.rpb_idx.reshape(-1).long(), ds.view(h, b, -1).sum(1))  # (int32 index: 25x slower)
+            pr.add_bias_gradient(drpb, ds, ch)
     dq, dk, dv_out = grads
     store(dq_pad, dq, count)
     pr.store_token_major(dk_acc, dk, count)

@@ -132,7 +132,10 @@ class Chunk(NamedTuple):
     k_idx: torch.Tensor  # [C, U]: each box's keys
     mask: Optional[torch.Tensor]  # [C, R, U] float32: 0 where the query sees the key, -inf elsewhere
     # (padded rows see every key: finite scores that row_ok then zeroes where it matters)
-    rpb_idx: Optional[torch.Tensor]  # [C, R, U] int32 bias entry; masked scores: one past the table
+    # the boxes' bias entries, [P, R, U] int64, as the P distinct patterns (interior boxes
+    # share one; masked scores point one past the table) and each box's pattern [C]
+    rpb_idx: Optional[torch.Tensor]
+    rpb_box: Optional[torch.Tensor]
     row_ok: Optional[torch.Tensor]  # [C, R, 1] float32: 1 for real rows, 0 for padding (None: none)
     slot: Optional[torch.Tensor] = None  # [C, R, W]: window slot t's place among the box's keys
     slot_ok: Optional[torch.Tensor] = None  # [C, R, W] bool: slot t holds a key
@@ -217,8 +220,8 @@ class Boxes:
         return chunks
 
     def _index_bytes(self, slots: bool) -> int:
-        """About what a problem's chunks hold: 4 bytes a score (mask or bias index), and with
-        ``slots`` 9 a window slot (int64 place, bool)."""
+        """About what a problem's chunks hold: 4 bytes a score (the mask; bias patterns are
+        fewer), and with ``slots`` 9 a window slot (int64 place, bool)."""
         window = math.prod(p.slot.shape[-1] for p in self.plans)
         return self.count * self.rows * (4 * self.keys + (9 * window if slots else 0))
 
@@ -244,17 +247,20 @@ class Boxes:
         # padded rows see every key of their box: finite scores, never a row without keys
         # (its softmax would be NaN); the backward weighs them by row_ok
         mask = outer([p.mask[c] for p, c in zip(self.plans, coords)], torch.logical_and) | ~ok[..., None]
-        rpb_idx = additive = None
+        rpb_idx = rpb_box = additive = None
         if self.with_rpb:
             mult = [math.prod(self.rpb_sizes[a + 1:]) for a in range(len(self.plans))]
             rpb_idx = outer([p.rpb[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add)
             # masked scores point one past the table: the tiled backend puts -inf there
-            rpb_idx = torch.where(mask, rpb_idx, math.prod(self.rpb_sizes)).int()
+            rpb_idx = torch.where(mask, rpb_idx, math.prod(self.rpb_sizes))
+            patterns, rpb_box = torch.unique(rpb_idx.flatten(1), dim=0, return_inverse=True)
+            rpb_idx = patterns.view(-1, *rpb_idx.shape[1:])
         else:
             additive = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
         row_ok = None if bool(ok.all()) else ok.float()[..., None]
         dev = self.device
-        on = [None if t is None else t.to(dev) for t in (q_gather, q_scatter, k_idx, additive, rpb_idx, row_ok)]
+        on = [None if t is None else t.to(dev)
+              for t in (q_gather, q_scatter, k_idx, additive, rpb_idx, rpb_box, row_ok)]
         if not slots:
             return Chunk(*on)
         mult = [math.prod(p.keys for p in self.plans[a + 1:]) for a in range(len(self.plans))]
