@@ -86,6 +86,11 @@ def undilated(params):
 def each_class(spatial: Sequence[int], dilation: Sequence[int], inputs, outputs, run) -> list:
     """``run(cls, folded inputs, the class's views of outputs)`` for every class; ``outputs``
     are allocated padded (:func:`padded_shape`) by the caller and returned unpadded."""
+    if all(d == 1 for d in dilation):  # one class, the tensors themselves (no views to build)
+        cls = FoldClass(tuple(spatial), (0,) * len(spatial), (1,) * len(spatial))
+        ones = (1,) * len(spatial)
+        run(cls, list(inputs), [o.view(o.shape[0], *ones, *o.shape[1:]) for o in outputs])
+        return list(outputs)
     padded_in = [padded(x, spatial, dilation) for x in inputs]
     for cls in fold_classes(spatial, dilation):
         run(cls, [fold(x, cls, dilation) for x in padded_in], [class_view(o, cls, dilation) for o in outputs])
