@@ -3,6 +3,7 @@ tensors, for scale), forward and forward + backward, ms per call (best of ``--re
 
     python benchmarks/cpu_backends.py [--dtype float32|bfloat16] [--reps 5] [--only NAME,...]
     python benchmarks/cpu_backends.py --unfused [--only NAME,...]   # na*d_qk + softmax + na*d_av
+    python benchmarks/cpu_backends.py --only 2d-k13 --boxes 4x4,4x8,8x8   # tiled with given query boxes
     python benchmarks/cpu_backends.py --models nat_mini,dinat_mini [--batch 2] [--train]
 
 Problems: a DiNAT-like 2-D layer (56x56, 7x7, 4 heads, D32), the same at 28x28 with dilation
@@ -157,6 +158,41 @@ def models(names, batch, reps, train=False):
         print(f"| {name} | {row[0]:.0f} | {row[1]:.0f} | {row[0] / row[1]:.1f}x |", flush=True)
 
 
+def forced_boxes(args):
+    """The layers table's tiled columns with each of ``--boxes`` forced as the query box."""
+    from nattn.backends import tiled_plan
+
+    model = tiled_plan.box_sizes
+    dtype = getattr(torch, args.dtype)
+    names = [n for n in PROBLEMS if not args.only or n in args.only.split(",")]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}; tiled ms (best of {args.reps})")
+    print("| problem | box | rows | keys a box | fwd | f+b | the cost model's |")
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        spec = PROBLEMS[name]
+        spatial, n = tuple(spec["spatial"]), len(spec["spatial"])
+        if spec.get("dilation", 1) != 1:
+            raise SystemExit(f"--boxes: {name} is dilated (its boxes are per dilation group); pick undilated ones")
+        kernel = spec["kernel"] if isinstance(spec["kernel"], tuple) else (spec["kernel"],) * n
+        axes = (kernel, (1,) * n, (False,) * n)
+        chosen = model(spatial, *axes, 1)
+        for text in args.boxes.split(","):
+            box = tuple(int(x) for x in text.split("x"))
+            if len(box) != n:
+                raise SystemExit(f"--boxes {text}: {name} has {n} axes")
+            keys = math.prod(tiled_plan.axis_keys(*a, b) for a, b in zip(zip(spatial, *axes), box))
+            tiled_plan.box_sizes = lambda *a, box=box: box
+            tiled_plan.boxes_for.cache_clear()
+            tiled_plan.KEPT.clear()
+            try:
+                _, _, _, tf, tb, *_ = run(name, spec, dtype, args.reps)
+            finally:
+                tiled_plan.box_sizes = model
+                tiled_plan.boxes_for.cache_clear()
+            print(f"| {name} | {text} | {math.prod(box)} | {keys} | {tf:.2f} | {tb:.2f} | "
+                  f"{'x'.join(map(str, chosen))} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -167,7 +203,12 @@ def main():
     ap.add_argument("--train", action="store_true", help="with --models: a training step instead of inference")
     ap.add_argument("--unfused", action="store_true",
                     help="time na*d_qk + softmax + na*d_av (tiled boxes against window gathers) instead")
+    ap.add_argument("--boxes", default="",
+                    help="query boxes to force on the tiled backend, e.g. 4x4,4x8 (one table per box; "
+                         "the cost model's choice is tiled_plan.box_sizes)")
     args = ap.parse_args()
+    if args.boxes:
+        return forced_boxes(args)
     if args.models:
         return models(args.models.split(","), args.batch, args.reps, args.train)
     dtype = getattr(torch, args.dtype)

@@ -39,3 +39,16 @@ def test_models_table(capsys, monkeypatch, train):
     argv = ["--models", "nat_mini", "--batch", "1", "--reps", "1"] + (["--train"] if train else [])
     _, rows = _table(capsys, *argv, monkeypatch=monkeypatch)
     assert len(rows) == 1 and rows[0].startswith("| nat_mini |")
+
+
+def test_forced_boxes_table(capsys, monkeypatch):
+    from nattn.backends import tiled_plan
+    model = tiled_plan.box_sizes
+    header, rows = _table(capsys, "--only", "nat-mini-7", "--boxes", "7x7,4x4", "--reps", "1",
+                          monkeypatch=monkeypatch)
+    assert "cost model" in header and len(rows) == 2
+    cells = [c.strip() for c in rows[1].strip("|").split("|")]
+    assert cells[:4] == ["nat-mini-7", "4x4", "16", "49"] and cells[-1] == "7x7"
+    assert tiled_plan.box_sizes is model  # restored
+    with pytest.raises(SystemExit, match="axes"):
+        _table(capsys, "--only", "nat-mini-7", "--boxes", "4", "--reps", "1", monkeypatch=monkeypatch)
