@@ -175,7 +175,7 @@ def forced_boxes(args):
             raise SystemExit(f"--boxes: {name} is dilated (its boxes are per dilation group); pick undilated ones")
         kernel = spec["kernel"] if isinstance(spec["kernel"], tuple) else (spec["kernel"],) * n
         axes = (kernel, (1,) * n, (False,) * n)
-        chosen = model(spatial, *axes, 1)
+        chosen = model(spatial, *axes)
         for text in args.boxes.split(","):
             box = tuple(int(x) for x in text.split("x"))
             if len(box) != n:

@@ -97,13 +97,14 @@ def na_qk(
         if rpb is not None:  # (no causal axis with an RPB)
             logits = logits + table.bias(rpb, logits.dtype).reshape(1, *spatial, heads, table.window_size)
         return logits
-    if _tiled(query):
+    tiled = _tiled(query)
+    if tiled:
         logits = TiledQK.apply(query, key, params)  # 0 in the slots a causal window lacks
         if rpb is None and not any(params.is_causal):
             return logits  # (no window table to build, no masking pass)
         logits = logits.reshape(b, -1, heads_kv, groups, table.window_size)
     key_idx, valid, rpb_idx = table.chunk(0, table.num_tokens)  # [N, W] each
-    if not _tiled(query):
+    if not tiled:
         qf = query.reshape(b, -1, heads_kv, groups, dim)
         # [B, N, H_kv, G, W] in chunks of queries; clamped slots never read (NaN there cannot leak)
         logits = WindowQK.apply(qf, key.reshape(b, -1, heads_kv, dim), key_idx, valid, any(params.is_causal))

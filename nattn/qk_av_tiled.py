@@ -19,7 +19,7 @@ from torch.autograd.function import once_differentiable
 from .backends.dilation_fold import each_class, padded_shape, undilated
 from .backends.reference_math import compute_dtype
 from .backends.tiled_plan import boxes_for
-from .backends.tiled_rows import TokenRows, each_head, each_kv_head, heads_first, store, token_rows
+from .backends.tiled_rows import TokenRows, each_head, heads_first, store, token_rows
 from .params import NAParams
 
 
@@ -32,7 +32,7 @@ class _Boxed(TokenRows):
         self.groups = heads // self.heads_kv
         lengths = tuple(x.shape[1 : 1 + params.na_dim])
         self.tokens = math.prod(lengths)
-        self.boxes = boxes_for(lengths, params.kernel_size, params.stride, params.is_causal, 1, False, x.device)
+        self.boxes = boxes_for(lengths, params.kernel_size, params.stride, params.is_causal, False, x.device)
         self.per_box = self.batch * heads * self.boxes.rows * max(self.boxes.keys, width_rows)
 
     def chunks(self):
@@ -109,9 +109,7 @@ def _qk_backward(q, k, grad, params: NAParams):
             dqb = pr.new("dq", h, pr.batch * c, r, d)
             each_head(dqb, ds, heads_first(kb), g)
             pr.scatter_rows(dq_pad, ch.q_scatter, dqb)
-            part = pr.new("part", hk, pr.batch * c, u, d)
-            each_kv_head(part, ds.transpose(2, 3), heads_first(qb), g)
-            pr.add_token_major(dk_acc, part, ch.k_idx)
+            pr.add_key_products(dk_acc, ds.transpose(2, 3), heads_first(qb), ch.k_idx, g)
         store(dq_pad, outs[0], cls.count)
         pr.store_token_major(dk_acc, outs[1], cls.count)
 
@@ -163,9 +161,7 @@ def _av_backward(a, v, grad, params: NAParams):
             each_head(dp, heads_first(gb), heads_first(vb, True), g)
             pr.scatter_rows(da_pad, ch.q_scatter, pr.pick(dp, idx, ok))
             p = pr.spread(pr.window_rows("ab", a_rows, ch.q_gather, ok), idx, u)
-            part = pr.new("part", hk, pr.batch * c, u, d_v)
-            each_kv_head(part, p.transpose(2, 3), heads_first(gb), g)
-            pr.add_token_major(dv_acc, part, ch.k_idx)
+            pr.add_key_products(dv_acc, p.transpose(2, 3), heads_first(gb), ch.k_idx, g)
         store(da_pad, outs[0], cls.count)
         pr.store_token_major(dv_acc, outs[1], cls.count)
 

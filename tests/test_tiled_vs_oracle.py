@@ -144,11 +144,11 @@ def test_axis_key_interval_is_axis_window():
 
 
 def test_box_sizes():
-    assert box_sizes((56, 56), (7, 7), (1, 1), (False, False), 1) == (4, 4)
-    assert math.prod(box_sizes((64, 64), (13, 13), (1, 1), (False, False), 1)) >= 32  # 4x8 or 8x8: a tie
-    one_d = box_sizes((4096,), (255,), (1,), (False,), 1)[0]
+    assert box_sizes((56, 56), (7, 7), (1, 1), (False, False)) == (4, 4)
+    assert math.prod(box_sizes((64, 64), (13, 13), (1, 1), (False, False))) >= 32  # 4x8 or 8x8: a tie
+    one_d = box_sizes((4096,), (255,), (1,), (False,))[0]
     assert 64 <= one_d <= 1024
-    assert box_sizes((3,), (3,), (1,), (False,), 1) == (3,)  # the whole axis
+    assert box_sizes((3,), (3,), (1,), (False,)) == (3,)  # the whole axis
 
 
 @pytest.mark.parametrize("spatial,dilation", [((7,), (3,)), ((10, 9), (3, 2)), ((5, 6, 7), (2, 3, 1)),
@@ -205,7 +205,7 @@ def test_memory_stays_bounded_by_the_chunk(monkeypatch):
     monkeypatch.setattr(tiled_plan, "CHUNK_SCORES", 1 << 16)
     q, k, v = (torch.randn(2, 48, 48, 2, 8, requires_grad=True) for _ in range(3))
     nattn.na2d(q, k, v, 9, backend="tiled").sum().backward()
-    boxes = box_sizes((48, 48), (9, 9), (1, 1), (False, False), 1)
+    boxes = box_sizes((48, 48), (9, 9), (1, 1), (False, False))
     keys = [axis_plan(48, 9, 1, False, b).keys for b in boxes]
     per_box = 2 * 2 * boxes[0] * boxes[1] * keys[0] * keys[1]
     assert len(seen) > 4 and max(seen) <= max(1 << 16, per_box)
@@ -259,7 +259,7 @@ def test_kept_chunks_stay_within_their_budget(monkeypatch):
     dev = torch.device("cpu")
 
     def boxes(n, rpb=False):
-        return tiled_plan.Boxes((n, n), (5, 5), (1, 1), (False, False), 1, rpb, dev)
+        return tiled_plan.Boxes((n, n), (5, 5), (1, 1), (False, False), rpb, dev)
 
     a, b, c = boxes(12), boxes(13), boxes(13, rpb=True)
     sizes = []
@@ -289,7 +289,7 @@ def test_kept_chunks_stay_within_their_budget(monkeypatch):
 def test_bias_patterns_are_shared_by_interior_boxes():
     """With an RPB, a chunk holds each distinct box pattern of bias entries once: 2-D boxes
     of a 7x7 window fall into at most 3 x 3 (first, interior, last along each axis)."""
-    boxes = tiled_plan.Boxes((40, 40), (7, 7), (1, 1), (False, False), 1, True, torch.device("cpu"))
+    boxes = tiled_plan.Boxes((40, 40), (7, 7), (1, 1), (False, False), True, torch.device("cpu"))
     for ch in boxes.chunks(1):
         assert ch.rpb_idx.shape[0] <= 9 and ch.rpb_box.shape == (ch.k_idx.shape[0],)
         assert int(ch.rpb_box.max()) < ch.rpb_idx.shape[0]

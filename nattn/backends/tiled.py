@@ -31,7 +31,7 @@ from .dilation_fold import each_class, padded_shape, undilated
 from .reference_math import compute_dtype, lse_dtype
 from .tiled_dropout import BoxDropout
 from .tiled_plan import Boxes, boxes_for
-from .tiled_rows import TokenRows, each_head, each_kv_head, heads_first, store, token_rows
+from .tiled_rows import TokenRows, each_head, heads_first, store, token_rows
 
 
 class _Problem(TokenRows):
@@ -93,9 +93,8 @@ class _Problem(TokenRows):
 
 
 def _boxes(q, params: NAParams, rpb) -> Boxes:
-    # one product per query head: a box's rows are its tokens (boxes_for's rows per token 1)
     return boxes_for(tuple(q.shape[1 : 1 + params.na_dim]), params.kernel_size, params.stride, params.is_causal,
-                     1, rpb is not None, q.device)
+                     rpb is not None, q.device)
 
 
 def _bias_table(rpb, dtype):
@@ -168,10 +167,8 @@ def _backward(q, k, v, rpb, delta, grad_out, params: NAParams, drpb, grads, coun
         each_head(dq, ds, heads_first(kb), g)
         dq.mul_(params.scale)  # (the logits' scale is in q: dK needs none)
         pr.scatter_rows(dq_pad, ch.q_scatter, dq)
-        for acc, width, left, right in ((dk_acc, d, ds, qb), (dv_acc, dv, kept, dob)):
-            part = pr.new("part", hk, b * c, u, width)
-            each_kv_head(part, left.transpose(2, 3), heads_first(right), g)
-            pr.add_token_major(acc, part, ch.k_idx)
+        pr.add_key_products(dk_acc, ds.transpose(2, 3), heads_first(qb), ch.k_idx, g)
+        pr.add_key_products(dv_acc, kept.transpose(2, 3), heads_first(dob), ch.k_idx, g)
         if drpb is not None:
             pr.add_bias_gradient(drpb, ds, ch)
     dq, dk, dv_out = grads

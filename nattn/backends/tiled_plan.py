@@ -95,15 +95,15 @@ def _candidates(length: int) -> Tuple[int, ...]:
 
 @lru_cache(maxsize=256)
 def box_sizes(lengths: Tuple[int, ...], kernel: Tuple[int, ...], stride: Tuple[int, ...],
-              causal: Tuple[bool, ...], rows_per_token: int) -> Tuple[int, ...]:
+              causal: Tuple[bool, ...]) -> Tuple[int, ...]:
     """Per axis, the box size with the least estimated work: scores per query times the
-    per-product overhead of its box's ``rows_per_token * prod(box)`` query rows (GQA puts a
-    KV head's query heads in one product: ``rows_per_token`` of them)."""
+    per-product overhead of its box's ``prod(box)`` query rows (the products run one query
+    head at a time, GQA's included)."""
     per_axis = [[(b, axis_keys(n, k, s, c, b)) for b in _candidates(n)]
                 for n, k, s, c in zip(lengths, kernel, stride, causal)]
     best, best_cost = None, math.inf
     for combo in itertools.product(*per_axis):
-        rows = rows_per_token * math.prod(b for b, _ in combo)
+        rows = math.prod(b for b, _ in combo)
         pad = math.prod(-(-n // b) * b / n for n, (b, _) in zip(lengths, combo))  # padded query rows
         cost = math.prod(u for _, u in combo) * pad * (1 + ROW_OVERHEAD / rows)
         if cost < best_cost:
@@ -178,19 +178,19 @@ KEPT = _KeptChunks()
 
 
 @lru_cache(maxsize=16)
-def boxes_for(lengths, kernel, stride, causal, groups: int, with_rpb: bool, device) -> "Boxes":
+def boxes_for(lengths, kernel, stride, causal, with_rpb: bool, device) -> "Boxes":
     """A problem's boxes, shared by its calls (and by layers of the same shape): their small
     index tensors are built once."""
-    return Boxes(lengths, kernel, stride, causal, groups, with_rpb, device)
+    return Boxes(lengths, kernel, stride, causal, with_rpb, device)
 
 
 class Boxes:
     """One dilation group's sub-grid, cut into boxes: index tensors per chunk of boxes."""
 
-    def __init__(self, lengths, kernel, stride, causal, groups: int, with_rpb: bool, device):
+    def __init__(self, lengths, kernel, stride, causal, with_rpb: bool, device):
         self.lengths = lengths
         self.tokens = math.prod(lengths)
-        b = box_sizes(lengths, kernel, stride, causal, groups)
+        b = box_sizes(lengths, kernel, stride, causal)
         self.plans: List[AxisPlan] = [
             axis_plan(n, k, s, c, bx) for n, k, s, c, bx in zip(lengths, kernel, stride, causal, b)]
         self.count = math.prod(p.boxes for p in self.plans)
@@ -199,7 +199,7 @@ class Boxes:
         self.with_rpb = with_rpb
         self.rpb_sizes = [2 * k - 1 for k in kernel]
         self.device = device
-        self.key = (lengths, kernel, stride, causal, groups, with_rpb, str(device))
+        self.key = (lengths, kernel, stride, causal, with_rpb, str(device))
 
     def chunks(self, scores_per_box: int, slots: bool = False):
         """Every chunk of boxes (a ``Chunk``), with ``slots`` also ``slot`` and ``slot_ok`` (the

@@ -99,6 +99,14 @@ class TokenRows:
         h, _, r, w = x.shape
         dst.index_copy_(1, rows.reshape(-1), x.view(h, self.batch, -1, w).permute(1, 2, 0, 3))
 
+    def add_key_products(self, acc, left, right, idx, groups: int):
+        """A key-side gradient: per box ``sum over the query heads of KV head j of left[h] @
+        right[h]`` (``left [H, B * C, U, R]``, ``right [H, B * C, R, w]``), summed into ``acc
+        [N, B, H_kv * w]`` at the boxes' keys ``idx [C, U]``."""
+        part = self.new("part", left.shape[0] // groups, left.shape[1], left.shape[2], right.shape[-1])
+        each_kv_head(part, left, right, groups)
+        self.add_token_major(acc, part, idx)
+
     def add_token_major(self, acc, part, idx):
         """Per-box key results ``part [H_kv, B * C, U, w]`` summed into ``acc [N, B, H_kv *
         w]`` at the boxes' keys ``idx [C, U]`` (token-major: index_add_ along dim 0 runs ~5x
