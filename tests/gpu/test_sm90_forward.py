@@ -123,6 +123,16 @@ def test_sm90_small_pairs_on_many_boxes(case, monkeypatch):
     compare(case)
 
 
+@pytest.mark.parametrize("case", MANY_BOXES, ids=[str(c) for c in MANY_BOXES])
+def test_sm90_small_pairs_per_lane_output_stores(case, monkeypatch):
+    """64-query CTAs write their output box with bulk tensor copies where the copy engine can
+    address the output (every case above); NATTN_SM90_OUT_STORES=lanes forces the per-lane
+    stores they fall back to otherwise."""
+    monkeypatch.setenv("NATTN_SM90_TILE", SMALL_PAIRS[len(case.spatial)])
+    monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
+    compare(case)
+
+
 def test_sm90_declines_what_it_cannot_take():
     """q sliced from a heads-first [B, 3, H, *spatial, D] stack (head stride != head dim, batch
     stride != heads x head stride: no tensor map expresses it) is declined with the reason named."""

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   CtaTile tile;
   if (!cta_tile<NA, B, B>(p, blockIdx.x, tile)) return;  // uniform over the CTA
   const int h = blockIdx.y, b = blockIdx.z;
-  const int h_kv = h / p.groups;
+  const int h_kv = kv_head(p, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warpgroup_index();
 

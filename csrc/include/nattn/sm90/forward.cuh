@@ -80,6 +80,10 @@ struct ForwardCta {
   // 64-query CTAs read the RPB of their head from shared memory (global loads of every
   // score's bias cost a register each: the kernel spilled).
   static constexpr int kRpbStageFloats = kConsumers == 2 ? 0 : kSmallRpbStageFloats;
+  // 64-query CTAs may write their output box with bulk tensor copies (Params::out_map), but
+  // not the 1-D ones at head dim 32: they sit at their 128-register cap, and with the second
+  // epilogue path ptxas serialized their wgmma (C7512, fp16).
+  static constexpr bool kOutMap = kConsumers == 1 && !(Tl::Q::extent(1) == 1 && HD <= 32);
 };
 
 // Shared memory of the forward: the query box's rows, then a ring of STAGES key / value
@@ -145,6 +149,15 @@ __device__ __forceinline__ void tma_load_box(const Params& p, unsigned char* dst
   }
 }
 
+// The natural-log LSE of a row (running max m in log2 units, sum l >= 1 once the row saw a
+// finite score: its largest term is 1): the fast base-2 logarithm (one MUFU; absolute error
+// about 2^-22) instead of log2f's ~30-instruction polynomial, run per row in the epilogue.
+__device__ __forceinline__ float row_lse_fast(float m, float l) {
+  float lg;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(lg) : "f"(l));
+  return l > 0.f ? (m + lg) * 0.6931471805599453f : -INFINITY;
+}
+
 // Key and value box k (first element `origin`) into ring slot k % STAGES, one bulk tensor copy
 // per channel block each, completing on the slot's full mbarriers (hk / hv: head_coords; c:
 // scratch for the copies' coordinates).
@@ -186,7 +199,8 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, HD>::kMinBlocks)
     forward_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
-                   const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v) {
+                   const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
+                   const __grid_constant__ CUtensorMap map_o) {
 #if NATTN_SM90_ENABLED
   using QB = typename Tl::Q;
   using KB = typename Tl::K;
@@ -219,7 +233,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     tile.nk[0] = count;
   }
   const int h = blockIdx.y, b = blockIdx.z;
-  const int h_kv = h / p.groups;
+  const int h_kv = kv_head(p, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = threadIdx.x / 128;
   // 128-query CTAs: warpgroup 0 produces, 1 and 2 consume; 64-query CTAs: warpgroup 0
@@ -495,7 +509,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     for (int r = 0; r < 2; ++r) {  // one row at a time: one 64-bit address live
       if (!row_ok[r]) continue;
       const int64_t row_id = slot * QB::kSize + (cw * kWgRows + wr + g4 + 8 * r);
-      if (t4 == 0) p.lse_part[row_id] = row_lse(m[r], l[r]);
+      if (t4 == 0) p.lse_part[row_id] = row_lse_fast(m[r], l[r]);
       float* dst = p.o_part + row_id * HD + 2 * t4;
 #pragma unroll
       for (int i = 0; i < HD / 2; i += 2)
@@ -514,8 +528,27 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   if (t4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (row_ok[r]) p.lse[row_index(r)] = row_lse(m[r], l[r]);
+      if (row_ok[r]) p.lse[row_index(r)] = row_lse_fast(m[r], l[r]);
     }
+  }
+  if (Cta::kOutMap && p.out_map) {
+    // 64-query CTAs: the box goes out as one bulk tensor copy per channel block through the
+    // output's own map (the same box and coordinates as the query box's copy; rows past the
+    // tensor are not written). The per-lane stores below cost ~110 instructions a warp with
+    // their 64-bit addresses, the most of any part of a small window's epilogue.
+    fence_proxy_async_smem();
+    named_sync(1, 128);
+    if (threadIdx.x == 0) {
+      const HeadCoords ho = head_coords<HD>(p, kRowsOut, p.heads, h, b);
+      int c[5];
+      for (int cb = 0; cb < R::kBlocks; ++cb) {
+        box_coords<NA>(p, tile, tile.q0, ho.channel + cb * R::kChannels, ho.outer, c);
+        tma_store<NA + 2>(&map_o, stage + cb * R::kBlockBytes, c);  // one piece (prepare_forward)
+      }
+      bulk_commit();
+      bulk_wait_read<0>();  // the CTA's shared memory must outlive the copy's reads
+    }
+    return;
   }
   named_sync(1 + cw, 128);
   T* out = head_base<T>(p.out, p.out_s, b, h);

@@ -23,7 +23,9 @@ namespace nattn { namespace sm90 {
 // What prepare_forward leaves for launch_forward (in Params::prepared).
 struct ForwardLaunch {
   CUtensorMap q, k, v;
+  CUtensorMap o;    // the output's map, for 64-query CTAs' bulk stores (out_map: encoded)
   int heads_outer;  // Params::map_heads_outer of the maps
+  int out_map;      // Params::out_map
 };
 static_assert(sizeof(ForwardLaunch) <= kPrepareBytes, "workspace too small");
 
@@ -54,6 +56,23 @@ const char* prepare_forward(const Params& p, void* workspace) {
   if ((why = encode(&l->k, mk, p.k, kBf16))) return why;
   if ((why = encode(&l->v, mv, p.v, kBf16))) return why;
   l->heads_outer = (mq.heads_outer ? kRowsQ : 0) | (mk.heads_outer ? kRowsK : 0) | (mv.heads_outer ? kRowsV : 0);
+  // 64-query CTAs store the output box with the copy engine where it can address the output
+  // (else, and for 128-query CTAs, whose epilogue is a small part of their time, per lane;
+  // NATTN_SM90_OUT_STORES=lanes, read on every call, forces the per-lane stores: the GPU
+  // tier checks that path with it).
+  l->out_map = 0;
+  memset(&l->o, 0, sizeof l->o);  // passed unread when not encoded
+  const char* stores = getenv("NATTN_SM90_OUT_STORES");
+  const bool lanes = stores && !strcmp(stores, "lanes");
+  MapSpec mo;
+  // (Only boxes the copy engine takes in one piece: the piece loop in the epilogue made
+  // ptxas serialize the 1-D kernels' wgmma for lack of registers.)
+  if (ForwardCta<Tl, HD>::kOutMap && !lanes && box_pieces(qbox[0], p.dilation[0]) == 1 &&
+      !map_spec(p, p.out_s, p.heads, HD, qbox, mo) &&
+      !encode(&l->o, mo, p.out, kBf16)) {
+    l->out_map = 1;
+    if (mo.heads_outer) l->heads_outer |= kRowsOut;
+  }
   return nullptr;
 }
 
@@ -62,6 +81,7 @@ void launch_forward(const Params& problem, cudaStream_t stream) {
   const ForwardLaunch* l = static_cast<const ForwardLaunch*>(problem.prepared);
   Params p = problem;
   p.map_heads_outer = l->heads_outer;
+  p.out_map = l->out_map;
   set_query_boxes<typename Tl::Q>(p);
   using Cta = ForwardCta<Tl, HD>;
   constexpr int base = ForwardSmem<Tl, HD>::kAlloc;
@@ -81,7 +101,7 @@ void launch_forward(const Params& problem, cudaStream_t stream) {
     if (cudaMallocAsync(reinterpret_cast<void**>(&sp.o_part), o_bytes + l_bytes, stream) == cudaSuccess) {
       sp.lse_part = sp.o_part + rows * HD;
       const dim3 grid(boxes * unsigned(p.kv_splits), unsigned(p.heads), unsigned(p.batch));
-      forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(sp, l->q, l->k, l->v);
+      forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(sp, l->q, l->k, l->v, l->o);
       split_kv_merge_kernel<T, NA, HD, Tl><<<dim3(boxes * unsigned(merge_chunks<HD, typename Tl::Q>()),
                                                    unsigned(p.heads), unsigned(p.batch)), kMergeThreads, 0, stream>>>(sp);
       cudaFreeAsync(sp.o_part, stream);
@@ -90,11 +110,11 @@ void launch_forward(const Params& problem, cudaStream_t stream) {
     (void)cudaGetLastError();  // no workspace: the unsplit kernel instead
     sp.kv_splits = 1;
     forward_kernel<T, NA, HD, Tl><<<dim3(boxes, unsigned(p.heads), unsigned(p.batch)), Cta::kThreads, smem, stream>>>(
-        sp, l->q, l->k, l->v);
+        sp, l->q, l->k, l->v, l->o);
     return;
   }
   const dim3 grid(boxes, unsigned(p.heads), unsigned(p.batch));
-  forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(p, l->q, l->k, l->v);
+  forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(p, l->q, l->k, l->v, l->o);
 }
 
 // What prepare_backward leaves for launch_backward: the dQ pass's maps (Q, dO with the

@@ -92,6 +92,29 @@ __device__ __forceinline__ void tma_load(void* dst, const void* map, uint64_t* b
 #endif
 }
 
+// One shared-memory box into the tensor a map covers at coordinates c (innermost first),
+// as one bulk copy of the copy engine; elements outside the tensor are not written. The
+// caller fenced the box's stores (fence_proxy_async_smem), commits the group and waits for
+// it to have read shared memory (bulk_wait_read) before the CTA may exit or reuse the box.
+template <int RANK>
+__device__ __forceinline__ void tma_store(const void* map, const void* src, const int* c) {
+#if NATTN_SM90_ENABLED
+  const uint64_t m = reinterpret_cast<uint64_t>(map);
+  const uint32_t s = smem_u32(src);
+  if constexpr (RANK == 3) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+                 ::"l"(m), "r"(s), "r"(c[0]), "r"(c[1]), "r"(c[2]) : "memory");
+  } else if constexpr (RANK == 4) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 ::"l"(m), "r"(s), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]) : "memory");
+  } else {
+    static_assert(RANK == 5, "tensor maps here have rank 3, 4 or 5");
+    asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n"
+                 ::"l"(m), "r"(s), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]), "r"(c[4]) : "memory");
+  }
+#endif
+}
+
 // ---------------------------------------------------------------- warpgroup MMA
 __device__ __forceinline__ void wgmma_fence() {
 #if NATTN_SM90_ENABLED

@@ -105,16 +105,24 @@ inline void set_query_boxes(Params& p) {
 }
 
 // Decodes a CTA index (< 2^31: 32-bit division; set_query_boxes<QB> filled the box ranges);
-// false when the box holds no query (a short dilation group).
+// false when the box holds no query (a short dilation group). In 2-D and 3-D axis 0 takes
+// what is left of the index (below its dilation x boxes: the grid is their product), and an
+// undilated axis has no group to split off, so a 2-D CTA without dilation pays one division,
+// not four (each ~20 instructions a thread, before the CTA's first copy; a 64-query CTA of
+// a 7x7 window runs ~2000 a warp in all: PERF.md forty-first session).
 template <int NA, class QB, class KB>
 NATTN_HD bool cta_tile(const Params& p, unsigned index, CtaTile& t) {
   t.tiles = 1;
   for (int a = NA - 1; a >= 0; --a) {
     const unsigned d = unsigned(p.dilation[a]), per = unsigned(p.qbox_count[a]);
-    const unsigned i = index % (d * per);
-    index /= d * per;
-    t.g[a] = int(i / per);
-    t.q0[a] = (p.qbox_first[a] + int(i % per)) * QB::extent(a);
+    unsigned i = index;
+    if (NA == 1 || a > 0) {  // (1-D keeps it: without, ptxas serialized a 1-D kernel's wgmma)
+      i = index % (d * per);
+      index /= d * per;
+    }
+    const unsigned group = d == 1 ? 0u : i / per, box = d == 1 ? i : i % per;
+    t.g[a] = int(group);
+    t.q0[a] = (p.qbox_first[a] + int(box)) * QB::extent(a);
     t.len[a] = group_len(p.spatial[a], t.g[a], int(d));
     if (t.q0[a] >= t.len[a]) return false;
     const bool c = p.causal[a] != 0;
@@ -128,6 +136,10 @@ NATTN_HD bool cta_tile(const Params& p, unsigned index, CtaTile& t) {
   }
   return true;
 }
+
+// The KV head of query head h (GQA / MQA: groups query heads per KV head); without groups
+// no division (~25 instructions a thread in every CTA's setup).
+NATTN_HD int kv_head(const Params& p, int h) { return p.groups == 1 ? h : h / p.groups; }
 
 // The dK/dV pass's CTAs: every key box of the grid, whatever the query range.
 template <class RB>
