@@ -123,12 +123,16 @@ def test_sm90_small_pairs_on_many_boxes(case, monkeypatch):
     compare(case)
 
 
+LARGE_PAIRS = {1: "q128_k128", 2: "q8x16_k8x16", 3: "q2x8x8_k2x8x8"}
+
+
+@pytest.mark.parametrize("pairs", ["small", "large"])
 @pytest.mark.parametrize("case", MANY_BOXES, ids=[str(c) for c in MANY_BOXES])
-def test_sm90_small_pairs_per_lane_output_stores(case, monkeypatch):
-    """64-query CTAs write their output box with bulk tensor copies where the copy engine can
-    address the output (every case above); NATTN_SM90_OUT_STORES=lanes forces the per-lane
-    stores they fall back to otherwise."""
-    monkeypatch.setenv("NATTN_SM90_TILE", SMALL_PAIRS[len(case.spatial)])
+def test_sm90_per_lane_output_stores(case, pairs, monkeypatch):
+    """The consumer warpgroups write their rows of the output box with bulk tensor copies
+    where the copy engine can address the output (every case above); NATTN_SM90_OUT_STORES=lanes
+    forces the per-lane stores they fall back to otherwise, on 64- and 128-query pairs."""
+    monkeypatch.setenv("NATTN_SM90_TILE", (SMALL_PAIRS if pairs == "small" else LARGE_PAIRS)[len(case.spatial)])
     monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
     compare(case)
 

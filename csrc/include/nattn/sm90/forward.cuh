@@ -80,10 +80,15 @@ struct ForwardCta {
   // 64-query CTAs read the RPB of their head from shared memory (global loads of every
   // score's bias cost a register each: the kernel spilled).
   static constexpr int kRpbStageFloats = kConsumers == 2 ? 0 : kSmallRpbStageFloats;
-  // 64-query CTAs may write their output box with bulk tensor copies (Params::out_map), but
-  // not the 1-D ones at head dim 32: they sit at their 128-register cap, and with the second
-  // epilogue path ptxas serialized their wgmma (C7512, fp16).
-  static constexpr bool kOutMap = kConsumers == 1 && !(Tl::Q::extent(1) == 1 && HD <= 32);
+  // Each consumer warpgroup may write its 64 rows of the output box with bulk tensor copies
+  // (Params::out_map; the map's box is a warpgroup's share: the whole 64-query box, or half
+  // a 128-query box along axis 0), but not the 1-D 64-query CTAs at head dim 32 (they sit at
+  // their 128-register cap, and with the second epilogue path ptxas serialized their wgmma:
+  // C7512, fp16) nor 128-query CTAs above head dim 64 (their walks are long; FLUX GNA ran
+  // 1.4% slower with it, HunyuanVideo GNA 1% faster: PERF.md forty-first session).
+  static constexpr bool kOutMap = kConsumers == 1 ? !(Tl::Q::extent(1) == 1 && HD <= 32) : HD <= 64;
+  // The output map's box along axis 0.
+  static constexpr int kOutRows0 = Tl::Q::extent(0) / kConsumers;
 };
 
 // Shared memory of the forward: the query box's rows, then a ring of STAGES key / value
@@ -532,18 +537,20 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     }
   }
   if (Cta::kOutMap && p.out_map) {
-    // 64-query CTAs: the box goes out as one bulk tensor copy per channel block through the
-    // output's own map (the same box and coordinates as the query box's copy; rows past the
-    // tensor are not written). The per-lane stores below cost ~110 instructions a warp with
-    // their 64-bit addresses, the most of any part of a small window's epilogue.
+    // The warpgroup's rows go out as one bulk tensor copy per channel block through the
+    // output's own map (its rows of the box: rows past the tensor are not written). The
+    // per-lane stores below cost ~110 instructions a warp with their 64-bit addresses at head
+    // dim 32, the most of any part of a small window's epilogue.
     fence_proxy_async_smem();
-    named_sync(1, 128);
-    if (threadIdx.x == 0) {
+    named_sync(1 + cw, 128);
+    if (threadIdx.x % 128 == 0) {
       const HeadCoords ho = head_coords<HD>(p, kRowsOut, p.heads, h, b);
+      const int first[3] = {tile.q0[0] + cw * Cta::kOutRows0, tile.q0[1], tile.q0[2]};
       int c[5];
       for (int cb = 0; cb < R::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, tile.q0, ho.channel + cb * R::kChannels, ho.outer, c);
-        tma_store<NA + 2>(&map_o, stage + cb * R::kBlockBytes, c);  // one piece (prepare_forward)
+        box_coords<NA>(p, tile, first, ho.channel + cb * R::kChannels, ho.outer, c);
+        // one piece (prepare_forward); a warpgroup's rows are whole swizzle atoms
+        tma_store<NA + 2>(&map_o, stage + cb * R::kBlockBytes + cw * kWgRows * R::kRowBytes, c);
       }
       bulk_commit();
       bulk_wait_read<0>();  // the CTA's shared memory must outlive the copy's reads

@@ -23,7 +23,7 @@ namespace nattn { namespace sm90 {
 // What prepare_forward leaves for launch_forward (in Params::prepared).
 struct ForwardLaunch {
   CUtensorMap q, k, v;
-  CUtensorMap o;    // the output's map, for 64-query CTAs' bulk stores (out_map: encoded)
+  CUtensorMap o;    // the output's map, for the warpgroups' bulk stores (out_map: encoded)
   int heads_outer;  // Params::map_heads_outer of the maps
   int out_map;      // Params::out_map
 };
@@ -56,19 +56,18 @@ const char* prepare_forward(const Params& p, void* workspace) {
   if ((why = encode(&l->k, mk, p.k, kBf16))) return why;
   if ((why = encode(&l->v, mv, p.v, kBf16))) return why;
   l->heads_outer = (mq.heads_outer ? kRowsQ : 0) | (mk.heads_outer ? kRowsK : 0) | (mv.heads_outer ? kRowsV : 0);
-  // 64-query CTAs store the output box with the copy engine where it can address the output
-  // (else, and for 128-query CTAs, whose epilogue is a small part of their time, per lane;
-  // NATTN_SM90_OUT_STORES=lanes, read on every call, forces the per-lane stores: the GPU
-  // tier checks that path with it).
+  // Each consumer warpgroup stores its rows of the output box with the copy engine where it
+  // can address the output in one piece (else per lane; NATTN_SM90_OUT_STORES=lanes, read on
+  // every call, forces that: the GPU tier checks the path with it). One piece: the epilogue
+  // has no piece loop.
+  using Cta = ForwardCta<Tl, HD>;
   l->out_map = 0;
   memset(&l->o, 0, sizeof l->o);  // passed unread when not encoded
   const char* stores = getenv("NATTN_SM90_OUT_STORES");
   const bool lanes = stores && !strcmp(stores, "lanes");
+  const int obox[3] = {Cta::kOutRows0, qbox[1], qbox[2]};
   MapSpec mo;
-  // (Only boxes the copy engine takes in one piece: the piece loop in the epilogue made
-  // ptxas serialize the 1-D kernels' wgmma for lack of registers.)
-  if (ForwardCta<Tl, HD>::kOutMap && !lanes && box_pieces(qbox[0], p.dilation[0]) == 1 &&
-      !map_spec(p, p.out_s, p.heads, HD, qbox, mo) &&
+  if (Cta::kOutMap && !lanes && box_pieces(obox[0], p.dilation[0]) == 1 && !map_spec(p, p.out_s, p.heads, HD, obox, mo) &&
       !encode(&l->o, mo, p.out, kBf16)) {
     l->out_map = 1;
     if (mo.heads_outer) l->heads_outer |= kRowsOut;
