@@ -154,15 +154,6 @@ __device__ __forceinline__ void tma_load_box(const Params& p, unsigned char* dst
   }
 }
 
-// The natural-log LSE of a row (running max m in log2 units, sum l >= 1 once the row saw a
-// finite score: its largest term is 1): the fast base-2 logarithm (one MUFU; absolute error
-// about 2^-22) instead of log2f's ~30-instruction polynomial, run per row in the epilogue.
-__device__ __forceinline__ float row_lse_fast(float m, float l) {
-  float lg;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(lg) : "f"(l));
-  return l > 0.f ? (m + lg) * 0.6931471805599453f : -INFINITY;
-}
-
 // Key and value box k (first element `origin`) into ring slot k % STAGES, one bulk tensor copy
 // per channel block each, completing on the slot's full mbarriers (hk / hv: head_coords; c:
 // scratch for the copies' coordinates).
@@ -514,7 +505,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     for (int r = 0; r < 2; ++r) {  // one row at a time: one 64-bit address live
       if (!row_ok[r]) continue;
       const int64_t row_id = slot * QB::kSize + (cw * kWgRows + wr + g4 + 8 * r);
-      if (t4 == 0) p.lse_part[row_id] = row_lse_fast(m[r], l[r]);
+      if (t4 == 0) p.lse_part[row_id] = row_lse(m[r], l[r]);
       float* dst = p.o_part + row_id * HD + 2 * t4;
 #pragma unroll
       for (int i = 0; i < HD / 2; i += 2)
@@ -533,7 +524,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
   if (t4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (row_ok[r]) p.lse[row_index(r)] = row_lse_fast(m[r], l[r]);
+      if (row_ok[r]) p.lse[row_index(r)] = row_lse(m[r], l[r]);
     }
   }
   if (Cta::kOutMap && p.out_map) {
