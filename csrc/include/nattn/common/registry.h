@@ -65,9 +65,9 @@ struct Params {
   // the range and how many do. The CTAs decode their box from these with no arithmetic on
   // the range or the dilation.
   int qbox_first[3], qbox_count[3];
-  // Host-set by the sm90 forward launcher: 1 when the 64-query CTAs write the output box with
-  // bulk tensor copies through the output's own tensor map (0: per-lane stores; the map
-  // needs strides and an address the copy engine takes, as the inputs' do).
+  // Host-set by the sm90 forward launcher: 1 when the consumer warpgroups write their rows of
+  // the output box with bulk tensor copies through the output's own tensor map (0: per-lane
+  // stores; the map needs strides and an address the copy engine takes, as the inputs' do).
   int out_map;
 };
 
