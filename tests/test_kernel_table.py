@@ -29,9 +29,14 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         q, k = i.tile
         assert len(q) == len(k) == i.na_dim
         # 128 queries (even along axis 0) or 64; key boxes whole 16s up to 160, the last
-        # axis whole 8-column groups (tiles.cuh, box_mask.cuh)
+        # axis whole 8-column groups (tiles.cuh, box_mask.cuh); the strip pairs' key box is
+        # a 2-D window union of 16 columns, forward only and named only (forward_strips.cuh)
         assert (math.prod(q) == 128 and q[0] % 2 == 0) or math.prod(q) == 64
-        assert math.prod(k) % 16 == 0 and 64 <= math.prod(k) <= 160 and k[-1] % 8 == 0
+        if (i.na_dim, i.tile) in kt.SM90_STRIP_TILES:
+            assert i.na_dim == 2 and q == (8, 8) and k[1] == 16 and k[0] >= 14
+            assert not i.has_backward and i.forward_named_only
+        else:
+            assert math.prod(k) % 16 == 0 and 64 <= math.prod(k) <= 160 and k[-1] % 8 == 0
         if math.prod(q) == 64:  # one consumer warpgroup: registers for head dims up to 64
             assert i.head_dim <= 64
         if i.head_dim == 256:  # O is 128 registers: only 64-key boxes; the backward pairs' wide passes
@@ -65,8 +70,9 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         if i.has_backward:  # a 128-token box and a 64-token box (the two passes swap them)
             assert math.prod(q) == 128 and math.prod(k) == 64
     # forwards only when named: the backward pairs after each NA dim's first (built for the
-    # backward's walk: 2-D's 16x8 / 8x8, 3-D's 4x4x8 / 2x4x8), flagged in the table's rows
-    later = {(2, ((16, 8), (8, 8))), (3, ((4, 4, 8), (2, 4, 8)))}
+    # backward's walk: 2-D's 16x8 / 8x8, 3-D's 4x4x8 / 2x4x8) and the strip pair (until its
+    # crossover is measured), flagged in the table's rows
+    later = {(2, ((16, 8), (8, 8))), (3, ((4, 4, 8), (2, 4, 8))), (2, ((8, 8), (14, 16)))}
     assert set(kt.SM90_NAMED_FORWARD_TILES) == later
     assert {(i.na_dim, i.tile) for i in sm90 if i.forward_named_only} == later
     named = next(i for i in sm90 if i.forward_named_only)

@@ -52,3 +52,16 @@ def test_helpers_need_no_products_but_no_local_memory():
     assert sass_check.check(dump(pad, "LDG.E.128", "STG.E.128")) == ([], 1)
     problems, _ = sass_check.check(dump(pad, "STL.64 [R1], R4", "LDG.E.128", "STG.E.128"))
     assert len(problems) == 1 and "local memory" in problems[0]
+
+
+def test_strip_kernels_need_the_warp_mma_and_the_copy_engine():
+    """The strip pairs' forward (mma.sync on each warp's strip) passes with HMMA and UTMALDG,
+    and fails without either or with local memory."""
+    strips = "_ZN5nattn4sm9021forward_strips_kernelINS_6bf16_tELi2ELi32EEEv"
+    assert sass_check.check(dump(strips, "UTMALDG.4D", "HMMA.16816.F32.BF16", "LDSM.16.M88.4")) == ([], 1)
+    problems, _ = sass_check.check(dump(strips, "UTMALDG.4D", "LDSM.16.M88.4"))
+    assert problems == [f"{strips}: no HMMA"]
+    problems, _ = sass_check.check(dump(strips, "HMMA.16816.F32.BF16", "LDG.E"))
+    assert problems == [f"{strips}: no UTMALDG"]
+    problems, _ = sass_check.check(dump(strips, "UTMALDG.4D", "HMMA.16816.F32.BF16", "STL [R1], R2"))
+    assert any("local memory" in p for p in problems)

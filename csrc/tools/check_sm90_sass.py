@@ -1,6 +1,6 @@
 """Checks the Hopper family's machine code in a built libnattn: every sm90 attention kernel
-(forward, dQ and dK/dV passes) must use the warpgroup MMA (HGMMA) and the bulk tensor copy
-engine (UTMALDG), no sm90 kernel (the backward's delta and dQ-conversion helpers, the
+(forward, dQ and dK/dV passes) must use the warpgroup MMA (HGMMA; the strip pairs' forward,
+forward_strips.cuh, the warp MMA, HMMA) and the bulk tensor copy engine (UTMALDG), no sm90 kernel (the backward's delta and dQ-conversion helpers, the
 split-KV merge and the zero-padded head dims' copies, src/sm90_padded.cu, included) may
 touch local memory (LDL/STL: spilled registers or an array indexed at run time), and no
 kernel may wait on the warpgroup MMAs after each one (as many WARPGROUP.DEPBAR as HGMMA: ptxas
@@ -21,6 +21,7 @@ import sys
 import sysconfig
 
 REQUIRED = ("HGMMA", "UTMALDG")
+STRIP_REQUIRED = ("HMMA", "UTMALDG")
 FORBIDDEN = ("LDL", "STL")
 
 
@@ -84,7 +85,8 @@ def check(sass: str):
         helpers = ("delta_kernel", "delta_packed_kernel", "dq_convert_kernel", "split_kv_merge_kernel",
                    "pad_copy_kernel")  # no products
         helper = any(h in name for h in helpers)
-        for op in REQUIRED if not helper else ():
+        strips = "forward_strips_kernel" in name  # mma.sync on each warp's strip
+        for op in (STRIP_REQUIRED if strips else REQUIRED) if not helper else ():
             if op not in ops:
                 problems.append(f"{name}: no {op}")
         for op in FORBIDDEN:
@@ -113,8 +115,8 @@ def main(argv):
     for p in problems:
         print("ERROR:", p)
     if not problems:
-        print(f"   sm90 SASS: {n} kernels use {' and '.join(REQUIRED)}, none touches local memory or "
-              "serializes its HGMMA")
+        print(f"   sm90 SASS: {n} kernels use {' and '.join(REQUIRED)} (the strip pairs' forwards HMMA), none "
+              "touches local memory or serializes its HGMMA")
     return 1 if problems else 0
 
 

@@ -180,8 +180,30 @@ def backward_pairs():
         assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), name
 
 
+def strips():
+    # The strip pair's forward (forward_strips.cuh) on random problems within its limits (RPB,
+    # GQA, dilation, causal axes, layouts) and on grids ending in partial query boxes, with
+    # the bulk tensor stores of the output and with per-lane stores.
+    from sm90_cases import STRIP_PAIR, strip_sweep
+    os.environ["NATTN_SM90_TILE"] = STRIP_PAIR
+    try:
+        for i, case in enumerate(strip_sweep(12, seed=88)):
+            t, _ = make_inputs(case)
+            if i % 2:
+                os.environ["NATTN_SM90_OUT_STORES"] = "lanes"
+            try:
+                with torch.no_grad():
+                    out, lse = functional_call(case, t, 0.0)
+                torch.cuda.synchronize()
+            finally:
+                os.environ.pop("NATTN_SM90_OUT_STORES", None)
+            assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
+    finally:
+        del os.environ["NATTN_SM90_TILE"]
+
+
 SECTIONS = ("sweep", "heads_first", "query_range", "small_pairs", "split_kv", "padded", "pieces", "head_dim_256",
-            "backward_pairs")
+            "backward_pairs", "strips")
 
 
 def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):

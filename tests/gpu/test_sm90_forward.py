@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
-from sm90_cases import SM90_FORWARD_DIMS, dilated_1d_sweep, sm90_sweep  # noqa: E402
+from sm90_cases import SM90_FORWARD_DIMS, STRIP_PAIR, dilated_1d_sweep, sm90_sweep, strip_sweep, strip_takes  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -32,8 +32,11 @@ SMALL_RPB_STAGE = 4096
 
 
 def pair_takes(tile, case):
-    """Whether a forced pair is built for the case's head dim and can take its RPB table."""
+    """Whether a forced pair is built for the case's head dim and can take its RPB table (the
+    strip pair: its windows too)."""
     if not FAMILY_BY_NAME["sm90"].tile_has_head_dim(tile, case.dim):
+        return False
+    if Instance("sm90", "bfloat16", len(case.spatial), 64, tile).tile_name == STRIP_PAIR and not strip_takes(case):
         return False
     queries = 1
     for x in tile[0]:
@@ -121,6 +124,31 @@ def test_sm90_forward_dilated_1d_boxes_in_pieces(pair, case, monkeypatch):
 def test_sm90_small_pairs_on_many_boxes(case, monkeypatch):
     monkeypatch.setenv("NATTN_SM90_TILE", SMALL_PAIRS[len(case.spatial)])
     compare(case)
+
+
+# The strip pair on its own sweep (the generic one draws few windows within its limits), with
+# the bulk tensor stores of its output and with the per-lane ones.
+STRIPS = strip_sweep(int(os.environ.get("NATTN_SM90_STRIP_CASES", "400")), seed=6262) + MANY_BOXES[:1]
+
+
+@pytest.mark.parametrize("stores", ["bulk", "lanes"])
+@pytest.mark.parametrize("case", STRIPS, ids=[f"strip{i}-{c}" for i, c in enumerate(STRIPS)])
+def test_sm90_strip_pair(case, stores, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIR)
+    if stores == "lanes":
+        monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
+    compare(case)
+
+
+def test_sm90_strip_pair_declines_what_it_cannot_take(monkeypatch):
+    """Forced on a window or stride beyond its limits, the strip pair declines with the reason
+    (NATTN_FAMILY=sm90 turns the decline into the error)."""
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIR)
+    q = torch.randn(1, 32, 32, 2, 32, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(Exception, match="up to 7 x 9"):
+        nattn.na2d(q, q, q, (9, 7), backend="cuda")
+    with pytest.raises(Exception, match="stride 1 only"):
+        nattn.na2d(q, q, q, (7, 7), stride=(2, 1), backend="cuda")
 
 
 LARGE_PAIRS = {1: "q128_k128", 2: "q8x16_k8x16", 3: "q2x8x8_k2x8x8"}

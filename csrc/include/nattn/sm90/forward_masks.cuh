@@ -27,8 +27,8 @@ struct RowWindow {
 // row.lo / row.hi, its part of the RPB index added to row.rpb (which comes in holding the
 // head's base), and whether it is a real query (padding rows take the last query's window).
 template <int NA, class QB>
-__device__ __forceinline__ bool row_window(const Params& p, const int* q0, const int* len, int qr,
-                                           const int* rpb_mult, RowWindow& row) {
+NATTN_HD bool row_window(const Params& p, const int* q0, const int* len, int qr, const int* rpb_mult,
+                         RowWindow& row) {
   bool ok = true;
 #pragma unroll
   for (int a = 0; a < NA; ++a) {

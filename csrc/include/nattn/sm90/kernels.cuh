@@ -14,6 +14,7 @@
 #include "nattn/sm90/backward_dq.cuh"
 #include "nattn/sm90/backward_wide.cuh"
 #include "nattn/sm90/forward.cuh"
+#include "nattn/sm90/forward_strips.cuh"
 #include "nattn/sm90/launch.h"
 #include "nattn/sm90/split_kv_merge.cuh"
 #include "nattn/sm90/tensor_map.h"
@@ -36,6 +37,14 @@ const char* prepare_forward(const Params& p, void* workspace) {
   for (int a = 0; a < 3; ++a) {
     qbox[a] = Tl::Q::extent(a);
     kbox[a] = Tl::K::extent(a);
+  }
+  if constexpr (Tl::kStrips) {  // forward_strips.cuh: the union must fit the key box
+    if (p.kv_splits > 1) return "split-KV (kv_splits > 1) is not built for the strip pairs";
+    for (int a = 0; a < NA; ++a) {
+      if (p.stride[a] != 1) return "the strip pairs take stride 1 only (strided windows' unions are wider)";
+      if (qbox[a] + p.kernel[a] - 1 > kbox[a])
+        return "the strip pair takes windows up to 7 x 9 (its queries' union must fit its 14 x 16 key box)";
+    }
   }
   MapSpec mq, mk, mv;
   const char* why = map_spec(p, p.q_s, p.heads, HD, qbox, mq);
@@ -75,13 +84,25 @@ const char* prepare_forward(const Params& p, void* workspace) {
   return nullptr;
 }
 
+// A strip pair's forward (forward_strips.cuh): one CTA of four warps per query box.
 template <typename T, int NA, int HD, class Tl>
-void launch_forward(const Params& problem, cudaStream_t stream) {
-  const ForwardLaunch* l = static_cast<const ForwardLaunch*>(problem.prepared);
-  Params p = problem;
-  p.map_heads_outer = l->heads_outer;
-  p.out_map = l->out_map;
-  set_query_boxes<typename Tl::Q>(p);
+void launch_forward_strips(const Params& p, const ForwardLaunch* l, cudaStream_t stream) {
+  using S = StripSmem<Tl, HD>;
+  constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
+  static const bool configured = [] {
+    cudaFuncSetAttribute(forward_strips_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+    return true;
+  }();
+  (void)configured;
+  const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * StripCta<Tl, HD>::kRpbGuard : 0;
+  const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
+  const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
+  forward_strips_kernel<T, NA, HD, Tl><<<grid, StripCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->k, l->v, l->o);
+}
+
+// The forward of the other pairs (forward.cuh).
+template <typename T, int NA, int HD, class Tl>
+void launch_forward_boxes(const Params& p, const ForwardLaunch* l, cudaStream_t stream) {
   using Cta = ForwardCta<Tl, HD>;
   constexpr int base = ForwardSmem<Tl, HD>::kAlloc;
   constexpr int most = base + Cta::kRpbStageFloats * int(sizeof(float));
@@ -114,6 +135,20 @@ void launch_forward(const Params& problem, cudaStream_t stream) {
   }
   const dim3 grid(boxes, unsigned(p.heads), unsigned(p.batch));
   forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(p, l->q, l->k, l->v, l->o);
+}
+
+template <typename T, int NA, int HD, class Tl>
+void launch_forward(const Params& problem, cudaStream_t stream) {
+  const ForwardLaunch* l = static_cast<const ForwardLaunch*>(problem.prepared);
+  Params p = problem;
+  p.map_heads_outer = l->heads_outer;
+  p.out_map = l->out_map;
+  set_query_boxes<typename Tl::Q>(p);
+  if constexpr (Tl::kStrips) {
+    launch_forward_strips<T, NA, HD, Tl>(p, l, stream);
+  } else {
+    launch_forward_boxes<T, NA, HD, Tl>(p, l, stream);
+  }
 }
 
 // What prepare_backward leaves for launch_backward: the dQ pass's maps (Q, dO with the

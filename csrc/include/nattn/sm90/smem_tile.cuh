@@ -20,7 +20,7 @@ struct TileSmem {
   static_assert(ROWS % 16 == 0, "tiles hold whole 16-row steps (and 8-row swizzle atoms)");
 
   // Byte offset of (row, channel c): the swizzle (16-byte chunk index XOR row bits).
-  static __device__ __forceinline__ int offset(int row, int c) {
+  static __host__ __device__ __forceinline__ int offset(int row, int c) {  // (host: csrc/tests)
     const int chunk = (c % 64) / 8;
     const int swz = kRowBytes == 128 ? (row & 7) : ((row >> 1) & 3);
     return (c / 64) * kBlockBytes + row * kRowBytes + ((chunk ^ swz) << 4) + (c % 8) * 2;
