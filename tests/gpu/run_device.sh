@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
 # benchmarks/{kernel_split,host_overhead}.py; variants: the tuning builds in variants/*.so
 # (benchmarks/build_variants.sh); varcheck: the random sweep on each of them; ab: libraries side by side; crossover: sm90 tile pairs
-# against the default choice; familyab: the default against NATTN_FAMILY=sm90, fwd and f+b.
+# against the default choice; familyab: the default against NATTN_FAMILY=sm90, fwd and f+b;
+# strips: the strip pair's tests, sanitizers and timings against sm90's default and tc.
 set -uo pipefail
 # pytest runs with -n 0: one process for the one GPU (pyproject's addopts ask pytest-xdist for
 # one worker per core; the device image has pytest-xdist, so -p no:xdist would fail on -n).
@@ -187,6 +188,25 @@ fi
 # backward, for moving the dispatch thresholds (src/sm90_dispatch.cu: kSm90MinWindow*). AB_ARGS as
 # for ab (graphs, rpb); FB_FAMILIES (default "default sm90"; e.g. "default sm90 tc"); FB_PROBLEMS:
 # bench names or ad-hoc shapes (benchmarks/library_ab.py: SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]).
+# The strip pair (sm90/forward_strips.cuh, named only until measured): its GPU tests and
+# sanitizer section, then the strip pair, the default sm90 choice and the tc family forced in
+# turn on small 2-D windows, with and without an RPB, two rounds (GPU ms, forward).
+if [[ $what == *strips* ]]; then
+  NATTN_FAMILY=sm90 timeout 300 python3 -m pytest -q -n 0 -m gpu tests/gpu/test_sm90_forward.py -k "strip" 2>&1 \
+    | tail -15 | tee "$OUT/strips_tests.txt"
+  for tool in memcheck racecheck; do
+    NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=strips timeout 200 compute-sanitizer --tool $tool \
+      python3 tests/gpu/sanitize_sm90.py 2>&1 | tail -3 | tee "$OUT/strips_$tool.txt"
+  done
+  probs=${ST_PROBLEMS:-dinat-s1-2d,dinat-s2-dil4,28x28-k7x7-b128-h4-d32,14x14-k7x7-b128-h8-d32,7x7-k7x7-b128-h16-d32,56x56-k5x5-b32-h4-d32,56x56-k3x3-b32-h4-d32,56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,112x112-k7x9-b8-h4-d64}
+  for args in graphs "graphs rpb"; do
+    for round in 1 2; do
+      NATTN_FAMILY=sm90 NATTN_SM90_TILE=q8x8_k14x16 timeout 120 python3 benchmarks/library_ab.py strips "$probs" $args
+      NATTN_FAMILY=sm90 timeout 120 python3 benchmarks/library_ab.py sm90 "$probs" $args
+      NATTN_FAMILY=tc timeout 120 python3 benchmarks/library_ab.py tc "$probs" $args
+    done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/strips_bench.txt"
+  done
+fi
 if [[ $what == *familyab* ]]; then
   probs=${FB_PROBLEMS:-56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,28x28-k7x7-b32-h8-d64-dil2x2,56x56-k9x9-b32-h4-d64,16x32x32-k3x7x7-b2-h8-d64}
   for fam in ${FB_FAMILIES:-default sm90}; do  # default: the library's choice; else NATTN_FAMILY=<fam>
