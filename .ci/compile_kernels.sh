@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI compile check (CPU-only machine, root): one instance of each kernel family for
+# CI compile check (CPU-only machine, root): each kernel family's 2-D and 3-D instances at
+# head dim 32 (the Hopper family's strip pairs are 2-D), for
 # sm_80 and sm_90 with the default nvcc (CUDA 13), and for sm_50 with CUDA 11.8
 # (Debian's nvidia-cuda-toolkit: CUDA 13 cannot target SM50..SM72). Also checks that
 # the build rejects an arch the chosen toolkit cannot compile, and that the library
@@ -8,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=$(command -v "${PYTHON:-python3}")  # absolute: PATH changes for the CUDA 11.8 build
 BUILD=${NATTN_CI_BUILD:-build/ci}
-SUBSET=(-DNATTN_DTYPES="float32;float16;bfloat16" -DNATTN_HEAD_DIMS=32 -DNATTN_NA_DIMS=3)
+SUBSET=(-DNATTN_DTYPES="float32;float16;bfloat16" -DNATTN_HEAD_DIMS=32 -DNATTN_NA_DIMS="2;3")
 JOBS=${NATTN_N_WORKERS:-$(nproc)}
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 
