@@ -106,7 +106,9 @@ def test_sm90_configs_list_the_tile_pairs():
     configs = CUDA.sm90_configs(q, q, q, normalize(q, q, q, nd, kernel))
     names = {i.tile_name for i in kernel_table.instances() if i.family == "sm90" and i.na_dim == nd}
     assert {c["name"] for c in configs} <= names and configs
-    assert sum(c["default"] for c in configs) == 1 and all(c["keys"] > 0 and not c["declined"] for c in configs)
+    strips = {kernel_table.Instance("sm90", dt, n, hd, t).tile_name for n, t in kernel_table.SM90_STRIP_TILES}
+    assert sum(c["default"] for c in configs) == 1 and all(c["keys"] > 0 for c in configs)
+    assert all(not c["declined"] if c["name"] not in strips else "up to 7 x 9" in c["declined"] for c in configs)
     backward = {kernel_table.Instance("sm90", dt, nd, hd, t).tile_name for n, t in kernel_table.SM90_BACKWARD_TILES
                 if n == nd}
     assert {c["name"] for c in configs if c["backward"]} <= backward
@@ -115,6 +117,26 @@ def test_sm90_configs_list_the_tile_pairs():
     assert declined and all("dilation above 8" in c["declined"] for c in declined)
     pieces = CUDA.sm90_configs(big, big, big, normalize(big, big, big, nd, (3,) * nd, dilation=(8,) * nd))
     assert pieces and not any(c["declined"] for c in pieces)
+
+
+def test_sm90_configs_list_the_strip_pair():
+    """The strip pair (2-D, named only until timed) is listed with the keys its strips walk
+    per query (8 x 16 for a 7x7 window, 4 x 16 up to 3 rows), never as the default, and
+    declined beyond its windows (7 x 9) and at a stride, with the reason."""
+    if 32 not in LIB.kernels.get(("sm90", "bfloat16", 2), ()):
+        pytest.skip("this build has no bf16 2-D sm90 kernels at head dim 32")
+    (_, (qb, kb)), = kernel_table.SM90_STRIP_TILES
+    name = kernel_table.Instance("sm90", "bfloat16", 2, 32, (qb, kb)).tile_name
+
+    def listed(spatial, kernel, **kw):
+        q = torch.empty(1, *spatial, 2, 32, dtype=torch.bfloat16, device="meta")
+        return next(c for c in CUDA.sm90_configs(q, q, q, normalize(q, q, q, 2, kernel, **kw)) if c["name"] == name)
+    for kernel, keys in (((7, 7), 128), ((3, 9), 64), ((5, 3), 128)):
+        c = listed((56, 56), kernel)
+        assert c["keys"] == keys and not c["declined"] and not c["default"] and not c["backward"], c
+        assert c["named_only"], c
+    assert "up to 7 x 9" in listed((64, 64), (9, 7))["declined"]
+    assert "stride 1 only" in listed((64, 64), (7, 7), stride=(2, 1))["declined"]
 
 
 @pytest.mark.parametrize("spatial, kernel, head_dim, pair", [

@@ -365,9 +365,10 @@ NATTN_API int nattn_sm90_configs(const int64_t* fields, int64_t n_fields, char* 
     char name[64];
     sm90_tile_name(e, p.na_dim, name, sizeof name);
     const char* why = sm90_pair_declines(p, e);
-    const int n = snprintf(out + used, size_t(out_len - used), "%s%s %.0f%s%s%s%s%s", used ? "\n" : "", name,
+    const int n = snprintf(out + used, size_t(out_len - used), "%s%s %.0f%s%s%s%s%s%s", used ? "\n" : "", name,
                            sm90_tile_cost(p, e), &e == best ? " default" : "", e.backward ? " backward" : "",
-                           &e == best_backward ? " backward_default" : "", why ? " declined:" : "", why ? why : "");
+                           &e == best_backward ? " backward_default" : "", e.forward_named_only ? " named" : "",
+                           why ? " declined:" : "", why ? why : "");
     if (n < 0 || used + n >= out_len) return fail(err, err_len, kInvalid, NattnProblem{}, "nattn_sm90_configs",
                                                   "output buffer of %lld bytes too small", (long long)out_len);
     used += n;

@@ -152,8 +152,9 @@ class Library:
 
     def sm90_configs(self, fields) -> list:
         """The Hopper family's tile pairs for a forward problem (packed fields), as dicts
-        ``name, keys, default, backward, backward_default, declined`` (the reason, or None;
-        ``backward_default``: the pair a backward runs); [] when this build
+        ``name, keys, default, backward, backward_default, named_only, declined`` (the reason,
+        or None; ``backward_default``: the pair a backward runs; ``named_only``: a forward that
+        runs only when a call names the pair); [] when this build
         has no sm90 kernel for it. Raises ValueError with libnattn's message for a bad problem."""
         if self._sm90_configs is None:
             return []
@@ -169,7 +170,7 @@ class Library:
             words = flags.split()
             configs.append(dict(name=parts[0], keys=int(parts[1]), default="default" in words,
                                 backward="backward" in words, backward_default="backward_default" in words,
-                                declined=declined or None))
+                                named_only="named" in words, declined=declined or None))
         return configs
 
     def sm90_preferred(self, fields, backward: bool = False) -> Optional[str]:

@@ -55,12 +55,14 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
     lines.append(f"  sm90 (compute capability 9.0; {runs}; name one per call with backend='cuda:<name>', or "
                  "NATTN_SM90_TILE=<name> process-wide; cost: keys walked per query times the query rows its boxes cover per query, 64-key boxes counted 1.15x, "
                  "64-query boxes 1.3x in 1-D, 1.5x in 3-D, 0.6x in 2-D at head dim 32, 1-D key boxes copied in "
-                 "two or more pieces (box x dilation above 256) 2x; backward: the pair has a backward; "
-                 "backward default: the pair the backward runs, the one walking the fewest steps):")
+                 "two or more pieces (box x dilation above 256) 2x, strip pairs the keys their warps' strips "
+                 "walk; backward: the pair has a backward; backward default: the pair the backward runs, the one "
+                 "walking the fewest steps; named only: its forward runs only when named):")
     width = max(len(c["name"]) for c in configs)
     for c in configs:
         flags = [f for f, on in (("default", c["default"]), ("backward", c["backward"]),
-                                 ("backward default", c["backward_default"])) if on]
+                                 ("backward default", c["backward_default"]),
+                                 ("named only", c.get("named_only", False))) if on]
         note = f"declined: {c['declined']}" if c["declined"] else ", ".join(flags)
         lines.append(f"    {c['name']:<{width}}  cost {c['keys']:>8}  {note}".rstrip())
     return lines

@@ -39,12 +39,7 @@ const char* prepare_forward(const Params& p, void* workspace) {
     kbox[a] = Tl::K::extent(a);
   }
   if constexpr (Tl::kStrips) {  // forward_strips.cuh: the union must fit the key box
-    if (p.kv_splits > 1) return "split-KV (kv_splits > 1) is not built for the strip pairs";
-    for (int a = 0; a < NA; ++a) {
-      if (p.stride[a] != 1) return "the strip pairs take stride 1 only (strided windows' unions are wider)";
-      if (qbox[a] + p.kernel[a] - 1 > kbox[a])
-        return "the strip pair takes windows up to 7 x 9 (its queries' union must fit its 14 x 16 key box)";
-    }
+    if (const char* why = strip_declines(p, qbox, kbox)) return why;
   }
   MapSpec mq, mk, mv;
   const char* why = map_spec(p, p.q_s, p.heads, HD, qbox, mq);

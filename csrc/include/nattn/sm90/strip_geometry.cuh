@@ -21,6 +21,32 @@ constexpr int kStripChunkRows = 4;  // key rows per softmax step: 64 keys, 32 sc
 constexpr int kStripWalkRows = 8;   // key rows a strip walks at most: 2 query rows + 7 - 1
 constexpr int kStripCols = 16;      // key columns (the key box's last axis)
 
+// Whether a (query box, key box) pair is a strip pair (Tile::kStrips in tiles.cuh), from its
+// extents (host: the kernel table's rows).
+NATTN_HD bool is_strip_pair(int na_dim, const int* qbox, const int* kbox) {
+  return na_dim == 2 && qbox[0] * qbox[1] == kWgRows && kbox[0] * kbox[1] > 160;
+}
+
+// Why a strip pair (query box qbox, key box kbox) cannot take a problem, or null: its box's
+// window union must fit the key box (stride 1, whose windows move one key a query; strided
+// windows' unions are wider) and it has no split-KV. prepare_forward and the host's listing
+// (sm90_pair_declines) both ask it.
+inline const char* strip_declines(const Params& p, const int* qbox, const int* kbox) {
+  if (p.kv_splits > 1) return "split-KV (kv_splits > 1) is not built for the strip pairs";
+  for (int a = 0; a < 2; ++a) {
+    if (p.stride[a] != 1) return "the strip pairs take stride 1 only (strided windows' unions are wider)";
+    if (qbox[a] + p.kernel[a] - 1 > kbox[a])
+      return "the strip pair takes windows up to 7 x 9 (its queries' union must fit its 14 x 16 key box)";
+  }
+  return nullptr;
+}
+
+// Keys a strip walks per query: whole chunks of key rows (the rows its two query rows'
+// windows span, kernel[0] + 1 at most) of kStripCols.
+NATTN_HD int strip_walked_keys(const Params& p) {
+  return (p.kernel[0] + 1 > kStripChunkRows ? 2 : 1) * kStripChunkRows * kStripCols;
+}
+
 // Bits 4 a .. 4 b + 3 (key rows a..b of a walk, four column bits each); none when b < a.
 NATTN_HD uint32_t nibble_rows(int a, int b) {
   const uint32_t hi = b >= 7 ? 0xffffffffu : (1u << (4 * b + 4)) - 1u;

@@ -50,7 +50,7 @@ struct Tile {
   using Q = Box<QX, QY, QZ>;
   using K = Box<KX, KY, KZ>;
   static constexpr int kConsumers = Q::kSize / kWgRows;  // consumer warpgroups
-  static constexpr bool kStrips = Q::kSize == kWgRows && QZ == 1 && K::kSize > 160;
+  static constexpr bool kStrips = Q::kSize == kWgRows && QY > 1 && QZ == 1 && K::kSize > 160;  // 2-D
   static_assert((Q::kSize == kQueryRows && QX % 2 == 0) || Q::kSize == kWgRows,
                 "query boxes are 128 tokens (even along axis 0) or 64");
   static_assert(K::kSize % 16 == 0 && K::kSize >= 64 && (K::kSize <= 160 || kStrips),
