@@ -119,24 +119,30 @@ def test_sm90_configs_list_the_tile_pairs():
     assert pieces and not any(c["declined"] for c in pieces)
 
 
-def test_sm90_configs_list_the_strip_pair():
-    """The strip pair (2-D, named only until timed) is listed with the keys its strips walk
-    per query (8 x 16 for a 7x7 window, 4 x 16 up to 3 rows), never as the default, and
-    declined beyond its windows (7 x 9) and at a stride, with the reason."""
-    if 32 not in LIB.kernels.get(("sm90", "bfloat16", 2), ()):
-        pytest.skip("this build has no bf16 2-D sm90 kernels at head dim 32")
-    (_, (qb, kb)), = kernel_table.SM90_STRIP_TILES
-    name = kernel_table.Instance("sm90", "bfloat16", 2, 32, (qb, kb)).tile_name
+@pytest.mark.parametrize("nd", [2, 3])
+def test_sm90_configs_list_the_strip_pairs(nd):
+    """The strip pairs (named only until timed) are listed with the keys their strips walk per
+    query (8 x 16 key rows for a 7-row window, 4 x 16 up to 3 rows, per frame of the window in
+    3-D), never as the default, and declined beyond their windows (7 x 9, 7 x 7 x 9) and at a
+    stride, with the reason."""
+    if 32 not in LIB.kernels.get(("sm90", "bfloat16", nd), ()):
+        pytest.skip(f"this build has no bf16 {nd}-D sm90 kernels at head dim 32")
+    tile = next(t for n, t in kernel_table.SM90_STRIP_TILES if n == nd)
+    name = kernel_table.Instance("sm90", "bfloat16", nd, 32, tile).tile_name
 
     def listed(spatial, kernel, **kw):
         q = torch.empty(1, *spatial, 2, 32, dtype=torch.bfloat16, device="meta")
-        return next(c for c in CUDA.sm90_configs(q, q, q, normalize(q, q, q, 2, kernel, **kw)) if c["name"] == name)
-    for kernel, keys in (((7, 7), 128), ((3, 9), 64), ((5, 3), 128)):
-        c = listed((56, 56), kernel)
+        return next(c for c in CUDA.sm90_configs(q, q, q, normalize(q, q, q, nd, kernel, **kw)) if c["name"] == name)
+    grid = {2: (56, 56), 3: (16, 32, 32)}[nd]
+    walks = {2: (((7, 7), 128), ((3, 9), 64), ((5, 3), 128)),
+             3: (((5, 7, 7), 640), ((3, 3, 9), 192), ((2, 5, 3), 256))}[nd]
+    for kernel, keys in walks:
+        c = listed(grid, kernel)
         assert c["keys"] == keys and not c["declined"] and not c["default"] and not c["backward"], c
         assert c["named_only"], c
-    assert "up to 7 x 9" in listed((64, 64), (9, 7))["declined"]
-    assert "stride 1 only" in listed((64, 64), (7, 7), stride=(2, 1))["declined"]
+    too_big = {2: (9, 7), 3: (3, 9, 7)}[nd]
+    assert "up to 7 x" in listed(grid, too_big)["declined"]
+    assert "stride 1 only" in listed(grid, (3,) * nd, stride=(2,) + (1,) * (nd - 1))["declined"]
 
 
 @pytest.mark.parametrize("spatial, kernel, head_dim, pair", [

@@ -77,16 +77,16 @@ SM90_TILES = (
     (2, ((8, 8), (7, 16))), (2, ((8, 8), (4, 24))),
     (3, ((2, 4, 8), (1, 5, 16))),
     (3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))),
-    (2, ((8, 8), (14, 16))),
+    (2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))),
 )
 # The 64-query pairs (one consumer warpgroup, two CTAs per SM: <= 168 registers a thread)
 # hold their accumulators without spilling only at these head dims.
 SM90_TILE_HEAD_DIMS = (
     (((64,), (128,)), (32, 64)), (((8, 8), (7, 16)), (32, 64)), (((8, 8), (4, 24)), (32, 64)),
     (((2, 4, 8), (1, 5, 16)), (32, 64)),
-    # The strip pair (forward_strips.cuh: an 8 x 8 query box whose 14 x 16 key box is its
-    # whole window union, up to 7 x 9; mma.sync on each warp's two query rows).
-    (((8, 8), (14, 16)), (32, 64)),
+    # The strip pairs (forward_strips.cuh: a 64-query box whose key box is its window union,
+    # up to 7 x 9 or 7 x 7 x 9; mma.sync on each warp's two query rows).
+    (((8, 8), (14, 16)), (32, 64)), (((2, 4, 8), (8, 10, 16)), (32, 64)),
     # Head dim 256 (O alone is 128 registers a thread) only with 64-key boxes, whose CTAs run
     # their boxes one after the other (forward.cuh); the pairs with larger key boxes stop at 128.
     (((128,), (128,)), (32, 64, 128)), (((8, 16), (8, 16)), (32, 64, 128)),
@@ -109,9 +109,9 @@ SM90_BACKWARD_TILES = (
 # forward runs only when named (NATTN_SM90_TILE, or a call's tile pair), not timed against
 # the other forwards, so the forward's default choice (src/sm90_dispatch.cu, default_sm90)
 # never takes them (a flag of their table rows, KernelEntry::forward_named_only).
-# The strip pair (2-D, windows up to 7 x 9 at stride 1) is named-only too until its
-# crossover with the other pairs and the tensor-core family is measured.
-SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))),)
+# The strip pairs (windows up to 7 x 9 / 7 x 7 x 9 at stride 1) are named-only too until
+# their crossover with the other pairs and the tensor-core family is measured.
+SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
 SM90_NAMED_FORWARD_TILES = tuple(
     (n, t) for i, (n, t) in enumerate(SM90_BACKWARD_TILES)
     if any(m == n for m, _ in SM90_BACKWARD_TILES[:i])) + SM90_STRIP_TILES

@@ -188,9 +188,9 @@ fi
 # backward, for moving the dispatch thresholds (src/sm90_dispatch.cu: kSm90MinWindow*). AB_ARGS as
 # for ab (graphs, rpb); FB_FAMILIES (default "default sm90"; e.g. "default sm90 tc"); FB_PROBLEMS:
 # bench names or ad-hoc shapes (benchmarks/library_ab.py: SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]).
-# The strip pair (sm90/forward_strips.cuh, named only until measured): its GPU tests and
-# sanitizer section, then the strip pair, the default sm90 choice and the tc family forced in
-# turn on small 2-D windows, with and without an RPB, two rounds (GPU ms, forward).
+# The strip pairs (sm90/forward_strips.cuh, named only until measured): their GPU tests and
+# sanitizer section, then the strip pairs, the default sm90 choice and the tc family forced in
+# turn on small 2-D and 3-D windows, with and without an RPB, two rounds (GPU ms, forward).
 if [[ $what == *strips* ]]; then
   NATTN_FAMILY=sm90 timeout 300 python3 -m pytest -q -n 0 -m gpu tests/gpu/test_sm90_forward.py -k "strip" 2>&1 \
     | tail -15 | tee "$OUT/strips_tests.txt"
@@ -198,12 +198,14 @@ if [[ $what == *strips* ]]; then
     NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=strips timeout 200 compute-sanitizer --tool $tool \
       python3 tests/gpu/sanitize_sm90.py 2>&1 | tail -3 | tee "$OUT/strips_$tool.txt"
   done
-  probs=${ST_PROBLEMS:-dinat-s1-2d,dinat-s2-dil4,28x28-k7x7-b128-h4-d32,14x14-k7x7-b128-h8-d32,7x7-k7x7-b128-h16-d32,56x56-k5x5-b32-h4-d32,56x56-k3x3-b32-h4-d32,56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,112x112-k7x9-b8-h4-d64}
+  probs2=${ST_PROBLEMS_2D:-dinat-s1-2d,dinat-s2-dil4,28x28-k7x7-b128-h4-d32,14x14-k7x7-b128-h8-d32,7x7-k7x7-b128-h16-d32,56x56-k5x5-b32-h4-d32,56x56-k3x3-b32-h4-d32,56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,112x112-k7x9-b8-h4-d64}
+  probs3=${ST_PROBLEMS_3D:-video-3d,16x32x32-k3x5x5-b2-h8-d64,16x32x32-k5x7x7-b2-h8-d32,8x64x64-k3x7x7-b1-h8-d64,16x32x32-k7x7x7-b2-h8-d64}
   for args in graphs "graphs rpb"; do
     for round in 1 2; do
-      NATTN_FAMILY=sm90 NATTN_SM90_TILE=q8x8_k14x16 timeout 120 python3 benchmarks/library_ab.py strips "$probs" $args
-      NATTN_FAMILY=sm90 timeout 120 python3 benchmarks/library_ab.py sm90 "$probs" $args
-      NATTN_FAMILY=tc timeout 120 python3 benchmarks/library_ab.py tc "$probs" $args
+      NATTN_FAMILY=sm90 NATTN_SM90_TILE=q8x8_k14x16 timeout 120 python3 benchmarks/library_ab.py strips "$probs2" $args
+      NATTN_FAMILY=sm90 NATTN_SM90_TILE=q2x4x8_k8x10x16 timeout 120 python3 benchmarks/library_ab.py strips "$probs3" $args
+      NATTN_FAMILY=sm90 timeout 120 python3 benchmarks/library_ab.py sm90 "$probs2,$probs3" $args
+      NATTN_FAMILY=tc timeout 120 python3 benchmarks/library_ab.py tc "$probs2,$probs3" $args
     done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/strips_bench.txt"
   done
 fi

@@ -181,13 +181,14 @@ def backward_pairs():
 
 
 def strips():
-    # The strip pair's forward (forward_strips.cuh) on random problems within its limits (RPB,
-    # GQA, dilation, causal axes, layouts) and on grids ending in partial query boxes, with
-    # the bulk tensor stores of the output and with per-lane stores.
-    from sm90_cases import STRIP_PAIR, strip_sweep
-    os.environ["NATTN_SM90_TILE"] = STRIP_PAIR
+    # The strip pairs' forwards (forward_strips.cuh) on random problems within their limits
+    # (RPB, GQA, dilation, causal axes, layouts; 2-D and 3-D, whose frames pass through a
+    # ring) and on grids ending in partial query boxes, with the bulk tensor stores of the
+    # output and with per-lane stores.
+    from sm90_cases import STRIP_PAIRS, strip_sweep
     try:
-        for i, case in enumerate(strip_sweep(12, seed=88)):
+        for i, case in enumerate(strip_sweep(8, seed=88) + strip_sweep(8, seed=89, na_dim=3)):
+            os.environ["NATTN_SM90_TILE"] = STRIP_PAIRS[len(case.spatial)]
             t, _ = make_inputs(case)
             if i % 2:
                 os.environ["NATTN_SM90_OUT_STORES"] = "lanes"
@@ -199,7 +200,7 @@ def strips():
                 os.environ.pop("NATTN_SM90_OUT_STORES", None)
             assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
     finally:
-        del os.environ["NATTN_SM90_TILE"]
+        os.environ.pop("NATTN_SM90_TILE", None)
 
 
 SECTIONS = ("sweep", "heads_first", "query_range", "small_pairs", "split_kv", "padded", "pieces", "head_dim_256",

@@ -62,27 +62,30 @@ def dilated_1d_sweep(count: int, seed: int, dims=SM90_DIMS):
     return [random_sm90_case(rng, 1, wide=i % 2 == 1, dims=dims, dilations=(3, 4, 5, 6, 7, 8)) for i in range(count)]
 
 
-# The strip pair's limits (csrc/include/nattn/sm90/forward_strips.cuh): 2-D, stride 1, windows
-# up to 7 x 9 (the 8 x 8 query box's union must fit its 14 x 16 key box), head dims 32 / 64.
-STRIP_PAIR = "q8x8_k14x16"
-STRIP_MAX_KERNEL = (7, 9)
+# The strip pairs' limits (csrc/include/nattn/sm90/forward_strips.cuh): 2-D and 3-D, stride 1,
+# windows up to 7 x 9 / 7 x 7 x 9 (the query box's union must fit the key box), head dims 32 / 64.
+STRIP_PAIRS = {2: "q8x8_k14x16", 3: "q2x4x8_k8x10x16"}
+STRIP_MAX_KERNEL = {2: (7, 9), 3: (7, 7, 9)}
 
 
 def strip_takes(case: GpuCase) -> bool:
-    return (len(case.spatial) == 2 and case.dim in (32, 64) and all(s == 1 for s in case.stride)
-            and all(k <= m for k, m in zip(case.kernel, STRIP_MAX_KERNEL)))
+    n = len(case.spatial)
+    return (n in STRIP_PAIRS and case.dim in (32, 64) and all(s == 1 for s in case.stride)
+            and all(k <= m for k, m in zip(case.kernel, STRIP_MAX_KERNEL[n])))
 
 
-def strip_sweep(count: int, seed: int):
-    """Random 2-D problems within the strip pair's limits (every other feature at random; half
-    of them with the 7 x 7 window of NAT / DiNAT where the grid allows it)."""
+def strip_sweep(count: int, seed: int, na_dim: int = 2):
+    """Random problems within a strip pair's limits (every other feature at random; half of
+    them with NAT / DiNAT's 7 x 7 window in 2-D, or a video model's 5 x 7 x 7 in 3-D, where
+    the grid allows it)."""
     rng = random.Random(seed)
+    common = {2: (7, 7), 3: (5, 7, 7)}[na_dim]
     out = []
     while len(out) < count:
-        c = random_sm90_case(rng, 2, dims=(32, 64))
-        if rng.random() < 0.5 and min(s // d for s, d in zip(c.spatial, c.dilation)) >= 7:
-            kernel = (7, 7)
+        c = random_sm90_case(rng, na_dim, dims=(32, 64))
+        if rng.random() < 0.5 and all(s // d >= k for s, d, k in zip(c.spatial, c.dilation, common)):
+            kernel = common
         else:  # smaller than drawn: still within the grid (an RPB keeps odd kernels)
-            kernel = tuple(min(k, m) - (c.rpb and min(k, m) % 2 == 0) for k, m in zip(c.kernel, STRIP_MAX_KERNEL))
-        out.append(dataclasses.replace(c, kernel=kernel, stride=(1, 1)))
+            kernel = tuple(min(k, m) - (c.rpb and min(k, m) % 2 == 0) for k, m in zip(c.kernel, STRIP_MAX_KERNEL[na_dim]))
+        out.append(dataclasses.replace(c, kernel=kernel, stride=(1,) * na_dim))
     return out

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
-from sm90_cases import SM90_FORWARD_DIMS, STRIP_PAIR, dilated_1d_sweep, sm90_sweep, strip_sweep, strip_takes  # noqa: E402
+from sm90_cases import SM90_FORWARD_DIMS, STRIP_PAIRS, dilated_1d_sweep, sm90_sweep, strip_sweep, strip_takes  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -36,7 +36,8 @@ def pair_takes(tile, case):
     strip pair: its windows too)."""
     if not FAMILY_BY_NAME["sm90"].tile_has_head_dim(tile, case.dim):
         return False
-    if Instance("sm90", "bfloat16", len(case.spatial), 64, tile).tile_name == STRIP_PAIR and not strip_takes(case):
+    if Instance("sm90", "bfloat16", len(case.spatial), 64, tile).tile_name in STRIP_PAIRS.values() and \
+            not strip_takes(case):
         return False
     queries = 1
     for x in tile[0]:
@@ -126,29 +127,47 @@ def test_sm90_small_pairs_on_many_boxes(case, monkeypatch):
     compare(case)
 
 
-# The strip pair on its own sweep (the generic one draws few windows within its limits), with
-# the bulk tensor stores of its output and with the per-lane ones.
-STRIPS = strip_sweep(int(os.environ.get("NATTN_SM90_STRIP_CASES", "400")), seed=6262) + MANY_BOXES[:1]
+# The strip pairs on their own sweeps (the generic one draws few windows within their
+# limits), with the bulk tensor stores of the output and with the per-lane ones: 2-D, 3-D
+# (small random grids), and video-sized 3-D windows over several frames of the ring.
+STRIP_CASES = int(os.environ.get("NATTN_SM90_STRIP_CASES", "400"))
+VIDEO_STRIPS = [
+    GpuCase(spatial=(9, 20, 27), kernel=(5, 7, 7), stride=(1, 1, 1), dilation=(1, 1, 1), causal=(False, False, False),
+            batch=2, heads=4, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=True, dtype=torch.bfloat16, layout="plain",
+            scale=None, seed=21),
+    GpuCase(spatial=(12, 17, 30), kernel=(7, 6, 9), stride=(1, 1, 1), dilation=(1, 2, 1), causal=(True, False, False),
+            batch=1, heads=2, heads_kv=2, dim=32, dim_v=32, extra=3, rpb=False, dtype=torch.float16, layout="fused",
+            scale=0.3, seed=22),
+    GpuCase(spatial=(16, 32, 32), kernel=(5, 7, 7), stride=(1, 1, 1), dilation=(1, 1, 1), causal=(False, False, False),
+            batch=1, heads=2, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=False, dtype=torch.bfloat16, layout="heads_major",
+            scale=None, seed=23),
+]
+STRIPS = (strip_sweep(STRIP_CASES, seed=6262) + MANY_BOXES[:1] + strip_sweep(STRIP_CASES // 2, seed=6363, na_dim=3)
+          + VIDEO_STRIPS)
 
 
 @pytest.mark.parametrize("stores", ["bulk", "lanes"])
 @pytest.mark.parametrize("case", STRIPS, ids=[f"strip{i}-{c}" for i, c in enumerate(STRIPS)])
 def test_sm90_strip_pair(case, stores, monkeypatch):
-    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIR)
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
     if stores == "lanes":
         monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
     compare(case)
 
 
 def test_sm90_strip_pair_declines_what_it_cannot_take(monkeypatch):
-    """Forced on a window or stride beyond its limits, the strip pair declines with the reason
-    (NATTN_FAMILY=sm90 turns the decline into the error)."""
-    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIR)
+    """Forced on a window or stride beyond their limits, the strip pairs decline with the
+    reason (NATTN_FAMILY=sm90 turns the decline into the error)."""
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[2])
     q = torch.randn(1, 32, 32, 2, 32, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(Exception, match="up to 7 x 9"):
         nattn.na2d(q, q, q, (9, 7), backend="cuda")
     with pytest.raises(Exception, match="stride 1 only"):
         nattn.na2d(q, q, q, (7, 7), stride=(2, 1), backend="cuda")
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[3])
+    q = torch.randn(1, 12, 16, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(Exception, match="up to 7 x 7 x 9"):
+        nattn.na3d(q, q, q, (3, 9, 7), backend="cuda")
 
 
 LARGE_PAIRS = {1: "q128_k128", 2: "q8x16_k8x16", 3: "q2x8x8_k2x8x8"}

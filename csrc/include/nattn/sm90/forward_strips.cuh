@@ -1,24 +1,29 @@
-// Hopper (sm_90a) forward for small 2-D windows: the strip CTA.
+// Hopper (sm_90a) forward for small 2-D and 3-D windows: the strip CTA.
 //
 // wgmma's 64-row operand makes every query of a 64-query box walk the union of the whole
 // box's windows: an 8 x 8 box with a 7 x 7 window walks 14 x 16 keys a query, 4.6x its 49.
-// Here a CTA still owns an 8 x 8 query box of one (batch, head, dilation group) and its
-// thread 0 still loads the box and its whole window union (one 14 x 16 key box, the
-// tensor maps of the forward: forward.cuh) with the copy engine, but each of its four warps
-// computes with mma.sync (m16n8k16) on its own strip of two query rows x 8 columns, which
-// needs only 8 of the union's 14 key rows: 8 x 16 keys a query, 2.6x a 7 x 7 window.
+// Here a CTA still owns a 64-query box of one (batch, head, dilation group) (2-D: 8 x 8; 3-D:
+// 2 x 4 x 8) and its thread 0 still loads the box and its window union with the copy engine
+// (the forward's tensor maps: forward.cuh), but each of its four warps computes with
+// mma.sync (m16n8k16) on its own strip of two query rows x 8 columns, which needs only 8 of
+// the union's rows: 8 x 16 keys a query in 2-D (2.6x a 7 x 7 window), 8 x 16 per frame of
+// the window in 3-D (5 x 8 x 16 for 5 x 7 x 7: 2.6x; the 4 x 4 x 8 wgmma CTAs walk 5.2x).
+// 2-D loads the whole union (one 14 x 16 key box) once; 3-D loads it a frame at a time (10 x
+// 16 keys) into a two-slot ring, the warps in step (a CTA barrier per frame, then thread 0
+// refills the slot), each computing on the frames of its window.
 //
-// A warp's 16 queries are the m16 rows (box rows 16 w .. 16 w + 15: strip row 0 then 1); it
-// walks its key rows in chunks of kStripChunkRows (64 keys, eight n8 tiles: strip_geometry.cuh
-// has the geometry), K and V fragments read with ldmatrix from the swizzled tiles the copy
-// engine wrote (a tile row = a key; eight consecutive rows per n8 tile, so the swizzle of a
-// lane's row does not depend on the chunk: one base address a lane per operand). Per chunk:
-// S = Q K^T, the window mask (a bit test per score), the RPB from the head's table in shared
-// memory, online softmax, O += P V with P from the S fragments. Epilogue as forward.cuh's
-// 64-query CTAs: O / l through the query tile, one bulk tensor store (or per-lane stores).
+// A warp's 16 queries are the m16 rows (box rows 16 w .. 16 w + 15); it walks its key rows in
+// chunks of kStripChunkRows (64 keys, eight n8 tiles: strip_geometry.cuh has the geometry), K
+// and V fragments read with ldmatrix from the swizzled tiles the copy engine wrote (a tile
+// row = a key; eight consecutive rows per n8 tile, so the swizzle of a lane's row does not
+// depend on the chunk: one base address a lane per operand). Per chunk: S = Q K^T, the window
+// mask (a bit test per score), the RPB from the head's table in shared memory, online
+// softmax, O += P V with P from the S fragments. Epilogue as forward.cuh's 64-query CTAs:
+// O / l through the query tile, one bulk tensor store (or per-lane stores).
 //
-// Windows up to 7 rows (the union's 14 = 8 + 7 - 1) x 9 columns (16 = 8 + 9 - 1), stride 1
-// (strided windows' unions can be wider): prepare_forward declines the others.
+// Windows up to 7 x 9 (2-D: the union's 14 = 8 + 7 - 1 rows, 16 = 8 + 9 - 1 columns) or
+// 7 x 7 x 9 (3-D), stride 1 (strided windows' unions can be wider): prepare_forward declines
+// the others (strip_declines).
 #pragma once
 #include <cuda.h>
 #include <math.h>
@@ -36,12 +41,21 @@ namespace nattn { namespace sm90 {
 
 template <class Tl, int HD>
 struct StripCta {
+  static constexpr int kNa = Tl::Q::extent(2) > 1 ? 3 : 2;
   static constexpr int kThreads = 128;  // four warps, one strip of 16 queries each
-  // Shared memory bounds the CTAs per SM (at head dim 64: 64 KB of tiles a CTA).
-  static constexpr int kMinBlocks = HD <= 32 ? 4 : 3;
-  static_assert(Tl::Q::extent(0) == 8 && Tl::Q::extent(1) == 8 && Tl::K::extent(1) == kStripCols &&
-                    Tl::K::extent(0) >= 6 + kStripWalkRows,
-                "strip pairs: an 8 x 8 query box, a key box of 16 columns and the strips' rows");
+  // Ring slots: 2-D loads its union once; 3-D a frame a slot.
+  static constexpr int kStages = kNa == 3 ? 2 : 1;
+  // One slot's keys: 2-D the whole key box, 3-D one frame of it.
+  static constexpr int kSlabKeys = kNa == 3 ? Tl::K::extent(1) * Tl::K::extent(2) : Tl::K::kSize;
+  // Registers (126 a thread at head dim 32) and shared memory (at head dim 64: 64 KB of tiles
+  // in 2-D, 88 KB in 3-D) bound the CTAs per SM.
+  static constexpr int kMinBlocks = HD <= 32 ? 4 : kNa == 3 ? 2 : 3;
+  static_assert(kNa == 2 ? Tl::Q::extent(0) == 8 && Tl::Q::extent(1) == 8
+                          : Tl::Q::extent(0) == 2 && Tl::Q::extent(1) == 4 && Tl::Q::extent(2) == 8,
+                "strip pairs: 8 x 8 (2-D) or 2 x 4 x 8 (3-D) query boxes (four strips of 2 x 8)");
+  static_assert(Tl::K::extent(kNa - 1) == kStripCols && (kNa == 3 ? Tl::K::extent(1) == kStripSlabRows
+                                                                   : Tl::K::extent(0) >= 6 + kStripWalkRows),
+                "strip pairs: key boxes of 16 columns, holding the strips' rows");
   // The RPB table sits in shared memory between guards of kRpbGuard floats: a walk's keys
   // outside a row's window (masked) index up to 3 table rows + 23 entries past its end, or a
   // row + 7 before its start (rows of at most 17 entries; csrc/tests/sm90_strips_check.cu).
@@ -50,16 +64,21 @@ struct StripCta {
 
 template <class Tl, int HD>
 struct StripSmem {
+  using Cta = StripCta<Tl, HD>;
   using Rows = TileSmem<HD, Tl::Q::kSize>;
-  using Cols = TileSmem<HD, Tl::K::kSize>;
+  using Cols = TileSmem<HD, Cta::kSlabKeys>;
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + Rows::kBytes;
-  static constexpr int kV = kK + Cols::kBytes;
-  static constexpr int kBars = kV + Cols::kBytes;  // q_full, k_full, v_full
-  static constexpr int kBytes = kBars + 8 * 3;
+  static constexpr int kK = kQ + Rows::kBytes;  // slot s: K at kK + s kSlot, V kSlot / 2 on
+  static constexpr int kSlot = 2 * Cols::kBytes;
+  static constexpr int kBars = kK + Cta::kStages * kSlot;  // q_full, full[kStages]
+  static constexpr int kBytes = kBars + 8 * (1 + Cta::kStages);
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
-  static constexpr int kRpbFloats = kSmallRpbStageFloats + 2 * StripCta<Tl, HD>::kRpbGuard;
+  static constexpr int kRpbFloats = kSmallRpbStageFloats + 2 * Cta::kRpbGuard;
 };
+
+// One slot's keys: the 2-D key box, or one frame of the 3-D one.
+template <class Tl, int NA>
+using StripSlab = typename std::conditional<NA == 3, Box<1, Tl::K::extent(1), Tl::K::extent(2)>, typename Tl::K>::type;
 
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::kMinBlocks)
@@ -67,20 +86,20 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
                           const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
                           const __grid_constant__ CUtensorMap map_o) {
 #if NATTN_SM90_ENABLED
-  static_assert(NA == 2, "strip CTAs are 2-D");
   using QB = typename Tl::Q;
   using KB = typename Tl::K;
   using Cta = StripCta<Tl, HD>;
+  static_assert(Cta::kNa == NA, "a strip pair's NA dim");
   using S = StripSmem<Tl, HD>;
   using R = typename S::Rows;
   using C = typename S::Cols;
   using M = tc::Mma<T>;
   constexpr int kRowBytes = C::kRowBytes;
+  constexpr int kStages = Cta::kStages;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;
-  uint64_t* v_full = bars + 2;
+  uint64_t* full = bars + 1;
 
   CtaTile tile;
   if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform
@@ -88,18 +107,43 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
   const int h_kv = kv_head(p, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g4 = lane / 4, t4 = lane % 4;
+  // The union's frames (3-D; 2-D: one slab): from the box's first frame's window to its last's.
+  int slabs = 1;
+  if constexpr (NA == 3) {
+    const int last = nattn_min(tile.q0[0] + QB::extent(0) - 1, tile.len[0] - 1);
+    const AxisRange w = query_window(last, tile.len[0], p.kernel[0], 1, p.causal[0] != 0);
+    slabs = w.start + w.count - tile.lo[0];
+  }
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&map_q);
     prefetch_tensor_map(&map_k);
     prefetch_tensor_map(&map_v);
     mbar_init(q_full, 1);
-    mbar_init(k_full, 1);
-    mbar_init(v_full, 1);
+    for (int s = 0; s < kStages; ++s) mbar_init(full + s, 1);
     fence_barrier_init();
   }
   __syncthreads();
-  if (threadIdx.x == 0) {  // the query box, then the union's keys and values (one box each)
+  // Slab f (frame tile.lo[0] + f of the union in 3-D) into slot f % kStages: keys and values,
+  // one bulk tensor copy per channel block each (thread 0).
+  auto load_slab = [&](int f) {
+    int c[5];
+    const int slot = f % kStages;
+    int origin[3] = {tile.lo[0], tile.lo[1], tile.lo[2]};
+    origin[0] += NA == 3 ? f : 0;
+    mbar_expect_tx(full + slot, 2 * C::kBytes);
+    const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
+    const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
+    unsigned char* dst = smem + S::kK + slot * S::kSlot;
+    for (int cb = 0; cb < C::kBlocks; ++cb) {
+      box_coords<NA>(p, tile, origin, hk.channel + cb * C::kChannels, hk.outer, c);
+      tma_load_box<NA, StripSlab<Tl, NA>, C::kRowBytes>(p, dst + cb * C::kBlockBytes, &map_k, full + slot, c);
+      box_coords<NA>(p, tile, origin, hv.channel + cb * C::kChannels, hv.outer, c);
+      tma_load_box<NA, StripSlab<Tl, NA>, C::kRowBytes>(p, dst + C::kBytes + cb * C::kBlockBytes, &map_v,
+                                                        full + slot, c);
+    }
+  };
+  if (threadIdx.x == 0) {  // the query box, then the first slabs
     int c[5];
     const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
     mbar_expect_tx(q_full, R::kBytes);
@@ -107,9 +151,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
       box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
       tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
     }
-    load_kv_box<NA, KB, C, 1>(p, tile, tile.lo, 0, head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b),
-                              head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b), smem + S::kK, smem + S::kV, &map_k,
-                              &map_v, k_full, v_full, c);
+    for (int f = 0; f < kStages && f < slabs; ++f) load_slab(f);
   }
   // The head's RPB table times log2(e), between guards (behind the copies).
   const bool has_rpb = p.rpb != nullptr;
@@ -120,21 +162,22 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
     __syncthreads();
   }
 
-  // The lane's rows, their windows and mask words, the strip's key rows (strip_geometry.cuh).
+  // The lane's rows, their windows and mask words, the strip's key rows and frames
+  // (strip_geometry.cuh).
   StripLane lane_strip;
-  strip_lane<QB>(p, tile, warp, lane, lane_strip);
-  const int sy = lane_strip.sy, chunks = lane_strip.chunks, rpb_mult0 = p.rpb_size[1];
+  strip_lane<NA, QB>(p, tile, warp, lane, lane_strip);
+  const int chunks = lane_strip.chunks, row_mult = lane_strip.row_mult;
 
   // ldmatrix row addresses: K (n8 tiles: eight tile rows, 32 channels an x4), V (transposed:
   // sixteen rows, 16 channels an x4), Q (the warp's sixteen rows). The swizzle of a row
-  // depends only on its place within 8 (16) rows, so the walk adds whole-row offsets.
-  const unsigned char* k_tile = smem + S::kK + strip_tile_row(sy, 0, 0) * kRowBytes;
-  const unsigned char* v_tile = smem + S::kV + strip_tile_row(sy, 0, 0) * kRowBytes;
+  // depends only on its place within 8 rows, so the walk adds whole-row offsets.
+  const int strip_at = S::kK + strip_tile_row(lane_strip.sy, 0, 0) * kRowBytes;
   int k_lane[HD / 32], v_lane[HD / 16];
 #pragma unroll
   for (int x = 0; x < HD / 32; ++x) k_lane[x] = C::offset(lane % 8, 8 * (lane / 8) + 32 * x);
 #pragma unroll
-  for (int x = 0; x < HD / 16; ++x) v_lane[x] = C::offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x);
+  for (int x = 0; x < HD / 16; ++x)
+    v_lane[x] = C::kBytes + C::offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x);
 
   uint32_t qa[HD / 16][4];
   mbar_wait(q_full, 0);
@@ -152,84 +195,97 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
   // the scale folds into the exponent (as forward.cuh).
   const bool fold = !has_rpb && p.scale_log2 > 0.f;
   const float mul = fold ? p.scale_log2 : 1.f;
-  mbar_wait(k_full, 0);
-  mbar_wait(v_full, 0);
-  // One instance of the walk with the RPB and one without (a uniform branch per call, not
-  // per score).
-  auto walk = [&](auto rpb_tag) {
+  // Chunk ch of the strip's walk over the slot at `slot_at` (the strip's first row), frame
+  // part `frame_bias` of the RPB index; `first`: the walk's first chunk (no O to rescale).
+  auto chunk = [&](auto rpb_tag, const unsigned char* slot_at, int ch, int frame_bias, bool first) {
     constexpr bool kRpb = decltype(rpb_tag)::value;
-    for (int ch = 0; ch < chunks; ++ch) {
-      float sc[2 * kStripChunkRows][4];
+    float sc[2 * kStripChunkRows][4];
 #pragma unroll
-      for (int j = 0; j < 2 * kStripChunkRows; ++j) {
+    for (int j = 0; j < 2 * kStripChunkRows; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
-        const unsigned char* at = k_tile + strip_tile_row(0, ch, j) * kRowBytes;
+      for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
+      const unsigned char* at = slot_at + strip_tile_row(0, ch, j) * kRowBytes;
 #pragma unroll
-        for (int x = 0; x < HD / 32; ++x) {
-          uint32_t kb[4];
-          tc::ldmatrix_x4(kb, at + k_lane[x]);
-          M::run(sc[j], qa[2 * x], kb);
-          M::run(sc[j], qa[2 * x + 1], kb + 2);
-        }
+      for (int x = 0; x < HD / 32; ++x) {
+        uint32_t kb[4];
+        tc::ldmatrix_x4(kb, at + k_lane[x]);
+        M::run(sc[j], qa[2 * x], kb);
+        M::run(sc[j], qa[2 * x + 1], kb + 2);
       }
-      if (!kRpb && !fold) {
-#pragma unroll
-        for (int j = 0; j < 2 * kStripChunkRows; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sc[j][e] *= p.scale_log2;
-      }
-      float mx[2] = {-INFINITY, -INFINITY};
-      const uint32_t w[2] = {strip_chunk_word(lane_strip.word[0], ch), strip_chunk_word(lane_strip.word[1], ch)};
-      const int bias_at[2] = {lane_strip.bias_at[0] + strip_chunk_bias(rpb_mult0, ch),
-                              lane_strip.bias_at[1] + strip_chunk_bias(rpb_mult0, ch)};
+    }
+    if (!kRpb && !fold) {
 #pragma unroll
       for (int j = 0; j < 2 * kStripChunkRows; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e / 2;
-          float x = sc[j][e];
-          if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
-            x = fmaf(x, p.scale_log2, bias[bias_at[r] + strip_bias_offset(rpb_mult0, j, e)]);
-          x = strip_kept(w[r], j, e) ? x : -INFINITY;
-          sc[j][e] = x;
-          mx[r] = fmaxf(mx[r], x);
-        }
-      float m_use[2], alpha[2];
+        for (int e = 0; e < 4; ++e) sc[j][e] *= p.scale_log2;
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+    const uint32_t w[2] = {strip_chunk_word(lane_strip.word[0], ch), strip_chunk_word(lane_strip.word[1], ch)};
+    const int bias_at[2] = {lane_strip.bias_at[0] + frame_bias + strip_chunk_bias(row_mult, ch),
+                            lane_strip.bias_at[1] + frame_bias + strip_chunk_bias(row_mult, ch)};
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float m_new = fmaxf(m[r], quad_max(mx[r] * mul));
-        m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing seen yet stays at zero
-        alpha[r] = fast_exp2(m[r] - m_use[r]);
-        m[r] = m_new;
-        l[r] *= alpha[r];
+    for (int j = 0; j < 2 * kStripChunkRows; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        float x = sc[j][e];
+        if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
+          x = fmaf(x, p.scale_log2, bias[bias_at[r] + strip_bias_offset(row_mult, j, e)]);
+        x = strip_kept(w[r], j, e) ? x : -INFINITY;
+        sc[j][e] = x;
+        mx[r] = fmaxf(mx[r], x);
       }
-      if (ch > 0) {
+    float m_use[2], alpha[2];
 #pragma unroll
-        for (int n = 0; n < HD / 8; ++n)
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], quad_max(mx[r] * mul));
+      m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing seen yet stays at zero
+      alpha[r] = fast_exp2(m[r] - m_use[r]);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+    if (!first) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+      for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+    }
+#pragma unroll
+    for (int j = 0; j < 2 * kStripChunkRows; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[j][e] = fast_exp2(fmaf(sc[j][e], mul, -m_use[e / 2]));
+        l[e / 2] += sc[j][e];
       }
 #pragma unroll
-      for (int j = 0; j < 2 * kStripChunkRows; ++j)
+    for (int i = 0; i < kStripChunkRows; ++i) {  // key row i: a k16 step of P V
+      const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
+                              M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
+                              M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
+      const unsigned char* at = slot_at + strip_tile_row(0, ch, 2 * i) * kRowBytes;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sc[j][e] = fast_exp2(fmaf(sc[j][e], mul, -m_use[e / 2]));
-          l[e / 2] += sc[j][e];
-        }
-#pragma unroll
-      for (int i = 0; i < kStripChunkRows; ++i) {  // key row i: a k16 step of P V
-        const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
-                                M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
-                                M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
-        const unsigned char* at = v_tile + strip_tile_row(0, ch, 2 * i) * kRowBytes;
-#pragma unroll
-        for (int x = 0; x < HD / 16; ++x) {
-          uint32_t vb[4];
-          tc::ldmatrix_x4_trans(vb, at + v_lane[x]);
-          M::run(o[2 * x], pa, vb);
-          M::run(o[2 * x + 1], pa, vb + 2);
-        }
+      for (int x = 0; x < HD / 16; ++x) {
+        uint32_t vb[4];
+        tc::ldmatrix_x4_trans(vb, at + v_lane[x]);
+        M::run(o[2 * x], pa, vb);
+        M::run(o[2 * x + 1], pa, vb + 2);
+      }
+    }
+  };
+  // The walk over the slabs, in step: each warp computes on the frames of its window; a slot
+  // is refilled once every warp is done with it. One instance with the RPB and one without (a
+  // uniform branch per call, not per score).
+  auto walk = [&](auto rpb_tag) {
+    for (int f = 0; f < slabs; ++f) {
+      mbar_wait(full + f % kStages, (f / kStages) & 1);
+      const int fi = f - lane_strip.ft;  // the strip's frame index (2-D: 0)
+      if (fi >= 0 && fi < lane_strip.frames) {
+        for (int ch = 0; ch < chunks; ++ch)
+          chunk(rpb_tag, smem + strip_at + (f % kStages) * S::kSlot, ch, fi * lane_strip.frame_mult, fi == 0 && ch == 0);
+      }
+      if (f + kStages < slabs) {
+        named_sync(2, Cta::kThreads);
+        if (threadIdx.x == 0) load_slab(f + kStages);
       }
     }
   };

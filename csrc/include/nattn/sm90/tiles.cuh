@@ -42,15 +42,16 @@ struct Box {
 // two consumer warpgroups take one half each; or 64 tokens, one consumer warpgroup) and
 // the key box (a multiple of 16 tokens up to 160: the wgmma N of S = Q K^T and 16-key
 // steps of O += P V; its last used axis holds whole 8-column groups, box_mask.cuh).
-// A 64-query 2-D pair whose key box is a larger one (8 x 8 queries, 14 x 16 keys) is a strip
-// pair: its key box holds the whole union of the box's windows (up to 7 x 9), loaded once, and
-// its warps compute with mma.sync on their own strips of it (forward_strips.cuh; forward only).
+// A 64-query pair whose key box is a larger one (8 x 8 queries with 14 x 16 keys, 2 x 4 x 8
+// with 8 x 10 x 16) is a strip pair: its key box holds the union of the box's windows (up to
+// 7 x 9, 7 x 7 x 9), and its warps compute with mma.sync on their own strips of it
+// (forward_strips.cuh; forward only).
 template <int QX, int QY, int QZ, int KX, int KY, int KZ>
 struct Tile {
   using Q = Box<QX, QY, QZ>;
   using K = Box<KX, KY, KZ>;
   static constexpr int kConsumers = Q::kSize / kWgRows;  // consumer warpgroups
-  static constexpr bool kStrips = Q::kSize == kWgRows && QY > 1 && QZ == 1 && K::kSize > 160;  // 2-D
+  static constexpr bool kStrips = Q::kSize == kWgRows && QY > 1 && K::kSize > 160;
   static_assert((Q::kSize == kQueryRows && QX % 2 == 0) || Q::kSize == kWgRows,
                 "query boxes are 128 tokens (even along axis 0) or 64");
   static_assert(K::kSize % 16 == 0 && K::kSize >= 64 && (K::kSize <= 160 || kStrips),
