@@ -529,13 +529,16 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
 // call (head dims, the tensor maps' shapes), or nullptr.
 const char* sm90_pair_declines(const nattn::Params& p, const nattn::KernelEntry& e) {
   if (p.dim != e.head_dim || p.dim_v != e.head_dim) return "head dims must both equal the instance's";
-  if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox))
+  int kbox[3] = {e.kbox[0], e.kbox[1], e.kbox[2]};  // the key maps' box (prepare_forward's)
+  if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox)) {
     if (const char* why = nattn::sm90::strip_declines(p, e.qbox, e.kbox)) return why;
+    if (p.na_dim == 3) kbox[0] = 1;  // a frame at a time
+  }
   if (!sm90_pair_fits(p, e)) return "an RPB table above 4096 entries per head needs a 128-query tile pair";
   nattn::sm90::MapSpec m;
   const char* why = nattn::sm90::map_spec(p, p.q_s, p.heads, e.head_dim, e.qbox, m);
-  if (!why) why = nattn::sm90::map_spec(p, p.k_s, p.heads_kv, e.head_dim, e.kbox, m);
-  if (!why) why = nattn::sm90::map_spec(p, p.v_s, p.heads_kv, e.head_dim, e.kbox, m);
+  if (!why) why = nattn::sm90::map_spec(p, p.k_s, p.heads_kv, e.head_dim, kbox, m);
+  if (!why) why = nattn::sm90::map_spec(p, p.v_s, p.heads_kv, e.head_dim, kbox, m);
   return why;
 }
 
