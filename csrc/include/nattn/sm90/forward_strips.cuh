@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
   auto load_slab = [&](int f) {
     int c[5];
     const int slot = f % kStages;
-    int origin[3] = {tile.lo[0], tile.lo[1], tile.lo[2]};
+    int origin[3] = {tile.lo[0], tile.lo[1], NA > 2 ? tile.lo[2] : 0};
     origin[0] += NA == 3 ? f : 0;
     mbar_expect_tx(full + slot, 2 * C::kBytes);
     const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
