@@ -192,6 +192,45 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
   }
 }
 
+// A consumer warpgroup's 64 rows of the output box (rows 64 cw .., staged in the query tile
+// `stage`, layout R) go out. With the output's own map (kMap and Params::out_map: its box is a
+// warpgroup's rows, rows0 of them along axis 0) one bulk tensor copy per channel block, issued
+// by the warpgroup's thread 0 (rows past the tensor are not written); else 16-byte stores per
+// lane, which cost ~110 instructions a warp with their 64-bit addresses at head dim 32, the
+// most of any part of a small window's epilogue. Every thread of the warpgroup calls it (named
+// barrier 1 + cw); the forward kernels and the strip CTAs (forward_strips.cuh) end with it.
+template <typename T, int NA, int HD, class QB, class R, bool kMap>
+__device__ __forceinline__ void store_output_rows(const Params& p, const CtaTile& tile, const CUtensorMap* map_o,
+                                                  unsigned char* stage, int cw, int rows0, int h, int b) {
+  if (kMap && p.out_map) {
+    fence_proxy_async_smem();
+    named_sync(1 + cw, 128);
+    if (threadIdx.x % 128 == 0) {
+      const HeadCoords ho = head_coords<HD>(p, kRowsOut, p.heads, h, b);
+      const int first[3] = {tile.q0[0] + cw * rows0, tile.q0[1], tile.q0[2]};
+      int c[5];
+      for (int cb = 0; cb < R::kBlocks; ++cb) {
+        box_coords<NA>(p, tile, first, ho.channel + cb * R::kChannels, ho.outer, c);
+        // one piece (prepare_forward); a warpgroup's rows are whole swizzle atoms
+        tma_store<NA + 2>(map_o, stage + cb * R::kBlockBytes + cw * kWgRows * R::kRowBytes, c);
+      }
+      bulk_commit();
+      bulk_wait_read<0>();  // the CTA's shared memory must outlive the copy's reads
+    }
+    return;
+  }
+  named_sync(1 + cw, 128);
+  T* out = head_base<T>(p.out, p.out_s, b, h);
+  constexpr int kChunks = HD / 8;
+  for (int idx = threadIdx.x % 128; idx < kWgRows * kChunks; idx += 128) {
+    const int qr = cw * kWgRows + idx / kChunks, ch = idx % kChunks;
+    int64_t off;
+    const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, qr, p.out_s, off);
+    if (ok)
+      *reinterpret_cast<uint4*>(out + off + ch * 8) = *reinterpret_cast<const uint4*>(stage + R::offset(qr, ch * 8));
+  }
+}
+
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, HD>::kMinBlocks)
     forward_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
@@ -527,37 +566,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       if (row_ok[r]) p.lse[row_index(r)] = row_lse(m[r], l[r]);
     }
   }
-  if (Cta::kOutMap && p.out_map) {
-    // The warpgroup's rows go out as one bulk tensor copy per channel block through the
-    // output's own map (its rows of the box: rows past the tensor are not written). The
-    // per-lane stores below cost ~110 instructions a warp with their 64-bit addresses at head
-    // dim 32, the most of any part of a small window's epilogue.
-    fence_proxy_async_smem();
-    named_sync(1 + cw, 128);
-    if (threadIdx.x % 128 == 0) {
-      const HeadCoords ho = head_coords<HD>(p, kRowsOut, p.heads, h, b);
-      const int first[3] = {tile.q0[0] + cw * Cta::kOutRows0, tile.q0[1], tile.q0[2]};
-      int c[5];
-      for (int cb = 0; cb < R::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, first, ho.channel + cb * R::kChannels, ho.outer, c);
-        // one piece (prepare_forward); a warpgroup's rows are whole swizzle atoms
-        tma_store<NA + 2>(&map_o, stage + cb * R::kBlockBytes + cw * kWgRows * R::kRowBytes, c);
-      }
-      bulk_commit();
-      bulk_wait_read<0>();  // the CTA's shared memory must outlive the copy's reads
-    }
-    return;
-  }
-  named_sync(1 + cw, 128);
-  T* out = head_base<T>(p.out, p.out_s, b, h);
-  constexpr int kChunks = HD / 8;
-  for (int idx = threadIdx.x % 128; idx < kWgRows * kChunks; idx += 128) {
-    const int qr = cw * kWgRows + idx / kChunks, ch = idx % kChunks;
-    int64_t off;
-    const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, qr, p.out_s, off);
-    if (ok)
-      *reinterpret_cast<uint4*>(out + off + ch * 8) = *reinterpret_cast<const uint4*>(stage + R::offset(qr, ch * 8));
-  }
+  store_output_rows<T, NA, HD, QB, R, Cta::kOutMap>(p, tile, &map_o, stage, cw, Cta::kOutRows0, h, b);
 #endif
 }
 

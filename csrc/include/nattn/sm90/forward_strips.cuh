@@ -316,30 +316,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
       if (lane_strip.row_ok[r]) p.lse[(int64_t(b) * p.tokens + token) * p.heads + h] = row_lse(m[r], l[r]);
     }
   }
-  if (p.out_map) {
-    fence_proxy_async_smem();
-    named_sync(1, Cta::kThreads);
-    if (threadIdx.x == 0) {
-      const HeadCoords ho = head_coords<HD>(p, kRowsOut, p.heads, h, b);
-      int c[5];
-      for (int cb = 0; cb < R::kBlocks; ++cb) {
-        box_coords<NA>(p, tile, tile.q0, ho.channel + cb * R::kChannels, ho.outer, c);
-        tma_store<NA + 2>(&map_o, stage + cb * R::kBlockBytes, c);
-      }
-      bulk_commit();
-      bulk_wait_read<0>();  // the CTA's shared memory must outlive the copy's reads
-    }
-    return;
-  }
-  named_sync(1, Cta::kThreads);
-  T* out = head_base<T>(p.out, p.out_s, b, h);
-  constexpr int kChunks = HD / 8;
-  for (int idx = threadIdx.x; idx < QB::kSize * kChunks; idx += Cta::kThreads) {
-    const int qr = idx / kChunks, cc = idx % kChunks;
-    int64_t off;
-    if (box_row_offset<NA, QB>(p, tile, tile.q0, qr, p.out_s, off))
-      *reinterpret_cast<uint4*>(out + off + cc * 8) = *reinterpret_cast<const uint4*>(stage + R::offset(qr, cc * 8));
-  }
+  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_o, stage, 0, QB::extent(0), h, b);  // (forward.cuh)
 #endif
 }
 
