@@ -189,14 +189,18 @@ def test_hopper_configurations_for_the_tuner(fake_lib, monkeypatch):
     monkeypatch.setattr(heuristics, "_capability", lambda index: (9, 0))
     listed = [dict(name="q8x16_k8x16", keys=768, default=True, backward=False, declined=None),
               dict(name="q8x8_k4x24", keys=480, default=False, backward=False, declined=None),
-              dict(name="q8x8_k7x16", keys=672, default=False, backward=False, declined="an RPB table ...")]
+              dict(name="q8x8_k7x16", keys=672, default=False, backward=False, declined="an RPB table ..."),
+              # a pair not yet run on a GPU (kernel_table.SM90_UNVERIFIED_TILES): not tuned
+              dict(name="q8x8_k14x16", keys=128, default=False, backward=False, declined=None),
+              dict(name="q16x8_k8x8", keys=505, default=False, backward=True, declined=None)]  # tuned
+    monkeypatch.setattr(kernel_table, "SM90_UNVERIFIED_TILES", ((2, ((8, 8), (14, 16))),))
     monkeypatch.setattr(CUDA, "sm90_configs", lambda q, k, v, params: listed)
     with FakeTensorMode():
         q = fake(2, 32, 32, 4, 64)
         params = normalize(q, q, q, 2, 13)
-        assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24"]  # no CUDA runtime here: no kv=
+        assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24", "q16x8_k8x8"]  # no CUDA runtime: no kv=
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132))
-        assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24", "kv=1", "kv=2", "kv=4"]  # 64 CTAs
+        assert CUDA.configurations(q, q, q, None, params) == ["q8x8_k4x24", "q16x8_k8x8", "kv=1", "kv=2", "kv=4"]
         assert CUDA.backward_configurations(q, q, q, None, params) == ["dq=pass", "dq=atomic"]
         torch.use_deterministic_algorithms(True)  # listed still: the tuner decides (test_autotune.py)
         try:
