@@ -347,8 +347,7 @@ class CudaBackend(Backend):
             configs = self.sm90_configs(q, k, v, params)
         except RuntimeError:  # an older library without the listing
             return []
-        unverified = {kernel_table.Instance("sm90", "bfloat16", n, 64, t).tile_name
-                      for n, t in kernel_table.SM90_UNVERIFIED_TILES}
+        unverified = kernel_table.unverified_tile_names()
         names = [c["name"] for c in configs if not c["declined"] and not c["default"] and c["name"] not in unverified]
         return names + split_kv_configurations(q.shape, q.device)
 

@@ -16,7 +16,7 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
     """What each family offers for ``p`` in ``dtype``: SIMT and tc (one configuration each),
     and the Hopper family's tile pairs with the keys they walk per query, the default, the
     pairs with a backward and the ones it declines (with the reason)."""
-    from .._cuda import library
+    from .._cuda import kernel_table, library
     from ..backends import BACKENDS
     lib = library.load()
     if lib is None:
@@ -58,11 +58,13 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
                  "two or more pieces (box x dilation above 256) 2x, strip pairs the keys their warps' strips "
                  "walk; backward: the pair has a backward; backward default: the pair the backward runs, the one "
                  "walking the fewest steps; named only: its forward runs only when named):")
+    unverified = kernel_table.unverified_tile_names()
     width = max(len(c["name"]) for c in configs)
     for c in configs:
         flags = [f for f, on in (("default", c["default"]), ("backward", c["backward"]),
                                  ("backward default", c["backward_default"]),
-                                 ("named only", c.get("named_only", False))) if on]
+                                 ("named only", c.get("named_only", False)),
+                                 ("not yet run on a GPU", c["name"] in unverified)) if on]
         note = f"declined: {c['declined']}" if c["declined"] else ", ".join(flags)
         lines.append(f"    {c['name']:<{width}}  cost {c['keys']:>8}  {note}".rstrip())
     return lines
@@ -96,6 +98,7 @@ def optimize(problems, args) -> str:
     named per call (``backend="cuda:<pair>"``, ``"cuda:kv=2"``; forward, or forward +
     backward with ``--backprop``, where the KV-parallel dQ of the default pair is timed too),
     and print the best with its speedup, then a table. Needs a 9.0 GPU."""
+    from .._cuda import kernel_table
     from ..backends import BACKENDS
     from ..backends.cuda import split_kv_configurations
     from .rows import LAYOUTS, NattnRow
@@ -112,7 +115,9 @@ def optimize(problems, args) -> str:
         v = torch.empty(p.batch, *p.spatial, p.heads_kv or p.heads, p.dim_v or p.dim, dtype=dtype, device="meta")
         params = normalize(q, k, v, p.na_dim, p.kernel, p.stride, p.dilation, p.causal, None)
         try:
-            configs = [c for c in BACKENDS["cuda"].sm90_configs(q, k, v, params) if not c["declined"]]
+            unverified = kernel_table.unverified_tile_names()  # built, not yet run on a GPU
+            configs = [c for c in BACKENDS["cuda"].sm90_configs(q, k, v, params)
+                       if not c["declined"] and c["name"] not in unverified]
         except RuntimeError as e:  # not a Hopper problem (head dims, dtype): nothing to search
             out.append(f"{p.name}: no sm90 configurations ({e})")
             continue
