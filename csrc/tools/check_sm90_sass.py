@@ -1,10 +1,11 @@
 """Checks the Hopper family's machine code in a built libnattn: every sm90 attention kernel
 (forward, dQ and dK/dV passes) must use the warpgroup MMA (HGMMA; the strip pairs' forward,
-forward_strips.cuh, the warp MMA, HMMA) and the bulk tensor copy engine (UTMALDG), no sm90 kernel (the backward's delta and dQ-conversion helpers, the
-split-KV merge and the zero-padded head dims' copies, src/sm90_padded.cu, included) may
-touch local memory (LDL/STL: spilled registers or an array indexed at run time), and no
-kernel may wait on the warpgroup MMAs after each one (as many WARPGROUP.DEPBAR as HGMMA: ptxas
-serialized them, warning C7514, because accumulators were read while a product was in flight).
+forward_strips.cuh, the warp MMA, HMMA) and the bulk tensor copy engine (UTMALDG), no sm90
+kernel (the backward's delta and dQ-conversion helpers, the split-KV merge and the
+zero-padded head dims' copies, src/sm90_padded.cu, included) may touch local memory (LDL/STL:
+spilled registers or an array indexed at run time), and no kernel may wait on the warpgroup
+MMAs after each one (as many WARPGROUP.DEPBAR as HGMMA: ptxas serialized them, warning C7514,
+because accumulators were read while a product was in flight).
 
     python csrc/tools/check_sm90_sass.py build/libnattn.so
     python csrc/tools/check_sm90_sass.py --find     # where cuobjdump is, exit 1 if nowhere

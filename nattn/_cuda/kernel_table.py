@@ -116,14 +116,14 @@ SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
 # the tuner and `nattn.bench --optimize` leave them out (unverified_tile_names) until a GPU
 # session has run those and emptied this; a call or NATTN_SM90_TILE may still name them.
 SM90_UNVERIFIED_TILES = SM90_STRIP_TILES
+SM90_NAMED_FORWARD_TILES = tuple(
+    (n, t) for i, (n, t) in enumerate(SM90_BACKWARD_TILES)
+    if any(m == n for m, _ in SM90_BACKWARD_TILES[:i])) + SM90_STRIP_TILES
 
 
 def unverified_tile_names() -> set:
     """The names ("q8x8_k14x16") of SM90_UNVERIFIED_TILES."""
     return {Instance("sm90", "bfloat16", n, 64, t).tile_name for n, t in SM90_UNVERIFIED_TILES}
-SM90_NAMED_FORWARD_TILES = tuple(
-    (n, t) for i, (n, t) in enumerate(SM90_BACKWARD_TILES)
-    if any(m == n for m, _ in SM90_BACKWARD_TILES[:i])) + SM90_STRIP_TILES
 
 # simt: every GPU from SM50, every dtype and head dim. tc: tensor cores (mma.sync, SM80+),
 # head dims up to 128: fp16/bf16, and float32 through TF32 products (TF32_FAMILY; libnattn
