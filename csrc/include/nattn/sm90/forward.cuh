@@ -154,9 +154,21 @@ __device__ __forceinline__ void tma_load_box(const Params& p, unsigned char* dst
   }
 }
 
-// Key and value box k (first element `origin`) into ring slot k % STAGES, one bulk tensor copy
-// per channel block each, completing on the slot's full mbarriers (hk / hv: head_coords; c:
-// scratch for the copies' coordinates).
+// Box B of one tensor (first element `origin`, head coordinates hc) into its tile `dst`
+// (layout Tt, a TileSmem), one bulk tensor copy per channel block, completing on `bar`, whose
+// bytes the caller expects (c: scratch for the copies' coordinates).
+template <int NA, class B, class Tt>
+__device__ __forceinline__ void load_box_blocks(const Params& p, const CtaTile& tile, const int* origin,
+                                                const HeadCoords& hc, unsigned char* dst, const CUtensorMap* map,
+                                                uint64_t* bar, int* c) {
+  for (int cb = 0; cb < Tt::kBlocks; ++cb) {
+    box_coords<NA>(p, tile, origin, hc.channel + cb * Tt::kChannels, hc.outer, c);
+    tma_load_box<NA, B, Tt::kRowBytes>(p, dst + cb * Tt::kBlockBytes, map, bar, c);
+  }
+}
+
+// Key and value box k (first element `origin`) into ring slot k % STAGES, completing on the
+// slot's full mbarriers (hk / hv: head_coords; c: scratch for the copies' coordinates).
 template <int NA, class KB, class C, int STAGES>
 __device__ __forceinline__ void load_kv_box(const Params& p, const CtaTile& tile, const int* origin, int k,
                                             const HeadCoords& hk, const HeadCoords& hv, unsigned char* k_ring,
@@ -164,14 +176,30 @@ __device__ __forceinline__ void load_kv_box(const Params& p, const CtaTile& tile
                                             const CUtensorMap* map_v, uint64_t* k_full, uint64_t* v_full, int* c) {
   const int s = k % STAGES;
   mbar_expect_tx(k_full + s, C::kBytes);
-  for (int cb = 0; cb < C::kBlocks; ++cb) {
-    box_coords<NA>(p, tile, origin, hk.channel + cb * C::kChannels, hk.outer, c);
-    tma_load_box<NA, KB, C::kRowBytes>(p, k_ring + s * C::kBytes + cb * C::kBlockBytes, map_k, k_full + s, c);
-  }
+  load_box_blocks<NA, KB, C>(p, tile, origin, hk, k_ring + s * C::kBytes, map_k, k_full + s, c);
   mbar_expect_tx(v_full + s, C::kBytes);
-  for (int cb = 0; cb < C::kBlocks; ++cb) {
-    box_coords<NA>(p, tile, origin, hv.channel + cb * C::kChannels, hv.outer, c);
-    tma_load_box<NA, KB, C::kRowBytes>(p, v_ring + s * C::kBytes + cb * C::kBlockBytes, map_v, v_full + s, c);
+  load_box_blocks<NA, KB, C>(p, tile, origin, hv, v_ring + s * C::kBytes, map_v, v_full + s, c);
+}
+
+// The [B, N, H] row (the LSE's) of row qr of the CTA's query box.
+template <int NA, class QB>
+__device__ __forceinline__ int64_t lse_row(const Params& p, const CtaTile& tile, int qr, int b, int h) {
+  int64_t token;
+  box_row_token<NA, QB>(p, tile, tile.q0, qr, token);
+  return (int64_t(b) * p.tokens + token) * p.heads + h;
+}
+
+// O / l of a lane's two accumulator rows (query box rows qr and qr + 8) into the query tile
+// `stage` (layout R): element 4 n + 2 r + e of o is row r, channel 8 n + 2 t4 + e (the m16n8
+// accumulator layout of wgmma and mma.sync alike).
+template <typename T, int HD, class R>
+__device__ __forceinline__ void stage_output(unsigned char* stage, const float* o, const float (&inv)[2], int qr,
+                                             int t4) {
+#pragma unroll
+  for (int i = 0; i < HD / 2; i += 2) {
+    const int r = (i / 2) % 2;
+    *reinterpret_cast<uint32_t*>(stage + R::offset(qr + 8 * r, 8 * (i / 4) + 2 * t4)) =
+        pack2<T>(o[i] * inv[r], o[i + 1] * inv[r]);
   }
 }
 
@@ -291,12 +319,9 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
 
   // The query box, one bulk tensor copy per channel block (c: scratch coordinates).
   auto copy_query_box = [&](int* c) {
-    const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
     mbar_expect_tx(q_full, R::kBytes);
-    for (int cb = 0; cb < R::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
-      tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
-    }
+    load_box_blocks<NA, QB, R>(p, tile, tile.q0, head_coords<HD>(p, kRowsQ, p.heads, h, b), smem + S::kQ, &map_q,
+                               q_full, c);
   };
   if (producer) {  // ---------------------------------------------- producer
     if (kPair) regs_dealloc<DefaultRegisterSplit::kProducer>();
@@ -530,12 +555,6 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     l[r] = quad_sum(l[r]);
     inv[r] = inv_row_sum(l[r]);
   }
-  // The [B, N, H] row (LSE index) of the lane's row r.
-  auto row_index = [&](int r) {
-    int64_t token;
-    box_row_token<NA, QB>(p, tile, tile.q0, cw * kWgRows + wr + g4 + 8 * r, token);
-    return (int64_t(b) * p.tokens + token) * p.heads + h;
-  };
   if (Cta::kSplitKv && p.o_part) {  // split-KV: this slice's rows, fp32, normalised by its own sum, and its LSE
     // Box-local: the CTA's slot (batch, head, box x split) holds its QB::kSize rows in box
     // order; split_kv_merge.cuh maps them to tokens (no per-axis math here: registers).
@@ -553,17 +572,11 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     return;
   }
   unsigned char* stage = q_tile;
-#pragma unroll
-  for (int i = 0; i < HD / 2; i += 2) {
-    const int r = (i / 2) % 2;
-    const int qr = cw * kWgRows + wr + g4 + 8 * r;
-    const int col = 8 * (i / 4) + 2 * t4;
-    *reinterpret_cast<uint32_t*>(stage + R::offset(qr, col)) = pack2<T>(o[i] * inv[r], o[i + 1] * inv[r]);
-  }
+  stage_output<T, HD, R>(stage, o, inv, cw * kWgRows + wr + g4, t4);
   if (t4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (row_ok[r]) p.lse[row_index(r)] = row_lse(m[r], l[r]);
+      if (row_ok[r]) p.lse[lse_row<NA, QB>(p, tile, cw * kWgRows + wr + g4 + 8 * r, b, h)] = row_lse(m[r], l[r]);
     }
   }
   store_output_rows<T, NA, HD, QB, R, Cta::kOutMap>(p, tile, &map_o, stage, cw, Cta::kOutRows0, h, b);

@@ -132,25 +132,17 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
     int origin[3] = {tile.lo[0], tile.lo[1], NA > 2 ? tile.lo[2] : 0};
     origin[0] += NA == 3 ? f : 0;
     mbar_expect_tx(full + slot, 2 * C::kBytes);
-    const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
-    const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
     unsigned char* dst = smem + S::kK + slot * S::kSlot;
-    for (int cb = 0; cb < C::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, origin, hk.channel + cb * C::kChannels, hk.outer, c);
-      tma_load_box<NA, StripSlab<Tl, NA>, C::kRowBytes>(p, dst + cb * C::kBlockBytes, &map_k, full + slot, c);
-      box_coords<NA>(p, tile, origin, hv.channel + cb * C::kChannels, hv.outer, c);
-      tma_load_box<NA, StripSlab<Tl, NA>, C::kRowBytes>(p, dst + C::kBytes + cb * C::kBlockBytes, &map_v,
-                                                        full + slot, c);
-    }
+    load_box_blocks<NA, StripSlab<Tl, NA>, C>(p, tile, origin, head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b), dst,
+                                              &map_k, full + slot, c);
+    load_box_blocks<NA, StripSlab<Tl, NA>, C>(p, tile, origin, head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b),
+                                              dst + C::kBytes, &map_v, full + slot, c);
   };
   if (threadIdx.x == 0) {  // the query box, then the first slabs
     int c[5];
-    const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
     mbar_expect_tx(q_full, R::kBytes);
-    for (int cb = 0; cb < R::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
-      tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kQ + cb * R::kBlockBytes, &map_q, q_full, c);
-    }
+    load_box_blocks<NA, QB, R>(p, tile, tile.q0, head_coords<HD>(p, kRowsQ, p.heads, h, b), smem + S::kQ, &map_q,
+                               q_full, c);
     for (int f = 0; f < kStages && f < slabs; ++f) load_slab(f);
   }
   // The head's RPB table times log2(e), between guards (behind the copies).
@@ -302,19 +294,11 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
   }
   unsigned char* stage = smem + S::kQ;
   __syncwarp();  // every lane's Q fragments are read
-#pragma unroll
-  for (int n = 0; n < HD / 8; ++n)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<uint32_t*>(stage + R::offset(16 * warp + g4 + 8 * r, 8 * n + 2 * t4)) =
-          pack2<T>(o[n][2 * r] * inv[r], o[n][2 * r + 1] * inv[r]);
+  stage_output<T, HD, R>(stage, &o[0][0], inv, 16 * warp + g4, t4);  // (o[n][e]: the m16n8 layout)
   if (t4 == 0) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      int64_t token;
-      box_row_token<NA, QB>(p, tile, tile.q0, 16 * warp + g4 + 8 * r, token);
-      if (lane_strip.row_ok[r]) p.lse[(int64_t(b) * p.tokens + token) * p.heads + h] = row_lse(m[r], l[r]);
-    }
+    for (int r = 0; r < 2; ++r)
+      if (lane_strip.row_ok[r]) p.lse[lse_row<NA, QB>(p, tile, 16 * warp + g4 + 8 * r, b, h)] = row_lse(m[r], l[r]);
   }
   store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_o, stage, 0, QB::extent(0), h, b);  // (forward.cuh)
 #endif
