@@ -532,7 +532,7 @@ const char* sm90_pair_declines(const nattn::Params& p, const nattn::KernelEntry&
   int kbox[3] = {e.kbox[0], e.kbox[1], e.kbox[2]};  // the key maps' box (prepare_forward's)
   if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox)) {
     if (const char* why = nattn::sm90::strip_declines(p, e.qbox, e.kbox)) return why;
-    if (p.na_dim == 3) kbox[0] = 1;  // a frame at a time
+    nattn::sm90::strip_key_map_box(p.na_dim, kbox);
   }
   if (!sm90_pair_fits(p, e)) return "an RPB table above 4096 entries per head needs a 128-query tile pair";
   nattn::sm90::MapSpec m;

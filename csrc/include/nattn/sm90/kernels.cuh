@@ -40,7 +40,7 @@ const char* prepare_forward(const Params& p, void* workspace) {
   }
   if constexpr (Tl::kStrips) {  // forward_strips.cuh: the union must fit the key box
     if (const char* why = strip_declines(p, qbox, kbox)) return why;
-    if (NA == 3) kbox[0] = 1;  // 3-D copies it a frame at a time
+    strip_key_map_box(NA, kbox);
   }
   MapSpec mq, mk, mv;
   const char* why = map_spec(p, p.q_s, p.heads, HD, qbox, mq);

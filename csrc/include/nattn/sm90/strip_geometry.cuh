@@ -49,6 +49,12 @@ inline const char* strip_declines(const Params& p, const int* qbox, const int* k
   return nullptr;
 }
 
+// The box of a strip pair's key and value tensor maps, from its key box (kbox, in place):
+// 3-D copies the union a frame at a time (forward_strips.cuh's ring), 2-D in one piece.
+NATTN_HD void strip_key_map_box(int na_dim, int* kbox) {
+  if (na_dim == 3) kbox[0] = 1;
+}
+
 // Keys a strip walks per query: whole chunks of key rows (the rows its two query rows'
 // windows span, kernel + 1 at most, of kStripCols) in each frame of its window.
 NATTN_HD int strip_walked_keys(const Params& p) {
