@@ -109,8 +109,8 @@ def test_sm90_configs_list_the_tile_pairs():
     strips = {kernel_table.Instance("sm90", dt, n, hd, t).tile_name for n, t in kernel_table.SM90_STRIP_TILES}
     assert sum(c["default"] for c in configs) == 1 and all(c["keys"] > 0 for c in configs)
     assert all(not c["declined"] if c["name"] not in strips else "up to 7 x 9" in c["declined"] for c in configs)
-    backward = {kernel_table.Instance("sm90", dt, nd, hd, t).tile_name for n, t in kernel_table.SM90_BACKWARD_TILES
-                if n == nd}
+    backward = {kernel_table.Instance("sm90", dt, nd, hd, t).tile_name
+                for n, t in kernel_table.SM90_BACKWARD_TILES + kernel_table.SM90_STRIP_TILES if n == nd}
     assert {c["name"] for c in configs if c["backward"]} <= backward
     big = torch.empty(1, *(s * 9 for s in spatial), 2, hd, dtype=q.dtype, device="meta")
     declined = CUDA.sm90_configs(big, big, big, normalize(big, big, big, nd, (3,) * nd, dilation=(9,) * nd))
@@ -123,8 +123,8 @@ def test_sm90_configs_list_the_tile_pairs():
 def test_sm90_configs_list_the_strip_pairs(nd):
     """The strip pairs (named only until timed) are listed with the keys their strips walk per
     query (8 x 16 key rows for a 7-row window, 4 x 16 up to 3 rows, per frame of the window in
-    3-D), never as the default, and declined beyond their windows (7 x 9, 7 x 7 x 9) and at a
-    stride, with the reason."""
+    3-D), never as the default (forward or backward) though they have a backward, and declined
+    beyond their windows (7 x 9, 7 x 7 x 9) and at a stride, with the reason."""
     if 32 not in LIB.kernels.get(("sm90", "bfloat16", nd), ()):
         pytest.skip(f"this build has no bf16 {nd}-D sm90 kernels at head dim 32")
     tile = next(t for n, t in kernel_table.SM90_STRIP_TILES if n == nd)
@@ -138,8 +138,8 @@ def test_sm90_configs_list_the_strip_pairs(nd):
              3: (((5, 7, 7), 640), ((3, 3, 9), 192), ((2, 5, 3), 256))}[nd]
     for kernel, keys in walks:
         c = listed(grid, kernel)
-        assert c["keys"] == keys and not c["declined"] and not c["default"] and not c["backward"], c
-        assert c["named_only"], c
+        assert c["keys"] == keys and not c["declined"] and not c["default"] and not c["backward_default"], c
+        assert c["named_only"] and c["backward"], c  # their backward, named only too
     too_big = {2: (9, 7), 3: (3, 9, 7)}[nd]
     assert "up to 7 x" in listed(grid, too_big)["declined"]
     assert "stride 1 only" in listed(grid, (3,) * nd, stride=(2,) + (1,) * (nd - 1))["declined"]
@@ -179,6 +179,9 @@ def test_sm90_default_3d_pair(spatial, kernel, head_dim, pair):
     ((90, 160), (33, 33), 128, "q16x8_k8x8"),    # 0.966x
     ((128, 128), (64, 64), 128, "q8x16_k4x16"),  # 0.973x: the first pair stays
     ((128, 128), (13, 13), 64, "q8x16_k4x16"),
+    # within the 2-D strip pair's windows (video-3d's above is within the 3-D one's): their
+    # backward runs only when named
+    ((56, 56), (7, 7), 32, "q16x8_k8x8"),
     # head dim 256 (the wide passes, which the count does not model): the first pair
     ((30, 48, 80), (18, 24, 24), 256, "q2x8x8_k1x8x8"),
     ((256, 256), (25, 25), 256, "q8x16_k4x16"),

@@ -30,11 +30,12 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         assert len(q) == len(k) == i.na_dim
         # 128 queries (even along axis 0) or 64; key boxes whole 16s up to 160, the last
         # axis whole 8-column groups (tiles.cuh, box_mask.cuh); the strip pairs' key box is
-        # a 2-D window union of 16 columns, forward only and named only (forward_strips.cuh)
+        # a window union of 16 columns, named only, with their own backward (forward_strips.cuh,
+        # backward_dq_strips.cuh)
         assert (math.prod(q) == 128 and q[0] % 2 == 0) or math.prod(q) == 64
         if (i.na_dim, i.tile) in kt.SM90_STRIP_TILES:  # four strips of 2 x 8 queries, 16 key columns
             assert q == ((8, 8) if i.na_dim == 2 else (2, 4, 8)) and k[-1] == 16 and math.prod(k) > 160
-            assert not i.has_backward and i.forward_named_only
+            assert i.has_backward and i.forward_named_only
         else:
             assert math.prod(k) % 16 == 0 and 64 <= math.prod(k) <= 160 and k[-1] % 8 == 0
         if math.prod(q) == 64:  # one consumer warpgroup: registers for head dims up to 64
@@ -58,16 +59,18 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         assert first.tile == default
     fam = kt.FAMILY_BY_NAME["sm90"]
     assert fam.backward and fam.prepare and fam.only_archs == ("9.0",)
-    # a backward pair per NA dim (2-D and 3-D: two), each also a forward pair; only those get one
+    # a backward pair per NA dim (2-D and 3-D: two), each also a forward pair; only those and
+    # the strip pairs get one
     assert sorted(n for n, _ in kt.SM90_BACKWARD_TILES) == [1, 2, 2, 3, 3]
     assert set(kt.SM90_BACKWARD_TILES) <= set(kt.SM90_TILES)
     sm90 = [i for i in insts if i.family == "sm90"]
-    assert {(i.na_dim, i.tile) for i in sm90 if i.has_backward} == set(kt.SM90_BACKWARD_TILES)
+    assert {(i.na_dim, i.tile) for i in sm90 if i.has_backward} == set(kt.SM90_BACKWARD_TILES) | set(kt.SM90_STRIP_TILES)
     for i in sm90:
         src = kt.instance_source(i)
         assert ("launch_backward" in src) == i.has_backward == ("prepare_backward" in src)
         q, k = i.tile
-        if i.has_backward:  # a 128-token box and a 64-token box (the two passes swap them)
+        if i.has_backward and (i.na_dim, i.tile) not in kt.SM90_STRIP_TILES:
+            # a 128-token box and a 64-token box (the two passes swap them)
             assert math.prod(q) == 128 and math.prod(k) == 64
     # forwards only when named: the backward pairs after each NA dim's first (built for the
     # backward's walk: 2-D's 16x8 / 8x8, 3-D's 4x4x8 / 2x4x8) and the strip pair (until its

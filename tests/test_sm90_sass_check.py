@@ -4,6 +4,8 @@ it must pass a kernel with HGMMA and UTMALDG and fail one without them or with l
 import importlib.util
 import os
 
+import pytest
+
 _PATH = os.path.join(os.path.dirname(__file__), "..", "csrc", "tools", "check_sm90_sass.py")
 _spec = importlib.util.spec_from_file_location("check_sm90_sass", _PATH)
 sass_check = importlib.util.module_from_spec(_spec)
@@ -54,10 +56,11 @@ def test_helpers_need_no_products_but_no_local_memory():
     assert len(problems) == 1 and "local memory" in problems[0]
 
 
-def test_strip_kernels_need_the_warp_mma_and_the_copy_engine():
-    """The strip pairs' forward (mma.sync on each warp's strip) passes with HMMA and UTMALDG,
-    and fails without either or with local memory."""
-    strips = "_ZN5nattn4sm9021forward_strips_kernelINS_6bf16_tELi2ELi32EEEv"
+@pytest.mark.parametrize("strips", ["_ZN5nattn4sm9021forward_strips_kernelINS_6bf16_tELi2ELi32EEEv",
+                                    "_ZN5nattn4sm9025backward_dq_strips_kernelINS_6bf16_tELi2ELi32EEEv"])
+def test_strip_kernels_need_the_warp_mma_and_the_copy_engine(strips):
+    """The strip pairs' forward and dQ pass (mma.sync on each warp's strip) pass with HMMA and
+    UTMALDG, and fail without either or with local memory."""
     assert sass_check.check(dump(strips, "UTMALDG.4D", "HMMA.16816.F32.BF16", "LDSM.16.M88.4")) == ([], 1)
     problems, _ = sass_check.check(dump(strips, "UTMALDG.4D", "LDSM.16.M88.4"))
     assert problems == [f"{strips}: no HMMA"]

@@ -403,7 +403,8 @@ constexpr double kSm90BackwardTileGain[3] = {1.0, 0.97, 0.95};
 
 // The Hopper entry for a backward: the call's / NATTN_SM90_TILE's pair when it has a backward
 // (a forced forward-only pair leaves the backward on the default, so forcing a pair never
-// makes training fail), else the first pair of SM90_BACKWARD_TILES for this NA dim, or another
+// makes training fail; a strip pair runs its own, which declines what its forward declines),
+// else the first pair of SM90_BACKWARD_TILES for this NA dim, or another
 // that walks at least 3% (2-D) / 5% (3-D) fewer steps (backward_steps; head dims up to 128).
 const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, const char** why) {
   const char* forced = getenv("NATTN_SM90_TILE");
@@ -416,6 +417,8 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
     if (!sm90_entry_for(e, p, dim) || !e.backward) continue;
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
+    // The strip pairs' backward (their dQ pass, tc's dK/dV pass) runs only when named.
+    if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox)) continue;
     if (n < 8) pairs[n++] = &e;
   }
   if (n == 0) {

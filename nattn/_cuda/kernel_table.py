@@ -112,6 +112,8 @@ SM90_BACKWARD_TILES = (
 # The strip pairs (windows up to 7 x 9 / 7 x 7 x 9 at stride 1) are named-only too until
 # their crossover with the other pairs and the tensor-core family is measured.
 SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
+# The strip pairs have a backward too (named only, like their forward): their own dQ pass
+# (backward_dq_strips.cuh: the forward's strips) and the tensor-core family's dK/dV pass.
 # Pairs built but not yet run on a GPU (their GPU tests and sanitizer sections are written):
 # the tuner and `nattn.bench --optimize` leave them out (unverified_tile_names) until a GPU
 # session has run those and emptied this; a call or NATTN_SM90_TILE may still name them.
@@ -131,14 +133,14 @@ def unverified_tile_names() -> set:
 # fp32). sm90: Hopper (TMA + wgmma, sm_90a code), head dims
 # 32/64/128/256 exactly (D == D_v; 256: forward pairs with 64-key boxes, its backward the pairs'
 # 64-token box on both sides, sm90/backward_wide.cuh), forward with
-# every tile pair, backward with the pairs of SM90_BACKWARD_TILES.
+# every tile pair, backward with the pairs of SM90_BACKWARD_TILES and the strip pairs.
 # libnattn picks the most specialised family that takes a problem at run time (src/api.cu)
 # and falls back to the next one otherwise.
 FAMILIES = (
     Family("simt", 50, DTYPES, HEAD_DIM_BUCKETS, NA_DIMS),
     Family("tc", 80, DTYPES, (16, 32, 64, 128), NA_DIMS),
     Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128, 256), NA_DIMS, only_archs=("9.0",),
-           prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES,
+           prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES + SM90_STRIP_TILES,
            tile_head_dims=SM90_TILE_HEAD_DIMS, backward_head_dims=(32, 64, 128, 256),
            named_forward_tiles=SM90_NAMED_FORWARD_TILES),
 )

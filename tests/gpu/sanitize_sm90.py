@@ -184,21 +184,28 @@ def strips():
     # The strip pairs' forwards (forward_strips.cuh) on random problems within their limits
     # (RPB, GQA, dilation, causal axes, layouts; 2-D and 3-D, whose frames pass through a
     # ring) and on grids ending in partial query boxes, with the bulk tensor stores of the
-    # output and with per-lane stores.
+    # output (and of dQ) and with per-lane stores; every other case with its backward too
+    # (backward_dq_strips.cuh, then the tensor-core dK/dV pass).
     from sm90_cases import STRIP_PAIRS, strip_sweep
     try:
         for i, case in enumerate(strip_sweep(8, seed=88) + strip_sweep(8, seed=89, na_dim=3)):
             os.environ["NATTN_SM90_TILE"] = STRIP_PAIRS[len(case.spatial)]
-            t, _ = make_inputs(case)
+            t, leaves = make_inputs(case)
             if i % 2:
                 os.environ["NATTN_SM90_OUT_STORES"] = "lanes"
             try:
-                with torch.no_grad():
+                if i % 4 < 2:
                     out, lse = functional_call(case, t, 0.0)
+                    grads = torch.autograd.grad((out, lse), leaves, (torch.randn_like(out), torch.randn_like(lse)))
+                else:
+                    with torch.no_grad():
+                        out, lse = functional_call(case, t, 0.0)
+                    grads = ()
                 torch.cuda.synchronize()
             finally:
                 os.environ.pop("NATTN_SM90_OUT_STORES", None)
             assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
+            assert all(torch.isfinite(g).all() for g in grads), str(case)
     finally:
         os.environ.pop("NATTN_SM90_TILE", None)
 

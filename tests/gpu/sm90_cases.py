@@ -89,3 +89,17 @@ def strip_sweep(count: int, seed: int, na_dim: int = 2):
             kernel = tuple(min(k, m) - (c.rpb and min(k, m) % 2 == 0) for k, m in zip(c.kernel, STRIP_MAX_KERNEL[na_dim]))
         out.append(dataclasses.replace(c, kernel=kernel, stride=(1,) * na_dim))
     return out
+
+
+# Video-sized 3-D windows within the 3-D strip pair's limits, over several frames of its ring.
+VIDEO_STRIPS = [
+    GpuCase(spatial=(9, 20, 27), kernel=(5, 7, 7), stride=(1, 1, 1), dilation=(1, 1, 1), causal=(False, False, False),
+            batch=2, heads=4, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=True, dtype=torch.bfloat16, layout="plain",
+            scale=None, seed=21),
+    GpuCase(spatial=(12, 17, 30), kernel=(7, 6, 9), stride=(1, 1, 1), dilation=(1, 2, 1), causal=(True, False, False),
+            batch=1, heads=2, heads_kv=2, dim=32, dim_v=32, extra=3, rpb=False, dtype=torch.float16, layout="fused",
+            scale=0.3, seed=22),
+    GpuCase(spatial=(16, 32, 32), kernel=(5, 7, 7), stride=(1, 1, 1), dilation=(1, 1, 1), causal=(False, False, False),
+            batch=1, heads=2, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=False, dtype=torch.bfloat16, layout="heads_major",
+            scale=None, seed=23),
+]

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from nattn._cuda.kernel_table import SM90_BACKWARD_TILES, Instance  # noqa: E402
 from gpu_cases import GpuCase, check, compare_gradients, forward_backward  # noqa: E402
-from sm90_cases import dilated_1d_sweep, fits_wide_rpb, sm90_sweep  # noqa: E402
+from sm90_cases import STRIP_PAIRS, VIDEO_STRIPS, dilated_1d_sweep, fits_wide_rpb, sm90_sweep, strip_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -183,3 +183,48 @@ def test_sm90_backward_head_dim_256_against_float64(case):
 def test_sm90_backward_head_dim_256_is_deterministic(rpb):
     """The wide passes' gradients are bitwise repeatable too (dRPB staged in fixed point)."""
     assert_deterministic(spatial=(24, 40), kernel=(17, 17), dim=256, rpb=rpb, seed=37)
+
+
+# The strip pairs' backward (named only, as their forward: their own dQ pass,
+# backward_dq_strips.cuh, then the tensor-core family's dK/dV pass), forced on sweeps within
+# their limits (2-D, 3-D on small random grids, video-sized 3-D windows over several frames
+# of the ring), dQ written with the bulk tensor store and with per-lane stores.
+STRIP_BWD_CASES = int(os.environ.get("NATTN_SM90_STRIP_BWD_CASES", "240"))
+STRIP_BWD = (strip_sweep(STRIP_BWD_CASES, seed=6464) + strip_sweep(STRIP_BWD_CASES // 2, seed=6565, na_dim=3)
+             + VIDEO_STRIPS)
+
+
+@pytest.mark.parametrize("stores", ["bulk", "lanes"])
+@pytest.mark.parametrize("case", STRIP_BWD, ids=[f"strip{i}-{c}" for i, c in enumerate(STRIP_BWD)])
+def test_sm90_strip_backward(case, stores, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
+    if stores == "lanes":
+        monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
+    compare(case)
+
+
+STRIP_SMALL = [dataclasses.replace(c, layout="plain") for c in strip_sweep(60, seed=6666) + strip_sweep(60, seed=6767, na_dim=3)
+               if c.batch * c.heads * math.prod(c.spatial) <= 6000][:12]
+
+
+@pytest.mark.parametrize("case", STRIP_SMALL, ids=[f"f64-strip{i}-{c}" for i, c in enumerate(STRIP_SMALL)])
+def test_sm90_strip_backward_against_float64(case, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
+    test_sm90_backward_against_float64(case)
+
+
+@pytest.mark.parametrize("rpb", [False, True])
+def test_sm90_strip_backward_is_deterministic(rpb, monkeypatch):
+    """The strip pairs' backward is bitwise repeatable (dQ rows written once; the dK/dV pass
+    owns its keys; dRPB in fixed point from the dQ pass's largest |dS|)."""
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[2])
+    assert_deterministic(spatial=(40, 56), kernel=(7, 7), dim=32, rpb=rpb, seed=41)
+
+
+def test_sm90_strip_backward_declines_what_it_cannot_take(monkeypatch):
+    """Named on a window beyond its limits the strip pair's backward declines with the reason
+    (NATTN_FAMILY=sm90 turns the decline into the error); the forward's decline comes first."""
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[2])
+    q = torch.randn(1, 32, 32, 2, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(Exception, match="up to 7 x 9"):
+        nattn.na2d(q, q, q, (9, 7), backend="cuda").sum().backward()

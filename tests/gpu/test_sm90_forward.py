@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
-from sm90_cases import SM90_FORWARD_DIMS, STRIP_PAIRS, dilated_1d_sweep, sm90_sweep, strip_sweep, strip_takes  # noqa: E402
+from sm90_cases import (SM90_FORWARD_DIMS, STRIP_PAIRS, VIDEO_STRIPS, dilated_1d_sweep, sm90_sweep,  # noqa: E402
+                        strip_sweep, strip_takes)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -131,17 +132,6 @@ def test_sm90_small_pairs_on_many_boxes(case, monkeypatch):
 # limits), with the bulk tensor stores of the output and with the per-lane ones: 2-D, 3-D
 # (small random grids), and video-sized 3-D windows over several frames of the ring.
 STRIP_CASES = int(os.environ.get("NATTN_SM90_STRIP_CASES", "400"))
-VIDEO_STRIPS = [
-    GpuCase(spatial=(9, 20, 27), kernel=(5, 7, 7), stride=(1, 1, 1), dilation=(1, 1, 1), causal=(False, False, False),
-            batch=2, heads=4, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=True, dtype=torch.bfloat16, layout="plain",
-            scale=None, seed=21),
-    GpuCase(spatial=(12, 17, 30), kernel=(7, 6, 9), stride=(1, 1, 1), dilation=(1, 2, 1), causal=(True, False, False),
-            batch=1, heads=2, heads_kv=2, dim=32, dim_v=32, extra=3, rpb=False, dtype=torch.float16, layout="fused",
-            scale=0.3, seed=22),
-    GpuCase(spatial=(16, 32, 32), kernel=(5, 7, 7), stride=(1, 1, 1), dilation=(1, 1, 1), causal=(False, False, False),
-            batch=1, heads=2, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=False, dtype=torch.bfloat16, layout="heads_major",
-            scale=None, seed=23),
-]
 STRIPS = (strip_sweep(STRIP_CASES, seed=6262) + MANY_BOXES[:1] + strip_sweep(STRIP_CASES // 2, seed=6363, na_dim=3)
           + VIDEO_STRIPS)
 

@@ -226,10 +226,13 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
 // by the warpgroup's thread 0 (rows past the tensor are not written); else 16-byte stores per
 // lane, which cost ~110 instructions a warp with their 64-bit addresses at head dim 32, the
 // most of any part of a small window's epilogue. Every thread of the warpgroup calls it (named
-// barrier 1 + cw); the forward kernels and the strip CTAs (forward_strips.cuh) end with it.
+// barrier 1 + cw); the forward kernels and the strip CTAs (forward_strips.cuh) end with it,
+// and the strip pairs' dQ pass (backward_dq_strips.cuh) with out = dQ, whose map takes the
+// output's place there (Params::out_map, the kRowsOut bit).
 template <typename T, int NA, int HD, class QB, class R, bool kMap>
 __device__ __forceinline__ void store_output_rows(const Params& p, const CtaTile& tile, const CUtensorMap* map_o,
-                                                  unsigned char* stage, int cw, int rows0, int h, int b) {
+                                                  unsigned char* stage, int cw, int rows0, int h, int b, void* out_ptr,
+                                                  const int64_t* out_s) {
   if (kMap && p.out_map) {
     fence_proxy_async_smem();
     named_sync(1 + cw, 128);
@@ -248,12 +251,12 @@ __device__ __forceinline__ void store_output_rows(const Params& p, const CtaTile
     return;
   }
   named_sync(1 + cw, 128);
-  T* out = head_base<T>(p.out, p.out_s, b, h);
+  T* out = head_base<T>(out_ptr, out_s, b, h);
   constexpr int kChunks = HD / 8;
   for (int idx = threadIdx.x % 128; idx < kWgRows * kChunks; idx += 128) {
     const int qr = cw * kWgRows + idx / kChunks, ch = idx % kChunks;
     int64_t off;
-    const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, qr, p.out_s, off);
+    const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, qr, out_s, off);
     if (ok)
       *reinterpret_cast<uint4*>(out + off + ch * 8) = *reinterpret_cast<const uint4*>(stage + R::offset(qr, ch * 8));
   }
@@ -579,7 +582,8 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       if (row_ok[r]) p.lse[lse_row<NA, QB>(p, tile, cw * kWgRows + wr + g4 + 8 * r, b, h)] = row_lse(m[r], l[r]);
     }
   }
-  store_output_rows<T, NA, HD, QB, R, Cta::kOutMap>(p, tile, &map_o, stage, cw, Cta::kOutRows0, h, b);
+  store_output_rows<T, NA, HD, QB, R, Cta::kOutMap>(p, tile, &map_o, stage, cw, Cta::kOutRows0, h, b, p.out,
+                                                    p.out_s);
 #endif
 }
 

@@ -62,15 +62,18 @@ struct StripCta {
   static constexpr int kRpbGuard = 128;
 };
 
-template <class Tl, int HD>
+// kRowTiles: the query box's tiles before the key slots (the forward: Q; the dQ pass,
+// backward_dq_strips.cuh: Q, then dO at kDo).
+template <class Tl, int HD, int kRowTiles = 1>
 struct StripSmem {
   using Cta = StripCta<Tl, HD>;
   using Rows = TileSmem<HD, Tl::Q::kSize>;
   using Cols = TileSmem<HD, Cta::kSlabKeys>;
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + Rows::kBytes;  // slot s: K at kK + s kSlot, V kSlot / 2 on
+  static constexpr int kDo = kQ + Rows::kBytes;
+  static constexpr int kK = kQ + kRowTiles * Rows::kBytes;  // slot s: K at kK + s kSlot, V kSlot / 2 on
   static constexpr int kSlot = 2 * Cols::kBytes;
-  static constexpr int kBars = kK + Cta::kStages * kSlot;  // q_full, full[kStages]
+  static constexpr int kBars = kK + Cta::kStages * kSlot;  // rows_full, full[kStages]
   static constexpr int kBytes = kBars + 8 * (1 + Cta::kStages);
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
   static constexpr int kRpbFloats = kSmallRpbStageFloats + 2 * Cta::kRpbGuard;
@@ -79,6 +82,66 @@ struct StripSmem {
 // One slot's keys: the 2-D key box, or one frame of the 3-D one.
 template <class Tl, int NA>
 using StripSlab = typename std::conditional<NA == 3, Box<1, Tl::K::extent(1), Tl::K::extent(2)>, typename Tl::K>::type;
+
+// The slabs of a strip CTA's walk: in 3-D the union's frames, from its box's first frame's
+// window to its last's; in 2-D one.
+template <int NA, class QB>
+__device__ __forceinline__ int strip_slabs(const Params& p, const CtaTile& tile) {
+  if constexpr (NA == 3) {
+    const int last = nattn_min(tile.q0[0] + QB::extent(0) - 1, tile.len[0] - 1);
+    const AxisRange w = query_window(last, tile.len[0], p.kernel[0], 1, p.causal[0] != 0);
+    return w.start + w.count - tile.lo[0];
+  }
+  return 1;
+}
+
+// Slab f (frame tile.lo[0] + f of the union in 3-D) into ring slot f % kStages at `slots`
+// (slot s: keys at s slot_bytes, values C::kBytes on): one bulk tensor copy per channel block
+// each, completing on full[slot] (thread 0).
+template <int NA, int HD, class Tl, class C>
+__device__ __forceinline__ void load_strip_slab(const Params& p, const CtaTile& tile, int f, int h_kv, int b,
+                                                unsigned char* slots, uint64_t* full, const CUtensorMap* map_k,
+                                                const CUtensorMap* map_v) {
+  constexpr int kStages = StripCta<Tl, HD>::kStages;
+  int c[5];
+  const int slot = f % kStages;
+  int origin[3] = {tile.lo[0], tile.lo[1], NA > 2 ? tile.lo[2] : 0};
+  origin[0] += NA == 3 ? f : 0;
+  mbar_expect_tx(full + slot, 2 * C::kBytes);
+  unsigned char* dst = slots + slot * 2 * C::kBytes;
+  load_box_blocks<NA, StripSlab<Tl, NA>, C>(p, tile, origin, head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b), dst,
+                                            map_k, full + slot, c);
+  load_box_blocks<NA, StripSlab<Tl, NA>, C>(p, tile, origin, head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b),
+                                            dst + C::kBytes, map_v, full + slot, c);
+}
+
+// The head's RPB table times log2(e) into shared memory at `bias` (between the guards),
+// behind the copies; every thread calls it (it synchronises when there is a table).
+template <class Cta>
+__device__ __forceinline__ void stage_strip_rpb(const Params& p, int h, float* bias) {
+  if (p.rpb == nullptr) return;
+  const float* src = p.rpb + int64_t(h) * p.rpb_head_size;
+  for (int i = threadIdx.x; i < int(p.rpb_head_size); i += Cta::kThreads) bias[i] = __ldg(src + i) * kLog2e;
+  __syncthreads();
+}
+
+// The walk over the slabs, the warps in step: each warp runs body(slot, fi) on the slabs of
+// its window (fi: the strip's frame index, 0 in 2-D); a slot is refilled (thread 0:
+// refill(f)) once every warp is done with it (named barrier 2).
+template <class Cta, class Body, class Refill>
+__device__ __forceinline__ void strip_walk_slabs(int slabs, const StripLane& lane_strip, uint64_t* full, Body&& body,
+                                                 Refill&& refill) {
+  constexpr int kStages = Cta::kStages;
+  for (int f = 0; f < slabs; ++f) {
+    mbar_wait(full + f % kStages, (f / kStages) & 1);
+    const int fi = f - lane_strip.ft;
+    if (fi >= 0 && fi < lane_strip.frames) body(f % kStages, fi);
+    if (f + kStages < slabs) {
+      named_sync(2, Cta::kThreads);
+      if (threadIdx.x == 0) refill(f + kStages);
+    }
+  }
+}
 
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::kMinBlocks)
@@ -107,13 +170,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
   const int h_kv = kv_head(p, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g4 = lane / 4, t4 = lane % 4;
-  // The union's frames (3-D; 2-D: one slab): from the box's first frame's window to its last's.
-  int slabs = 1;
-  if constexpr (NA == 3) {
-    const int last = nattn_min(tile.q0[0] + QB::extent(0) - 1, tile.len[0] - 1);
-    const AxisRange w = query_window(last, tile.len[0], p.kernel[0], 1, p.causal[0] != 0);
-    slabs = w.start + w.count - tile.lo[0];
-  }
+  const int slabs = strip_slabs<NA, QB>(p, tile);
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&map_q);
@@ -124,19 +181,8 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
     fence_barrier_init();
   }
   __syncthreads();
-  // Slab f (frame tile.lo[0] + f of the union in 3-D) into slot f % kStages: keys and values,
-  // one bulk tensor copy per channel block each (thread 0).
   auto load_slab = [&](int f) {
-    int c[5];
-    const int slot = f % kStages;
-    int origin[3] = {tile.lo[0], tile.lo[1], NA > 2 ? tile.lo[2] : 0};
-    origin[0] += NA == 3 ? f : 0;
-    mbar_expect_tx(full + slot, 2 * C::kBytes);
-    unsigned char* dst = smem + S::kK + slot * S::kSlot;
-    load_box_blocks<NA, StripSlab<Tl, NA>, C>(p, tile, origin, head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b), dst,
-                                              &map_k, full + slot, c);
-    load_box_blocks<NA, StripSlab<Tl, NA>, C>(p, tile, origin, head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b),
-                                              dst + C::kBytes, &map_v, full + slot, c);
+    load_strip_slab<NA, HD, Tl, C>(p, tile, f, h_kv, b, smem + S::kK, full, &map_k, &map_v);
   };
   if (threadIdx.x == 0) {  // the query box, then the first slabs
     int c[5];
@@ -148,11 +194,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
   // The head's RPB table times log2(e), between guards (behind the copies).
   const bool has_rpb = p.rpb != nullptr;
   float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;
-  if (has_rpb) {
-    const float* src = p.rpb + int64_t(h) * p.rpb_head_size;
-    for (int i = threadIdx.x; i < int(p.rpb_head_size); i += Cta::kThreads) bias[i] = __ldg(src + i) * kLog2e;
-    __syncthreads();
-  }
+  stage_strip_rpb<Cta>(p, h, bias);
 
   // The lane's rows, their windows and mask words, the strip's key rows and frames
   // (strip_geometry.cuh).
@@ -268,18 +310,13 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
   // is refilled once every warp is done with it. One instance with the RPB and one without (a
   // uniform branch per call, not per score).
   auto walk = [&](auto rpb_tag) {
-    for (int f = 0; f < slabs; ++f) {
-      mbar_wait(full + f % kStages, (f / kStages) & 1);
-      const int fi = f - lane_strip.ft;  // the strip's frame index (2-D: 0)
-      if (fi >= 0 && fi < lane_strip.frames) {
-        for (int ch = 0; ch < chunks; ++ch)
-          chunk(rpb_tag, smem + strip_at + (f % kStages) * S::kSlot, ch, fi * lane_strip.frame_mult, fi == 0 && ch == 0);
-      }
-      if (f + kStages < slabs) {
-        named_sync(2, Cta::kThreads);
-        if (threadIdx.x == 0) load_slab(f + kStages);
-      }
-    }
+    strip_walk_slabs<Cta>(
+        slabs, lane_strip, full,
+        [&](int slot, int fi) {
+          for (int ch = 0; ch < chunks; ++ch)
+            chunk(rpb_tag, smem + strip_at + slot * S::kSlot, ch, fi * lane_strip.frame_mult, fi == 0 && ch == 0);
+        },
+        load_slab);
   };
   if (has_rpb) walk(std::true_type{});
   else walk(std::false_type{});
@@ -300,7 +337,8 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
     for (int r = 0; r < 2; ++r)
       if (lane_strip.row_ok[r]) p.lse[lse_row<NA, QB>(p, tile, 16 * warp + g4 + 8 * r, b, h)] = row_lse(m[r], l[r]);
   }
-  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_o, stage, 0, QB::extent(0), h, b);  // (forward.cuh)
+  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_o, stage, 0, QB::extent(0), h, b, p.out,
+                                            p.out_s);  // (forward.cuh)
 #endif
 }
 

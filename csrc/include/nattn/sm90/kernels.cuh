@@ -12,12 +12,14 @@
 #include "nattn/sm90/backward_dq_accum.cuh"
 #include "nattn/sm90/backward_dkv.cuh"
 #include "nattn/sm90/backward_dq.cuh"
+#include "nattn/sm90/backward_dq_strips.cuh"
 #include "nattn/sm90/backward_wide.cuh"
 #include "nattn/sm90/forward.cuh"
 #include "nattn/sm90/forward_strips.cuh"
 #include "nattn/sm90/launch.h"
 #include "nattn/sm90/split_kv_merge.cuh"
 #include "nattn/sm90/tensor_map.h"
+#include "nattn/tc/kernels.cuh"
 
 namespace nattn { namespace sm90 {
 
@@ -29,6 +31,23 @@ struct ForwardLaunch {
   int out_map;      // Params::out_map
 };
 static_assert(sizeof(ForwardLaunch) <= kPrepareBytes, "workspace too small");
+
+// A bulk store's map (into dst) for the rows of a query box (box: the extents one store
+// covers) of the output-like tensor at ptr (strides s): encoded unless NATTN_SM90_OUT_STORES=
+// lanes (read on every call: the GPU tier checks the per-lane stores with it) or the copy
+// engine cannot address the box in one piece. Returns whether it was; a map with its heads
+// next to the batch sets kRowsOut in heads_outer.
+template <int HD, typename T>
+bool encode_store_map(const Params& p, const int64_t* s, void* ptr, const int* box, CUtensorMap* dst, int& heads_outer) {
+  memset(dst, 0, sizeof *dst);  // passed unread when not encoded
+  const char* stores = getenv("NATTN_SM90_OUT_STORES");
+  if ((stores && !strcmp(stores, "lanes")) || box_pieces(box[0], p.dilation[0]) != 1) return false;
+  MapSpec m;
+  constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
+  if (map_spec(p, s, p.heads, HD, box, m) || encode(dst, m, ptr, kBf16)) return false;
+  if (m.heads_outer) heads_outer |= kRowsOut;
+  return true;
+}
 
 template <typename T, int NA, int HD, class Tl>
 const char* prepare_forward(const Params& p, void* workspace) {
@@ -66,17 +85,10 @@ const char* prepare_forward(const Params& p, void* workspace) {
   // every call, forces that: the GPU tier checks the path with it). One piece: the epilogue
   // has no piece loop.
   using Cta = ForwardCta<Tl, HD>;
+  const int obox[3] = {Cta::kOutRows0, qbox[1], qbox[2]};
   l->out_map = 0;
   memset(&l->o, 0, sizeof l->o);  // passed unread when not encoded
-  const char* stores = getenv("NATTN_SM90_OUT_STORES");
-  const bool lanes = stores && !strcmp(stores, "lanes");
-  const int obox[3] = {Cta::kOutRows0, qbox[1], qbox[2]};
-  MapSpec mo;
-  if (Cta::kOutMap && !lanes && box_pieces(obox[0], p.dilation[0]) == 1 && !map_spec(p, p.out_s, p.heads, HD, obox, mo) &&
-      !encode(&l->o, mo, p.out, kBf16)) {
-    l->out_map = 1;
-    if (mo.heads_outer) l->heads_outer |= kRowsOut;
-  }
+  if (Cta::kOutMap) l->out_map = encode_store_map<HD, T>(p, p.out_s, p.out, obox, &l->o, l->heads_outer);
   return nullptr;
 }
 
@@ -156,8 +168,62 @@ struct BackwardLaunch {
 };
 static_assert(sizeof(BackwardLaunch) <= kPrepareBytes, "workspace too small");
 
+// What prepare_backward_strips leaves for launch_backward_strips: the strip dQ pass's maps
+// (Q and dO with the query box; K and V with the union's box, a frame of it in 3-D; dQ's for
+// the bulk store where it can be had, else per-lane stores).
+struct StripBackwardLaunch {
+  CUtensorMap q, grad_out, k, v, dq;
+  int heads_outer;  // Params::map_heads_outer of the maps (dQ's: the kRowsOut bit)
+  int dq_map;       // Params::out_map of the dQ pass: 1 when dQ's map is encoded
+};
+static_assert(sizeof(StripBackwardLaunch) <= kPrepareBytes, "workspace too small");
+
+// A strip pair's backward: its own dQ pass (backward_dq_strips.cuh) and the tensor-core
+// family's dK/dV pass, which needs no maps. Declines what the strip forward declines.
 template <typename T, int NA, int HD, class Tl>
-const char* prepare_backward(const Params& p, void* workspace) {
+const char* prepare_backward_strips(const Params& p, void* workspace) {
+  if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32 or 64)";
+  int qbox[3], kbox[3];
+  for (int a = 0; a < 3; ++a) {
+    qbox[a] = Tl::Q::extent(a);
+    kbox[a] = Tl::K::extent(a);
+  }
+  if (const char* why = strip_declines(p, qbox, kbox)) return why;
+  strip_key_map_box(NA, kbox);
+  if (p.rpb && p.rpb_head_size > kSmallRpbStageFloats)
+    return "an RPB table above 4096 entries per head needs a 128-query tile pair (64-query pairs stage it in shared memory)";
+  if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
+  if (int64_t(p.batch) * p.tokens * p.heads * (HD / 8) / kDeltaThreads >= 0x7fffffff) return "too many rows for the grid";
+  struct Map {
+    const char* name; int bit; CUtensorMap* dst; const int64_t* s; const void* ptr; int heads; const int* box;
+  };
+  StripBackwardLaunch* l = static_cast<StripBackwardLaunch*>(workspace);
+  const Map maps[] = {
+      {"q", kRowsQ, &l->q, p.q_s, p.q, p.heads, qbox},
+      {"grad_out", kRowsGradOut, &l->grad_out, p.grad_out_s, p.grad_out, p.heads, qbox},
+      {"k", kRowsK, &l->k, p.k_s, p.k, p.heads_kv, kbox},
+      {"v", kRowsV, &l->v, p.v_s, p.v, p.heads_kv, kbox},
+  };
+  l->heads_outer = 0;
+  constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
+  for (const Map& m : maps) {
+    MapSpec spec;
+    const char* why = map_spec(p, m.s, m.heads, HD, m.box, spec);
+    if (!why) why = encode(m.dst, spec, m.ptr, kBf16);
+    if (spec.heads_outer) l->heads_outer |= m.bit;
+    if (why) {
+      static thread_local char named[400];
+      snprintf(named, sizeof named, "%s: %s", m.name, why);
+      return named;
+    }
+  }
+  l->dq_map = encode_store_map<HD, T>(p, p.dq_s, p.dq, qbox, &l->dq, l->heads_outer);
+  return nullptr;
+}
+
+// The backward pairs' (a 128-token box and a 64-token box: backward_dq.cuh, backward_dkv.cuh).
+template <typename T, int NA, int HD, class Tl>
+const char* prepare_backward_boxes(const Params& p, void* workspace) {
   if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64, 128 or 256)";
   static_assert(Tl::K::kSize == 64 && Tl::Q::kSize == kQueryRows, "the backward pairs a 128-token box with a 64-token box");
   // Head dim 256 (backward_wide.cuh) uses the 64-token box on both sides of both passes.
@@ -211,6 +277,15 @@ const char* prepare_backward(const Params& p, void* workspace) {
     }
   }
   return nullptr;
+}
+
+template <typename T, int NA, int HD, class Tl>
+const char* prepare_backward(const Params& p, void* workspace) {
+  if constexpr (Tl::kStrips) {
+    return prepare_backward_strips<T, NA, HD, Tl>(p, workspace);
+  } else {
+    return prepare_backward_boxes<T, NA, HD, Tl>(p, workspace);
+  }
 }
 
 // Whether the backward accumulates dQ from the dK/dV pass (fp32 reductions, KV-parallel,
@@ -326,10 +401,43 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   if (fixed) drpb_fixed_end(p, kDrpbFixedBits, stream);
 }
 
+// A strip pair's backward: delta, the strip dQ pass (which, with a fixed-point dRPB, records
+// each query head's largest |dS| first), then the tensor-core family's dK/dV pass (its own
+// instance in this translation unit: a build may leave the tc family out) and dRPB's finish.
+// Every step is deterministic.
+template <typename T, int NA, int HD, class Tl>
+void launch_backward_strips(const Params& problem, cudaStream_t stream) {
+  const StripBackwardLaunch* l = static_cast<const StripBackwardLaunch*>(problem.prepared);
+  Params p = problem;
+  p.map_heads_outer = l->heads_outer;
+  p.out_map = l->dq_map;
+  set_query_boxes<typename Tl::Q>(p);
+  using S = StripSmem<Tl, HD, 2>;
+  constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
+  static const bool configured = [] {
+    cudaFuncSetAttribute(backward_dq_strips_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+    return true;
+  }();
+  (void)configured;
+  launch_delta<T, HD>(problem, stream);
+  int64_t rpb_bytes = drpb_stage_bytes(p);
+  const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
+  if (!fixed) rpb_bytes = 0;
+  const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * StripCta<Tl, HD>::kRpbGuard : 0;
+  const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
+  const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
+  backward_dq_strips_kernel<T, NA, HD, Tl><<<grid, StripCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->grad_out,
+                                                                                                l->k, l->v, l->dq);
+  tc::launch_dkv_pass<T, NA, HD, false>(p, rpb_bytes, stream);
+  if (fixed) drpb_fixed_end(p, tc::dkv_fixed_bits<T, HD>(), stream);
+}
+
 // The backward's kernels on the caller's stream.
 template <typename T, int NA, int HD, class Tl>
 void launch_backward(const Params& problem, cudaStream_t stream) {
-  if constexpr (HD == kWideHeadDim) {
+  if constexpr (Tl::kStrips) {
+    launch_backward_strips<T, NA, HD, Tl>(problem, stream);
+  } else if constexpr (HD == kWideHeadDim) {
     launch_backward_wide<T, NA, Tl>(problem, stream);
   } else {
     launch_backward_narrow<T, NA, HD, Tl>(problem, stream);

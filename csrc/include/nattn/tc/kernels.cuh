@@ -143,6 +143,41 @@ void launch_forward_as(const Params& problem, cudaStream_t stream) {
   forward_kernel<T, NA, HD, kDrop><<<grid, W * 32, smem + size_t(bias), stream>>>(p);
 }
 
+// Shared memory of a dK/dV block: its warps' tiles and the largest staged dRPB table; and the
+// room left for the staged bias table beside them where that keeps the block within an
+// SM80's 163 KiB (TF32 at head dim 128: 2 x 49.75 KiB + up to 48 KiB of dRPB = 147.5 KiB).
+template <typename T, int HD>
+constexpr size_t dkv_smem_max() {
+  return size_t(block_warps<T, HD>()) * dkv_warp_bytes<T, HD>() + size_t(kMaxDrpbSmemBytes);
+}
+template <typename T, int HD>
+constexpr size_t dkv_bias_room() {
+  return dkv_smem_max<T, HD>() + size_t(kStagedBiasBytes) <= size_t(163 * 1024) ? kStagedBiasBytes : 0;
+}
+
+// The dK/dV pass alone, after a dQ pass that wrote delta and, when rpb_bytes > 0 (the staged
+// dRPB table's bytes, drpb_stage_bytes), each query head's largest |dS| into the fixed-point
+// dRPB's workspace (rpb_bytes 0: dRPB added to global memory in float32). This family's
+// backward runs it after its own dQ pass; the Hopper strip pairs' after theirs
+// (sm90/kernels.cuh, launch_backward_strips).
+template <typename T, int NA, int HD, bool kDrop>
+void launch_dkv_pass(const Params& problem, int64_t rpb_bytes, cudaStream_t stream) {
+  Params p = problem;
+  set_box<NA>(p);
+  const int64_t warps = num_warps<NA>(p, p.box);
+  constexpr int W = block_warps<T, HD>();
+  const unsigned blocks = unsigned((warps + W - 1) / W);
+  static const bool allowed =
+      allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_smem_max<T, HD>() + dkv_bias_room<T, HD>());
+  (void)allowed;
+  // dRPB staged when its table fits (rpb_in_smem 1), and the bias table beside it (2) when
+  // that fits too.
+  const bool bias_fits = rpb_bytes > 0 && rpb_bytes <= int64_t(dkv_bias_room<T, HD>());
+  p.rpb_in_smem = rpb_bytes > 0 ? (bias_fits ? 2 : 1) : 0;
+  const size_t dkv_smem = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(rpb_bytes) * size_t(p.rpb_in_smem);
+  backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), W * 32, dkv_smem, stream>>>(p);
+}
+
 template <typename T, int NA, int HD, bool kDrop>
 void launch_backward_as(const Params& problem, cudaStream_t stream) {
   Params p = problem;
@@ -151,12 +186,7 @@ void launch_backward_as(const Params& problem, cudaStream_t stream) {
   constexpr int W = block_warps<T, HD>();
   const unsigned blocks = unsigned((warps + W - 1) / W);
   constexpr size_t smem = dq_smem_bytes<T, HD>();
-  // TF32 at head dim 128: 2 x 49.75 KiB + up to 48 KiB of dRPB = 147.5 KiB (an SM80 block may have 163)
-  constexpr size_t dkv_max = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(kMaxDrpbSmemBytes);
-  // Room for the staged bias table where it keeps the block within an SM80's 163 KiB.
-  constexpr size_t bias_room = dkv_max + size_t(kStagedBiasBytes) <= size_t(163 * 1024) ? kStagedBiasBytes : 0;
-  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem + size_t(kQueryBiasBytes)) &&
-                              allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_max + bias_room);
+  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem + size_t(kQueryBiasBytes));
   (void)allowed;
   // A staged dRPB sums in fixed point (deterministic, native integer atomics): the dQ pass
   // records each head's largest |dS| into its workspace first. Without the workspace the
@@ -168,14 +198,8 @@ void launch_backward_as(const Params& problem, cudaStream_t stream) {
   const int64_t bias = query_bias_bytes(p, smem, dq_blocks<T, NA, HD, kDrop>());
   pq.rpb_in_smem = bias ? 2 : 0;
   backward_dq_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads, p.batch), W * 32, smem + size_t(bias), stream>>>(pq);
-  Params pk = p;
-  // dRPB staged when its table fits (rpb_in_smem 1), and the bias table beside it (2) when
-  // that fits too.
-  const bool bias_fits = rpb_bytes > 0 && rpb_bytes <= int64_t(bias_room);
-  pk.rpb_in_smem = rpb_bytes > 0 ? (bias_fits ? 2 : 1) : 0;
-  const size_t dkv_smem = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(rpb_bytes) * size_t(pk.rpb_in_smem);
-  backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), W * 32, dkv_smem, stream>>>(pk);
-  if (fixed) drpb_fixed_end(pk, dkv_fixed_bits<T, HD>(), stream);
+  launch_dkv_pass<T, NA, HD, kDrop>(p, rpb_bytes, stream);
+  if (fixed) drpb_fixed_end(p, dkv_fixed_bits<T, HD>(), stream);
 }
 
 // A call with attention dropout (Params::drop_rng) runs the kDrop instances.

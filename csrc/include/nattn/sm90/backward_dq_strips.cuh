@@ -1,0 +1,212 @@
+// Hopper (sm_90a) NA backward for the strip pairs, dQ pass: the strip forward's CTA and walk
+// (forward_strips.cuh, strip_geometry.cuh) with the dQ pass's products.
+//
+// Thread 0 loads the query box's Q and dO rows and the window union's keys and values (2-D at
+// once, 3-D a frame a ring slot, the warps in step, as the forward); each warp walks its
+// strip's key rows in the forward's chunks, two key rows (32 keys, four n8 tiles) at a time:
+//   S = Q K^T, dP = dO V^T      (mma.sync m16n8k16; K and V read alike with ldmatrix)
+//   P = exp2(S scale log2e + bias - LSE log2e) where the key is in the row's window, else 0
+//   dS = P (dP - delta)         (delta = rowsum(dO O) - dLSE: backward_delta.cuh, run first)
+//   dQ += dS K                  (dS from the score fragments; K read transposed, as the
+//                                forward reads V)
+// Half-chunks that no lane of the warp keeps (a strip whose windows span 5 or 6 key rows)
+// are skipped. At the end dQ * scale goes through the warp's rows of the query tile and out
+// in one bulk tensor store of the box (dQ's map) or per-lane stores. With an RPB the pass
+// records each query head's largest |dS| for the fixed-point dRPB of the dK/dV pass, which is
+// the tensor-core family's (tc/backward_dkv.cuh; sm90/kernels.cuh, launch_backward_strips).
+#pragma once
+#include <cuda.h>
+#include <math.h>
+
+#include "nattn/common/drpb_fixed.cuh"
+#include "nattn/common/softmax.cuh"
+#include "nattn/sm90/forward_strips.cuh"
+#include "nattn/tc/mma.cuh"
+
+namespace nattn { namespace sm90 {
+
+// CTAs per SM the dQ pass is compiled for (its register cap): head dim 32 four (128
+// registers; shared memory 36 KB in 2-D, 48 KB in 3-D), 64 three in 2-D (168; 72 KB) and two
+// in 3-D (96 KB: Q, dO and two frames of keys and values).
+template <int NA, int HD>
+constexpr int strip_dq_min_blocks() {
+  return HD <= 32 ? 4 : NA == 3 ? 2 : 3;
+}
+
+template <typename T, int NA, int HD, class Tl>
+__global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_blocks<NA, HD>())
+    backward_dq_strips_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
+                              const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
+                              const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_dq) {
+#if NATTN_SM90_ENABLED
+  using QB = typename Tl::Q;
+  using KB = typename Tl::K;
+  using Cta = StripCta<Tl, HD>;
+  static_assert(Cta::kNa == NA, "a strip pair's NA dim");
+  using S = StripSmem<Tl, HD, 2>;
+  using R = typename S::Rows;
+  using C = typename S::Cols;
+  using M = tc::Mma<T>;
+  constexpr int kRowBytes = C::kRowBytes;
+  constexpr int kStages = Cta::kStages;
+  constexpr int kHalf = kStripChunkRows;  // score tiles (n8) of a half-chunk: two key rows
+  unsigned char* smem = aligned_smem();
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  uint64_t* rows_full = bars;
+  uint64_t* full = bars + 1;
+
+  CtaTile tile;
+  if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int h_kv = kv_head(p, h);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g4 = lane / 4, t4 = lane % 4;
+  const int slabs = strip_slabs<NA, QB>(p, tile);
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&map_q);
+    prefetch_tensor_map(&map_do);
+    prefetch_tensor_map(&map_k);
+    prefetch_tensor_map(&map_v);
+    mbar_init(rows_full, 1);
+    for (int s = 0; s < kStages; ++s) mbar_init(full + s, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  auto load_slab = [&](int f) {
+    load_strip_slab<NA, HD, Tl, C>(p, tile, f, h_kv, b, smem + S::kK, full, &map_k, &map_v);
+  };
+  if (threadIdx.x == 0) {  // the query box's Q and dO rows, then the first slabs
+    int c[5];
+    mbar_expect_tx(rows_full, 2 * R::kBytes);
+    load_box_blocks<NA, QB, R>(p, tile, tile.q0, head_coords<HD>(p, kRowsQ, p.heads, h, b), smem + S::kQ, &map_q,
+                               rows_full, c);
+    load_box_blocks<NA, QB, R>(p, tile, tile.q0, head_coords<HD>(p, kRowsGradOut, p.heads, h, b), smem + S::kDo,
+                               &map_do, rows_full, c);
+    for (int f = 0; f < kStages && f < slabs; ++f) load_slab(f);
+  }
+  const bool has_rpb = p.rpb != nullptr;
+  float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;
+  stage_strip_rpb<Cta>(p, h, bias);
+
+  StripLane lane_strip;
+  strip_lane<NA, QB>(p, tile, warp, lane, lane_strip);
+  const int chunks = lane_strip.chunks, row_mult = lane_strip.row_mult;
+  // The rows' LSE in log2 units (+inf for a row past the grid: no probability) and delta.
+  float lse2[2], dlt[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool ok = lane_strip.row_ok[r];
+    const int64_t idx = ok ? lse_row<NA, QB>(p, tile, 16 * warp + g4 + 8 * r, b, h) : 0;
+    lse2[r] = ok ? lse_log2(p.lse[idx]) : INFINITY;
+    dlt[r] = ok ? p.delta[idx] : 0.f;
+  }
+
+  // ldmatrix row addresses (forward_strips.cuh): K and V as the B operand of S and dP (n8
+  // tiles: eight tile rows, 32 channels an x4), K transposed as dQ's (sixteen rows, 16
+  // channels an x4), the warp's sixteen rows of Q and dO.
+  const int strip_at = S::kK + strip_tile_row(lane_strip.sy, 0, 0) * kRowBytes;
+  int k_lane[HD / 32], kt_lane[HD / 16];
+#pragma unroll
+  for (int x = 0; x < HD / 32; ++x) k_lane[x] = C::offset(lane % 8, 8 * (lane / 8) + 32 * x);
+#pragma unroll
+  for (int x = 0; x < HD / 16; ++x) kt_lane[x] = C::offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x);
+
+  uint32_t qa[HD / 16][4], da[HD / 16][4];
+  mbar_wait(rows_full, 0);
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    tc::ldmatrix_x4(qa[kk], smem + S::kQ + R::offset(16 * warp + lane % 16, 16 * kk + 8 * (lane / 16)));
+    tc::ldmatrix_x4(da[kk], smem + S::kDo + R::offset(16 * warp + lane % 16, 16 * kk + 8 * (lane / 16)));
+  }
+
+  float dq[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
+  unsigned ds_max = 0;  // with RPB: the lane's largest |dS|, as float bits
+
+  // Chunk ch of the strip's walk over the slot at `slot_at` (the strip's first row), frame part
+  // `frame_bias` of the RPB index: two half-chunks of two key rows each.
+  auto chunk = [&](auto rpb_tag, const unsigned char* slot_at, int ch, int frame_bias) {
+    constexpr bool kRpb = decltype(rpb_tag)::value;
+    const uint32_t w[2] = {strip_chunk_word(lane_strip.word[0], ch), strip_chunk_word(lane_strip.word[1], ch)};
+    const int bias_at[2] = {lane_strip.bias_at[0] + frame_bias + strip_chunk_bias(row_mult, ch),
+                            lane_strip.bias_at[1] + frame_bias + strip_chunk_bias(row_mult, ch)};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      // score tiles j = kHalf half .. + kHalf - 1 of the chunk: mask bits 2 j + e % 2
+      if (!__any_sync(0xffffffffu, ((w[0] | w[1]) >> (2 * kHalf * half)) & ((1u << (2 * kHalf)) - 1u))) continue;
+      float sc[kHalf][4], dp[kHalf][4];
+#pragma unroll
+      for (int jj = 0; jj < kHalf; ++jj) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[jj][e] = dp[jj][e] = 0.f;
+        const unsigned char* at = slot_at + strip_tile_row(0, ch, kHalf * half + jj) * kRowBytes;
+#pragma unroll
+        for (int x = 0; x < HD / 32; ++x) {
+          uint32_t kb[4], vb[4];
+          tc::ldmatrix_x4(kb, at + k_lane[x]);
+          M::run(sc[jj], qa[2 * x], kb);
+          M::run(sc[jj], qa[2 * x + 1], kb + 2);
+          tc::ldmatrix_x4(vb, at + C::kBytes + k_lane[x]);
+          M::run(dp[jj], da[2 * x], vb);
+          M::run(dp[jj], da[2 * x + 1], vb + 2);
+        }
+      }
+#pragma unroll
+      for (int jj = 0; jj < kHalf; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, j = kHalf * half + jj;
+          float x = sc[jj][e] * p.scale_log2;
+          if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
+            x += bias[bias_at[r] + strip_bias_offset(row_mult, j, e)];
+          const float ds = strip_kept(w[r], j, e) ? fast_exp2(x - lse2[r]) * (dp[jj][e] - dlt[r]) : 0.f;
+          if constexpr (kRpb) ds_max = drpb_abs_max(ds_max, ds);
+          sc[jj][e] = ds;
+        }
+#pragma unroll
+      for (int i = 0; i < kHalf / 2; ++i) {  // key row i of the half: a k16 step of dS K
+        const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
+                                M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
+                                M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
+        const unsigned char* at = slot_at + strip_tile_row(0, ch, kHalf * half + 2 * i) * kRowBytes;
+#pragma unroll
+        for (int x = 0; x < HD / 16; ++x) {
+          uint32_t kb[4];
+          tc::ldmatrix_x4_trans(kb, at + kt_lane[x]);
+          M::run(dq[2 * x], pa, kb);
+          M::run(dq[2 * x + 1], pa, kb + 2);
+        }
+      }
+    }
+  };
+  auto walk = [&](auto rpb_tag) {
+    strip_walk_slabs<Cta>(
+        slabs, lane_strip, full,
+        [&](int slot, int fi) {
+          for (int ch = 0; ch < chunks; ++ch)
+            chunk(rpb_tag, smem + strip_at + slot * S::kSlot, ch, fi * lane_strip.frame_mult);
+        },
+        load_slab);
+  };
+  if (has_rpb) walk(std::true_type{});
+  else walk(std::false_type{});
+
+  if (p.drpb_max) {  // every lane gets here
+    ds_max = __reduce_max_sync(0xffffffffu, ds_max);
+    if (lane == 0) atomicMax(p.drpb_max + h, ds_max);
+  }
+  // dQ * scale into the warp's own rows of the query tile (only this warp read them), then the
+  // box's rows out through dQ's map (Params::out_map) or per lane (forward.cuh's epilogue).
+  const float scale[2] = {p.scale, p.scale};
+  unsigned char* stage = smem + S::kQ;
+  __syncwarp();  // every lane's Q fragments are read
+  stage_output<T, HD, R>(stage, &dq[0][0], scale, 16 * warp + g4, t4);  // (dq[n][e]: the m16n8 layout)
+  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_dq, stage, 0, QB::extent(0), h, b, p.dq, p.dq_s);
+#endif
+}
+
+}  }  // namespace nattn::sm90
