@@ -25,6 +25,7 @@ using namespace nattn::sm90;
 
 #define NATTN_CHECK_SEED 0x452821e638d01377ull
 #include "host_rng.h"
+#include "sm90_problems.h"
 
 constexpr int kGuard = 128;  // forward_strips.cuh, StripCta::kRpbGuard
 
@@ -40,27 +41,6 @@ struct Pair<3> {
   using QB = Box<2, 4, 8>;
   using KB = Box<8, 10, 16>;
 };
-
-template <int NA>
-static Params strip_problem() {
-  Params p = {};
-  p.na_dim = NA;
-  p.tokens = 1;
-  for (int a = 0; a < 3; ++a) p.spatial[a] = p.kernel[a] = p.stride[a] = p.dilation[a] = p.rpb_size[a] = 1;
-  for (int a = 0; a < NA; ++a) {
-    p.kernel[a] = rnd(1, a == NA - 1 ? 9 : 7);
-    p.dilation[a] = rnd(0, 2) ? 1 : rnd(2, 4);
-    p.spatial[a] = p.kernel[a] * p.dilation[a] + rnd(0, rnd(0, 1) ? 6 : NA == 2 ? 40 : 20);
-    p.causal[a] = rnd(0, 3) == 0;
-    p.rpb_size[a] = 2 * p.kernel[a] - 1;
-    p.tokens *= p.spatial[a];
-  }
-  for (int a = 0; a < 3; ++a) {
-    p.q_lo[a] = 0;
-    p.q_hi[a] = p.spatial[a];
-  }
-  return p;
-}
 
 static int fail(const char* what, const Params& p, long long box, int warp, int lane) {
   printf("FAIL %s: %d-D spatial %dx%dx%d kernel %dx%dx%d dilation %dx%dx%d causal %d%d%d, box %lld warp %d lane %d\n",

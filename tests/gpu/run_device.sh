@@ -188,10 +188,11 @@ fi
 # backward, for moving the dispatch thresholds (src/sm90_dispatch.cu: kSm90MinWindow*). AB_ARGS as
 # for ab (graphs, rpb); FB_FAMILIES (default "default sm90"; e.g. "default sm90 tc"); FB_PROBLEMS:
 # bench names or ad-hoc shapes (benchmarks/library_ab.py: SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]).
-# The strip pairs (sm90/forward_strips.cuh, backward_dq_strips.cuh; named only until measured):
-# their GPU tests (forward and backward) and sanitizer section, then the strip pairs, the
-# default sm90 choice and the tc family forced in turn on small 2-D and 3-D windows, with and
-# without an RPB, two rounds (GPU ms, forward), then one round of forward + backward.
+# The strip pairs (sm90/forward_strips.cuh, backward_dq_strips.cuh, backward_dkv_strips.cuh;
+# named only until measured): their GPU tests (forward and backward) and sanitizer section,
+# then the strip pairs, the default sm90 choice and the tc family forced in turn on small 2-D
+# and 3-D windows, with and without an RPB, two rounds (GPU ms, forward), then one round of
+# forward + backward (also the strips with tc's dK/dV pass).
 if [[ $what == *strips* ]]; then
   NATTN_FAMILY=sm90 timeout 420 python3 -m pytest -q -n 0 -m gpu tests/gpu/test_sm90_forward.py \
     tests/gpu/test_sm90_backward.py -k "strip" 2>&1 | tail -15 | tee "$OUT/strips_tests.txt"
@@ -212,6 +213,10 @@ if [[ $what == *strips* ]]; then
   for args in "graphs bwd" "graphs rpb bwd"; do
     NATTN_FAMILY=sm90 NATTN_SM90_TILE=q8x8_k14x16 timeout 120 python3 benchmarks/library_ab.py strips "$probs2" $args
     NATTN_FAMILY=sm90 NATTN_SM90_TILE=q2x4x8_k8x10x16 timeout 120 python3 benchmarks/library_ab.py strips "$probs3" $args
+    NATTN_FAMILY=sm90 NATTN_SM90_STRIP_DKV=tc NATTN_SM90_TILE=q8x8_k14x16 timeout 120 \
+      python3 benchmarks/library_ab.py strips-tcdkv "$probs2" $args
+    NATTN_FAMILY=sm90 NATTN_SM90_STRIP_DKV=tc NATTN_SM90_TILE=q2x4x8_k8x10x16 timeout 120 \
+      python3 benchmarks/library_ab.py strips-tcdkv "$probs3" $args
     timeout 120 python3 benchmarks/library_ab.py default "$probs2,$probs3" $args
     NATTN_FAMILY=tc timeout 120 python3 benchmarks/library_ab.py tc "$probs2,$probs3" $args
   done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/strips_bench.txt"

@@ -184,8 +184,9 @@ def strips():
     # The strip pairs' forwards (forward_strips.cuh) on random problems within their limits
     # (RPB, GQA, dilation, causal axes, layouts; 2-D and 3-D, whose frames pass through a
     # ring) and on grids ending in partial query boxes, with the bulk tensor stores of the
-    # output (and of dQ) and with per-lane stores; every other case with its backward too
-    # (backward_dq_strips.cuh, then the tensor-core dK/dV pass).
+    # output (and of dQ, dK, dV) and with per-lane stores; every other case with its backward
+    # too (backward_dq_strips.cuh, backward_dkv_strips.cuh; one in four with the tensor-core
+    # dK/dV pass instead).
     from sm90_cases import STRIP_PAIRS, strip_sweep
     try:
         for i, case in enumerate(strip_sweep(8, seed=88) + strip_sweep(8, seed=89, na_dim=3)):
@@ -193,6 +194,8 @@ def strips():
             t, leaves = make_inputs(case)
             if i % 2:
                 os.environ["NATTN_SM90_OUT_STORES"] = "lanes"
+            if i % 8 == 1:
+                os.environ["NATTN_SM90_STRIP_DKV"] = "tc"
             try:
                 if i % 4 < 2:
                     out, lse = functional_call(case, t, 0.0)
@@ -204,6 +207,7 @@ def strips():
                 torch.cuda.synchronize()
             finally:
                 os.environ.pop("NATTN_SM90_OUT_STORES", None)
+                os.environ.pop("NATTN_SM90_STRIP_DKV", None)
             assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
             assert all(torch.isfinite(g).all() for g in grads), str(case)
     finally:

@@ -185,21 +185,24 @@ def test_sm90_backward_head_dim_256_is_deterministic(rpb):
     assert_deterministic(spatial=(24, 40), kernel=(17, 17), dim=256, rpb=rpb, seed=37)
 
 
-# The strip pairs' backward (named only, as their forward: their own dQ pass,
-# backward_dq_strips.cuh, then the tensor-core family's dK/dV pass), forced on sweeps within
-# their limits (2-D, 3-D on small random grids, video-sized 3-D windows over several frames
-# of the ring), dQ written with the bulk tensor store and with per-lane stores.
+# The strip pairs' backward (named only, as their forward: their own dQ pass and dK/dV pass,
+# backward_dq_strips.cuh and backward_dkv_strips.cuh), forced on sweeps within their limits
+# (2-D, 3-D on small random grids, video-sized 3-D windows over several frames of the ring):
+# dQ, dK and dV written with the bulk tensor stores, with per-lane stores, and with the
+# tensor-core family's dK/dV pass in place of theirs (NATTN_SM90_STRIP_DKV=tc).
 STRIP_BWD_CASES = int(os.environ.get("NATTN_SM90_STRIP_BWD_CASES", "240"))
 STRIP_BWD = (strip_sweep(STRIP_BWD_CASES, seed=6464) + strip_sweep(STRIP_BWD_CASES // 2, seed=6565, na_dim=3)
              + VIDEO_STRIPS)
 
 
-@pytest.mark.parametrize("stores", ["bulk", "lanes"])
+@pytest.mark.parametrize("mode", ["bulk", "lanes", "tc-dkv"])
 @pytest.mark.parametrize("case", STRIP_BWD, ids=[f"strip{i}-{c}" for i, c in enumerate(STRIP_BWD)])
-def test_sm90_strip_backward(case, stores, monkeypatch):
+def test_sm90_strip_backward(case, mode, monkeypatch):
     monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
-    if stores == "lanes":
+    if mode == "lanes":
         monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
+    if mode == "tc-dkv":
+        monkeypatch.setenv("NATTN_SM90_STRIP_DKV", "tc")
     compare(case)
 
 
@@ -215,8 +218,8 @@ def test_sm90_strip_backward_against_float64(case, monkeypatch):
 
 @pytest.mark.parametrize("rpb", [False, True])
 def test_sm90_strip_backward_is_deterministic(rpb, monkeypatch):
-    """The strip pairs' backward is bitwise repeatable (dQ rows written once; the dK/dV pass
-    owns its keys; dRPB in fixed point from the dQ pass's largest |dS|)."""
+    """The strip pairs' backward is bitwise repeatable (dQ rows written once; each key's
+    gradients one CTA's; dRPB in fixed point from the dQ pass's largest |dS|)."""
     monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[2])
     assert_deterministic(spatial=(40, 56), kernel=(7, 7), dim=32, rpb=rpb, seed=41)
 

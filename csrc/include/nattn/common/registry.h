@@ -71,14 +71,17 @@ struct Params {
   int out_map;
 };
 
-enum TokenRows : int { kRowsQ = 1, kRowsK = 2, kRowsV = 4, kRowsGradOut = 8, kRowsOut = 16 };
+enum TokenRows : int {
+  kRowsQ = 1, kRowsK = 2, kRowsV = 4, kRowsGradOut = 8, kRowsOut = 16,
+  kRowsGradQ = 32, kRowsGradK = 64, kRowsGradV = 128  // (the sm90 strip passes' stored gradients)
+};
 
 // Whether every tensor of `tensors` (kRows* bits) stores its tokens as rows.
 __host__ __device__ inline bool all_token_rows(const Params& p, int tensors) { return (p.token_rows & tensors) == tensors; }
 
 // Bytes of the host workspace a family's prepare step may fill, and its alignment (sm90:
-// eight tensor maps, 128-byte aligned CUtensorMap objects, and a word).
-constexpr int kPrepareBytes = 1152;
+// up to eleven tensor maps, 128-byte aligned CUtensorMap objects, and a few words).
+constexpr int kPrepareBytes = 1536;
 constexpr int kPrepareAlign = 128;
 
 using LaunchFn = void (*)(const Params&, cudaStream_t);

@@ -205,7 +205,8 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
   unsigned char* stage = smem + S::kQ;
   __syncwarp();  // every lane's Q fragments are read
   stage_output<T, HD, R>(stage, &dq[0][0], scale, 16 * warp + g4, t4);  // (dq[n][e]: the m16n8 layout)
-  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_dq, stage, 0, QB::extent(0), h, b, p.dq, p.dq_s);
+  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_dq, stage, 0, QB::extent(0), h, b,
+                                            RowsOut{p.dq, p.dq_s, p.heads, kRowsGradQ});
 #endif
 }
 

@@ -220,6 +220,14 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
   }
 }
 
+// Where store_output_rows writes: the tensor (pointer, element strides), its heads and its
+// kRows* bit in Params::map_heads_outer (its map's head coordinates).
+struct RowsOut {
+  void* ptr;
+  const int64_t* s;
+  int heads, bit;
+};
+
 // A consumer warpgroup's 64 rows of the output box (rows 64 cw .., staged in the query tile
 // `stage`, layout R) go out. With the output's own map (kMap and Params::out_map: its box is a
 // warpgroup's rows, rows0 of them along axis 0) one bulk tensor copy per channel block, issued
@@ -227,17 +235,18 @@ __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& 
 // lane, which cost ~110 instructions a warp with their 64-bit addresses at head dim 32, the
 // most of any part of a small window's epilogue. Every thread of the warpgroup calls it (named
 // barrier 1 + cw); the forward kernels and the strip CTAs (forward_strips.cuh) end with it,
-// and the strip pairs' dQ pass (backward_dq_strips.cuh) with out = dQ, whose map takes the
-// output's place there (Params::out_map, the kRowsOut bit).
+// and so do the strip pairs' backward passes, out = dQ (backward_dq_strips.cuh) or dK and dV
+// (backward_dkv_strips.cuh, whose box is the key box at tile.q0; Params::out_map says
+// whether their maps are encoded).
 template <typename T, int NA, int HD, class QB, class R, bool kMap>
 __device__ __forceinline__ void store_output_rows(const Params& p, const CtaTile& tile, const CUtensorMap* map_o,
-                                                  unsigned char* stage, int cw, int rows0, int h, int b, void* out_ptr,
-                                                  const int64_t* out_s) {
+                                                  unsigned char* stage, int cw, int rows0, int h, int b,
+                                                  const RowsOut& out_to) {
   if (kMap && p.out_map) {
     fence_proxy_async_smem();
     named_sync(1 + cw, 128);
     if (threadIdx.x % 128 == 0) {
-      const HeadCoords ho = head_coords<HD>(p, kRowsOut, p.heads, h, b);
+      const HeadCoords ho = head_coords<HD>(p, out_to.bit, out_to.heads, h, b);
       const int first[3] = {tile.q0[0] + cw * rows0, tile.q0[1], tile.q0[2]};
       int c[5];
       for (int cb = 0; cb < R::kBlocks; ++cb) {
@@ -251,12 +260,12 @@ __device__ __forceinline__ void store_output_rows(const Params& p, const CtaTile
     return;
   }
   named_sync(1 + cw, 128);
-  T* out = head_base<T>(out_ptr, out_s, b, h);
+  T* out = head_base<T>(out_to.ptr, out_to.s, b, h);
   constexpr int kChunks = HD / 8;
   for (int idx = threadIdx.x % 128; idx < kWgRows * kChunks; idx += 128) {
     const int qr = cw * kWgRows + idx / kChunks, ch = idx % kChunks;
     int64_t off;
-    const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, qr, out_s, off);
+    const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, qr, out_to.s, off);
     if (ok)
       *reinterpret_cast<uint4*>(out + off + ch * 8) = *reinterpret_cast<const uint4*>(stage + R::offset(qr, ch * 8));
   }
@@ -582,8 +591,8 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
       if (row_ok[r]) p.lse[lse_row<NA, QB>(p, tile, cw * kWgRows + wr + g4 + 8 * r, b, h)] = row_lse(m[r], l[r]);
     }
   }
-  store_output_rows<T, NA, HD, QB, R, Cta::kOutMap>(p, tile, &map_o, stage, cw, Cta::kOutRows0, h, b, p.out,
-                                                    p.out_s);
+  store_output_rows<T, NA, HD, QB, R, Cta::kOutMap>(p, tile, &map_o, stage, cw, Cta::kOutRows0, h, b,
+                                                    RowsOut{p.out, p.out_s, p.heads, kRowsOut});
 #endif
 }
 

@@ -337,8 +337,8 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
     for (int r = 0; r < 2; ++r)
       if (lane_strip.row_ok[r]) p.lse[lse_row<NA, QB>(p, tile, 16 * warp + g4 + 8 * r, b, h)] = row_lse(m[r], l[r]);
   }
-  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_o, stage, 0, QB::extent(0), h, b, p.out,
-                                            p.out_s);  // (forward.cuh)
+  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_o, stage, 0, QB::extent(0), h, b,
+                                            RowsOut{p.out, p.out_s, p.heads, kRowsOut});  // (forward.cuh)
 #endif
 }
 

@@ -12,6 +12,7 @@
 #include "nattn/sm90/backward_dq_accum.cuh"
 #include "nattn/sm90/backward_dkv.cuh"
 #include "nattn/sm90/backward_dq.cuh"
+#include "nattn/sm90/backward_dkv_strips.cuh"
 #include "nattn/sm90/backward_dq_strips.cuh"
 #include "nattn/sm90/backward_wide.cuh"
 #include "nattn/sm90/forward.cuh"
@@ -32,20 +33,21 @@ struct ForwardLaunch {
 };
 static_assert(sizeof(ForwardLaunch) <= kPrepareBytes, "workspace too small");
 
-// A bulk store's map (into dst) for the rows of a query box (box: the extents one store
-// covers) of the output-like tensor at ptr (strides s): encoded unless NATTN_SM90_OUT_STORES=
-// lanes (read on every call: the GPU tier checks the per-lane stores with it) or the copy
-// engine cannot address the box in one piece. Returns whether it was; a map with its heads
-// next to the batch sets kRowsOut in heads_outer.
+// A bulk store's map (into dst) for the rows of a box (box: the extents one store covers) of
+// the output-like tensor at ptr (strides s, `heads` heads): encoded unless
+// NATTN_SM90_OUT_STORES=lanes (read on every call: the GPU tier checks the per-lane stores
+// with it) or the copy engine cannot address the box in one piece. Returns whether it was; a
+// map with its heads next to the batch sets `bit` (the tensor's kRows*) in heads_outer.
 template <int HD, typename T>
-bool encode_store_map(const Params& p, const int64_t* s, void* ptr, const int* box, CUtensorMap* dst, int& heads_outer) {
+bool encode_store_map(const Params& p, const int64_t* s, void* ptr, int heads, const int* box, CUtensorMap* dst, int bit,
+                      int& heads_outer) {
   memset(dst, 0, sizeof *dst);  // passed unread when not encoded
   const char* stores = getenv("NATTN_SM90_OUT_STORES");
   if ((stores && !strcmp(stores, "lanes")) || box_pieces(box[0], p.dilation[0]) != 1) return false;
   MapSpec m;
   constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
-  if (map_spec(p, s, p.heads, HD, box, m) || encode(dst, m, ptr, kBf16)) return false;
-  if (m.heads_outer) heads_outer |= kRowsOut;
+  if (map_spec(p, s, heads, HD, box, m) || encode(dst, m, ptr, kBf16)) return false;
+  if (m.heads_outer) heads_outer |= bit;
   return true;
 }
 
@@ -88,7 +90,7 @@ const char* prepare_forward(const Params& p, void* workspace) {
   const int obox[3] = {Cta::kOutRows0, qbox[1], qbox[2]};
   l->out_map = 0;
   memset(&l->o, 0, sizeof l->o);  // passed unread when not encoded
-  if (Cta::kOutMap) l->out_map = encode_store_map<HD, T>(p, p.out_s, p.out, obox, &l->o, l->heads_outer);
+  if (Cta::kOutMap) l->out_map = encode_store_map<HD, T>(p, p.out_s, p.out, p.heads, obox, &l->o, kRowsOut, l->heads_outer);
   return nullptr;
 }
 
@@ -170,16 +172,29 @@ static_assert(sizeof(BackwardLaunch) <= kPrepareBytes, "workspace too small");
 
 // What prepare_backward_strips leaves for launch_backward_strips: the strip dQ pass's maps
 // (Q and dO with the query box; K and V with the union's box, a frame of it in 3-D; dQ's for
-// the bulk store where it can be had, else per-lane stores).
+// the bulk store where it can be had, else per-lane stores) and the strip dK/dV pass's (Q
+// and dO with the slab box of query lines, K and V with the key box, dK's and dV's).
 struct StripBackwardLaunch {
   CUtensorMap q, grad_out, k, v, dq;
-  int heads_outer;  // Params::map_heads_outer of the maps (dQ's: the kRowsOut bit)
+  CUtensorMap kv_q, kv_do, kv_k, kv_v, dk, dv;
+  int heads_outer;  // Params::map_heads_outer of the maps (both passes' agree: same strides)
   int dq_map;       // Params::out_map of the dQ pass: 1 when dQ's map is encoded
+  int dkv_maps;     // ... of the dK/dV pass: 1 when dK's and dV's are
 };
 static_assert(sizeof(StripBackwardLaunch) <= kPrepareBytes, "workspace too small");
 
-// A strip pair's backward: its own dQ pass (backward_dq_strips.cuh) and the tensor-core
-// family's dK/dV pass, which needs no maps. Declines what the strip forward declines.
+// Whether a strip pair's backward runs its own dK/dV pass (backward_dkv_strips.cuh), else
+// the tensor-core family's: its own unless NATTN_SM90_STRIP_DKV=tc (read on every call, for
+// A/B runs) or the KV head's query heads' RPB tables exceed what it stages (4096 entries).
+inline bool strip_dkv_own(const Params& p) {
+  const char* pick = getenv("NATTN_SM90_STRIP_DKV");
+  if (pick && !strcmp(pick, "tc")) return false;
+  return p.rpb == nullptr || int64_t(p.groups) * p.rpb_head_size <= kSmallRpbStageFloats;
+}
+
+// A strip pair's backward: its own dQ pass (backward_dq_strips.cuh) and dK/dV pass
+// (backward_dkv_strips.cuh), or the tensor-core family's dK/dV pass (strip_dkv_own). Declines
+// what the strip forward declines.
 template <typename T, int NA, int HD, class Tl>
 const char* prepare_backward_strips(const Params& p, void* workspace) {
   if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32 or 64)";
@@ -192,8 +207,12 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
   strip_key_map_box(NA, kbox);
   if (p.rpb && p.rpb_head_size > kSmallRpbStageFloats)
     return "an RPB table above 4096 entries per head needs a 128-query tile pair (64-query pairs stage it in shared memory)";
-  if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
+  if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff || num_key_ctas<typename Tl::Q>(p) > 0x7fffffff)
+    return "too many query or key boxes for the grid";
   if (int64_t(p.batch) * p.tokens * p.heads * (HD / 8) / kDeltaThreads >= 0x7fffffff) return "too many rows for the grid";
+  // The dK/dV pass finds a query's LSE / delta row in its batch entry as a 32-bit offset.
+  if (p.tokens * p.heads > 0x7fffffff) return "more than 2^31 - 1 tokens x heads per batch entry";
+  const int lines[3] = {StripLineBox<NA>::extent(0), StripLineBox<NA>::extent(1), StripLineBox<NA>::extent(2)};
   struct Map {
     const char* name; int bit; CUtensorMap* dst; const int64_t* s; const void* ptr; int heads; const int* box;
   };
@@ -203,6 +222,10 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
       {"grad_out", kRowsGradOut, &l->grad_out, p.grad_out_s, p.grad_out, p.heads, qbox},
       {"k", kRowsK, &l->k, p.k_s, p.k, p.heads_kv, kbox},
       {"v", kRowsV, &l->v, p.v_s, p.v, p.heads_kv, kbox},
+      {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, lines},
+      {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, lines},
+      {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, qbox},
+      {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, qbox},
   };
   l->heads_outer = 0;
   constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
@@ -217,7 +240,10 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
       return named;
     }
   }
-  l->dq_map = encode_store_map<HD, T>(p, p.dq_s, p.dq, qbox, &l->dq, l->heads_outer);
+  l->dq_map = encode_store_map<HD, T>(p, p.dq_s, p.dq, p.heads, qbox, &l->dq, kRowsGradQ, l->heads_outer);
+  const bool dk_map = encode_store_map<HD, T>(p, p.dk_s, p.dk, p.heads_kv, qbox, &l->dk, kRowsGradK, l->heads_outer);
+  const bool dv_map = encode_store_map<HD, T>(p, p.dv_s, p.dv, p.heads_kv, qbox, &l->dv, kRowsGradV, l->heads_outer);
+  l->dkv_maps = dk_map && dv_map;
   return nullptr;
 }
 
@@ -402,9 +428,9 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
 }
 
 // A strip pair's backward: delta, the strip dQ pass (which, with a fixed-point dRPB, records
-// each query head's largest |dS| first), then the tensor-core family's dK/dV pass (its own
-// instance in this translation unit: a build may leave the tc family out) and dRPB's finish.
-// Every step is deterministic.
+// each query head's largest |dS| first), then a dK/dV pass (strip_dkv_own: the strip one, or
+// the tensor-core family's, instantiated in this translation unit: a build may leave the tc
+// family out) and dRPB's finish. Every step is deterministic.
 template <typename T, int NA, int HD, class Tl>
 void launch_backward_strips(const Params& problem, cudaStream_t stream) {
   const StripBackwardLaunch* l = static_cast<const StripBackwardLaunch*>(problem.prepared);
@@ -413,22 +439,38 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
   p.out_map = l->dq_map;
   set_query_boxes<typename Tl::Q>(p);
   using S = StripSmem<Tl, HD, 2>;
+  using Sk = StripDkvSmem<NA, HD>;
   constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
+  constexpr int most_dkv = Sk::kAlloc + 2 * kSmallRpbStageFloats * int(sizeof(float));
   static const bool configured = [] {
     cudaFuncSetAttribute(backward_dq_strips_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+    cudaFuncSetAttribute(backward_dkv_strips_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         most_dkv);
     return true;
   }();
   (void)configured;
   launch_delta<T, HD>(problem, stream);
-  int64_t rpb_bytes = drpb_stage_bytes(p);
-  const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
-  if (!fixed) rpb_bytes = 0;
+  const bool own = strip_dkv_own(p);
+  // A staged dRPB sums in fixed point (common/drpb_fixed.cuh) where its workspace can be had.
+  const bool stage_drpb = own ? p.rpb != nullptr : drpb_stage_bytes(p) > 0;
+  const bool fixed = stage_drpb && drpb_fixed_begin(p, stream);
   const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * StripCta<Tl, HD>::kRpbGuard : 0;
   const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
   const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
   backward_dq_strips_kernel<T, NA, HD, Tl><<<grid, StripCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->grad_out,
                                                                                                 l->k, l->v, l->dq);
-  tc::launch_dkv_pass<T, NA, HD, false>(p, rpb_bytes, stream);
+  if (own) {
+    Params pk = p;
+    pk.out_map = l->dkv_maps;
+    // the query heads' RPB tables and their dRPB tables in shared memory
+    const int tables = p.rpb ? int(2 * int64_t(p.groups) * p.rpb_head_size * int64_t(sizeof(float))) : 0;
+    const dim3 kgrid(unsigned(num_key_ctas<typename Tl::Q>(p)), unsigned(p.heads_kv), unsigned(p.batch));
+    backward_dkv_strips_kernel<T, NA, HD, Tl><<<kgrid, 128, Sk::kAlloc + tables, stream>>>(
+        pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk, l->dv);
+    if (fixed) drpb_fixed_end(p, kStripDrpbBits, stream);
+    return;
+  }
+  tc::launch_dkv_pass<T, NA, HD, false>(p, fixed ? drpb_stage_bytes(p) : 0, stream);
   if (fixed) drpb_fixed_end(p, tc::dkv_fixed_bits<T, HD>(), stream);
 }
 

@@ -128,4 +128,92 @@ NATTN_HD bool strip_kept(uint32_t chunk_word, int j, int e) { return (chunk_word
 NATTN_HD int strip_bias_offset(int row_mult, int j, int e) { return (j / 2) * row_mult + 8 * (j % 2) + e % 2; }
 NATTN_HD int strip_chunk_bias(int row_mult, int ch) { return kStripChunkRows * ch * row_mult; }
 
+// ------------------------------------------------------------------ the strip dK/dV pass
+// (backward_dkv_strips.cuh) A CTA owns a 64-key box of one (batch, KV head, dilation group),
+// shaped as the strip pair's query box (2-D 8 x 8, 3-D 2 x 4 x 8), and walks the union of its
+// keys' inverse neighbourhoods (the queries whose windows hold them: key_inverse, per axis)
+// in lines of 16 query columns, one k16 step of dV += P^T dO and dK += dS^T Q. Warp w owns
+// the box rows 16 w .. 16 w + 15 (two key rows of 8 columns: 2-D rows 2 w, 2 w + 1; 3-D frame
+// w / 2, rows 2 (w % 2) and + 1), the m16 rows of its products; a lane's accumulator rows
+// lane / 4 and + 8 are the keys (row 0 or 1 of the strip, column lane / 4). The union is
+// copied in slabs: 2-D its rows at once (up to kStripDkvRows2d: 8 key rows' inverse ranges
+// under windows up to 7 rows, wider at the grid's borders, where windows shift inward), 3-D a
+// frame of rows at a time (up to kStripDkvRows3d for 4 key rows), each 16 columns wide from
+// the union's first column, and once more 16 columns on when the union is wider (up to 24
+// columns: 8 key columns, windows up to 9). A warp walks the lines of its keys' rows (and, in
+// 3-D, of its key frame's inverse frames); a score's mask is separable: the line's row in the
+// key's inverse rows and the query column in the lane's key column's inverse columns.
+constexpr int kStripDkvRows2d = 17;
+constexpr int kStripDkvRows3d = 14;
+constexpr int kStripDkvPasses = 2;  // column passes of kStripCols
+
+struct StripKeyLane {
+  int y_lo[2], y_hi[2];  // each key's inverse query rows, group coordinates, inclusive (empty: a key past the grid)
+  int w_lo, w_hi;        // the warp's lines: the union of its keys' rows (warp-uniform)
+  int t_lo, t_hi;        // 3-D: the warp's key frame's inverse frames (warp-uniform; 2-D: 0, 0)
+  uint32_t cols;         // bit 4 cp + 2 j + e: query column lo + 16 cp + 8 j + 2 (lane % 4) + e in the key column's inverse
+  int rpb_key[2];        // each key's RPB part: the sum over axes of (key + kernel - 1) x mult
+  int row_mult, frame_mult;
+};
+
+// A lane's keys and their inverse ranges, for the CTA's key box at tile.q0 (cta_tile_inverse
+// with unit query boxes: tile.lo is the union's first query per axis).
+template <int NA, class KB>
+NATTN_HD void strip_key_lane(const Params& p, const CtaTile& tile, int warp, int lane, StripKeyLane& s) {
+  constexpr int R = NA - 2, C = NA - 1;
+  int mult[3] = {1, 1, 1};
+  for (int a = NA - 2; a >= 0; --a) mult[a] = mult[a + 1] * p.rpb_size[a + 1];
+  s.row_mult = mult[R];
+  s.frame_mult = NA > 2 ? mult[0] : 0;
+  const int kx = tile.q0[C] + lane / 4;
+  const bool x_ok = kx < tile.len[C];
+  const AxisRange ix = key_inverse(nattn_min(kx, tile.len[C] - 1), tile.len[C], p.kernel[C], 1, p.causal[C] != 0);
+  s.cols = 0;
+  for (int b = 0; b < 4 * kStripDkvPasses; ++b) {
+    const int qx = tile.lo[C] + kStripCols * (b / 4) + 8 * ((b / 2) % 2) + 2 * (lane % 4) + b % 2;
+    s.cols |= uint32_t(x_ok && qx >= ix.start && qx < ix.start + ix.count) << b;
+  }
+  bool t_ok = true;
+  int kt = 0;
+  s.t_lo = 0;
+  s.t_hi = 0;
+  if (NA == 3) {
+    kt = tile.q0[0] + KB::offset(16 * warp, 0);
+    t_ok = kt < tile.len[0];
+    const AxisRange it = key_inverse(nattn_min(kt, tile.len[0] - 1), tile.len[0], p.kernel[0], 1, p.causal[0] != 0);
+    s.t_lo = t_ok ? it.start : 1;
+    s.t_hi = t_ok ? it.start + it.count - 1 : 0;
+  }
+  s.w_lo = 1 << 30;
+  s.w_hi = -1;
+  for (int r = 0; r < 2; ++r) {
+    const int ky = tile.q0[R] + KB::offset(16 * warp + 8 * r, R);
+    const bool ok = ky < tile.len[R] && t_ok;
+    const AxisRange iy = key_inverse(nattn_min(ky, tile.len[R] - 1), tile.len[R], p.kernel[R], 1, p.causal[R] != 0);
+    s.y_lo[r] = ok ? iy.start : 1;
+    s.y_hi[r] = ok ? iy.start + iy.count - 1 : 0;
+    if (ok) {
+      s.w_lo = nattn_min(s.w_lo, s.y_lo[r]);
+      s.w_hi = nattn_max(s.w_hi, s.y_hi[r]);
+    }
+    s.rpb_key[r] = (ky + p.kernel[R] - 1) * mult[R] + (kx + p.kernel[C] - 1) +
+                   (NA > 2 ? (kt + p.kernel[0] - 1) * mult[0] : 0);
+  }
+}
+
+// Whether score (j, e) of a lane's line (query row y, column pass cp) is kept: the line's row
+// is in key e / 2's inverse rows and the query column in its column's (the frame is the
+// slab's: in the warp's inverse frames, which the walk checks).
+NATTN_HD bool strip_key_kept(const StripKeyLane& s, int y, int cp, int j, int e) {
+  const int r = e / 2;
+  return y >= s.y_lo[r] && y <= s.y_hi[r] && ((s.cols >> (4 * cp + 2 * j + e % 2)) & 1u);
+}
+
+// Its RPB index (where kept): per axis key - query + kernel - 1, row-major.
+NATTN_HD int strip_key_bias(const StripKeyLane& s, const CtaTile& tile, int na_dim, int t, int y, int cp, int j,
+                            int e, int lane) {
+  const int qx = tile.lo[na_dim - 1] + kStripCols * cp + 8 * j + 2 * (lane % 4) + e % 2;
+  return s.rpb_key[e / 2] - qx - y * s.row_mult - t * s.frame_mult;
+}
+
 }  }  // namespace nattn::sm90

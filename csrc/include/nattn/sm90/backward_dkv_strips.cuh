@@ -1,0 +1,324 @@
+// Hopper (sm_90a) NA backward for the strip pairs, dK/dV pass: the strips of the forward
+// turned around (strip_geometry.cuh, "the strip dK/dV pass").
+//
+// A CTA owns a 64-key box of one (batch, KV head, dilation group): 2-D 8 x 8, 3-D 2 x 4 x 8.
+// Thread 0 loads its keys and values once and the union of their inverse neighbourhoods in
+// slabs (2-D: the union's rows at once; 3-D: a frame of them at a time, through a ring of
+// kStages slots, the warps in step), 16 query columns wide (a second column pass where the
+// union is wider), for each query head of the KV head in turn; every thread stages a slab's
+// LSE and delta in shared memory (loaded a slab ahead). Each of the four warps owns
+// two key rows of 8 columns (its 16 keys: the m16 rows) and walks the query lines (16
+// columns, one k16 step) of its keys' inverse rows:
+//   S^T = K Q^T, dP^T = V dO^T     (mma.sync m16n8k16, two n8 tiles; K and V fragments
+//                                   held in registers from the start)
+//   P^T = exp2(S^T scale log2e + bias - LSE log2e) where the query's window holds the key
+//   dS^T = P^T (dP^T - delta)
+//   dV += P^T dO, dK += dS^T Q      (P^T / dS^T from the score fragments; dO and Q read
+//                                   transposed, as the forward reads V)
+// With an RPB, dRPB sums in fixed point in shared memory (one integer atomic per kept score,
+// each head's scale from the dQ pass's largest |dS|: common/drpb_fixed.cuh), then one add per
+// entry into the int64 table; without the workspace, float atomics into dRPB. At the end dK
+// times the scale and dV go through the key and value tiles and out in bulk tensor stores
+// (their own maps) or per lane. Deterministic: every key's gradients are one CTA's.
+#pragma once
+#include <cuda.h>
+#include <math.h>
+
+#include "nattn/common/drpb_fixed.cuh"
+#include "nattn/common/softmax.cuh"
+#include "nattn/sm90/forward_strips.cuh"
+#include "nattn/tc/mma.cuh"
+
+namespace nattn { namespace sm90 {
+
+// Shared memory of the strip dK/dV pass: the key box's K and V tiles, then kStages slots of
+// query lines (Q, then dO), the barriers; after them (launch-time sizes) each query head's
+// RPB table times log2(e) and its fixed-point dRPB table.
+template <int NA, int HD>
+struct StripDkvSmem {
+  using Keys = TileSmem<HD, kWgRows>;
+  static constexpr int kLineRows = NA == 3 ? kStripDkvRows3d : kStripDkvRows2d;
+  using Lines = TileSmem<HD, kLineRows * kStripCols>;
+  // 3-D at head dim 32 rings two frames (65 KB); the others hold one slab (2-D at 64: 86 KB)
+  static constexpr int kStages = NA == 3 && HD <= 32 ? 2 : 1;
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + Keys::kBytes;
+  static constexpr int kSlots = kV + Keys::kBytes;  // slot s: Q at kSlots + s kSlot, dO Lines::kBytes on
+  static constexpr int kSlot = 2 * Lines::kBytes;
+  static constexpr int kBars = kSlots + kStages * kSlot;  // keys_full, full[kStages]
+  static constexpr int kSlabQueries = kLineRows * kStripCols;
+  static constexpr int kLse = kBars + 64;  // two slabs' (LSE log2, delta) per query, float2
+  static constexpr int kBytes = kLse + 2 * kSlabQueries * 8;
+  static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
+  static constexpr int kMinBlocks = HD <= 32 ? (NA == 3 ? 3 : 4) : 2;
+};
+
+// The slab box: 2-D the union's rows x 16 columns, 3-D one frame of them.
+template <int NA>
+using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows3d, kStripCols>,
+                                               Box<kStripDkvRows2d, kStripCols, 1>>::type;
+
+// Fraction bits of the fixed-point dRPB: a block's keys meet a table entry of a query head
+// through one query each (the entry is the relative position), kWgRows terms at most.
+constexpr int kStripDrpbBits = fixed_bits(kWgRows);
+
+template <typename T, int NA, int HD, class Tl>
+__global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
+    backward_dkv_strips_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
+                               const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
+                               const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_dk,
+                               const __grid_constant__ CUtensorMap map_dv) {
+#if NATTN_SM90_ENABLED
+  using KB = typename Tl::Q;  // the key box: the strip pair's query box shape
+  using S = StripDkvSmem<NA, HD>;
+  using Ck = typename S::Keys;
+  using Cq = typename S::Lines;
+  using M = tc::Mma<T>;
+  constexpr int R = NA - 2, C = NA - 1;  // the lines' row and column axes
+  constexpr int kStages = S::kStages;
+  constexpr int kRowBytes = Cq::kRowBytes;
+  unsigned char* smem = aligned_smem();
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  uint64_t* keys_full = bars;
+  uint64_t* full = bars + 1;
+
+  CtaTile tile;  // q0: the first key; lo / nk: the union's first query and extent per axis
+  if (!cta_tile_inverse<NA, KB, Box<1, 1, 1>>(p, blockIdx.x, tile)) return;  // uniform
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g4 = lane / 4, t4 = lane % 4;
+  // Slabs per query head: column passes x frames (2-D: one frame); the walk runs them for
+  // each query head of the KV head.
+  const int passes = tile.nk[C] > kStripCols ? 2 : 1;
+  const int frames = NA == 3 ? tile.nk[0] : 1;
+  const int per_head = passes * frames;
+  const int slabs = tile.tiles > 0 ? per_head * p.groups : 0;
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&map_q);
+    prefetch_tensor_map(&map_do);
+    prefetch_tensor_map(&map_k);
+    prefetch_tensor_map(&map_v);
+    mbar_init(keys_full, 1);
+    for (int s = 0; s < kStages; ++s) mbar_init(full + s, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  // Slab f (query head hk groups + f / per_head; column pass, then frame) into slot f % kStages.
+  auto load_slab = [&](int f) {
+    int c[5];
+    const int h = hk * p.groups + f / per_head, within = f % per_head;
+    const int cp = within / frames, ft = within % frames;
+    int origin[3] = {tile.lo[0], tile.lo[1], NA > 2 ? tile.lo[2] : 0};
+    if (NA == 3) origin[0] += ft;
+    origin[C] += kStripCols * cp;
+    const int slot = f % kStages;
+    unsigned char* dst = smem + S::kSlots + slot * S::kSlot;
+    mbar_expect_tx(full + slot, 2 * Cq::kBytes);
+    load_box_blocks<NA, StripLineBox<NA>, Cq>(p, tile, origin, head_coords<HD>(p, kRowsQ, p.heads, h, b), dst, &map_q,
+                                              full + slot, c);
+    load_box_blocks<NA, StripLineBox<NA>, Cq>(p, tile, origin, head_coords<HD>(p, kRowsGradOut, p.heads, h, b),
+                                              dst + Cq::kBytes, &map_do, full + slot, c);
+  };
+  if (threadIdx.x == 0) {  // the keys and values, then the first slabs
+    int c[5];
+    mbar_expect_tx(keys_full, 2 * Ck::kBytes);
+    load_box_blocks<NA, KB, Ck>(p, tile, tile.q0, head_coords<HD>(p, kRowsK, p.heads_kv, hk, b), smem + S::kK, &map_k,
+                                keys_full, c);
+    load_box_blocks<NA, KB, Ck>(p, tile, tile.q0, head_coords<HD>(p, kRowsV, p.heads_kv, hk, b), smem + S::kV, &map_v,
+                                keys_full, c);
+    for (int f = 0; f < kStages && f < slabs; ++f) load_slab(f);
+  }
+  // The query heads' RPB tables times log2(e), and their fixed-point dRPB tables zeroed.
+  const bool has_rpb = p.rpb != nullptr;
+  const int table = int(p.rpb_head_size);
+  float* bias = reinterpret_cast<float*>(smem + S::kBytes);
+  int* dbias = reinterpret_cast<int*>(bias + p.groups * table);
+  const bool fixed = has_rpb && p.drpb_fixed != nullptr;
+  if (has_rpb) {
+    const float* src = p.rpb + int64_t(hk) * p.groups * table;
+    for (int i = threadIdx.x; i < p.groups * table; i += 128) {
+      bias[i] = __ldg(src + i) * kLog2e;
+      dbias[i] = 0;
+    }
+    __syncthreads();
+  }
+
+  StripKeyLane key_strip;
+  strip_key_lane<NA, KB>(p, tile, warp, lane, key_strip);
+
+  // ldmatrix row addresses: the warp's keys and values as the A operand (held in registers),
+  // the lines' Q and dO as the B operand of S^T / dP^T (n8 tiles: eight rows, 32 channels an
+  // x4) and, transposed, of dK / dV (sixteen rows, 16 channels an x4).
+  int q_lane[HD / 32], qt_lane[HD / 16];
+#pragma unroll
+  for (int x = 0; x < HD / 32; ++x) q_lane[x] = Cq::offset(lane % 8, 8 * (lane / 8) + 32 * x);
+#pragma unroll
+  for (int x = 0; x < HD / 16; ++x) qt_lane[x] = Cq::offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x);
+  uint32_t ka[HD / 16][4], va[HD / 16][4];
+  mbar_wait(keys_full, 0);
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    tc::ldmatrix_x4(ka[kk], smem + S::kK + Ck::offset(16 * warp + lane % 16, 16 * kk + 8 * (lane / 16)));
+    tc::ldmatrix_x4(va[kk], smem + S::kV + Ck::offset(16 * warp + lane % 16, 16 * kk + 8 * (lane / 16)));
+  }
+  float dk[HD / 8][4], dv[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+
+  // A slab's queries' LSE (log2 units; +inf past the grid: no probability) and delta, in
+  // line order: each thread loads kPer of them into registers (fetch, a slab ahead) and
+  // stores them (stash) into the slab's half of the staging buffer before the barrier that
+  // ends the slab before. The rows of the batch entry ([N, H]: an offset fits 32 bits,
+  // prepare_backward_strips checks).
+  constexpr int kQueries = S::kSlabQueries, kPer = (kQueries + 127) / 128;
+  const float* lse_b = p.lse + int64_t(b) * p.tokens * p.heads;
+  const float* delta_b = p.delta + int64_t(b) * p.tokens * p.heads;
+  const int tok_r = NA == 3 ? p.spatial[2] : p.spatial[1], tok_t = NA == 3 ? p.spatial[1] * p.spatial[2] : 0;
+  float2* lse_buf = reinterpret_cast<float2*>(smem + S::kLse);
+  float2 staged[kPer];
+  auto fetch = [&](int f) {
+    const int h = hk * p.groups + f / per_head, within = f % per_head;
+    const int cp = within / frames, t = tile.lo[0] + within % frames;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int q = threadIdx.x + 128 * i;
+      const int y = tile.lo[R] + q / kStripCols, x = tile.lo[C] + kStripCols * cp + q % kStripCols;
+      const bool ok = q < kQueries && y < tile.len[R] && x < tile.len[C];
+      int tok = (tile.g[R] + p.dilation[R] * y) * tok_r + tile.g[C] + p.dilation[C] * x;
+      if (NA == 3) tok += (tile.g[0] + p.dilation[0] * t) * tok_t;
+      const int idx = tok * p.heads + h;
+      staged[i] = ok ? make_float2(lse_log2(__ldg(lse_b + idx)), __ldg(delta_b + idx)) : make_float2(INFINITY, 0.f);
+    }
+  };
+  auto stash = [&](int f) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (threadIdx.x + 128 * i < kQueries) lse_buf[(f % 2) * kQueries + threadIdx.x + 128 * i] = staged[i];
+  };
+  const float scale_log2 = p.scale_log2;
+
+  // Line y (query row, group coordinates) of frame t, column pass cp, in the slot at `at0`
+  // (its first line) with its LSE / delta at `ld0`, of head h.
+  auto line = [&](auto rpb_tag, const unsigned char* at0, const float2* ld0, int h, int t, int y, int cp,
+                  float fscale) {
+    constexpr bool kRpb = decltype(rpb_tag)::value;
+    const int li = y - tile.lo[R];
+    const unsigned char* at = at0 + li * kStripCols * kRowBytes;
+    const bool row_in[2] = {y >= key_strip.y_lo[0] && y <= key_strip.y_hi[0], y >= key_strip.y_lo[1] && y <= key_strip.y_hi[1]};
+    // the lane's four query columns (8 j + 2 (lane % 4) + e of the line)
+    float lse2[2][2], dlt[2][2];
+    const float2* ld = ld0 + li * kStripCols + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float2 v = ld[8 * j + e];
+        lse2[j][e] = v.x;
+        dlt[j][e] = v.y;
+      }
+    float sc[2][4], dp[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[j][e] = dp[j][e] = 0.f;
+#pragma unroll
+      for (int x = 0; x < HD / 32; ++x) {
+        uint32_t qb[4], db[4];
+        tc::ldmatrix_x4(qb, at + 8 * j * kRowBytes + q_lane[x]);
+        M::run(sc[j], ka[2 * x], qb);
+        M::run(sc[j], ka[2 * x + 1], qb + 2);
+        tc::ldmatrix_x4(db, at + Cq::kBytes + 8 * j * kRowBytes + q_lane[x]);
+        M::run(dp[j], va[2 * x], db);
+        M::run(dp[j], va[2 * x + 1], db + 2);
+      }
+    }
+    // P^T into sc, dS^T into dp (rows: the lane's keys e / 2; columns: queries (j, e % 2))
+    const int bias_h = (h - hk * p.groups) * table;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool kept = row_in[e / 2] && ((key_strip.cols >> (4 * cp + 2 * j + e % 2)) & 1u);
+        float x = sc[j][e] * scale_log2;
+        int at_bias = 0;
+        if constexpr (kRpb) {
+          at_bias = kept ? bias_h + strip_key_bias(key_strip, tile, NA, t, y, cp, j, e, lane) : 0;
+          x += bias[at_bias];
+        }
+        const float pr = kept ? fast_exp2(x - lse2[j][e % 2]) : 0.f;
+        const float ds = pr * (dp[j][e] - dlt[j][e % 2]);
+        if constexpr (kRpb) {
+          if (kept && ds != 0.f) {
+            if (fixed) atomicAdd(dbias + at_bias, __float2int_rn(ds * fscale));
+            else atomicAdd(p.drpb + int64_t(hk) * p.groups * table + at_bias, ds);
+          }
+        }
+        sc[j][e] = pr;
+        dp[j][e] = ds;
+      }
+    // dV += P^T dO, dK += dS^T Q: the line's 16 queries are the k16 step
+    const uint32_t pa[4] = {M::pack(sc[0][0], sc[0][1]), M::pack(sc[0][2], sc[0][3]), M::pack(sc[1][0], sc[1][1]),
+                            M::pack(sc[1][2], sc[1][3])};
+    const uint32_t da[4] = {M::pack(dp[0][0], dp[0][1]), M::pack(dp[0][2], dp[0][3]), M::pack(dp[1][0], dp[1][1]),
+                            M::pack(dp[1][2], dp[1][3])};
+#pragma unroll
+    for (int x = 0; x < HD / 16; ++x) {
+      uint32_t ob[4], qb[4];
+      tc::ldmatrix_x4_trans(ob, at + Cq::kBytes + qt_lane[x]);
+      M::run(dv[2 * x], pa, ob);
+      M::run(dv[2 * x + 1], pa, ob + 2);
+      tc::ldmatrix_x4_trans(qb, at + qt_lane[x]);
+      M::run(dk[2 * x], da, qb);
+      M::run(dk[2 * x + 1], da, qb + 2);
+    }
+  };
+  // The slabs in step: each warp walks its lines of the slabs of its frames; a slot is
+  // refilled once every warp is done with it (named barrier 2).
+  auto walk = [&](auto rpb_tag) {
+    float fscale = 0.f;
+    if (slabs > 0) {
+      fetch(0);
+      stash(0);
+      __syncthreads();
+    }
+    for (int f = 0; f < slabs; ++f) {
+      const int h = hk * p.groups + f / per_head, within = f % per_head;
+      const int cp = within / frames, t = tile.lo[0] + within % frames;
+      if (decltype(rpb_tag)::value && fixed && within == 0) fscale = drpb_fixed_scale(p.drpb_max[h], kStripDrpbBits);
+      if (f + 1 < slabs) fetch(f + 1);  // (waited for at the stash, after this slab's lines)
+      mbar_wait(full + f % kStages, (f / kStages) & 1);
+      if (NA == 2 || (t >= key_strip.t_lo && t <= key_strip.t_hi)) {
+        const unsigned char* at0 = smem + S::kSlots + (f % kStages) * S::kSlot;
+        const float2* ld0 = lse_buf + (f % 2) * kQueries;
+        const int y_end = nattn_min(key_strip.w_hi, tile.lo[R] + S::kLineRows - 1);
+        for (int y = nattn_max(key_strip.w_lo, tile.lo[R]); y <= y_end; ++y)
+          line(rpb_tag, at0, ld0, h, NA == 3 ? t : 0, y, cp, fscale);
+      }
+      if (f + 1 < slabs) {  // slab f's slot and staging half are free, slab f + 1's LSE visible
+        stash(f + 1);
+        named_sync(2, 128);
+        if (threadIdx.x == 0 && f + kStages < slabs) load_slab(f + kStages);
+      }
+    }
+  };
+  if (has_rpb) walk(std::true_type{});
+  else walk(std::false_type{});
+
+  if (fixed) drpb_fixed_flush(p, hk, dbias, int64_t(p.groups) * table);  // (synchronises the block)
+  // dK times the scale and dV into the warp's own rows of the key and value tiles (only this
+  // warp read them), then the box's rows out (forward.cuh's epilogue, dK's and dV's maps).
+  const float scale[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};
+  __syncwarp();
+  stage_output<T, HD, Ck>(smem + S::kK, &dk[0][0], scale, 16 * warp + g4, t4);
+  stage_output<T, HD, Ck>(smem + S::kV, &dv[0][0], one, 16 * warp + g4, t4);
+  store_output_rows<T, NA, HD, KB, Ck, true>(p, tile, &map_dk, smem + S::kK, 0, KB::extent(0), hk, b,
+                                             RowsOut{p.dk, p.dk_s, p.heads_kv, kRowsGradK});
+  store_output_rows<T, NA, HD, KB, Ck, true>(p, tile, &map_dv, smem + S::kV, 0, KB::extent(0), hk, b,
+                                             RowsOut{p.dv, p.dv_s, p.heads_kv, kRowsGradV});
+#endif
+}
+
+}  }  // namespace nattn::sm90

@@ -1,0 +1,148 @@
+// Host-side check of the strip dK/dV pass's geometry (csrc/include/nattn/sm90/strip_geometry.cuh,
+// "the strip dK/dV pass"; backward_dkv_strips.cuh; runs on the CPU, no GPU): for random 2-D and
+// 3-D problems within the strip pairs' limits (stride 1, windows up to 7 x 9 / 7 x 7 x 9;
+// dilation, causal axes, even kernels, grids ending in partial boxes; some with a query range),
+// every key CTA, warp, lane, slab (column pass, frame), line and score (j, e) the kernel walks:
+//   - the union fits the slab box (its rows) and two column passes;
+//   - the line is inside the slab box, and the LSE / delta slot the line reads is the query's
+//     (the staging's order: line-major, 16 columns);
+//   - the score's mask is set exactly when the query exists and its window holds the key;
+//   - its RPB index is (key - query + kernel - 1) per axis, row-major, where the mask is set;
+// and each key's walk keeps every query of the range whose window holds it exactly once.
+// Prints "ok <checks>" or the first mismatch (exit 1).
+#include <stdio.h>
+#include <string.h>
+
+#include "nattn/sm90/strip_geometry.cuh"
+#include "nattn/sm90/tiles.cuh"
+
+using namespace nattn;
+using namespace nattn::sm90;
+
+#define NATTN_CHECK_SEED 0x2ba4c5d9e1f38a67ull
+#include "host_rng.h"
+#include "sm90_problems.h"
+
+template <int NA>
+using KeyBox = typename std::conditional<NA == 3, Box<2, 4, 8>, Box<8, 8, 1>>::type;
+
+static int fail(const char* what, const Params& p, long long cta, int warp, int lane) {
+  printf("FAIL %s: %d-D spatial %dx%dx%d kernel %dx%dx%d dilation %dx%dx%d causal %d%d%d range [%d %d %d, %d %d %d), "
+         "cta %lld warp %d lane %d\n",
+         what, p.na_dim, p.spatial[0], p.spatial[1], p.spatial[2], p.kernel[0], p.kernel[1], p.kernel[2],
+         p.dilation[0], p.dilation[1], p.dilation[2], p.causal[0], p.causal[1], p.causal[2], p.q_lo[0], p.q_lo[1],
+         p.q_lo[2], p.q_hi[0], p.q_hi[1], p.q_hi[2], cta, warp, lane);
+  return 1;
+}
+
+template <int NA>
+static int check_problems(int count, long long& checks) {
+  using KB = KeyBox<NA>;
+  constexpr int R = NA - 2, C = NA - 1;
+  constexpr int kLineRows = NA == 3 ? kStripDkvRows3d : kStripDkvRows2d;
+  for (int it = 0; it < count; ++it) {
+    Params p = strip_problem<NA>();
+    if (rnd(0, 3) == 0)  // a halo rank's query range on one axis
+      for (int a = rnd(0, NA - 1), n = 0; n < 1; ++n) {
+        p.q_lo[a] = rnd(0, p.spatial[a] - 1);
+        p.q_hi[a] = rnd(p.q_lo[a] + 1, p.spatial[a]);
+      }
+    int mult[3] = {1, 1, 1};
+    for (int a = NA - 2; a >= 0; --a) mult[a] = mult[a + 1] * p.rpb_size[a + 1];
+    for (long long cta = 0; cta < num_key_ctas<KB>(p); ++cta) {
+      CtaTile tile;
+      if (!cta_tile_inverse<NA, KB, Box<1, 1, 1>>(p, unsigned(cta), tile)) continue;
+      const int passes = tile.nk[C] > kStripCols ? 2 : 1;
+      if (tile.tiles > 0 && (tile.nk[R] > kLineRows || tile.nk[C] > kStripDkvPasses * kStripCols))
+        return fail("the union is larger than the slab box", p, cta, 0, 0);
+      for (int warp = 0; warp < 4; ++warp) {
+        int kept_by_key[16] = {0};  // the warp's keys (accumulator rows), over the quad's lanes
+        for (int lane = 0; lane < 32; ++lane) {
+          StripKeyLane s;
+          strip_key_lane<NA, KB>(p, tile, warp, lane, s);
+          if (tile.tiles == 0) continue;
+          for (int r = 0; r < 2; ++r) {
+            const int kr = 16 * warp + lane / 4 + 8 * r;  // the key's box row
+            int k[3] = {0, 0, 0};
+            bool k_ok = true;
+            for (int a = 0; a < NA; ++a) {
+              k[a] = tile.q0[a] + KB::offset(kr, a);
+              k_ok = k_ok && k[a] < tile.len[a];
+            }
+            for (int f = 0; f < passes * (NA == 3 ? tile.nk[0] : 1); ++f) {
+              const int cp = NA == 3 ? f / tile.nk[0] : f;
+              const int t = NA == 3 ? tile.lo[0] + f % tile.nk[0] : 0;
+              if (NA == 3 && (t < s.t_lo || t > s.t_hi)) continue;
+              const int y_end = nattn_min(s.w_hi, tile.lo[R] + kLineRows - 1);
+              for (int y = nattn_max(s.w_lo, tile.lo[R]); y <= y_end; ++y) {
+                const int li = y - tile.lo[R];
+                if (li < 0 || li >= kLineRows) return fail("a line outside the slab box", p, cta, warp, lane);
+                for (int j = 0; j < 2; ++j)
+                  for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                    ++checks;
+                    int q[3] = {t, 0, 0};
+                    q[R] = y;
+                    q[C] = tile.lo[C] + kStripCols * cp + 8 * j + 2 * (lane % 4) + e % 2;
+                    // the staged LSE slot the line reads (li * 16 + 8 j + 2 (lane % 4) + e) holds
+                    // the query the staging loaded there
+                    const int slot = li * kStripCols + 8 * j + 2 * (lane % 4) + e % 2;
+                    if (tile.lo[R] + slot / kStripCols != q[R] ||
+                        tile.lo[C] + kStripCols * cp + slot % kStripCols != q[C])
+                      return fail("the staged LSE slot", p, cta, warp, lane);
+                    bool in = k_ok, q_ok = true, in_range = true;
+                    int want = 0;
+                    for (int a = 0; a < NA; ++a) {
+                      q_ok = q_ok && q[a] < tile.len[a];
+                      const int real = tile.g[a] + p.dilation[a] * q[a];
+                      in_range = in_range && real >= p.q_lo[a] && real < p.q_hi[a];
+                    }
+                    for (int a = 0; a < NA && in; ++a) {
+                      const AxisRange w = query_window(q[a], tile.len[a], p.kernel[a], 1, p.causal[a] != 0);
+                      in = q_ok && k[a] >= w.start && k[a] < w.start + w.count;
+                    }
+                    for (int a = 0; a < NA; ++a) want += (k[a] - q[a] + p.kernel[a] - 1) * mult[a];
+                    const bool kept = strip_key_kept(s, y, cp, j, e);
+                    if (kept != in) return fail("mask bit", p, cta, warp, lane);
+                    if (kept && strip_key_bias(s, tile, NA, t, y, cp, j, e, lane) != want)
+                      return fail("RPB index", p, cta, warp, lane);
+                    kept_by_key[lane / 4 + 8 * r] += kept && in_range;
+                  }
+              }
+            }
+          }
+        }
+        // every query of the range whose window holds the key, once
+        for (int kr = 0; kr < 16; ++kr) {
+          int k[3] = {0, 0, 0};
+          bool k_ok = true;
+          for (int a = 0; a < NA; ++a) {
+            k[a] = tile.q0[a] + KB::offset(16 * warp + kr, a);
+            k_ok = k_ok && k[a] < tile.len[a];
+          }
+          int want = 0;
+          if (k_ok) {
+            want = 1;
+            for (int a = 0; a < NA; ++a) {
+              int n = 0;
+              for (int qa = 0; qa < tile.len[a]; ++qa) {
+                const AxisRange w = query_window(qa, tile.len[a], p.kernel[a], 1, p.causal[a] != 0);
+                const int real = tile.g[a] + p.dilation[a] * qa;
+                n += k[a] >= w.start && k[a] < w.start + w.count && real >= p.q_lo[a] && real < p.q_hi[a];
+              }
+              want *= n;
+            }
+          }
+          if (kept_by_key[kr] != want) return fail("the walk does not keep each query of a key once", p, cta, warp, kr);
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+int main() {
+  long long checks = 0;
+  if (check_problems<2>(3000, checks) || check_problems<3>(300, checks)) return 1;
+  printf("ok %lld\n", checks);
+  return 0;
+}
