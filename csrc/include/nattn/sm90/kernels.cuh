@@ -170,6 +170,30 @@ struct BackwardLaunch {
 };
 static_assert(sizeof(BackwardLaunch) <= kPrepareBytes, "workspace too small");
 
+// One input tensor map a backward prepare step encodes: its name (for the error), kRows* bit,
+// destination, strides, pointer, heads and box.
+struct MapRequest {
+  const char* name; int bit; CUtensorMap* dst; const int64_t* s; const void* ptr; int heads; const int* box;
+};
+
+// Encodes the maps (the heads-outer bits into heads_outer); the first that fails, named.
+template <int HD, typename T, int N>
+const char* encode_maps(const Params& p, const MapRequest (&maps)[N], int& heads_outer) {
+  constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
+  for (const MapRequest& m : maps) {
+    MapSpec spec;
+    const char* why = map_spec(p, m.s, m.heads, HD, m.box, spec);
+    if (!why) why = encode(m.dst, spec, m.ptr, kBf16);
+    if (spec.heads_outer) heads_outer |= m.bit;
+    if (why) {
+      static thread_local char named[400];
+      snprintf(named, sizeof named, "%s: %s", m.name, why);
+      return named;
+    }
+  }
+  return nullptr;
+}
+
 // What prepare_backward_strips leaves for launch_backward_strips: the strip dQ pass's maps
 // (Q and dO with the query box; K and V with the union's box, a frame of it in 3-D; dQ's for
 // the bulk store where it can be had, else per-lane stores) and the strip dK/dV pass's (Q
@@ -213,11 +237,8 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
   // The dK/dV pass finds a query's LSE / delta row in its batch entry as a 32-bit offset.
   if (p.tokens * p.heads > 0x7fffffff) return "more than 2^31 - 1 tokens x heads per batch entry";
   const int lines[3] = {StripLineBox<NA>::extent(0), StripLineBox<NA>::extent(1), StripLineBox<NA>::extent(2)};
-  struct Map {
-    const char* name; int bit; CUtensorMap* dst; const int64_t* s; const void* ptr; int heads; const int* box;
-  };
   StripBackwardLaunch* l = static_cast<StripBackwardLaunch*>(workspace);
-  const Map maps[] = {
+  const MapRequest maps[] = {
       {"q", kRowsQ, &l->q, p.q_s, p.q, p.heads, qbox},
       {"grad_out", kRowsGradOut, &l->grad_out, p.grad_out_s, p.grad_out, p.heads, qbox},
       {"k", kRowsK, &l->k, p.k_s, p.k, p.heads_kv, kbox},
@@ -228,18 +249,7 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
       {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, qbox},
   };
   l->heads_outer = 0;
-  constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
-  for (const Map& m : maps) {
-    MapSpec spec;
-    const char* why = map_spec(p, m.s, m.heads, HD, m.box, spec);
-    if (!why) why = encode(m.dst, spec, m.ptr, kBf16);
-    if (spec.heads_outer) l->heads_outer |= m.bit;
-    if (why) {
-      static thread_local char named[400];
-      snprintf(named, sizeof named, "%s: %s", m.name, why);
-      return named;
-    }
-  }
+  if (const char* why = encode_maps<HD, T>(p, maps, l->heads_outer)) return why;
   l->dq_map = encode_store_map<HD, T>(p, p.dq_s, p.dq, p.heads, qbox, &l->dq, kRowsGradQ, l->heads_outer);
   const bool dk_map = encode_store_map<HD, T>(p, p.dk_s, p.dk, p.heads_kv, qbox, &l->dk, kRowsGradK, l->heads_outer);
   const bool dv_map = encode_store_map<HD, T>(p, p.dv_s, p.dv, p.heads_kv, qbox, &l->dv, kRowsGradV, l->heads_outer);
@@ -271,11 +281,8 @@ const char* prepare_backward_boxes(const Params& p, void* workspace) {
     big[a] = kWide ? Tl::K::extent(a) : Tl::Q::extent(a);
     small[a] = Tl::K::extent(a);
   }
-  struct Map {
-    const char* name; int bit; CUtensorMap* dst; const int64_t* s; const void* ptr; int heads; const int* box;
-  };
   BackwardLaunch* l = static_cast<BackwardLaunch*>(workspace);
-  const Map maps[] = {
+  const MapRequest maps[] = {
       {"q", kRowsQ, &l->dq_q, p.q_s, p.q, p.heads, big},
       {"grad_out", kRowsGradOut, &l->dq_do, p.grad_out_s, p.grad_out, p.heads, big},
       {"k", kRowsK, &l->dq_k, p.k_s, p.k, p.heads_kv, small},
@@ -290,19 +297,7 @@ const char* prepare_backward_boxes(const Params& p, void* workspace) {
   if (num_key_ctas<CtaBox>(p) > 0x7fffffff || num_cta_tiles<CtaBox>(p) > 0x7fffffff)
     return "too many query or key boxes for the grid";
   if (int64_t(p.batch) * p.tokens * p.heads * (HD / 8) / kDeltaThreads >= 0x7fffffff) return "too many rows for the grid";
-  constexpr bool kBf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
-  for (const Map& m : maps) {
-    MapSpec spec;
-    const char* why = map_spec(p, m.s, m.heads, HD, m.box, spec);
-    if (!why) why = encode(m.dst, spec, m.ptr, kBf16);
-    if (spec.heads_outer) l->heads_outer |= m.bit;
-    if (why) {
-      static thread_local char named[400];
-      snprintf(named, sizeof named, "%s: %s", m.name, why);
-      return named;
-    }
-  }
-  return nullptr;
+  return encode_maps<HD, T>(p, maps, l->heads_outer);
 }
 
 template <typename T, int NA, int HD, class Tl>
