@@ -296,6 +296,33 @@ def test_default_family_rules(spatial, kernel, dim, dilation, rpb, backward, ins
     assert CUDA.sm90_preferred(q, q, q, params, rpb=rpb, backward=backward) == answer
 
 
+@pytest.mark.parametrize("spatial, kernel, dim, rpb", [
+    ((56, 56), (7, 7), 32, True),        # DiNAT's layer with an RPB: tc by default
+    ((28, 28), (7, 7), 64, False),       # tc by default (walk ratio)
+    ((16, 32, 32), (5, 7, 7), 32, False),
+])
+def test_strips_by_default_switch(spatial, kernel, dim, rpb, monkeypatch):
+    """NATTN_SM90_STRIPS=1 makes the strip pair the default, forward and backward, where it takes
+    the problem (the rules then send the problem to the Hopper family); windows beyond its
+    limits keep the usual choice."""
+    nd = len(spatial)
+    if dim not in LIB.kernels.get(("sm90", "bfloat16", nd), ()) or getattr(LIB, "_sm90_preferred", None) is None:
+        pytest.skip("this build has no bf16 sm90 instance for the case, or no rule query")
+    name = kernel_table.Instance("sm90", "bfloat16", nd, dim, dict(kernel_table.SM90_STRIP_TILES)[nd]).tile_name
+    q = torch.empty(2, *spatial, 4, dim, dtype=torch.bfloat16, device="meta")
+    params = normalize(q, q, q, nd, kernel)
+    before = CUDA.sm90_configs(q, q, q, params)
+    assert not any(c["name"] == name and (c["default"] or c["backward_default"]) for c in before)
+    monkeypatch.setenv("NATTN_SM90_STRIPS", "1")  # read by libnattn on every call
+    configs = CUDA.sm90_configs(q, q, q, params)
+    assert [c["name"] for c in configs if c["default"]] == [name]
+    assert [c["name"] for c in configs if c["backward_default"]] == [name]
+    for backward in (False, True):
+        assert CUDA.sm90_preferred(q, q, q, params, rpb=rpb, backward=backward) == "native"
+    wide = normalize(q, q, q, nd, (9,) * nd)  # beyond the strip pairs' windows
+    assert not any(c["default"] and c["name"] == name for c in CUDA.sm90_configs(q, q, q, wide))
+
+
 def test_bench_dry_run_prints_the_configurations(capsys):
     """On the library's own (dtype, NA dim, head dim), and on one it has no kernel for."""
     from nattn.bench.__main__ import main

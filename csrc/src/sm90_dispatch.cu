@@ -300,10 +300,33 @@ bool sm90_entry_for(const nattn::KernelEntry& e, const nattn::Params& p, int dim
   return e.dtype == p.dtype && e.na_dim == p.na_dim && e.head_dim == dim;
 }
 
+// NATTN_SM90_STRIPS=1 (read on every call): the strip pairs (forward_strips.cuh, and their
+// backward) run by default wherever they take a problem, forward and backward, ahead of the
+// tensor-core family and the other pairs: the switch that measures them inside the bench and
+// the model benchmarks (which run the default choice) before the dispatch rules take them in.
+bool strips_by_default() {
+  const char* s = getenv("NATTN_SM90_STRIPS");
+  return s && !strcmp(s, "1");
+}
+
+// The strip pair compiled for this problem's dtype, NA dim and head dim that takes it
+// (sm90_pair_declines), or nullptr.
+const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim) {
+  const Sm90Entries all = sm90_entries();
+  for (int i = 0; i < all.n; ++i) {
+    const nattn::KernelEntry& e = *all.e[i];
+    if (sm90_entry_for(e, p, dim) && nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox) && !sm90_pair_declines(p, e))
+      return &e;
+  }
+  return nullptr;
+}
+
 // The pair a problem runs by default: the one walking the fewest keys (sm90_tile_cost)
 // among those that fit it, unless the table's first pair of the NA dim is within
-// kSm90TileGain of it.
+// kSm90TileGain of it (or the strip pair under NATTN_SM90_STRIPS=1).
 const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
+  if (strips_by_default())
+    if (const nattn::KernelEntry* e = strip_pair_for(p, dim)) return e;
   const nattn::KernelEntry* best = nullptr;
   const nattn::KernelEntry* first = nullptr;
   double best_cost = 0;
@@ -409,6 +432,8 @@ constexpr double kSm90BackwardTileGain[3] = {1.0, 0.97, 0.95};
 const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, const char** why) {
   const char* forced = getenv("NATTN_SM90_TILE");
   if (tile_requested(p)) forced = nullptr;  // the call's pair decides (below)
+  if (!tile_requested(p) && !(forced && *forced) && strips_by_default())
+    if (const nattn::KernelEntry* e = strip_pair_for(p, dim)) return e;
   const nattn::KernelEntry* pairs[8];
   int n = 0;
   const Sm90Entries all = sm90_entries();
@@ -510,6 +535,7 @@ bool sm90_preferred_wide(const nattn::Params& p, int64_t window, int head_dim, b
 }
 
 bool sm90_preferred(const nattn::Params& p, bool backward) {
+  if (strips_by_default() && strip_pair_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
   const int64_t window = window_keys(p);
   if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripnat|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -9,6 +9,7 @@
 # (benchmarks/build_variants.sh); varcheck: the random sweep on each of them; ab: libraries side by side; crossover: sm90 tile pairs
 # against the default choice; familyab: the default against NATTN_FAMILY=sm90, fwd and f+b;
 # strips: the strip pair's tests, sanitizers and timings against sm90's default and tc.
+# stripnat: NAT / DiNAT models with and without NATTN_SM90_STRIPS=1 (the strip pairs by default).
 set -uo pipefail
 # pytest runs with -n 0: one process for the one GPU (pyproject's addopts ask pytest-xdist for
 # one worker per core; the device image has pytest-xdist, so -p no:xdist would fail on -n).
@@ -220,6 +221,17 @@ if [[ $what == *strips* ]]; then
     timeout 120 python3 benchmarks/library_ab.py default "$probs2,$probs3" $args
     NATTN_FAMILY=tc timeout 120 python3 benchmarks/library_ab.py tc "$probs2,$probs3" $args
   done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/strips_bench.txt"
+fi
+# The strip pairs inside the models (NATTN_SM90_STRIPS=1 makes them the default where they take a
+# layer, forward and backward): the NAT / DiNAT / video models' train and inference img/s, eager
+# and CUDA graphs, without and with the switch, in one process each (STRIP_MODELS to change the set).
+if [[ $what == *stripnat* ]]; then
+  sm=${STRIP_MODELS:-nat_mini,nat_tiny,dinat_tiny,dinat_s_tiny}
+  for switch in 0 1; do
+    echo "== NATTN_SM90_STRIPS=$switch"
+    NATTN_SM90_STRIPS=$switch timeout 240 python3 -m nattn.bench --suite models --models "$sm" --modes eager,cudagraphs \
+      2>&1 | grep -v Warning | tail -12
+  done 2>&1 | tee "$OUT/strip_models.md"
 fi
 if [[ $what == *familyab* ]]; then
   probs=${FB_PROBLEMS:-56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,28x28-k7x7-b32-h8-d64-dil2x2,56x56-k9x9-b32-h4-d64,16x32x32-k3x7x7-b2-h8-d64}
