@@ -7,7 +7,8 @@
 //   - the line is inside the slab box, and the LSE / delta slot the line reads is the query's
 //     (the staging's order: line-major, 16 columns);
 //   - the score's mask is set exactly when the query exists and its window holds the key;
-//   - its RPB index is (key - query + kernel - 1) per axis, row-major, where the mask is set;
+//   - its RPB index is (key - query + kernel - 1) per axis, row-major, where the mask is set,
+//     and the line's index for the key minus 8 j + e % 2 (the kernel's form);
 // and each key's walk keeps every query of the range whose window holds it exactly once.
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
@@ -105,6 +106,10 @@ static int check_problems(int count, long long& checks) {
                     if (kept != in) return fail("mask bit", p, cta, warp, lane);
                     if (kept && strip_key_bias(s, tile, NA, t, y, cp, j, e, lane) != want)
                       return fail("RPB index", p, cta, warp, lane);
+                    // the kernel takes a line's index per key once and subtracts 8 j + e % 2
+                    if (strip_key_bias(s, tile, NA, t, y, cp, 0, 2 * r, lane) - 8 * j - e % 2 !=
+                        strip_key_bias(s, tile, NA, t, y, cp, j, e, lane))
+                      return fail("RPB index from the line's", p, cta, warp, lane);
                     kept_by_key[lane / 4 + 8 * r] += kept && in_range;
                   }
               }

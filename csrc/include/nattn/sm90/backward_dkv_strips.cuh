@@ -200,11 +200,13 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   };
   const float scale_log2 = p.scale_log2;
 
+  float* drpb_kv = has_rpb ? p.drpb + int64_t(hk) * p.groups * table : nullptr;  // (without the fixed point)
   // Line y (query row, group coordinates) of frame t, column pass cp, in the slot at `at0`
-  // (its first line) with its LSE / delta at `ld0`, of head h.
-  auto line = [&](auto rpb_tag, const unsigned char* at0, const float2* ld0, int h, int t, int y, int cp,
-                  float fscale) {
-    constexpr bool kRpb = decltype(rpb_tag)::value;
+  // (its first line) with its LSE / delta at `ld0`, of head h. kRpb: with the RPB; kFixed:
+  // dRPB in the fixed-point table (else float atomics into dRPB).
+  auto line = [&](auto rpb_tag, auto fixed_tag, const unsigned char* at0, const float2* ld0, int h, int t, int y,
+                  int cp, float fscale) {
+    constexpr bool kRpb = decltype(rpb_tag)::value, kFixed = decltype(fixed_tag)::value;
     const int li = y - tile.lo[R];
     const unsigned char* at = at0 + li * kStripCols * kRowBytes;
     const bool row_in[2] = {y >= key_strip.y_lo[0] && y <= key_strip.y_hi[0], y >= key_strip.y_lo[1] && y <= key_strip.y_hi[1]};
@@ -235,25 +237,29 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         M::run(dp[j], va[2 * x + 1], db + 2);
       }
     }
-    // P^T into sc, dS^T into dp (rows: the lane's keys e / 2; columns: queries (j, e % 2))
-    const int bias_h = (h - hk * p.groups) * table;
+    // P^T into sc, dS^T into dp (rows: the lane's keys e / 2; columns: queries (j, e % 2)).
+    // With an RPB, score (j, e)'s index is the line's for its key (the head's table, query
+    // column 2 (lane % 4) of tile 0: strip_key_bias) minus 8 j + e % 2.
+    int line_bias[2] = {0, 0};
+    if constexpr (kRpb) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        line_bias[r] = (h - hk * p.groups) * table + strip_key_bias(key_strip, tile, NA, t, y, cp, 0, 2 * r, lane);
+    }
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const bool kept = row_in[e / 2] && ((key_strip.cols >> (4 * cp + 2 * j + e % 2)) & 1u);
         float x = sc[j][e] * scale_log2;
-        int at_bias = 0;
-        if constexpr (kRpb) {
-          at_bias = kept ? bias_h + strip_key_bias(key_strip, tile, NA, t, y, cp, j, e, lane) : 0;
-          x += bias[at_bias];
-        }
+        const int at_bias = kept ? line_bias[e / 2] - 8 * j - e % 2 : 0;
+        if constexpr (kRpb) x += bias[at_bias];
         const float pr = kept ? fast_exp2(x - lse2[j][e % 2]) : 0.f;
         const float ds = pr * (dp[j][e] - dlt[j][e % 2]);
         if constexpr (kRpb) {
-          if (kept && ds != 0.f) {
-            if (fixed) atomicAdd(dbias + at_bias, __float2int_rn(ds * fscale));
-            else atomicAdd(p.drpb + int64_t(hk) * p.groups * table + at_bias, ds);
+          if (kept) {
+            if constexpr (kFixed) atomicAdd(dbias + at_bias, __float2int_rn(ds * fscale));
+            else atomicAdd(drpb_kv + at_bias, ds);
           }
         }
         sc[j][e] = pr;
@@ -277,7 +283,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   };
   // The slabs in step: each warp walks its lines of the slabs of its frames; a slot is
   // refilled once every warp is done with it (named barrier 2).
-  auto walk = [&](auto rpb_tag) {
+  auto walk = [&](auto rpb_tag, auto fixed_tag) {
     float fscale = 0.f;
     if (slabs > 0) {
       fetch(0);
@@ -287,7 +293,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     for (int f = 0; f < slabs; ++f) {
       const int h = hk * p.groups + f / per_head, within = f % per_head;
       const int cp = within / frames, t = tile.lo[0] + within % frames;
-      if (decltype(rpb_tag)::value && fixed && within == 0) fscale = drpb_fixed_scale(p.drpb_max[h], kStripDrpbBits);
+      if (decltype(fixed_tag)::value && within == 0) fscale = drpb_fixed_scale(p.drpb_max[h], kStripDrpbBits);
       if (f + 1 < slabs) fetch(f + 1);  // (waited for at the stash, after this slab's lines)
       mbar_wait(full + f % kStages, (f / kStages) & 1);
       if (NA == 2 || (t >= key_strip.t_lo && t <= key_strip.t_hi)) {
@@ -295,7 +301,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         const float2* ld0 = lse_buf + (f % 2) * kQueries;
         const int y_end = nattn_min(key_strip.w_hi, tile.lo[R] + S::kLineRows - 1);
         for (int y = nattn_max(key_strip.w_lo, tile.lo[R]); y <= y_end; ++y)
-          line(rpb_tag, at0, ld0, h, NA == 3 ? t : 0, y, cp, fscale);
+          line(rpb_tag, fixed_tag, at0, ld0, h, NA == 3 ? t : 0, y, cp, fscale);
       }
       if (f + 1 < slabs) {  // slab f's slot and staging half are free, slab f + 1's LSE visible
         stash(f + 1);
@@ -304,8 +310,9 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       }
     }
   };
-  if (has_rpb) walk(std::true_type{});
-  else walk(std::false_type{});
+  if (fixed) walk(std::true_type{}, std::true_type{});
+  else if (has_rpb) walk(std::true_type{}, std::false_type{});  // (no fixed-point workspace)
+  else walk(std::false_type{}, std::false_type{});
 
   if (fixed) drpb_fixed_flush(p, hk, dbias, int64_t(p.groups) * table);  // (synchronises the block)
   // dK times the scale and dV into the warp's own rows of the key and value tiles (only this
