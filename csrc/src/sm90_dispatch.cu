@@ -442,7 +442,8 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
     if (!sm90_entry_for(e, p, dim) || !e.backward) continue;
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
-    // The strip pairs' backward (their dQ pass, tc's dK/dV pass) runs only when named.
+    // The strip pairs' backward (backward_dq_strips.cuh, backward_dkv_strips.cuh) runs only
+    // when named (or under NATTN_SM90_STRIPS=1, above).
     if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox)) continue;
     if (n < 8) pairs[n++] = &e;
   }

@@ -112,8 +112,8 @@ SM90_BACKWARD_TILES = (
 # The strip pairs (windows up to 7 x 9 / 7 x 7 x 9 at stride 1) are named-only too until
 # their crossover with the other pairs and the tensor-core family is measured.
 SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
-# The strip pairs have a backward too (named only, like their forward): their own dQ pass
-# (backward_dq_strips.cuh: the forward's strips) and the tensor-core family's dK/dV pass.
+# The strip pairs have a backward too (named only, like their forward): their own dQ and dK/dV
+# passes (backward_dq_strips.cuh, backward_dkv_strips.cuh).
 # Pairs built but not yet run on a GPU (their GPU tests and sanitizer sections are written):
 # the tuner and `nattn.bench --optimize` leave them out (unverified_tile_names) until a GPU
 # session has run those and emptied this; a call or NATTN_SM90_TILE may still name them.
