@@ -290,6 +290,39 @@ def test_bias_patterns_are_shared_by_interior_boxes():
     """With an RPB, a chunk holds each distinct box pattern of bias entries once: 2-D boxes
     of a 7x7 window fall into at most 3 x 3 (first, interior, last along each axis)."""
     boxes = tiled_plan.Boxes((40, 40), (7, 7), (1, 1), (False, False), True, torch.device("cpu"))
+    assert boxes.pattern_count <= 9 < boxes.count  # the problem's patterns, built once
     for ch in boxes.chunks(1):
         assert ch.rpb_idx.shape[0] <= 9 and ch.rpb_box.shape == (ch.k_idx.shape[0],)
         assert int(ch.rpb_box.max()) < ch.rpb_idx.shape[0]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_box_patterns_match_the_score_by_score_chunks(seed, monkeypatch):
+    """A chunk's mask / bias indices from the axes' box patterns (built once per problem) are
+    the ones built score by score (what problems whose patterns outgrow PATTERN_SCORES get):
+    every box, borders, padding rows, causal axes and strides included."""
+    rng = random.Random(seed)
+    nd = 2 + seed % 2
+    kernel = tuple(rng.randint(1, 7) for _ in range(nd))
+    lengths = tuple(k + rng.randint(0, 20) for k in kernel)
+    stride = tuple(rng.randint(1, k) for k in kernel)
+    causal = tuple(rng.random() < 0.3 for _ in range(nd))
+    for with_rpb in (False, True):
+        def chunks():
+            boxes = tiled_plan.Boxes(lengths, kernel, stride, causal, with_rpb, torch.device("cpu"))
+            return boxes, list(boxes._chunk(s, min(s + 7, boxes.count), True) for s in range(0, boxes.count, 7))
+        fast_boxes, fast = chunks()
+        assert fast_boxes.pattern_count <= fast_boxes.count
+        monkeypatch.setattr(tiled_plan, "PATTERN_SCORES", 0)
+        slow_boxes, slow = chunks()
+        monkeypatch.undo()
+        assert slow_boxes.pattern_mask is None and slow_boxes.pattern_rpb is None
+        assert (fast_boxes.pattern_rpb is not None) == with_rpb != (fast_boxes.pattern_mask is not None)
+        for a, b in zip(fast, slow):
+            for name in ("q_gather", "q_scatter", "k_idx", "row_ok", "slot", "slot_ok"):
+                x, y = getattr(a, name), getattr(b, name)
+                assert (x is None and y is None) or torch.equal(x, y), name
+            if with_rpb:
+                assert torch.equal(a.rpb_idx[a.rpb_box], b.rpb_idx[b.rpb_box])
+            else:
+                assert torch.equal(a.mask, b.mask)
