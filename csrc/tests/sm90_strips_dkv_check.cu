@@ -5,7 +5,7 @@
 // every key CTA, warp, lane, slab (column pass, frame), line and score (j, e) the kernel walks:
 //   - the union fits the slab box (its rows) and two column passes;
 //   - the line is inside the slab box, and the LSE / delta slot the line reads is the query's
-//     (the staging's order: line-major, 16 columns);
+//     (the staging's order: line-major, 16 columns; its token, strip_query_token);
 //   - the score's mask is set exactly when the query exists and its window holds the key;
 //   - its RPB index is (key - query + kernel - 1) per axis, row-major, where the mask is set,
 //     and the line's index for the key minus 8 j + e % 2 (the kernel's form);
@@ -92,11 +92,16 @@ static int check_problems(int count, long long& checks) {
                       return fail("the staged LSE slot", p, cta, warp, lane);
                     bool in = k_ok, q_ok = true, in_range = true;
                     int want = 0;
+                    long long token = 0;
                     for (int a = 0; a < NA; ++a) {
                       q_ok = q_ok && q[a] < tile.len[a];
                       const int real = tile.g[a] + p.dilation[a] * q[a];
                       in_range = in_range && real >= p.q_lo[a] && real < p.q_hi[a];
+                      token = token * p.spatial[a] + real;
                     }
+                    // the staged row: the query's token (its LSE / delta row)
+                    if (q_ok && strip_query_token<NA>(p, tile, t, y, q[C]) != token)
+                      return fail("the staged query's token", p, cta, warp, lane);
                     for (int a = 0; a < NA && in; ++a) {
                       const AxisRange w = query_window(q[a], tile.len[a], p.kernel[a], 1, p.causal[a] != 0);
                       in = q_ok && k[a] >= w.start && k[a] < w.start + w.count;

@@ -176,7 +176,6 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   constexpr int kQueries = S::kSlabQueries, kPer = (kQueries + 127) / 128;
   const float* lse_b = p.lse + int64_t(b) * p.tokens * p.heads;
   const float* delta_b = p.delta + int64_t(b) * p.tokens * p.heads;
-  const int tok_r = NA == 3 ? p.spatial[2] : p.spatial[1], tok_t = NA == 3 ? p.spatial[1] * p.spatial[2] : 0;
   float2* lse_buf = reinterpret_cast<float2*>(smem + S::kLse);
   float2 staged[kPer];
   auto fetch = [&](int f) {
@@ -187,9 +186,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       const int q = threadIdx.x + 128 * i;
       const int y = tile.lo[R] + q / kStripCols, x = tile.lo[C] + kStripCols * cp + q % kStripCols;
       const bool ok = q < kQueries && y < tile.len[R] && x < tile.len[C];
-      int tok = (tile.g[R] + p.dilation[R] * y) * tok_r + tile.g[C] + p.dilation[C] * x;
-      if (NA == 3) tok += (tile.g[0] + p.dilation[0] * t) * tok_t;
-      const int idx = tok * p.heads + h;
+      const int idx = strip_query_token<NA>(p, tile, t, y, x) * p.heads + h;
       staged[i] = ok ? make_float2(lse_log2(__ldg(lse_b + idx)), __ldg(delta_b + idx)) : make_float2(INFINITY, 0.f);
     }
   };

@@ -201,6 +201,16 @@ NATTN_HD void strip_key_lane(const Params& p, const CtaTile& tile, int warp, int
   }
 }
 
+// The flat token (row-major over the grid, real coordinates) of query (t, y, x) of the CTA's
+// dilation group (group coordinates; 2-D: t unused): the LSE / delta row the slabs stage.
+template <int NA>
+NATTN_HD int strip_query_token(const Params& p, const CtaTile& tile, int t, int y, int x) {
+  constexpr int R = NA - 2, C = NA - 1;
+  int tok = (tile.g[R] + p.dilation[R] * y) * p.spatial[C] + tile.g[C] + p.dilation[C] * x;
+  if (NA == 3) tok += (tile.g[0] + p.dilation[0] * t) * p.spatial[1] * p.spatial[2];
+  return tok;
+}
+
 // Whether score (j, e) of a lane's line (query row y, column pass cp) is kept: the line's row
 // is in key e / 2's inverse rows and the query column in its column's (the frame is the
 // slab's: in the warp's inverse frames, which the walk checks).
