@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripnat|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
 # benchmarks/{kernel_split,host_overhead}.py; variants: the tuning builds in variants/*.so
 # (benchmarks/build_variants.sh); varcheck: the random sweep on each of them; ab: libraries side by side; crossover: sm90 tile pairs
 # against the default choice; familyab: the default against NATTN_FAMILY=sm90, fwd and f+b;
-# strips, stripcheck, striptime: the strip pairs' GPU tests, sanitizers, and timings against
-# sm90's default and tc; stripnat: NAT / DiNAT models with and without NATTN_SM90_STRIPS=1.
+# strips, stripcheck, striptime, stripbwd: the strip pairs' GPU tests, sanitizers, and timings
+# against sm90's default and tc; stripnat: NAT / DiNAT models with and without NATTN_SM90_STRIPS=1.
 set -uo pipefail
 # pytest runs with -n 0: one process for the one GPU (pyproject's addopts ask pytest-xdist for
 # one worker per core; the device image has pytest-xdist, so -p no:xdist would fail on -n).
@@ -190,11 +190,12 @@ fi
 # for ab (graphs, rpb); FB_FAMILIES (default "default sm90"; e.g. "default sm90 tc"); FB_PROBLEMS:
 # bench names or ad-hoc shapes (benchmarks/library_ab.py: SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]).
 # The strip pairs (sm90/forward_strips.cuh, backward_dq_strips.cuh, backward_dkv_strips.cuh;
-# named only until measured), in three calls of under ten minutes each. strips: their GPU tests,
+# named only until measured), in calls of under ten minutes each. strips: their GPU tests,
 # forward and backward (STRIP_CASES / STRIP_BWD_CASES random cases a sweep); stripcheck:
 # memcheck and racecheck on the sanitizer section; striptime: the strip pairs, the default sm90
 # choice and the tc family forced in turn on small 2-D and 3-D windows, with and without an
-# RPB, two rounds (GPU ms, forward), then forward + backward (also the strips with tc's dK/dV).
+# RPB, two rounds (GPU ms, forward); stripbwd: forward + backward (also the strips with tc's
+# dK/dV pass) and the per-kernel split with and without the strips.
 if [[ $what == *strips* ]]; then
   NATTN_SM90_STRIP_CASES=${STRIP_CASES:-300} NATTN_SM90_STRIP_BWD_CASES=${STRIP_BWD_CASES:-160} NATTN_FAMILY=sm90 \
     timeout 540 python3 -m pytest -q -n 0 -m gpu tests/gpu/test_sm90_forward.py tests/gpu/test_sm90_backward.py \
@@ -206,9 +207,10 @@ if [[ $what == *stripcheck* ]]; then
       python3 tests/gpu/sanitize_sm90.py 2>&1 | tail -3 | tee "$OUT/strips_$tool.txt"
   done
 fi
+# small 2-D and 3-D windows for striptime / stripbwd (ad-hoc shapes: benchmarks/library_ab.py)
+probs2=${ST_PROBLEMS_2D:-dinat-s1-2d,dinat-s2-dil4,28x28-k7x7-b128-h4-d32,14x14-k7x7-b128-h8-d32,7x7-k7x7-b128-h16-d32,56x56-k5x5-b32-h4-d32,56x56-k3x3-b32-h4-d32,56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,112x112-k7x9-b8-h4-d64}
+probs3=${ST_PROBLEMS_3D:-video-3d,16x32x32-k3x5x5-b2-h8-d64,16x32x32-k5x7x7-b2-h8-d32,8x64x64-k3x7x7-b1-h8-d64,16x32x32-k7x7x7-b2-h8-d64}
 if [[ $what == *striptime* ]]; then
-  probs2=${ST_PROBLEMS_2D:-dinat-s1-2d,dinat-s2-dil4,28x28-k7x7-b128-h4-d32,14x14-k7x7-b128-h8-d32,7x7-k7x7-b128-h16-d32,56x56-k5x5-b32-h4-d32,56x56-k3x3-b32-h4-d32,56x56-k7x7-b32-h4-d64,28x28-k7x7-b32-h8-d64-dil4x4,112x112-k7x9-b8-h4-d64}
-  probs3=${ST_PROBLEMS_3D:-video-3d,16x32x32-k3x5x5-b2-h8-d64,16x32x32-k5x7x7-b2-h8-d32,8x64x64-k3x7x7-b1-h8-d64,16x32x32-k7x7x7-b2-h8-d64}
   for args in graphs "graphs rpb"; do
     for round in 1 2; do
       NATTN_FAMILY=sm90 NATTN_SM90_TILE=q8x8_k14x16 timeout 120 python3 benchmarks/library_ab.py strips "$probs2" $args
@@ -217,6 +219,8 @@ if [[ $what == *striptime* ]]; then
       NATTN_FAMILY=tc timeout 120 python3 benchmarks/library_ab.py tc "$probs2,$probs3" $args
     done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/strips_bench.txt"
   done
+fi
+if [[ $what == *stripbwd* ]]; then
   for args in "graphs bwd" "graphs rpb bwd"; do
     NATTN_FAMILY=sm90 NATTN_SM90_TILE=q8x8_k14x16 timeout 120 python3 benchmarks/library_ab.py strips "$probs2" $args
     NATTN_FAMILY=sm90 NATTN_SM90_TILE=q2x4x8_k8x10x16 timeout 120 python3 benchmarks/library_ab.py strips "$probs3" $args
@@ -227,6 +231,11 @@ if [[ $what == *striptime* ]]; then
     timeout 120 python3 benchmarks/library_ab.py default "$probs2,$probs3" $args
     NATTN_FAMILY=tc timeout 120 python3 benchmarks/library_ab.py tc "$probs2,$probs3" $args
   done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/strips_bench.txt"
+  # the per-kernel split (delta, dQ, dK/dV) of dinat-s1 and video-3d with the strips and without
+  for switch in 1 0; do
+    (cd benchmarks && NATTN_SM90_STRIPS=$switch timeout 100 python3 kernel_split.py --only dinat-s1-2d,video-3d 2>&1 \
+      | grep -v vectorized | sed "s/^/strips=$switch /" | tee -a "$OUT/strips_split.txt")
+  done
 fi
 # The strip pairs inside the models (NATTN_SM90_STRIPS=1 makes them the default where they take a
 # layer, forward and backward): the NAT / DiNAT / video models' train and inference img/s, eager
