@@ -27,14 +27,15 @@ namespace nattn { namespace sm90 {
 
 // CTAs per SM the dQ pass is compiled for (its register cap): head dim 32 four (128
 // registers; shared memory 36 KB in 2-D, 48 KB in 3-D), 64 three in 2-D (168; 72 KB) and two
-// in 3-D (96 KB: Q, dO and two frames of keys and values).
-template <int NA, int HD>
+// in 3-D (96 KB: Q, dO and two frames of keys and values; three with one frame a slot:
+// NATTN_SM90_STRIP_STAGES_3D, forward_strips.cuh).
+template <int NA, int HD, int STAGES>
 constexpr int strip_dq_min_blocks() {
-  return HD <= 32 ? 4 : NA == 3 ? 2 : 3;
+  return HD <= 32 ? 4 : NA == 3 && STAGES > 1 ? 2 : 3;
 }
 
 template <typename T, int NA, int HD, class Tl>
-__global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_blocks<NA, HD>())
+__global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_blocks<NA, HD, StripCta<Tl, HD>::kStages>())
     backward_dq_strips_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
                               const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
                               const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_dq) {

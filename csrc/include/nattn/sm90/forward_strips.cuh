@@ -37,6 +37,13 @@
 #include "nattn/sm90/strip_geometry.cuh"
 #include "nattn/tc/mma.cuh"
 
+// Build switch for A/B runs (benchmarks/build_variants.sh): the 3-D strip CTAs' ring slots
+// (frames of keys and values in flight). Two let a frame's copy overlap the frame before; one
+// leaves room for a third CTA per SM at head dim 64 (56 KB of tiles against 88).
+#ifndef NATTN_SM90_STRIP_STAGES_3D
+#define NATTN_SM90_STRIP_STAGES_3D 2
+#endif
+
 namespace nattn { namespace sm90 {
 
 template <class Tl, int HD>
@@ -44,12 +51,12 @@ struct StripCta {
   static constexpr int kNa = Tl::Q::extent(2) > 1 ? 3 : 2;
   static constexpr int kThreads = 128;  // four warps, one strip of 16 queries each
   // Ring slots: 2-D loads its union once; 3-D a frame a slot.
-  static constexpr int kStages = kNa == 3 ? 2 : 1;
+  static constexpr int kStages = kNa == 3 ? NATTN_SM90_STRIP_STAGES_3D : 1;
   // One slot's keys: 2-D the whole key box, 3-D one frame of it.
   static constexpr int kSlabKeys = kNa == 3 ? Tl::K::extent(1) * Tl::K::extent(2) : Tl::K::kSize;
   // Registers (126 a thread at head dim 32) and shared memory (at head dim 64: 64 KB of tiles
-  // in 2-D, 88 KB in 3-D) bound the CTAs per SM.
-  static constexpr int kMinBlocks = HD <= 32 ? 4 : kNa == 3 ? 2 : 3;
+  // in 2-D, 88 KB in 3-D with two slots) bound the CTAs per SM.
+  static constexpr int kMinBlocks = HD <= 32 ? 4 : kNa == 3 && kStages > 1 ? 2 : 3;
   static_assert(kNa == 2 ? Tl::Q::extent(0) == 8 && Tl::Q::extent(1) == 8
                           : Tl::Q::extent(0) == 2 && Tl::Q::extent(1) == 4 && Tl::Q::extent(2) == 8,
                 "strip pairs: 8 x 8 (2-D) or 2 x 4 x 8 (3-D) query boxes (four strips of 2 x 8)");
