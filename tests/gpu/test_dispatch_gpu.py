@@ -41,8 +41,9 @@ def families(kernel, rpb: bool, dilation=1, spatial=(28, 28), dim=32, heads=4, b
         torch.cuda.synchronize()
     assert torch.isfinite(out).all()
     found = {}
-    for step, kernel_name in (("forward", "forward_kernel"), ("dkv", "backward_dkv")):  # (or _wide_kernel)
-        names = [e.key for e in prof.key_averages() if kernel_name in e.key]
+    # (the strip pairs' forward_strips_kernel / backward_dkv_strips_kernel; the wide passes' _wide_kernel)
+    for step, kernel_names in (("forward", ("forward_kernel", "forward_strips_kernel")), ("dkv", ("backward_dkv",))):
+        names = [e.key for e in prof.key_averages() if any(n in e.key for n in kernel_names)]
         fams = {f for f in ("tc", "sm90") if any(f"nattn::{f}::" in n for n in names)}
         assert len(fams) <= 1, names
         if fams:
@@ -193,3 +194,30 @@ def test_head_dims_above_128_train_on_sm90_at_any_window():
     assert families(3, rpb=False, dim=256, backward=True) == {"forward": "sm90", "dkv": "sm90"}
     assert families(7, rpb=True, dim=256, backward=True) == {"forward": "sm90", "dkv": "sm90"}
     assert families(5, rpb=False, dim=192, backward=True) == {"forward": "sm90", "dkv": "sm90"}
+
+
+def test_strips_by_default_switch_runs_the_strip_kernels(monkeypatch):
+    """NATTN_SM90_STRIPS=1 (read by libnattn on every call) runs the strip pairs' forward, dQ and
+    dK/dV kernels on a DiNAT-size layer with an RPB (tc's by default), and its result and
+    gradients match the default's."""
+    def run(switch):
+        monkeypatch.setenv("NATTN_SM90_STRIPS", switch)
+        torch.manual_seed(5)
+        q, k, v = (torch.randn(4, 28, 28, 4, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        bias = torch.randn(4, 13, 13, device="cuda", requires_grad=True)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = nattn.na2d(q, k, v, 7, rpb=bias, backend="cuda")
+            out.backward(torch.ones_like(out))
+            torch.cuda.synchronize()
+        names = " ".join(e.key for e in prof.key_averages())
+        return names, [out.float()] + [t.grad.float() for t in (q, k, v, bias)]
+    names, strips = run("1")
+    for kernel in ("forward_strips_kernel", "backward_dq_strips_kernel", "backward_dkv_strips_kernel"):
+        assert kernel in names, kernel
+    names, default = run("0")
+    assert "strips_kernel" not in names
+    for a, b in zip(strips, default):
+        assert torch.isfinite(a).all()
+        assert ((a - b).norm() / b.norm()).item() < 2e-2
+
