@@ -19,6 +19,14 @@ pytestmark = pytest.mark.skipif(LIB is None, reason="libnattn is not built")
 CUDA = BACKENDS["cuda"]
 
 
+@pytest.fixture(autouse=True)
+def _rules_behind_the_strips(monkeypatch):
+    """The tables below hold the choices measured between the tensor-core family and the box
+    pairs: asked with the strip pairs' own rule off (NATTN_SM90_STRIPS=0, read by libnattn
+    on every call); the strip tests turn it back on."""
+    monkeypatch.setenv("NATTN_SM90_STRIPS", "0")
+
+
 def call(fields, n=None, fn="forward"):
     """One call with the library's ABI: an older one (kernel_table.ABI_PROBLEM_FIELDS) reads a
     prefix of the fields, as the cuda backend passes them."""
@@ -120,13 +128,15 @@ def test_sm90_configs_list_the_tile_pairs():
 
 
 @pytest.mark.parametrize("nd", [2, 3])
-def test_sm90_configs_list_the_strip_pairs(nd):
-    """The strip pairs (named only until timed) are listed with the keys their strips walk per
-    query (8 x 16 key rows for a 7-row window, 4 x 16 up to 3 rows, per frame of the window in
-    3-D), never as the default (forward or backward) though they have a backward, and declined
-    beyond their windows (7 x 9, 7 x 7 x 9) and at a stride, with the reason."""
+def test_sm90_configs_list_the_strip_pairs(nd, monkeypatch):
+    """The strip pairs are listed with the keys their strips walk per query (8 x 16 key rows for
+    a 7-row window, 4 x 16 up to 3 rows, per frame of the window in 3-D), as the default forward
+    and backward wherever they take a problem (their own rule; the cost model's flag: named
+    only), and declined beyond their windows (7 x 9, 7 x 7 x 9) and at a stride, with the
+    reason."""
     if 32 not in LIB.kernels.get(("sm90", "bfloat16", nd), ()):
         pytest.skip(f"this build has no bf16 {nd}-D sm90 kernels at head dim 32")
+    monkeypatch.delenv("NATTN_SM90_STRIPS")  # their own rule on
     tile = next(t for n, t in kernel_table.SM90_STRIP_TILES if n == nd)
     name = kernel_table.Instance("sm90", "bfloat16", nd, 32, tile).tile_name
 
@@ -138,8 +148,9 @@ def test_sm90_configs_list_the_strip_pairs(nd):
              3: (((5, 7, 7), 640), ((3, 3, 9), 192), ((2, 5, 3), 256))}[nd]
     for kernel, keys in walks:
         c = listed(grid, kernel)
-        assert c["keys"] == keys and not c["declined"] and not c["default"] and not c["backward_default"], c
-        assert c["named_only"] and c["backward"], c  # their backward, named only too
+        # the default, forward and backward, by their own rule (not by the cost model: named only there)
+        assert c["keys"] == keys and not c["declined"] and c["default"] and c["backward_default"], c
+        assert c["named_only"] and c["backward"], c
     too_big = {2: (9, 7), 3: (3, 9, 7)}[nd]
     assert "up to 7 x" in listed(grid, too_big)["declined"]
     assert "stride 1 only" in listed(grid, (3,) * nd, stride=(2,) + (1,) * (nd - 1))["declined"]
@@ -297,23 +308,24 @@ def test_default_family_rules(spatial, kernel, dim, dilation, rpb, backward, ins
 
 
 @pytest.mark.parametrize("spatial, kernel, dim, rpb", [
-    ((56, 56), (7, 7), 32, True),        # DiNAT's layer with an RPB: tc by default
-    ((28, 28), (7, 7), 64, False),       # tc by default (walk ratio)
+    ((56, 56), (7, 7), 32, True),        # DiNAT's layer with an RPB: tc's without the rule
+    ((28, 28), (7, 7), 64, False),       # tc's without the rule (walk ratio)
     ((16, 32, 32), (5, 7, 7), 32, False),
 ])
-def test_strips_by_default_switch(spatial, kernel, dim, rpb, monkeypatch):
-    """NATTN_SM90_STRIPS=1 makes the strip pair the default, forward and backward, where it takes
-    the problem (the rules then send the problem to the Hopper family); windows beyond its
-    limits keep the usual choice."""
+def test_strip_pairs_default_rule(spatial, kernel, dim, rpb, monkeypatch):
+    """The strip pairs are the default, forward and backward, where they take the problem (the
+    rules then send it to the Hopper family), unless an axis is dilated 4 or more;
+    NATTN_SM90_STRIPS=0 turns their rule off; windows beyond their limits keep the usual
+    choice."""
     nd = len(spatial)
     if dim not in LIB.kernels.get(("sm90", "bfloat16", nd), ()) or getattr(LIB, "_sm90_preferred", None) is None:
         pytest.skip("this build has no bf16 sm90 instance for the case, or no rule query")
     name = kernel_table.Instance("sm90", "bfloat16", nd, dim, dict(kernel_table.SM90_STRIP_TILES)[nd]).tile_name
     q = torch.empty(2, *spatial, 4, dim, dtype=torch.bfloat16, device="meta")
     params = normalize(q, q, q, nd, kernel)
-    before = CUDA.sm90_configs(q, q, q, params)
+    before = CUDA.sm90_configs(q, q, q, params)  # (the fixture's NATTN_SM90_STRIPS=0)
     assert not any(c["name"] == name and (c["default"] or c["backward_default"]) for c in before)
-    monkeypatch.setenv("NATTN_SM90_STRIPS", "1")  # read by libnattn on every call
+    monkeypatch.delenv("NATTN_SM90_STRIPS")
     configs = CUDA.sm90_configs(q, q, q, params)
     assert [c["name"] for c in configs if c["default"]] == [name]
     assert [c["name"] for c in configs if c["backward_default"]] == [name]
@@ -321,6 +333,9 @@ def test_strips_by_default_switch(spatial, kernel, dim, rpb, monkeypatch):
         assert CUDA.sm90_preferred(q, q, q, params, rpb=rpb, backward=backward) == "native"
     wide = normalize(q, q, q, nd, (9,) * nd)  # beyond the strip pairs' windows
     assert not any(c["default"] and c["name"] == name for c in CUDA.sm90_configs(q, q, q, wide))
+    big = torch.empty(2, *(4 * n for n in spatial), 4, dim, dtype=torch.bfloat16, device="meta")
+    dilated = normalize(big, big, big, nd, kernel, dilation=(4,) * nd)  # groups about a window long
+    assert not any(c["default"] and c["name"] == name for c in CUDA.sm90_configs(big, big, big, dilated))
 
 
 def test_bench_dry_run_prints_the_configurations(capsys):

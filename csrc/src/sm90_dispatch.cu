@@ -300,18 +300,27 @@ bool sm90_entry_for(const nattn::KernelEntry& e, const nattn::Params& p, int dim
   return e.dtype == p.dtype && e.na_dim == p.na_dim && e.head_dim == dim;
 }
 
-// NATTN_SM90_STRIPS=1 (read on every call): the strip pairs (forward_strips.cuh, and their
-// backward) run by default wherever they take a problem, forward and backward, ahead of the
-// tensor-core family and the other pairs: the switch that measures them inside the bench and
-// the model benchmarks (which run the default choice) before the dispatch rules take them in.
+// The strip pairs (forward_strips.cuh, backward_dq_strips.cuh, backward_dkv_strips.cuh) run
+// by default wherever they take a problem, forward and backward, ahead of the tensor-core
+// family and the other pairs, unless an axis is dilated 4 or more (its groups are about a
+// window long). Measured (H100, bf16, GPU ms, forward / forward + backward, strips vs the
+// previous default; PERF.md forty-third session): dinat-s1 0.061 / 0.268 vs 0.085 / 0.345,
+// 28x28 7x7 B128 0.074 / 0.314 vs 0.099 / 0.350, 56x56 7x7 D64 0.090 / 0.452 vs 0.110 /
+// 0.541, video-3d 0.221 / 0.946 vs 0.310 / 1.214, 16x32x32 5x7x7 D32 0.131 / 0.568 vs 0.256 /
+// 0.923, with an RPB dinat-s1 0.065 / 0.342 vs 0.112 / 0.425; but 28x28 7x7 dilation 4 D64
+// 0.064 / 0.306 vs 0.059 / 0.269 (dinat-s2-dil4 at D32 equal). NATTN_SM90_STRIPS=0 (read on
+// every call) turns the rule off.
+constexpr int kStripMaxDilation = 3;
 bool strips_by_default() {
   const char* s = getenv("NATTN_SM90_STRIPS");
-  return s && !strcmp(s, "1");
+  return !(s && !strcmp(s, "0"));
 }
 
 // The strip pair compiled for this problem's dtype, NA dim and head dim that takes it
-// (sm90_pair_declines), or nullptr.
+// (sm90_pair_declines) and that the rule above prefers, or nullptr.
 const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim) {
+  for (int a = 0; a < p.na_dim; ++a)
+    if (p.dilation[a] > kStripMaxDilation) return nullptr;
   const Sm90Entries all = sm90_entries();
   for (int i = 0; i < all.n; ++i) {
     const nattn::KernelEntry& e = *all.e[i];
@@ -323,7 +332,7 @@ const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim) {
 
 // The pair a problem runs by default: the one walking the fewest keys (sm90_tile_cost)
 // among those that fit it, unless the table's first pair of the NA dim is within
-// kSm90TileGain of it (or the strip pair under NATTN_SM90_STRIPS=1).
+// kSm90TileGain of it (or the strip pair: strips_by_default).
 const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
   if (strips_by_default())
     if (const nattn::KernelEntry* e = strip_pair_for(p, dim)) return e;
@@ -442,8 +451,8 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
     if (!sm90_entry_for(e, p, dim) || !e.backward) continue;
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
-    // The strip pairs' backward (backward_dq_strips.cuh, backward_dkv_strips.cuh) runs only
-    // when named (or under NATTN_SM90_STRIPS=1, above).
+    // The strip pairs' backward (backward_dq_strips.cuh, backward_dkv_strips.cuh) runs when
+    // named or by their own rule (strips_by_default, above).
     if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox)) continue;
     if (n < 8) pairs[n++] = &e;
   }

@@ -24,6 +24,14 @@ if _LIB is None or not _LIB.kernels.get(("sm90", "bfloat16", 2)) or not _LIB.ker
     pytest.skip("needs a libnattn with the sm90 and tc families (bf16, 2-D)", allow_module_level=True)
 
 
+@pytest.fixture(autouse=True)
+def _rules_behind_the_strips(monkeypatch):
+    """The rules below were measured between the tensor-core family and the box pairs: checked
+    with the strip pairs' own rule off (NATTN_SM90_STRIPS=0, read by libnattn on every call);
+    the strip test turns it back on."""
+    monkeypatch.setenv("NATTN_SM90_STRIPS", "0")
+
+
 def families(kernel, rpb: bool, dilation=1, spatial=(28, 28), dim=32, heads=4, batch=8, backward=False):
     """{pass: family} ("tc" or "sm90") of the kernels one bf16 call ran, forward ("forward")
     and with ``backward`` the dK/dV pass ("dkv"). ``kernel`` an int (2-D) or a tuple (its NA
@@ -196,12 +204,19 @@ def test_head_dims_above_128_train_on_sm90_at_any_window():
     assert families(5, rpb=False, dim=192, backward=True) == {"forward": "sm90", "dkv": "sm90"}
 
 
-def test_strips_by_default_switch_runs_the_strip_kernels(monkeypatch):
-    """NATTN_SM90_STRIPS=1 (read by libnattn on every call) runs the strip pairs' forward, dQ and
-    dK/dV kernels on a DiNAT-size layer with an RPB (tc's by default), and its result and
-    gradients match the default's."""
-    def run(switch):
-        monkeypatch.setenv("NATTN_SM90_STRIPS", switch)
+def test_strip_pairs_run_by_default(monkeypatch):
+    """By default (their own rule) a DiNAT-size layer with an RPB runs the strip pairs' forward
+    and dQ pass (and, with an RPB, tc's dK/dV pass; NATTN_SM90_STRIP_DKV=own theirs), and with
+    NATTN_SM90_STRIPS=0 none of them; the results and gradients agree."""
+    def run(strips, dkv=None):
+        if strips:
+            monkeypatch.delenv("NATTN_SM90_STRIPS", raising=False)
+        else:
+            monkeypatch.setenv("NATTN_SM90_STRIPS", "0")
+        if dkv:
+            monkeypatch.setenv("NATTN_SM90_STRIP_DKV", dkv)
+        else:
+            monkeypatch.delenv("NATTN_SM90_STRIP_DKV", raising=False)
         torch.manual_seed(5)
         q, k, v = (torch.randn(4, 28, 28, 4, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
@@ -212,12 +227,13 @@ def test_strips_by_default_switch_runs_the_strip_kernels(monkeypatch):
             torch.cuda.synchronize()
         names = " ".join(e.key for e in prof.key_averages())
         return names, [out.float()] + [t.grad.float() for t in (q, k, v, bias)]
-    names, strips = run("1")
-    for kernel in ("forward_strips_kernel", "backward_dq_strips_kernel", "backward_dkv_strips_kernel"):
-        assert kernel in names, kernel
-    names, default = run("0")
+    names, strips = run(True)
+    assert "forward_strips_kernel" in names and "backward_dq_strips_kernel" in names
+    assert "nattn::tc::backward_dkv_kernel" in names and "backward_dkv_strips_kernel" not in names
+    names, own = run(True, "own")
+    assert "backward_dkv_strips_kernel" in names
+    names, default = run(False)
     assert "strips_kernel" not in names
-    for a, b in zip(strips, default):
-        assert torch.isfinite(a).all()
-        assert ((a - b).norm() / b.norm()).item() < 2e-2
-
+    for a, b, c in zip(strips, own, default):
+        assert torch.isfinite(a).all() and torch.isfinite(b).all()
+        assert ((a - c).norm() / c.norm()).item() < 2e-2 and ((b - c).norm() / c.norm()).item() < 2e-2
