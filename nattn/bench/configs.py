@@ -57,8 +57,8 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
                  "64-query boxes 1.3x in 1-D, 1.5x in 3-D, 0.6x in 2-D at head dim 32, 1-D key boxes copied in "
                  "two or more pieces (box x dilation above 256) 2x, strip pairs the keys their warps' strips "
                  "walk; backward: the pair has a backward; backward default: the pair the backward runs, the one "
-                 "walking the fewest steps; named only: its forward runs only when named, and a strip pair's "
-                 "backward too):")
+                 "walking the fewest steps; named only: the cost model never picks its forward (the strip pairs "
+                 "run by their own rule: wherever they take a problem, unless dilated 4 or more)):")
     unverified = kernel_table.unverified_tile_names()
     width = max(len(c["name"]) for c in configs)
     for c in configs:
