@@ -189,6 +189,21 @@ __device__ __forceinline__ int64_t lse_row(const Params& p, const CtaTile& tile,
   return (int64_t(b) * p.tokens + token) * p.heads + h;
 }
 
+// One online-softmax step of a lane's two rows: the new running maxima from the step's row
+// maxima mx (the quad's, times mul), the exponent offsets m_use (0 for a row with nothing
+// seen yet, which stays at zero), the factors alpha that rescale the row sums l (and O).
+__device__ __forceinline__ void online_max_step(float (&m)[2], float (&l)[2], const float (&mx)[2], float mul,
+                                                float (&m_use)[2], float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = fmaxf(m[r], quad_max(mx[r] * mul));
+    m_use[r] = m_new == -INFINITY ? 0.f : m_new;
+    alpha[r] = fast_exp2(m[r] - m_use[r]);
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+}
+
 // O / l of a lane's two accumulator rows (query box rows qr and qr + 8) into the query tile
 // `stage` (layout R): element 4 n + 2 r + e of o is row r, channel 8 n + 2 t4 + e (the m16n8
 // accumulator layout of wgmma and mma.sync alike).
@@ -455,14 +470,7 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     }
     walk.next(tile);
     float m_use[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], quad_max(mx[r] * mul));
-      m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing seen yet stays at zero
-      alpha[r] = fast_exp2(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
+    online_max_step(m, l, mx, mul, m_use, alpha);
 #pragma unroll
     for (int i = 0; i < kNk / 2; ++i) {
       sc[i] = fast_exp2(fmaf(sc[i], mul, -m_use[(i / 2) % 2]));

@@ -277,14 +277,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
         mx[r] = fmaxf(mx[r], x);
       }
     float m_use[2], alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], quad_max(mx[r] * mul));
-      m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing seen yet stays at zero
-      alpha[r] = fast_exp2(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
+    online_max_step(m, l, mx, mul, m_use, alpha);
     if (!first) {
 #pragma unroll
       for (int n = 0; n < HD / 8; ++n)
