@@ -6,7 +6,9 @@
 // strip's key rows in the forward's chunks, two key rows (32 keys, four n8 tiles) at a time:
 //   S = Q K^T, dP = dO V^T      (mma.sync m16n8k16; K and V read alike with ldmatrix)
 //   P = exp2(S scale log2e + bias - LSE log2e) where the key is in the row's window, else 0
-//   dS = P (dP - delta)         (delta = rowsum(dO O) - dLSE: backward_delta.cuh, run first)
+//   dS = P (dP - delta)         (delta = rowsum(dO O) - dLSE of the CTA's own rows, from its
+//                                dO fragments and O read from global memory: strip_row_delta;
+//                                the pass writes it for the dK/dV pass that runs next)
 //   dQ += dS K                  (dS from the score fragments; K read transposed, as the
 //                                forward reads V)
 // Half-chunks that no lane of the warp keeps (a strip whose windows span 5 or 6 key rows)
@@ -20,6 +22,7 @@
 
 #include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/softmax.cuh"
+#include "nattn/sm90/backward_delta.cuh"
 #include "nattn/sm90/forward_strips.cuh"
 #include "nattn/tc/mma.cuh"
 
@@ -32,6 +35,48 @@ namespace nattn { namespace sm90 {
 template <int NA, int HD, int STAGES>
 constexpr int strip_dq_min_blocks() {
   return HD <= 32 ? 4 : NA == 3 && STAGES > 1 ? 2 : 3;
+}
+
+// O's elements of a lane's dO fragments (query box rows qr and qr + 8; the m16k16 A layout:
+// o[kk][e] holds row e % 2, channels 16 kk + 8 (e / 2) + 2 t4 and the next), zero for a row
+// past the grid. Issued before the wait for the CTA's rows, so their latency overlaps it.
+template <typename T, int NA, int HD, class QB>
+__device__ __forceinline__ void load_out_fragments(const Params& p, const CtaTile& tile, int qr, int t4, int b, int h,
+                                                   uint32_t (&o)[HD / 16][4]) {
+  const T* base = head_base<const T>(p.out, p.out_s, b, h) + 2 * t4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int64_t off;
+    const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, qr + 8 * r, p.out_s, off);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        o[kk][r + 2 * c] = ok ? __ldg(reinterpret_cast<const unsigned*>(base + off + 16 * kk + 8 * c)) : 0u;
+  }
+}
+
+// delta = rowsum(dO O) - dLSE of a lane's two rows from its dO and O fragments (the quad's
+// four lanes hold a row's channels between them). The pass owns its rows: lane t4 = 0 writes
+// their delta (Params::delta) for the dK/dV pass, which reads every query's.
+template <typename T, int HD>
+__device__ __forceinline__ void strip_row_delta(const Params& p, const uint32_t (&d)[HD / 16][4],
+                                                const uint32_t (&o)[HD / 16][4], const bool (&ok)[2],
+                                                const int64_t (&row)[2], int t4, float (&delta)[2]) {
+  float acc[2] = {0.f, 0.f};
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 of = unpack2<T>(o[kk][e]), df = unpack2<T>(d[kk][e]);
+      acc[e % 2] += of.x * df.x + of.y * df.y;
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = quad_sum(acc[r]);  // (every lane: a shuffle)
+    delta[r] = ok[r] ? sum - (p.grad_lse ? p.grad_lse[row[r]] : 0.f) : 0.f;
+    if (ok[r] && t4 == 0) p.delta[row[r]] = delta[r];
+  }
 }
 
 template <typename T, int NA, int HD, class Tl>
@@ -93,15 +138,17 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
   StripLane lane_strip;
   strip_lane<NA, QB>(p, tile, warp, lane, lane_strip);
   const int chunks = lane_strip.chunks, row_mult = lane_strip.row_mult;
-  // The rows' LSE in log2 units (+inf for a row past the grid: no probability) and delta.
-  float lse2[2], dlt[2];
+  // The rows' LSE in log2 units (+inf for a row past the grid: no probability).
+  float lse2[2];
+  int64_t row[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool ok = lane_strip.row_ok[r];
-    const int64_t idx = ok ? lse_row<NA, QB>(p, tile, 16 * warp + g4 + 8 * r, b, h) : 0;
-    lse2[r] = ok ? lse_log2(p.lse[idx]) : INFINITY;
-    dlt[r] = ok ? p.delta[idx] : 0.f;
+    row[r] = ok ? lse_row<NA, QB>(p, tile, 16 * warp + g4 + 8 * r, b, h) : 0;
+    lse2[r] = ok ? lse_log2(p.lse[row[r]]) : INFINITY;
   }
+  uint32_t oa[HD / 16][4];
+  load_out_fragments<T, NA, HD, QB>(p, tile, 16 * warp + g4, t4, b, h, oa);
 
   // ldmatrix row addresses (forward_strips.cuh): K and V as the B operand of S and dP (n8
   // tiles: eight tile rows, 32 channels an x4), K transposed as dQ's (sixteen rows, 16
@@ -120,6 +167,8 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
     tc::ldmatrix_x4(qa[kk], smem + S::kQ + R::offset(16 * warp + lane % 16, 16 * kk + 8 * (lane / 16)));
     tc::ldmatrix_x4(da[kk], smem + S::kDo + R::offset(16 * warp + lane % 16, 16 * kk + 8 * (lane / 16)));
   }
+  float dlt[2];
+  strip_row_delta<T, HD>(p, da, oa, lane_strip.row_ok, row, t4, dlt);
 
   float dq[HD / 8][4];
 #pragma unroll

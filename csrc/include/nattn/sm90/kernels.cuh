@@ -239,7 +239,6 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
     return "an RPB table above 4096 entries per head needs a 128-query tile pair (64-query pairs stage it in shared memory)";
   if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff || num_key_ctas<typename Tl::Q>(p) > 0x7fffffff)
     return "too many query or key boxes for the grid";
-  if (int64_t(p.batch) * p.tokens * p.heads * (HD / 8) / kDeltaThreads >= 0x7fffffff) return "too many rows for the grid";
   // The dK/dV pass finds a query's LSE / delta row in its batch entry as a 32-bit offset.
   if (p.tokens * p.heads > 0x7fffffff) return "more than 2^31 - 1 tokens x heads per batch entry";
   const int lines[3] = {StripLineBox<NA>::extent(0), StripLineBox<NA>::extent(1), StripLineBox<NA>::extent(2)};
@@ -428,8 +427,8 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   if (fixed) drpb_fixed_end(p, kDrpbFixedBits, stream);
 }
 
-// A strip pair's backward: delta, the strip dQ pass (which, with a fixed-point dRPB, records
-// each query head's largest |dS| first), then a dK/dV pass (strip_dkv_own: the strip one, or
+// A strip pair's backward: the strip dQ pass (which computes and writes its rows' delta and,
+// with a fixed-point dRPB, records each query head's largest |dS| first), then a dK/dV pass (strip_dkv_own: the strip one, or
 // the tensor-core family's, instantiated in this translation unit: a build may leave the tc
 // family out) and dRPB's finish. Every step is deterministic.
 template <typename T, int NA, int HD, class Tl>
@@ -450,7 +449,6 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  launch_delta<T, HD>(problem, stream);
   const bool own = strip_dkv_own(p);
   // A staged dRPB sums in fixed point (common/drpb_fixed.cuh) where its workspace can be had.
   const bool stage_drpb = own ? p.rpb != nullptr : drpb_stage_bytes(p) > 0;
