@@ -24,9 +24,6 @@ using namespace nattn::sm90;
 #include "host_rng.h"
 #include "sm90_problems.h"
 
-template <int NA>
-using KeyBox = typename std::conditional<NA == 3, Box<2, 4, 8>, Box<8, 8, 1>>::type;
-
 static int fail(const char* what, const Params& p, long long cta, int warp, int lane) {
   printf("FAIL %s: %d-D spatial %dx%dx%d kernel %dx%dx%d dilation %dx%dx%d causal %d%d%d range [%d %d %d, %d %d %d), "
          "cta %lld warp %d lane %d\n",
@@ -38,9 +35,9 @@ static int fail(const char* what, const Params& p, long long cta, int warp, int 
 
 template <int NA>
 static int check_problems(int count, long long& checks) {
-  using KB = KeyBox<NA>;
+  using KB = StripDkvKeyBox<NA>;
   constexpr int R = NA - 2, C = NA - 1;
-  constexpr int kLineRows = NA == 3 ? kStripDkvRows3d : kStripDkvRows2d;
+  constexpr int kLineRows = kStripDkvRows;
   for (int it = 0; it < count; ++it) {
     Params p = strip_problem<NA>();
     if (rnd(0, 3) == 0)  // a halo rank's query range on one axis

@@ -1,14 +1,14 @@
 // Hopper (sm_90a) NA backward for the strip pairs, dK/dV pass: the strips of the forward
 // turned around (strip_geometry.cuh, "the strip dK/dV pass").
 //
-// A CTA owns a 64-key box of one (batch, KV head, dilation group): 2-D 8 x 8, 3-D 2 x 4 x 8.
-// Thread 0 loads its keys and values once and the union of their inverse neighbourhoods in
-// slabs (2-D: the union's rows at once; 3-D: a frame of them at a time, through a ring of
-// kStages slots, the warps in step), 16 query columns wide (a second column pass where the
-// union is wider), for each query head of the KV head in turn; every thread stages a slab's
-// LSE and delta in shared memory (loaded a slab ahead). Each of the four warps owns
-// two key rows of 8 columns (its 16 keys: the m16 rows) and walks the query lines (16
-// columns, one k16 step) of its keys' inverse rows:
+// A CTA owns a 64-key box of one (batch, KV head, dilation group): 8 x 8 keys (in 3-D of one
+// frame: StripDkvKeyBox). Thread 0 loads its keys and values once and the union of their
+// inverse neighbourhoods in slabs (the union's rows; in 3-D a frame of them at a time, the
+// warps in step), 16 query columns wide (a second column pass where the union is wider), for
+// each query head of the KV head in turn; every thread stages a slab's LSE and delta in
+// shared memory (loaded a slab ahead). Each of the four warps owns two key rows of 8 columns
+// (its 16 keys: the m16 rows) and walks the query lines (16 columns, one k16 step) of its
+// keys' inverse rows:
 //   S^T = K Q^T, dP^T = V dO^T     (mma.sync m16n8k16, two n8 tiles; K and V fragments
 //                                   held in registers from the start)
 //   P^T = exp2(S^T scale log2e + bias - LSE log2e) where the query's window holds the key
@@ -37,10 +37,10 @@ namespace nattn { namespace sm90 {
 template <int NA, int HD>
 struct StripDkvSmem {
   using Keys = TileSmem<HD, kWgRows>;
-  static constexpr int kLineRows = NA == 3 ? kStripDkvRows3d : kStripDkvRows2d;
+  static constexpr int kLineRows = kStripDkvRows;
   using Lines = TileSmem<HD, kLineRows * kStripCols>;
-  // 3-D at head dim 32 rings two frames (65 KB); the others hold one slab (2-D at 64: 86 KB)
-  static constexpr int kStages = NA == 3 && HD <= 32 ? 2 : 1;
+  // One slab (at head dim 64: 86 KB; two CTAs an SM)
+  static constexpr int kStages = 1;
   static constexpr int kK = 0;
   static constexpr int kV = kK + Keys::kBytes;
   static constexpr int kSlots = kV + Keys::kBytes;  // slot s: Q at kSlots + s kSlot, dO Lines::kBytes on
@@ -50,13 +50,14 @@ struct StripDkvSmem {
   static constexpr int kLse = kBars + 64;  // two slabs' (LSE log2, delta) per query, float2
   static constexpr int kBytes = kLse + 2 * kSlabQueries * 8;
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
+  // (3-D at head dim 32 three: at four, 128 registers, it spilled 20 bytes)
   static constexpr int kMinBlocks = HD <= 32 ? (NA == 3 ? 3 : 4) : 2;
 };
 
 // The slab box: 2-D the union's rows x 16 columns, 3-D one frame of them.
 template <int NA>
-using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows3d, kStripCols>,
-                                               Box<kStripDkvRows2d, kStripCols, 1>>::type;
+using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows, kStripCols>,
+                                               Box<kStripDkvRows, kStripCols, 1>>::type;
 
 // Fraction bits of the fixed-point dRPB: a block's keys meet a table entry of a query head
 // through one query each (the entry is the relative position), kWgRows terms at most.
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
                                const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_dk,
                                const __grid_constant__ CUtensorMap map_dv) {
 #if NATTN_SM90_ENABLED
-  using KB = typename Tl::Q;  // the key box: the strip pair's query box shape
+  using KB = StripDkvKeyBox<NA>;
   using S = StripDkvSmem<NA, HD>;
   using Ck = typename S::Keys;
   using Cq = typename S::Lines;
@@ -171,7 +172,8 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   // A slab's queries' LSE (log2 units; +inf past the grid: no probability) and delta, in
   // line order: each thread loads kPer of them into registers (fetch, a slab ahead) and
   // stores them (stash) into the slab's half of the staging buffer before the barrier that
-  // ends the slab before. The rows of the batch entry ([N, H]: an offset fits 32 bits,
+  // ends the slab before. The LSE's conversion waits for the stash: where fetch did it, the
+  // loads' latency stalled the warps before the slab's lines (4% of the pass's samples). The rows of the batch entry ([N, H]: an offset fits 32 bits,
   // prepare_backward_strips checks).
   constexpr int kQueries = S::kSlabQueries, kPer = (kQueries + 127) / 128;
   const float* lse_b = p.lse + int64_t(b) * p.tokens * p.heads;
@@ -187,13 +189,14 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       const int y = tile.lo[R] + q / kStripCols, x = tile.lo[C] + kStripCols * cp + q % kStripCols;
       const bool ok = q < kQueries && y < tile.len[R] && x < tile.len[C];
       const int idx = strip_query_token<NA>(p, tile, t, y, x) * p.heads + h;
-      staged[i] = ok ? make_float2(lse_log2(__ldg(lse_b + idx)), __ldg(delta_b + idx)) : make_float2(INFINITY, 0.f);
+      staged[i] = ok ? make_float2(__ldg(lse_b + idx), __ldg(delta_b + idx)) : make_float2(INFINITY, 0.f);
     }
   };
   auto stash = [&](int f) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
-      if (threadIdx.x + 128 * i < kQueries) lse_buf[(f % 2) * kQueries + threadIdx.x + 128 * i] = staged[i];
+      if (threadIdx.x + 128 * i < kQueries)
+        lse_buf[(f % 2) * kQueries + threadIdx.x + 128 * i] = make_float2(lse_log2(staged[i].x), staged[i].y);
   };
   const float scale_log2 = p.scale_log2;
 

@@ -197,7 +197,8 @@ const char* encode_maps(const Params& p, const MapRequest (&maps)[N], int& heads
 // What prepare_backward_strips leaves for launch_backward_strips: the strip dQ pass's maps
 // (Q and dO with the query box; K and V with the union's box, a frame of it in 3-D; dQ's for
 // the bulk store where it can be had, else per-lane stores) and the strip dK/dV pass's (Q
-// and dO with the slab box of query lines, K and V with the key box, dK's and dV's).
+// and dO with the slab box of query lines, K and V with its key box, StripDkvKeyBox, dK's
+// and dV's).
 struct StripBackwardLaunch {
   CUtensorMap q, grad_out, k, v, dq;
   CUtensorMap kv_q, kv_do, kv_k, kv_v, dk, dv;
@@ -228,16 +229,18 @@ inline bool strip_dkv_own(const Params& p) {
 template <typename T, int NA, int HD, class Tl>
 const char* prepare_backward_strips(const Params& p, void* workspace) {
   if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32 or 64)";
-  int qbox[3], kbox[3];
+  using DkvBox = StripDkvKeyBox<NA>;
+  int qbox[3], kbox[3], dkv_box[3];
   for (int a = 0; a < 3; ++a) {
     qbox[a] = Tl::Q::extent(a);
     kbox[a] = Tl::K::extent(a);
+    dkv_box[a] = DkvBox::extent(a);
   }
   if (const char* why = strip_declines(p, qbox, kbox)) return why;
   strip_key_map_box(NA, kbox);
   if (p.rpb && p.rpb_head_size > kSmallRpbStageFloats)
     return "an RPB table above 4096 entries per head needs a 128-query tile pair (64-query pairs stage it in shared memory)";
-  if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff || num_key_ctas<typename Tl::Q>(p) > 0x7fffffff)
+  if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff || num_key_ctas<DkvBox>(p) > 0x7fffffff)
     return "too many query or key boxes for the grid";
   // The dK/dV pass finds a query's LSE / delta row in its batch entry as a 32-bit offset.
   if (p.tokens * p.heads > 0x7fffffff) return "more than 2^31 - 1 tokens x heads per batch entry";
@@ -250,14 +253,14 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
       {"v", kRowsV, &l->v, p.v_s, p.v, p.heads_kv, kbox},
       {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, lines},
       {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, lines},
-      {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, qbox},
-      {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, qbox},
+      {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, dkv_box},
+      {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, dkv_box},
   };
   l->heads_outer = 0;
   if (const char* why = encode_maps<HD, T>(p, maps, l->heads_outer)) return why;
   l->dq_map = encode_store_map<HD, T>(p, p.dq_s, p.dq, p.heads, qbox, &l->dq, kRowsGradQ, l->heads_outer);
-  const bool dk_map = encode_store_map<HD, T>(p, p.dk_s, p.dk, p.heads_kv, qbox, &l->dk, kRowsGradK, l->heads_outer);
-  const bool dv_map = encode_store_map<HD, T>(p, p.dv_s, p.dv, p.heads_kv, qbox, &l->dv, kRowsGradV, l->heads_outer);
+  const bool dk_map = encode_store_map<HD, T>(p, p.dk_s, p.dk, p.heads_kv, dkv_box, &l->dk, kRowsGradK, l->heads_outer);
+  const bool dv_map = encode_store_map<HD, T>(p, p.dv_s, p.dv, p.heads_kv, dkv_box, &l->dv, kRowsGradV, l->heads_outer);
   l->dkv_maps = dk_map && dv_map;
   return nullptr;
 }
@@ -463,7 +466,7 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
     pk.out_map = l->dkv_maps;
     // the query heads' RPB tables and their dRPB tables in shared memory
     const int tables = p.rpb ? int(2 * int64_t(p.groups) * p.rpb_head_size * int64_t(sizeof(float))) : 0;
-    const dim3 kgrid(unsigned(num_key_ctas<typename Tl::Q>(p)), unsigned(p.heads_kv), unsigned(p.batch));
+    const dim3 kgrid(unsigned(num_key_ctas<StripDkvKeyBox<NA>>(p)), unsigned(p.heads_kv), unsigned(p.batch));
     backward_dkv_strips_kernel<T, NA, HD, Tl><<<kgrid, 128, Sk::kAlloc + tables, stream>>>(
         pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk, l->dv);
     if (fixed) drpb_fixed_end(p, kStripDrpbBits, stream);

@@ -129,23 +129,28 @@ NATTN_HD int strip_bias_offset(int row_mult, int j, int e) { return (j / 2) * ro
 NATTN_HD int strip_chunk_bias(int row_mult, int ch) { return kStripChunkRows * ch * row_mult; }
 
 // ------------------------------------------------------------------ the strip dK/dV pass
-// (backward_dkv_strips.cuh) A CTA owns a 64-key box of one (batch, KV head, dilation group),
-// shaped as the strip pair's query box (2-D 8 x 8, 3-D 2 x 4 x 8), and walks the union of its
-// keys' inverse neighbourhoods (the queries whose windows hold them: key_inverse, per axis)
-// in lines of 16 query columns, one k16 step of dV += P^T dO and dK += dS^T Q. Warp w owns
-// the box rows 16 w .. 16 w + 15 (two key rows of 8 columns: 2-D rows 2 w, 2 w + 1; 3-D frame
-// w / 2, rows 2 (w % 2) and + 1), the m16 rows of its products; a lane's accumulator rows
+// (backward_dkv_strips.cuh) A CTA owns a 64-key box of one (batch, KV head, dilation group)
+// of 8 x 8 keys (StripDkvKeyBox: in 3-D one frame of them, so that its four warps need the
+// same query frames and none idles at the per-slab barrier; a 2 x 4 x 8 box's two warp pairs
+// needed 5 of its union's 6 frames each: 12% of the pass's stall samples on video-3d, PERF.md
+// forty-fourth session), and walks the union of its keys' inverse neighbourhoods (the
+// queries whose windows hold them: key_inverse, per axis) in lines of 16 query columns, one
+// k16 step of dV += P^T dO and dK += dS^T Q. Warp w owns the box rows 16 w .. 16 w + 15 (key
+// rows 2 w and 2 w + 1 of 8 columns), the m16 rows of its products; a lane's accumulator rows
 // lane / 4 and + 8 are the keys (row 0 or 1 of the strip, column lane / 4). The union is
-// copied in slabs: 2-D its rows at once (up to kStripDkvRows2d: 8 key rows' inverse ranges
-// under windows up to 7 rows, wider at the grid's borders, where windows shift inward), 3-D a
-// frame of rows at a time (up to kStripDkvRows3d for 4 key rows), each 16 columns wide from
-// the union's first column, and once more 16 columns on when the union is wider (up to 24
-// columns: 8 key columns, windows up to 9). A warp walks the lines of its keys' rows (and, in
-// 3-D, of its key frame's inverse frames); a score's mask is separable: the line's row in the
-// key's inverse rows and the query column in the lane's key column's inverse columns.
-constexpr int kStripDkvRows2d = 17;
-constexpr int kStripDkvRows3d = 14;
+// copied in slabs of its rows (up to kStripDkvRows: 8 key rows' inverse ranges under windows
+// up to 7 rows, wider at the grid's borders, where windows shift inward), a frame of them at
+// a time in 3-D, each 16 columns wide from the union's first column, and once more 16 columns
+// on when the union is wider (up to 24 columns: 8 key columns, windows up to 9). A warp walks
+// the lines of its keys' rows (in 3-D in each of the key frame's inverse frames); a score's
+// mask is separable: the line's row in the key's inverse rows and the query column in the
+// lane's key column's inverse columns.
+constexpr int kStripDkvRows = 17;
 constexpr int kStripDkvPasses = 2;  // column passes of kStripCols
+
+// The dK/dV pass's key box: 8 x 8 keys of one frame.
+template <int NA>
+using StripDkvKeyBox = typename std::conditional<NA == 3, Box<1, 8, 8>, Box<8, 8, 1>>::type;
 
 struct StripKeyLane {
   int y_lo[2], y_hi[2];  // each key's inverse query rows, group coordinates, inclusive (empty: a key past the grid)
