@@ -2,7 +2,7 @@
 // (forward_strips.cuh, strip_geometry.cuh) with the dQ pass's products.
 //
 // Thread 0 loads the query box's Q and dO rows and the window union's keys and values (2-D at
-// once, 3-D a frame a ring slot, the warps in step, as the forward); each warp walks its
+// once, 3-D a frame a ring slot, refilled by the last warp done with it, as the forward); each warp walks its
 // strip's key rows in the forward's chunks, two key rows (32 keys, four n8 tiles) at a time:
 //   S = Q K^T, dP = dO V^T      (mma.sync m16n8k16; K and V read alike with ldmatrix)
 //   P = exp2(S scale log2e + bias - LSE log2e) where the key is in the row's window, else 0
@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* rows_full = bars;
   uint64_t* full = bars + 1;
+  int* done = reinterpret_cast<int*>(smem + S::kDone);
 
   CtaTile tile;
   if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform
@@ -116,6 +117,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
     prefetch_tensor_map(&map_v);
     mbar_init(rows_full, 1);
     for (int s = 0; s < kStages; ++s) mbar_init(full + s, 1);
+    strip_walk_init<Cta>(done);
     fence_barrier_init();
   }
   __syncthreads();
@@ -238,7 +240,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
   };
   auto walk = [&](auto rpb_tag) {
     strip_walk_slabs<Cta>(
-        slabs, lane_strip, full,
+        slabs, lane_strip, full, done,
         [&](int slot, int fi) {
           for (int ch = 0; ch < chunks; ++ch)
             chunk(rpb_tag, smem + strip_at + slot * S::kSlot, ch, fi * lane_strip.frame_mult);

@@ -9,8 +9,8 @@
 // the union's rows: 8 x 16 keys a query in 2-D (2.6x a 7 x 7 window), 8 x 16 per frame of
 // the window in 3-D (5 x 8 x 16 for 5 x 7 x 7: 2.6x; the 4 x 4 x 8 wgmma CTAs walk 5.2x).
 // 2-D loads the whole union (one 14 x 16 key box) once; 3-D loads it a frame at a time (10 x
-// 16 keys) into a two-slot ring, the warps in step (a CTA barrier per frame, then thread 0
-// refills the slot), each computing on the frames of its window.
+// 16 keys) into a two-slot ring, each warp computing on the frames of its window; the last
+// warp done with a slot refills it (strip_walk_slabs).
 //
 // A warp's 16 queries are the m16 rows (box rows 16 w .. 16 w + 15); it walks its key rows in
 // chunks of kStripChunkRows (64 keys, eight n8 tiles: strip_geometry.cuh has the geometry), K
@@ -81,7 +81,8 @@ struct StripSmem {
   static constexpr int kK = kQ + kRowTiles * Rows::kBytes;  // slot s: K at kK + s kSlot, V kSlot / 2 on
   static constexpr int kSlot = 2 * Cols::kBytes;
   static constexpr int kBars = kK + Cta::kStages * kSlot;  // rows_full, full[kStages]
-  static constexpr int kBytes = kBars + 8 * (1 + Cta::kStages);
+  static constexpr int kDone = kBars + 8 * (1 + Cta::kStages);  // per slot: warps done with it (strip_walk_slabs)
+  static constexpr int kBytes = kDone + 4 * Cta::kStages;
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
   static constexpr int kRpbFloats = kSmallRpbStageFloats + 2 * Cta::kRpbGuard;
 };
@@ -132,20 +133,37 @@ __device__ __forceinline__ void stage_strip_rpb(const Params& p, int h, float* b
   __syncthreads();
 }
 
-// The walk over the slabs, the warps in step: each warp runs body(slot, fi) on the slabs of
-// its window (fi: the strip's frame index, 0 in 2-D); a slot is refilled (thread 0:
-// refill(f)) once every warp is done with it (named barrier 2).
+// Zeroes the walk's counts (thread 0, before the CTA's first barrier).
+template <class Cta>
+__device__ __forceinline__ void strip_walk_init(int* done) {
+  for (int s = 0; s < Cta::kStages; ++s) done[s] = 0;
+}
+
+// The walk over the slabs: each warp runs body(slot, fi) on the slabs of its window (fi: the
+// strip's frame index, 0 in 2-D) and skips the others; the last warp done with a slot refills
+// it (refill(f), from its lane 0), counted in done[slot] (it grows by the warps each use, so
+// it needs no reset). The warps are not in step: in 3-D the box's two frames need 5 of the
+// union's 6 frames each, and a pair that skips a slab goes on to the next while the other
+// computes on it (with a CTA barrier a slab the pairs idled a slab in six: 8.6% of video-3d's
+// dQ pass's stall samples, PERF.md forty-fourth session).
 template <class Cta, class Body, class Refill>
-__device__ __forceinline__ void strip_walk_slabs(int slabs, const StripLane& lane_strip, uint64_t* full, Body&& body,
-                                                 Refill&& refill) {
-  constexpr int kStages = Cta::kStages;
+__device__ __forceinline__ void strip_walk_slabs(int slabs, const StripLane& lane_strip, uint64_t* full, int* done,
+                                                 Body&& body, Refill&& refill) {
+  constexpr int kStages = Cta::kStages, kWarps = Cta::kThreads / 32;
   for (int f = 0; f < slabs; ++f) {
     mbar_wait(full + f % kStages, (f / kStages) & 1);
     const int fi = f - lane_strip.ft;
     if (fi >= 0 && fi < lane_strip.frames) body(f % kStages, fi);
     if (f + kStages < slabs) {
-      named_sync(2, Cta::kThreads);
-      if (threadIdx.x == 0) refill(f + kStages);
+      __syncwarp();  // the warp's reads of the slot are done
+      if (threadIdx.x % 32 == 0) {
+        __threadfence_block();  // ... before its count
+        if (atomicAdd(done + f % kStages, 1) == kWarps * (f / kStages + 1) - 1) {
+          __threadfence_block();  // every warp's count before the copy
+          refill(f + kStages);
+        }
+      }
+      __syncwarp();
     }
   }
 }
@@ -170,6 +188,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* q_full = bars;
   uint64_t* full = bars + 1;
+  int* done = reinterpret_cast<int*>(smem + S::kDone);
 
   CtaTile tile;
   if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform
@@ -185,6 +204,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
     prefetch_tensor_map(&map_v);
     mbar_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) mbar_init(full + s, 1);
+    strip_walk_init<Cta>(done);
     fence_barrier_init();
   }
   __syncthreads();
@@ -306,12 +326,12 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
       }
     }
   };
-  // The walk over the slabs, in step: each warp computes on the frames of its window; a slot
-  // is refilled once every warp is done with it. One instance with the RPB and one without (a
+  // The walk over the slabs: each warp computes on the frames of its window; a slot is
+  // refilled once every warp is done with it. One instance with the RPB and one without (a
   // uniform branch per call, not per score).
   auto walk = [&](auto rpb_tag) {
     strip_walk_slabs<Cta>(
-        slabs, lane_strip, full,
+        slabs, lane_strip, full, done,
         [&](int slot, int fi) {
           for (int ch = 0; ch < chunks; ++ch)
             chunk(rpb_tag, smem + strip_at + slot * S::kSlot, ch, fi * lane_strip.frame_mult, fi == 0 && ch == 0);
