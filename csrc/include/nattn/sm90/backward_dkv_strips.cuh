@@ -173,8 +173,8 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   // line order: each thread loads kPer of them into registers (fetch, a slab ahead) and
   // stores them (stash) into the slab's half of the staging buffer before the barrier that
   // ends the slab before. The LSE's conversion waits for the stash: where fetch did it, the
-  // loads' latency stalled the warps before the slab's lines (4% of the pass's samples). The rows of the batch entry ([N, H]: an offset fits 32 bits,
-  // prepare_backward_strips checks).
+  // loads' latency stalled the warps before the slab's lines (4% of the pass's samples). The
+  // rows of the batch entry ([N, H]: an offset fits 32 bits, prepare_backward_strips checks).
   constexpr int kQueries = S::kSlabQueries, kPer = (kQueries + 127) / 128;
   const float* lse_b = p.lse + int64_t(b) * p.tokens * p.heads;
   const float* delta_b = p.delta + int64_t(b) * p.tokens * p.heads;

@@ -2,8 +2,9 @@
 // (forward_strips.cuh, strip_geometry.cuh) with the dQ pass's products.
 //
 // Thread 0 loads the query box's Q and dO rows and the window union's keys and values (2-D at
-// once, 3-D a frame a ring slot, refilled by the last warp done with it, as the forward); each warp walks its
-// strip's key rows in the forward's chunks, two key rows (32 keys, four n8 tiles) at a time:
+// once, 3-D a frame a ring slot, refilled by the last warp done with it, as the forward); each
+// warp walks its strip's key rows in the forward's chunks, two key rows (32 keys, four n8
+// tiles) at a time:
 //   S = Q K^T, dP = dO V^T      (mma.sync m16n8k16; K and V read alike with ldmatrix)
 //   P = exp2(S scale log2e + bias - LSE log2e) where the key is in the row's window, else 0
 //   dS = P (dP - delta)         (delta = rowsum(dO O) - dLSE of the CTA's own rows, from its

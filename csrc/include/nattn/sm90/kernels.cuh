@@ -431,9 +431,10 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
 }
 
 // A strip pair's backward: the strip dQ pass (which computes and writes its rows' delta and,
-// with a fixed-point dRPB, records each query head's largest |dS| first), then a dK/dV pass (strip_dkv_own: the strip one, or
-// the tensor-core family's, instantiated in this translation unit: a build may leave the tc
-// family out) and dRPB's finish. Every step is deterministic.
+// with a fixed-point dRPB, records each query head's largest |dS| first), then a dK/dV pass
+// (strip_dkv_own: the strip one, or the tensor-core family's, instantiated in this
+// translation unit: a build may leave the tc family out) and dRPB's finish. Every step is
+// deterministic.
 template <typename T, int NA, int HD, class Tl>
 void launch_backward_strips(const Params& problem, cudaStream_t stream) {
   const StripBackwardLaunch* l = static_cast<const StripBackwardLaunch*>(problem.prepared);
