@@ -130,6 +130,38 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
                                 keys_full, c);
     for (int f = 0; f < kStages && f < slabs; ++f) load_slab(f);
   }
+  // A slab's queries' LSE (log2 units; +inf past the grid: no probability) and delta, in
+  // line order: each thread loads kPer of them into registers (fetch, a slab ahead) and
+  // stores them (stash) into the slab's half of the staging buffer before the barrier that
+  // ends the slab before. The LSE's conversion waits for the stash: where fetch did it, the
+  // loads' latency stalled the warps before the slab's lines (4% of the pass's samples). The
+  // rows of the batch entry ([N, H]: an offset fits 32 bits, prepare_backward_strips checks).
+  // The first slab's loads go out before the RPB staging and the wait for the keys.
+  constexpr int kQueries = S::kSlabQueries, kPer = (kQueries + 127) / 128;
+  const float* lse_b = p.lse + int64_t(b) * p.tokens * p.heads;
+  const float* delta_b = p.delta + int64_t(b) * p.tokens * p.heads;
+  float2* lse_buf = reinterpret_cast<float2*>(smem + S::kLse);
+  float2 staged[kPer];
+  auto fetch = [&](int f) {
+    const int h = hk * p.groups + f / per_head, within = f % per_head;
+    const int cp = within / frames, t = tile.lo[0] + within % frames;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int q = threadIdx.x + 128 * i;
+      const int y = tile.lo[R] + q / kStripCols, x = tile.lo[C] + kStripCols * cp + q % kStripCols;
+      const bool ok = q < kQueries && y < tile.len[R] && x < tile.len[C];
+      const int idx = strip_query_token<NA>(p, tile, t, y, x) * p.heads + h;
+      staged[i] = ok ? make_float2(__ldg(lse_b + idx), __ldg(delta_b + idx)) : make_float2(INFINITY, 0.f);
+    }
+  };
+  auto stash = [&](int f) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (threadIdx.x + 128 * i < kQueries)
+        lse_buf[(f % 2) * kQueries + threadIdx.x + 128 * i] = make_float2(lse_log2(staged[i].x), staged[i].y);
+  };
+  if (slabs > 0) fetch(0);
+
   // The query heads' RPB tables times log2(e), and their fixed-point dRPB tables zeroed.
   const bool has_rpb = p.rpb != nullptr;
   const int table = int(p.rpb_head_size);
@@ -169,35 +201,6 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
 
-  // A slab's queries' LSE (log2 units; +inf past the grid: no probability) and delta, in
-  // line order: each thread loads kPer of them into registers (fetch, a slab ahead) and
-  // stores them (stash) into the slab's half of the staging buffer before the barrier that
-  // ends the slab before. The LSE's conversion waits for the stash: where fetch did it, the
-  // loads' latency stalled the warps before the slab's lines (4% of the pass's samples). The
-  // rows of the batch entry ([N, H]: an offset fits 32 bits, prepare_backward_strips checks).
-  constexpr int kQueries = S::kSlabQueries, kPer = (kQueries + 127) / 128;
-  const float* lse_b = p.lse + int64_t(b) * p.tokens * p.heads;
-  const float* delta_b = p.delta + int64_t(b) * p.tokens * p.heads;
-  float2* lse_buf = reinterpret_cast<float2*>(smem + S::kLse);
-  float2 staged[kPer];
-  auto fetch = [&](int f) {
-    const int h = hk * p.groups + f / per_head, within = f % per_head;
-    const int cp = within / frames, t = tile.lo[0] + within % frames;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int q = threadIdx.x + 128 * i;
-      const int y = tile.lo[R] + q / kStripCols, x = tile.lo[C] + kStripCols * cp + q % kStripCols;
-      const bool ok = q < kQueries && y < tile.len[R] && x < tile.len[C];
-      const int idx = strip_query_token<NA>(p, tile, t, y, x) * p.heads + h;
-      staged[i] = ok ? make_float2(__ldg(lse_b + idx), __ldg(delta_b + idx)) : make_float2(INFINITY, 0.f);
-    }
-  };
-  auto stash = [&](int f) {
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (threadIdx.x + 128 * i < kQueries)
-        lse_buf[(f % 2) * kQueries + threadIdx.x + 128 * i] = make_float2(lse_log2(staged[i].x), staged[i].y);
-  };
   const float scale_log2 = p.scale_log2;
 
   float* drpb_kv = has_rpb ? p.drpb + int64_t(hk) * p.groups * table : nullptr;  // (without the fixed point)
@@ -285,8 +288,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   // refilled once every warp is done with it (named barrier 2).
   auto walk = [&](auto rpb_tag, auto fixed_tag) {
     float fscale = 0.f;
-    if (slabs > 0) {
-      fetch(0);
+    if (slabs > 0) {  // (fetch(0) went out before the keys' wait)
       stash(0);
       __syncthreads();
     }
