@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -205,6 +205,27 @@ if [[ $what == *stripcheck* ]]; then
   for tool in memcheck racecheck; do
     NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=strips timeout 280 compute-sanitizer --tool $tool \
       python3 tests/gpu/sanitize_sm90.py 2>&1 | tail -3 | tee "$OUT/strips_$tool.txt"
+  done
+fi
+# stripverify: after a change to the strip passes, in one call of ~4 minutes: their tests
+# (forward and backward, 100 random cases a sweep), racecheck and memcheck on the strips
+# section, the default dispatch on the issue rows (GPU ms, forward + backward) and the
+# per-kernel split. STRIP_BASE=path.so (a library built before the change: e.g.
+# benchmarks/build_variants.sh in a worktree) times it in the same call.
+if [[ $what == *stripverify* ]]; then
+  NATTN_SM90_STRIP_CASES=100 NATTN_SM90_STRIP_BWD_CASES=100 NATTN_FAMILY=sm90 timeout 150 python3 -m pytest -q -n 0 \
+    -m gpu -p no:cacheprovider tests/gpu/test_sm90_forward.py tests/gpu/test_sm90_backward.py -k strip 2>&1 \
+    | tail -3 | tee "$OUT/stripverify_tests.txt"
+  for tool in racecheck memcheck; do
+    NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=strips NATTN_SANITIZE_CASES=6 timeout 90 compute-sanitizer --tool $tool \
+      python3 tests/gpu/sanitize_sm90.py 2>&1 | tail -2 | tee -a "$OUT/stripverify_tests.txt"
+  done
+  probs=${SV_PROBLEMS:-dinat-s1-2d,mid-2d-k13,video-3d,16x32x32-k5x7x7-b2-h8-d32,8x64x64-k3x7x7-b1-h8-d64}
+  for spec in ${STRIP_BASE:+base=$STRIP_BASE} new=$PWD/nattn/_cuda/libnattn.so; do
+    NATTN_LIBRARY=${spec#*=} timeout 90 python3 benchmarks/library_ab.py "${spec%%=*}" "$probs" graphs bwd 2>&1 \
+      | grep -v "^ \|^Traceback" | tee -a "$OUT/stripverify_bench.txt"
+    (cd benchmarks && NATTN_LIBRARY=${spec#*=} timeout 60 python3 kernel_split.py --only dinat-s1-2d,video-3d 2>&1 \
+      | grep "ms" | sed "s/^/${spec%%=*} /" | tee -a "$OUT/stripverify_bench.txt")
   done
 fi
 # small 2-D and 3-D windows for striptime / stripbwd (ad-hoc shapes: benchmarks/library_ab.py)
