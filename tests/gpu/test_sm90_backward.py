@@ -206,6 +206,19 @@ def test_sm90_strip_backward(case, mode, monkeypatch):
     compare(case)
 
 
+# With an RPB the strip pairs run the tensor-core family's dK/dV pass by default; their own
+# (dRPB summed in fixed point, an integer atomic per kept score) stays selectable with
+# NATTN_SM90_STRIP_DKV=own: the sweep's cases with an RPB on it.
+STRIP_BWD_RPB = [c for c in STRIP_BWD if c.rpb]
+
+
+@pytest.mark.parametrize("case", STRIP_BWD_RPB, ids=[f"strip-rpb{i}-{c}" for i, c in enumerate(STRIP_BWD_RPB)])
+def test_sm90_strip_backward_own_dkv_with_rpb(case, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
+    monkeypatch.setenv("NATTN_SM90_STRIP_DKV", "own")
+    compare(case)
+
+
 STRIP_SMALL = [dataclasses.replace(c, layout="plain") for c in strip_sweep(60, seed=6666) + strip_sweep(60, seed=6767, na_dim=3)
                if c.batch * c.heads * math.prod(c.spatial) <= 6000][:12]
 
@@ -216,11 +229,14 @@ def test_sm90_strip_backward_against_float64(case, monkeypatch):
     test_sm90_backward_against_float64(case)
 
 
-@pytest.mark.parametrize("rpb", [False, True])
-def test_sm90_strip_backward_is_deterministic(rpb, monkeypatch):
+@pytest.mark.parametrize("rpb,dkv", [(False, None), (True, None), (True, "own")])
+def test_sm90_strip_backward_is_deterministic(rpb, dkv, monkeypatch):
     """The strip pairs' backward is bitwise repeatable (dQ rows written once; each key's
-    gradients one CTA's; dRPB in fixed point from the dQ pass's largest |dS|)."""
+    gradients one CTA's; dRPB in fixed point from the dQ pass's largest |dS|), with an RPB
+    through the tensor-core dK/dV pass (the default) and through their own."""
     monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[2])
+    if dkv:
+        monkeypatch.setenv("NATTN_SM90_STRIP_DKV", dkv)
     assert_deterministic(spatial=(40, 56), kernel=(7, 7), dim=32, rpb=rpb, seed=41)
 
 
