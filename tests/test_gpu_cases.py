@@ -1,7 +1,9 @@
 """The GPU tier's random sweeps draw from what the loaded library holds (tests/gpu/gpu_cases.py,
 built_space): a developer build (one dtype, two head dims) gets cases it runs; a full build
-the same cases as before. CPU only: a stand-in library."""
+the same cases as before; each run draws fresh data for them (data_seed). CPU only: a
+stand-in library."""
 
+import dataclasses
 import os
 import sys
 
@@ -35,3 +37,19 @@ def test_full_build_draws_the_whole_space(monkeypatch):
     without = gpu_cases.sweep(50)
     fake_library.install(monkeypatch, fake_library.FakeLibrary())
     assert [str(c) for c in gpu_cases.sweep(50)] == [str(c) for c in without]
+
+
+def test_each_run_draws_fresh_data_for_the_same_cases(monkeypatch):
+    """The sweeps' cases (shapes, ids) are fixed by their seeds; their data mix in the run's
+    seed (NATTN_TEST_SEED), so two runs test different inputs and a run replays exactly."""
+    monkeypatch.setitem(fake_library.library._state, "lib", None)
+    case = dataclasses.replace(gpu_cases.sweep(1)[0], dtype=torch.float32, layout="plain")
+    drawn = {}
+    for run in (11, 12, 11):
+        monkeypatch.setattr(gpu_cases, "RUN_SEED", run)
+        t, _ = gpu_cases.make_inputs(case, device="cpu")
+        if run in drawn:
+            assert torch.equal(t["query"], drawn[run])
+        drawn[run] = t["query"].detach().clone()
+    assert not torch.equal(drawn[11], drawn[12])
+    assert torch.isfinite(drawn[12]).all()

@@ -85,9 +85,20 @@ def sweep(count: int, seed: int = 1234, wide: bool = False):
     return [random_case(rng, 1 + i % 3, wide, dtypes, head_dims) for i in range(count)]
 
 
+# Each run draws fresh data for the same cases: a case's seed (which fixes its shape and
+# test id) mixed with the run's (tests/conftest.py's NATTN_TEST_SEED, printed in pytest's
+# header: set it to replay a run's data).
+RUN_SEED = int(os.environ.get("NATTN_TEST_SEED", "0"))
+
+
+def data_seed(seed: int) -> int:
+    """The generator seed of a case's data in this run."""
+    return (seed + 1_000_003 * RUN_SEED) % 2**62
+
+
 def make_inputs(case: GpuCase, device="cuda"):
-    """Fresh random inputs; q/k/v in the case's memory layout, all requiring grad."""
-    g = torch.Generator(device=device).manual_seed(case.seed)
+    """Fresh random inputs (data_seed); q/k/v in the case's memory layout, all requiring grad."""
+    g = torch.Generator(device=device).manual_seed(data_seed(case.seed))
     b, sp, h, hk, d, dv = case.batch, case.spatial, case.heads, case.heads_kv, case.dim, case.dim_v
 
     def rnd(*shape):
@@ -183,7 +194,7 @@ def compare_dropout(case: GpuCase, p: float, tol: float, lse_tol: float = 1e-4):
     params = dropout_params(case, q, k, v, rpb, p)
     assert cuda.na_not_supported_reasons(q, k, v, rpb, params, True) == [], "cuda declined the dropout problem"
     rng = dropout.draw_rng(q.device)
-    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
+    g = torch.Generator(device="cuda").manual_seed(data_seed(case.seed + 1))
     g_out = torch.randn(*q.shape[:-1], v.shape[-1], generator=g, device="cuda").to(q.dtype)
     g_lse = torch.randn(q.shape[:-1], generator=g, device="cuda")
     o_c, l_c, grads_c = run_backend(cuda, q, k, v, rpb, params, rng, g_out, g_lse)
@@ -218,7 +229,7 @@ def forward_backward(case: GpuCase, backend, leaves_of=None, heads_first_grad=Fa
     if leaves_of is not None:
         t, leaves = leaves_of(t, leaves)
     out, lse = functional_call(case, t, 0.0, backend)
-    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
+    g = torch.Generator(device="cuda").manual_seed(data_seed(case.seed + 1))
     shape = out.shape if not heads_first_grad else (out.shape[0], out.shape[-2], *out.shape[1:-2], out.shape[-1])
     g_out = torch.randn(shape, generator=g, device="cuda").to(out.dtype)
     if heads_first_grad:
@@ -245,7 +256,7 @@ def seeded_forward_backward(case: GpuCase, p: float, seed: int, backend="cuda"):
     t, leaves = make_inputs(case)
     torch.manual_seed(seed)
     out, lse = functional_call(case, t, p, backend)
-    g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
+    g = torch.Generator(device="cuda").manual_seed(data_seed(case.seed + 1))
     g_out = torch.randn(out.shape, generator=g, device="cuda").to(out.dtype)
     g_lse = torch.randn(lse.shape, generator=g, device="cuda")
     grads = torch.autograd.grad([out, lse], leaves, [g_out, g_lse])

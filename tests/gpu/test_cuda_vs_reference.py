@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nattn  # noqa: E402
-from gpu_cases import make_inputs, rel_err, sweep  # noqa: E402
+from gpu_cases import data_seed, make_inputs, rel_err, sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -57,7 +57,7 @@ def compare(case):
                                        case.scale, t.get("rpb")), True)
             assert not reasons, f"cuda backend refused a supported case: {reasons}"
         out, lse = run(case, t, backend)
-        g = torch.Generator(device="cuda").manual_seed(case.seed + 1)
+        g = torch.Generator(device="cuda").manual_seed(data_seed(case.seed + 1))
         g_out = torch.randn(out.shape, generator=g, device="cuda").to(out.dtype)
         g_lse = torch.randn(lse.shape, generator=g, device="cuda")
         grads = torch.autograd.grad([out, lse], leaves, [g_out, g_lse])
