@@ -43,6 +43,14 @@
 #ifndef NATTN_SM90_STRIP_STAGES_3D
 #define NATTN_SM90_STRIP_STAGES_3D 2
 #endif
+// Build switch for A/B runs: 1 computes both chunks' scores of a slab before the first
+// chunk's softmax (where the strip walks two), so that the second chunk's products run in the
+// tensor pipe during the first's softmax (the strips run at two to four warps a scheduler,
+// latency-bound: PERF.md forty-fourth session). Head dim 64 only: its 32 more score
+// registers fit there (2-D 165, 3-D 236, no spills) and spill at head dim 32's 128.
+#ifndef NATTN_SM90_STRIP_PIPELINE
+#define NATTN_SM90_STRIP_PIPELINE 0
+#endif
 
 namespace nattn { namespace sm90 {
 
@@ -256,11 +264,11 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
   // the scale folds into the exponent (as forward.cuh).
   const bool fold = !has_rpb && p.scale_log2 > 0.f;
   const float mul = fold ? p.scale_log2 : 1.f;
-  // Chunk ch of the strip's walk over the slot at `slot_at` (the strip's first row), frame
-  // part `frame_bias` of the RPB index; `first`: the walk's first chunk (no O to rescale).
-  auto chunk = [&](auto rpb_tag, const unsigned char* slot_at, int ch, int frame_bias, bool first) {
-    constexpr bool kRpb = decltype(rpb_tag)::value;
-    float sc[2 * kStripChunkRows][4];
+  // Chunk ch of the strip's walk over the slot at `slot_at` (the strip's first row): its
+  // scores S = Q K^T, then (consume) the mask, the RPB (frame part `frame_bias` of its index),
+  // online softmax and O += P V; `first`: the walk's first chunk (no O to rescale).
+  using Scores = float[2 * kStripChunkRows][4];
+  auto scores = [&](const unsigned char* slot_at, int ch, Scores& sc) {
 #pragma unroll
     for (int j = 0; j < 2 * kStripChunkRows; ++j) {
 #pragma unroll
@@ -274,6 +282,9 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
         M::run(sc[j], qa[2 * x + 1], kb + 2);
       }
     }
+  };
+  auto consume = [&](auto rpb_tag, Scores& sc, const unsigned char* slot_at, int ch, int frame_bias, bool first) {
+    constexpr bool kRpb = decltype(rpb_tag)::value;
     if (!kRpb && !fold) {
 #pragma unroll
       for (int j = 0; j < 2 * kStripChunkRows; ++j)
@@ -333,8 +344,21 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
     strip_walk_slabs<Cta>(
         slabs, lane_strip, full, done,
         [&](int slot, int fi) {
-          for (int ch = 0; ch < chunks; ++ch)
-            chunk(rpb_tag, smem + strip_at + slot * S::kSlot, ch, fi * lane_strip.frame_mult, fi == 0 && ch == 0);
+          const unsigned char* at = smem + strip_at + slot * S::kSlot;
+          const int frame_bias = fi * lane_strip.frame_mult;
+          if (NATTN_SM90_STRIP_PIPELINE && HD >= 64 && chunks == 2) {  // (warp-uniform)
+            Scores sa, sb;
+            scores(at, 0, sa);
+            scores(at, 1, sb);
+            consume(rpb_tag, sa, at, 0, frame_bias, fi == 0);
+            consume(rpb_tag, sb, at, 1, frame_bias, false);
+            return;
+          }
+          for (int ch = 0; ch < chunks; ++ch) {
+            Scores sc;
+            scores(at, ch, sc);
+            consume(rpb_tag, sc, at, ch, frame_bias, fi == 0 && ch == 0);
+          }
         },
         load_slab);
   };
