@@ -59,6 +59,14 @@ template <int NA>
 using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows, kStripCols>,
                                                Box<kStripDkvRows, kStripCols, 1>>::type;
 
+// Build switch for A/B runs: 1 walks a warp's lines in pairs at head dim 64, both lines' S^T
+// and dP^T before the first line's softmax, so that the second line's products run in the
+// tensor pipe during the first's (the pass is latency-bound at two warps a scheduler: PERF.md
+// forty-fourth session).
+#ifndef NATTN_SM90_STRIP_DKV_PIPELINE
+#define NATTN_SM90_STRIP_DKV_PIPELINE 0
+#endif
+
 // Fraction bits of the fixed-point dRPB: a block's keys meet a table entry of a query head
 // through one query each (the entry is the relative position), kWgRows terms at most.
 constexpr int kStripDrpbBits = fixed_bits(kWgRows);
@@ -207,24 +215,10 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   // Line y (query row, group coordinates) of frame t, column pass cp, in the slot at `at0`
   // (its first line) with its LSE / delta at `ld0`, of head h. kRpb: with the RPB; kFixed:
   // dRPB in the fixed-point table (else float atomics into dRPB).
-  auto line = [&](auto rpb_tag, auto fixed_tag, const unsigned char* at0, const float2* ld0, int h, int t, int y,
-                  int cp, float fscale) {
-    constexpr bool kRpb = decltype(rpb_tag)::value, kFixed = decltype(fixed_tag)::value;
-    const int li = y - tile.lo[R];
-    const unsigned char* at = at0 + li * kStripCols * kRowBytes;
-    const bool row_in[2] = {y >= key_strip.y_lo[0] && y <= key_strip.y_hi[0], y >= key_strip.y_lo[1] && y <= key_strip.y_hi[1]};
-    // the lane's four query columns (8 j + 2 (lane % 4) + e of the line)
-    float lse2[2][2], dlt[2][2];
-    const float2* ld = ld0 + li * kStripCols + 2 * t4;
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float2 v = ld[8 * j + e];
-        lse2[j][e] = v.x;
-        dlt[j][e] = v.y;
-      }
-    float sc[2][4], dp[2][4];
+  // A line's products S^T and dP^T (line_products), then the rest of its step (line).
+  using LineTiles = float[2][4];
+  auto line_products = [&](const unsigned char* at0, int y, LineTiles& sc, LineTiles& dp) {
+    const unsigned char* at = at0 + (y - tile.lo[R]) * kStripCols * kRowBytes;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
@@ -240,6 +234,24 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         M::run(dp[j], va[2 * x + 1], db + 2);
       }
     }
+  };
+  auto line = [&](auto rpb_tag, auto fixed_tag, LineTiles& sc, LineTiles& dp, const unsigned char* at0,
+                  const float2* ld0, int h, int t, int y, int cp, float fscale) {
+    constexpr bool kRpb = decltype(rpb_tag)::value, kFixed = decltype(fixed_tag)::value;
+    const int li = y - tile.lo[R];
+    const unsigned char* at = at0 + li * kStripCols * kRowBytes;
+    const bool row_in[2] = {y >= key_strip.y_lo[0] && y <= key_strip.y_hi[0], y >= key_strip.y_lo[1] && y <= key_strip.y_hi[1]};
+    // the lane's four query columns (8 j + 2 (lane % 4) + e of the line)
+    float lse2[2][2], dlt[2][2];
+    const float2* ld = ld0 + li * kStripCols + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float2 v = ld[8 * j + e];
+        lse2[j][e] = v.x;
+        dlt[j][e] = v.y;
+      }
     // P^T into sc, dS^T into dp (rows: the lane's keys e / 2; columns: queries (j, e % 2)).
     // With an RPB, score (j, e)'s index is the line's for its key (the head's table, query
     // column 2 (lane % 4) of tile 0: strip_key_bias) minus 8 j + e % 2.
@@ -301,9 +313,22 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       if (NA == 2 || (t >= key_strip.t_lo && t <= key_strip.t_hi)) {
         const unsigned char* at0 = smem + S::kSlots + (f % kStages) * S::kSlot;
         const float2* ld0 = lse_buf + (f % 2) * kQueries;
-        const int y_end = nattn_min(key_strip.w_hi, tile.lo[R] + S::kLineRows - 1);
-        for (int y = nattn_max(key_strip.w_lo, tile.lo[R]); y <= y_end; ++y)
-          line(rpb_tag, fixed_tag, at0, ld0, h, NA == 3 ? t : 0, y, cp, fscale);
+        const int y_end = nattn_min(key_strip.w_hi, tile.lo[R] + S::kLineRows - 1), tt = NA == 3 ? t : 0;
+        int y = nattn_max(key_strip.w_lo, tile.lo[R]);
+        if (NATTN_SM90_STRIP_DKV_PIPELINE && HD >= 64) {  // lines in pairs: both lines' products first
+          for (; y + 1 <= y_end; y += 2) {
+            LineTiles sa, da, sb, db;
+            line_products(at0, y, sa, da);
+            line_products(at0, y + 1, sb, db);
+            line(rpb_tag, fixed_tag, sa, da, at0, ld0, h, tt, y, cp, fscale);
+            line(rpb_tag, fixed_tag, sb, db, at0, ld0, h, tt, y + 1, cp, fscale);
+          }
+        }
+        for (; y <= y_end; ++y) {
+          LineTiles sc, dp;
+          line_products(at0, y, sc, dp);
+          line(rpb_tag, fixed_tag, sc, dp, at0, ld0, h, tt, y, cp, fscale);
+        }
       }
       if (f + 1 < slabs) {  // slab f's slot and staging half are free, slab f + 1's LSE visible
         stash(f + 1);
