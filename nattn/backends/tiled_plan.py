@@ -233,16 +233,25 @@ class Boxes:
             return
         ids = torch.arange(self.pattern_count)
         per_axis = [(ids // st) % n for st, n in zip(self.pattern_stride, counts)]
-        mask = outer([p.pattern_mask[i] for p, i in zip(self.plans, per_axis)], torch.logical_and)
-        # padded rows (masked along some axis: their windows are never empty) see every key
+        # padded rows (masked along some axis: their windows are never empty)
         ok = outer([p.pattern_mask[i].any(-1) for p, i in zip(self.plans, per_axis)], torch.logical_and)
-        mask |= ~ok[..., None]
-        if self.with_rpb:
-            mult = [math.prod(self.rpb_sizes[a + 1:]) for a in range(len(self.plans))]
-            rpb = outer([p.pattern_rpb[i] * m for p, i, m in zip(self.plans, per_axis, mult)], torch.add)
-            self.pattern_rpb = torch.where(mask, rpb, math.prod(self.rpb_sizes))
-        else:
-            self.pattern_mask = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+        rpbs = [p.pattern_rpb[i] for p, i in zip(self.plans, per_axis)] if self.with_rpb else None
+        self.pattern_mask, self.pattern_rpb = self._mask_or_bias(
+            [p.pattern_mask[i] for p, i in zip(self.plans, per_axis)], rpbs, ok)
+
+    def _mask_or_bias(self, masks, rpbs, ok):
+        """Per axis, boxes' masks ``[C, box, keys]`` (and, with an RPB, their bias indices
+        ``rpbs``) and the rows' validity ``ok`` ``[C, R]`` -> ``(additive, None)`` ``[C, R, U]``
+        (0 or -inf), or with an RPB ``(None, bias indices)`` (masked scores point one past the
+        table: the tiled backend puts -inf there). Padded rows see every key of their box:
+        finite scores, never a row without keys (its softmax would be NaN); the backward
+        weighs them by row_ok."""
+        mask = outer(masks, torch.logical_and) | ~ok[..., None]
+        if rpbs is None:
+            return torch.zeros(mask.shape).masked_fill_(~mask, float("-inf")), None
+        mult = [math.prod(self.rpb_sizes[a + 1:]) for a in range(len(self.plans))]
+        rpb_idx = outer([r * m for r, m in zip(rpbs, mult)], torch.add)
+        return None, torch.where(mask, rpb_idx, math.prod(self.rpb_sizes))
 
     def chunks(self, scores_per_box: int, slots: bool = False):
         """Every chunk of boxes (a ``Chunk``), with ``slots`` also ``slot`` and ``slot_ok`` (the
@@ -297,18 +306,11 @@ class Boxes:
             else:
                 additive = self.pattern_mask.index_select(0, box_pattern)
             return self._finish(q_gather, q_scatter, k_idx, additive, rpb_idx, rpb_box, ok, coords, slots)
-        # padded rows see every key of their box: finite scores, never a row without keys
-        # (its softmax would be NaN); the backward weighs them by row_ok
-        mask = outer([p.mask[c] for p, c in zip(self.plans, coords)], torch.logical_and) | ~ok[..., None]
+        rpbs = [p.rpb[c] for p, c in zip(self.plans, coords)] if self.with_rpb else None
+        additive, rpb_idx = self._mask_or_bias([p.mask[c] for p, c in zip(self.plans, coords)], rpbs, ok)
         if self.with_rpb:
-            mult = [math.prod(self.rpb_sizes[a + 1:]) for a in range(len(self.plans))]
-            rpb_idx = outer([p.rpb[c] * m for p, c, m in zip(self.plans, coords, mult)], torch.add)
-            # masked scores point one past the table: the tiled backend puts -inf there
-            rpb_idx = torch.where(mask, rpb_idx, math.prod(self.rpb_sizes))
             patterns, rpb_box = torch.unique(rpb_idx.flatten(1), dim=0, return_inverse=True)
             rpb_idx = patterns.view(-1, *rpb_idx.shape[1:])
-        else:
-            additive = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
         return self._finish(q_gather, q_scatter, k_idx, additive, rpb_idx, rpb_box, ok, coords, slots)
 
     def _finish(self, q_gather, q_scatter, k_idx, additive, rpb_idx, rpb_box, ok, coords, slots):
