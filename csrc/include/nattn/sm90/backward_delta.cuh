@@ -25,17 +25,26 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t u) {
   return __half22float2(*reinterpret_cast<const __half2*>(&u));
 }
 
+// Sum of the products of two packed pairs of O and dO.
+template <typename T>
+__device__ __forceinline__ float pair_dot(uint32_t o, uint32_t d) {
+  const float2 of = unpack2<T>(o), df = unpack2<T>(d);
+  return of.x * df.x + of.y * df.y;
+}
+
 // Sum of the products of one 16-byte piece of O and dO (8 elements each).
 template <typename T>
 __device__ __forceinline__ float piece_dot(const uint4& o, const uint4& d) {
   const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
   float acc = 0.f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 of = unpack2<T>(ow[i]), df = unpack2<T>(dw[i]);
-    acc += of.x * df.x + of.y * df.y;
-  }
+  for (int i = 0; i < 4; ++i) acc += pair_dot<T>(ow[i], dw[i]);
   return acc;
+}
+
+// A row's delta from its rowsum(dO O): minus the LSE's gradient where the call has one.
+__device__ __forceinline__ float row_delta(const Params& p, int64_t row, float dot) {
+  return dot - (p.grad_lse ? p.grad_lse[row] : 0.f);
 }
 
 template <typename T, int HD>
@@ -63,7 +72,7 @@ __global__ void __launch_bounds__(kDeltaThreads) delta_kernel(const Params p) {
   }
 #pragma unroll
   for (int w = kLanes / 2; w > 0; w /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, w);
-  if (row < rows && part == 0) p.delta[row] = acc - (p.grad_lse ? p.grad_lse[row] : 0.f);
+  if (row < rows && part == 0) p.delta[row] = row_delta(p, row, acc);
 }
 
 // Packed O and dO: thread i reads the 16-byte piece i of both (row i / (HD / 8)).
@@ -78,7 +87,7 @@ __global__ void __launch_bounds__(kDeltaThreads) delta_packed_kernel(const Param
     acc = piece_dot<T>(reinterpret_cast<const uint4*>(p.out)[piece], reinterpret_cast<const uint4*>(p.grad_out)[piece]);
 #pragma unroll
   for (int w = kLanes / 2; w > 0; w /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, w);
-  if (row < rows && piece % kLanes == 0) p.delta[row] = acc - (p.grad_lse ? p.grad_lse[row] : 0.f);
+  if (row < rows && piece % kLanes == 0) p.delta[row] = row_delta(p, row, acc);
 }
 
 // Whether a [B, *spatial, H, HD] tensor of strides s is packed (host).

@@ -68,14 +68,11 @@ __device__ __forceinline__ void strip_row_delta(const Params& p, const uint32_t 
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 of = unpack2<T>(o[kk][e]), df = unpack2<T>(d[kk][e]);
-      acc[e % 2] += of.x * df.x + of.y * df.y;
-    }
+    for (int e = 0; e < 4; ++e) acc[e % 2] += pair_dot<T>(o[kk][e], d[kk][e]);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float sum = quad_sum(acc[r]);  // (every lane: a shuffle)
-    delta[r] = ok[r] ? sum - (p.grad_lse ? p.grad_lse[row[r]] : 0.f) : 0.f;
+    delta[r] = ok[r] ? row_delta(p, row[r], sum) : 0.f;
     if (ok[r] && t4 == 0) p.delta[row[r]] = delta[r];
   }
 }
