@@ -196,30 +196,26 @@ fi
 # choice and the tc family forced in turn on small 2-D and 3-D windows, with and without an
 # RPB, two rounds (GPU ms, forward); stripbwd: forward + backward (also the strips with tc's
 # dK/dV pass) and the per-kernel split with and without the strips.
-if [[ $what == *strips* ]]; then
+# stripverify: after a change to the strip passes, in one call of ~4 minutes: the strips and
+# stripcheck steps with fewer cases (100 a sweep, 6 sanitized), then the default dispatch on
+# the issue rows (GPU ms, forward + backward) and the per-kernel split. STRIP_BASE=path.so (a
+# library built before the change: e.g. benchmarks/build_variants.sh in a worktree) times it
+# in the same call.
+if [[ $what == *stripverify* ]]; then
+  STRIP_CASES=${STRIP_CASES:-100} STRIP_BWD_CASES=${STRIP_BWD_CASES:-100} SAN_STRIP_CASES=${SAN_STRIP_CASES:-6}
+fi
+if [[ $what == *strips* || $what == *stripverify* ]]; then
   NATTN_SM90_STRIP_CASES=${STRIP_CASES:-300} NATTN_SM90_STRIP_BWD_CASES=${STRIP_BWD_CASES:-160} NATTN_FAMILY=sm90 \
     timeout 540 python3 -m pytest -q -n 0 -m gpu tests/gpu/test_sm90_forward.py tests/gpu/test_sm90_backward.py \
     -k "strip" 2>&1 | tail -15 | tee "$OUT/strips_tests.txt"
 fi
-if [[ $what == *stripcheck* ]]; then
+if [[ $what == *stripcheck* || $what == *stripverify* ]]; then
   for tool in memcheck racecheck; do
-    NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=strips timeout 280 compute-sanitizer --tool $tool \
-      python3 tests/gpu/sanitize_sm90.py 2>&1 | tail -3 | tee "$OUT/strips_$tool.txt"
+    NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=strips NATTN_SANITIZE_CASES=${SAN_STRIP_CASES:-12} timeout 280 \
+      compute-sanitizer --tool $tool python3 tests/gpu/sanitize_sm90.py 2>&1 | tail -3 | tee "$OUT/strips_$tool.txt"
   done
 fi
-# stripverify: after a change to the strip passes, in one call of ~4 minutes: their tests
-# (forward and backward, 100 random cases a sweep), racecheck and memcheck on the strips
-# section, the default dispatch on the issue rows (GPU ms, forward + backward) and the
-# per-kernel split. STRIP_BASE=path.so (a library built before the change: e.g.
-# benchmarks/build_variants.sh in a worktree) times it in the same call.
 if [[ $what == *stripverify* ]]; then
-  NATTN_SM90_STRIP_CASES=100 NATTN_SM90_STRIP_BWD_CASES=100 NATTN_FAMILY=sm90 timeout 150 python3 -m pytest -q -n 0 \
-    -m gpu -p no:cacheprovider tests/gpu/test_sm90_forward.py tests/gpu/test_sm90_backward.py -k strip 2>&1 \
-    | tail -3 | tee "$OUT/stripverify_tests.txt"
-  for tool in racecheck memcheck; do
-    NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=strips NATTN_SANITIZE_CASES=6 timeout 90 compute-sanitizer --tool $tool \
-      python3 tests/gpu/sanitize_sm90.py 2>&1 | tail -2 | tee -a "$OUT/stripverify_tests.txt"
-  done
   probs=${SV_PROBLEMS:-dinat-s1-2d,mid-2d-k13,video-3d,16x32x32-k5x7x7-b2-h8-d32,8x64x64-k3x7x7-b1-h8-d64}
   for spec in ${STRIP_BASE:+base=$STRIP_BASE} new=$PWD/nattn/_cuda/libnattn.so; do
     NATTN_LIBRARY=${spec#*=} timeout 90 python3 benchmarks/library_ab.py "${spec%%=*}" "$probs" graphs bwd 2>&1 \
