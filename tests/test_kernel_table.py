@@ -59,9 +59,9 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         assert first.tile == default
     fam = kt.FAMILY_BY_NAME["sm90"]
     assert fam.backward and fam.prepare and fam.only_archs == ("9.0",)
-    # a backward pair per NA dim (2-D and 3-D: two), each also a forward pair; only those and
-    # the strip pairs get one
-    assert sorted(n for n, _ in kt.SM90_BACKWARD_TILES) == [1, 2, 2, 3, 3]
+    # a backward pair per NA dim (2-D: three, 3-D: two), each also a forward pair; only those
+    # and the strip pairs get one
+    assert sorted(n for n, _ in kt.SM90_BACKWARD_TILES) == [1, 2, 2, 2, 3, 3]
     assert set(kt.SM90_BACKWARD_TILES) <= set(kt.SM90_TILES)
     sm90 = [i for i in insts if i.family == "sm90"]
     assert {(i.na_dim, i.tile) for i in sm90 if i.has_backward} == set(kt.SM90_BACKWARD_TILES) | set(kt.SM90_STRIP_TILES)
@@ -70,12 +70,13 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         assert ("launch_backward" in src) == i.has_backward == ("prepare_backward" in src)
         q, k = i.tile
         if i.has_backward and (i.na_dim, i.tile) not in kt.SM90_STRIP_TILES:
-            # a 128-token box and a 64-token box (the two passes swap them)
-            assert math.prod(q) == 128 and math.prod(k) == 64
+            # a 128-token box and a 64-token box (the two passes swap them), or a 96-token
+            # one at head dims up to 64 (S / dP of 64 x 96 beside dQ, or dK and dV)
+            assert math.prod(q) == 128 and (math.prod(k) == 64 or (math.prod(k) == 96 and i.head_dim <= 64))
     # forwards only when named: the backward pairs after each NA dim's first (built for the
-    # backward's walk: 2-D's 16x8 / 8x8, 3-D's 4x4x8 / 2x4x8) and the strip pair (until its
-    # crossover is measured), flagged in the table's rows
-    later = {(2, ((16, 8), (8, 8))), (3, ((4, 4, 8), (2, 4, 8)))} | set(kt.SM90_STRIP_TILES)
+    # backward's walk: 2-D's 16x8 / 8x8 and 16x8 / 4x24, 3-D's 4x4x8 / 2x4x8) and the strip
+    # pairs (their own rule), flagged in the table's rows
+    later = {(2, ((16, 8), (8, 8))), (2, ((16, 8), (4, 24))), (3, ((4, 4, 8), (2, 4, 8)))} | set(kt.SM90_STRIP_TILES)
     assert set(kt.SM90_NAMED_FORWARD_TILES) == later
     assert {(i.na_dim, i.tile) for i in sm90 if i.forward_named_only} == later
     named = next(i for i in sm90 if i.forward_named_only)

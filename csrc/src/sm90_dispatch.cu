@@ -392,8 +392,10 @@ const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char*
   return best;
 }
 
-// Warpgroup steps of the dQ pass with a backward pair (a 128-query box halved along axis 0,
-// one half per consumer warpgroup, walking 64-key boxes), over the whole problem: per axis
+// Keys walked by the dQ pass's warpgroups with a backward pair (a 128-query box halved along
+// axis 0, one half per consumer warpgroup, walking 64- or 96-key boxes): its steps times the
+// key box's size, over the whole problem (a 96-key step is 1.5 64-key ones: the products
+// scale with the keys, the per-step waits amortize over more of them). Per axis
 // and dilation group, each query box's union in key boxes (exact at the borders, with stride
 // and causality: query_window); along axis 0 per half, the boxes of the CTA's walk that the
 // half sees (the others it only releases: seen_steps). The walk is a product of per-axis
@@ -405,6 +407,7 @@ double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e) {
   double steps = 1;
   for (int a = 0; a < p.na_dim; ++a) {
     const int d = p.dilation[a], k = p.kernel[a], s = p.stride[a], qb = e.qbox[a], kb = e.kbox[a];
+    steps *= kb;
     const bool c = p.causal[a] != 0;
     int64_t sum = 0;
     for (int g = 0; g < d; ++g) {
@@ -433,6 +436,12 @@ double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e) {
 // PERF.md thirty-seventh session); in 3-D the counts were checked up to 0.95x.
 constexpr double kSm90BackwardTileGain[3] = {1.0, 0.97, 0.95};
 
+// Whether a pair's backward takes an RPB: not the box pairs with 96-token column boxes
+// (their passes have no RPB paths; sm90/kernels.cuh declines it).
+bool backward_takes_rpb(int na_dim, const nattn::KernelEntry& e) {
+  return nattn::sm90::is_strip_pair(na_dim, e.qbox, e.kbox) || e.kbox[0] * e.kbox[1] * e.kbox[2] <= 64;
+}
+
 // The Hopper entry for a backward: the call's / NATTN_SM90_TILE's pair when it has a backward
 // (a forced forward-only pair leaves the backward on the default, so forcing a pair never
 // makes training fail; a strip pair runs its own, which declines what its forward declines),
@@ -449,6 +458,9 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   for (int i = 0; i < all.n; ++i) {
     const nattn::KernelEntry& e = *all.e[i];
     if (!sm90_entry_for(e, p, dim) || !e.backward) continue;
+    // The pairs with 96-token column boxes have no RPB paths (sm90/kernels.cuh declines it):
+    // named with an RPB, the backward stays on the default as for a forward-only pair.
+    if (p.rpb && !backward_takes_rpb(p.na_dim, e)) continue;
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
     // The strip pairs' backward (backward_dq_strips.cuh, backward_dkv_strips.cuh) runs when

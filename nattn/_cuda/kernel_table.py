@@ -78,12 +78,16 @@ SM90_TILES = (
     (3, ((2, 4, 8), (1, 5, 16))),
     (3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))),
     (2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))),
+    (2, ((16, 8), (4, 24))),
 )
 # The 64-query pairs (one consumer warpgroup, two CTAs per SM: <= 168 registers a thread)
 # hold their accumulators without spilling only at these head dims.
 SM90_TILE_HEAD_DIMS = (
     (((64,), (128,)), (32, 64)), (((8, 8), (7, 16)), (32, 64)), (((8, 8), (4, 24)), (32, 64)),
     (((2, 4, 8), (1, 5, 16)), (32, 64)),
+    # The backward pair with 96-token column boxes (S / dP accumulators of 64 x 96 beside dQ's
+    # or dK's and dV's): head dims up to 64.
+    (((16, 8), (4, 24)), (32, 64)),
     # The strip pairs (forward_strips.cuh: a 64-query box whose key box is its window union,
     # up to 7 x 9 or 7 x 7 x 9; mma.sync on each warp's two query rows).
     (((8, 8), (14, 16)), (32, 64)), (((2, 4, 8), (8, 10, 16)), (32, 64)),
@@ -103,7 +107,7 @@ SM90_TILE_HEAD_DIMS = (
 # 16x8 box fewer 8x8 boxes than a 4x16 half 4x16 ones on large square windows.
 SM90_BACKWARD_TILES = (
     (1, ((128,), (64,))), (2, ((8, 16), (4, 16))), (3, ((2, 8, 8), (1, 8, 8))),
-    (3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))),
+    (3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))), (2, ((16, 8), (4, 24))),
 )
 # The backward pairs after each NA dim's first were built for the backward's walk: their
 # forward runs only when named (NATTN_SM90_TILE, or a call's tile pair), not timed against

@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
-from nattn._cuda.kernel_table import SM90_BACKWARD_TILES, Instance  # noqa: E402
+from nattn._cuda.kernel_table import FAMILY_BY_NAME, SM90_BACKWARD_TILES, Instance  # noqa: E402
 from gpu_cases import GpuCase, check, compare_gradients, forward_backward  # noqa: E402
 from sm90_cases import STRIP_PAIRS, VIDEO_STRIPS, dilated_1d_sweep, fits_wide_rpb, sm90_sweep, strip_sweep  # noqa: E402
 
@@ -52,13 +52,15 @@ def test_sm90_backward_wide_windows(case):
 # on fresh cases of that NA dim: the default runs whichever walks fewer steps
 # (src/sm90_dispatch.cu, backward_steps).
 _MANY = [n for n in (1, 2, 3) if sum(m == n for m, _ in SM90_BACKWARD_TILES) > 1]
-PAIRS = [(n, Instance("sm90", "bfloat16", n, 64, t).tile_name) for n, t in SM90_BACKWARD_TILES if n in _MANY]
-PAIR_CASES = [(pair, c) for i, (n, pair) in enumerate(PAIRS)
-              for c in [c for c in sm90_sweep(300, seed=9191 + i) if len(c.spatial) == n][:int(os.environ.get(
-                  "NATTN_SM90_BWD_PAIR_CASES", "90"))]
+PAIRS = [(n, t, Instance("sm90", "bfloat16", n, 64, t).tile_name) for n, t in SM90_BACKWARD_TILES if n in _MANY]
+_BUILT = FAMILY_BY_NAME["sm90"].tile_has_head_dim  # (q16x8_k4x24: head dims 32 and 64)
+PAIR_CASES = [(pair, c) for i, (n, t, pair) in enumerate(PAIRS)
+              for c in [c for c in sm90_sweep(300, seed=9191 + i) if len(c.spatial) == n and _BUILT(t, c.dim)][
+                  :int(os.environ.get("NATTN_SM90_BWD_PAIR_CASES", "90"))]
               # head dim 256 (the wide passes over the pair's 64-token box; forced only: the
               # default keeps the first pair there)
-              + [fits_wide_rpb(c) for c in sm90_sweep(60, seed=9292 + i, dims=(256,)) if len(c.spatial) == n][:12]]
+              + [fits_wide_rpb(c) for c in sm90_sweep(60, seed=9292 + i, dims=(256,)) if len(c.spatial) == n
+                 and _BUILT(t, 256)][:12]]
 
 
 @pytest.mark.parametrize("pair,case", PAIR_CASES, ids=[f"{p}-{i}-{c}" for i, (p, c) in enumerate(PAIR_CASES)])

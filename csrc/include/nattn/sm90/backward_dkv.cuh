@@ -256,7 +256,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warpgroup_index();
   const int steps = tile.tiles * p.groups;  // (query head, query box) pairs
-  const bool stage_rpb = p.rpb != nullptr && p.rpb_in_smem;
+  // 96-query boxes have no RPB paths (prepare_backward declines it: with them the 2-D
+  // head-dim-64 instance spilled).
+  constexpr bool kRpb = kNq <= 64;
+  const bool stage_rpb = kRpb && p.rpb != nullptr && p.rpb_in_smem;
   // After the deterministic dQ pass a staged table is in fixed point (32-bit integers; the
   // launcher stages it only with the workspace); the KV-parallel dQ mode stages float32.
   const bool fixed = stage_rpb && !DQ_ATOMIC;
@@ -375,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float dk[HD / 2], dv[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; ++i) dk[i] = dv[i] = 0.f;
-    const bool has_rpb = p.rpb != nullptr;
+    const bool has_rpb = kRpb && p.rpb != nullptr;
     const bool late_dp = has_rpb || HD == 128;
     const unsigned char* k_tile = smem + S::kK;
     const unsigned char* v_tile = smem + S::kV;
@@ -463,7 +466,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // while that product runs, as the dQ pass does with dQ (backward_dq.cuh); every product
     // is waited for inside its step. Not in 3-D at head dim 32 (spills), nor at 128 in 232
     // registers (spills; in 2-D kDeferDk instead).
-    constexpr bool kShiftDk = NATTN_SM90_DKV_SHIFT_DK && !DQ_ATOMIC && !kDeferDk && (NA < 3 || HD == 64 || kWideRegs);
+    constexpr bool kShiftDk = NATTN_SM90_DKV_SHIFT_DK && !DQ_ATOMIC && !kDeferDk && (NA < 3 || HD == 64 || kWideRegs) &&
+                              kNq <= 64;
     uint32_t pa[kNq / 16][4], da[kNq / 16][4], da_prev[kShiftDk ? kNq / 16 : 1][4];
     auto issue_dk = [&](int it, const uint32_t (&a)[kNq / 16][4]) {
       const unsigned char* q_tile = smem + S::kQ + (it % S::kStages) * C::kBytes;
@@ -522,7 +526,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The LSE (log2) of the lane's query columns col(i) = 8 (i / 4) + 2 t4 + i % 2, in 8-byte
       // loads once per step (per score, the masked paths loaded each of them twice); not in
       // 3-D at head dim 128, where the 16 registers made the kernel spill.
-      constexpr bool kPreload = !(NA == 3 && HD >= 128);
+      constexpr bool kPreload = !(NA == 3 && HD >= 128) && kNq <= 64;
       float2 lse_c[kNq / 8];
       if constexpr (kPreload) {
 #pragma unroll

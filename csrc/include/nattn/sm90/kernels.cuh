@@ -265,11 +265,15 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
   return nullptr;
 }
 
-// The backward pairs' (a 128-token box and a 64-token box: backward_dq.cuh, backward_dkv.cuh).
+// The backward pairs' (a 128-token box and a 64-token box, or at head dims up to 64 a
+// 96-token one: backward_dq.cuh, backward_dkv.cuh).
 template <typename T, int NA, int HD, class Tl>
 const char* prepare_backward_boxes(const Params& p, void* workspace) {
   if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64, 128 or 256)";
-  static_assert(Tl::K::kSize == 64 && Tl::Q::kSize == kQueryRows, "the backward pairs a 128-token box with a 64-token box");
+  static_assert(Tl::Q::kSize == kQueryRows && (Tl::K::kSize == 64 || (Tl::K::kSize == 96 && HD <= 64)),
+                "the backward pairs a 128-token box with a 64-token box (or a 96-token one at head dims <= 64)");
+  // 96-token column boxes: no RPB paths (with them the dK/dV pass spilled; backward_dkv.cuh).
+  if (Tl::K::kSize > kWgRows && p.rpb) return "this tile pair's backward takes no RPB (96-token column boxes)";
   // Head dim 256 (backward_wide.cuh) uses the 64-token box on both sides of both passes.
   constexpr bool kWide = HD == kWideHeadDim;
   if (kWide && p.rpb && int64_t(p.groups) * p.rpb_head_size * 4 > DkvWideSmem::kDrpbRoom) {
@@ -326,6 +330,11 @@ inline bool dq_atomic_requested(const Params& p) {
   return mode && !strcmp(mode, "atomic");
 }
 
+// The KV-parallel dQ stages a 64-query box per warpgroup (DqStage): pairs with 96-token
+// column boxes run the deterministic pass whatever the call asks.
+template <class Tl>
+constexpr bool kHasAtomicDq = Tl::K::kSize == kWgRows;
+
 // The backward's kernels on the caller's stream (launch_backward, at the end), by head dim.
 // Head dim 256 (backward_wide.cuh): delta, the wide dQ pass, the wide dK/dV pass; always
 // the deterministic dQ (no KV-parallel mode at this head dim).
@@ -374,8 +383,9 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
     cudaFuncSetAttribute(backward_dq_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kAlloc);
     cudaFuncSetAttribute(backward_dkv_kernel<T, NA, HD, Tl, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          Dkv::kAllocFixed + Dkv::kDrpbRoom);
-    cudaFuncSetAttribute(backward_dkv_kernel<T, NA, HD, Tl, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         DkvAtomic::kAllocFixed + DkvAtomic::kDrpbRoom);
+    if constexpr (kHasAtomicDq<Tl>)
+      cudaFuncSetAttribute(backward_dkv_kernel<T, NA, HD, Tl, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           DkvAtomic::kAllocFixed + DkvAtomic::kDrpbRoom);
     return true;
   }();
   (void)configured;
@@ -387,35 +397,37 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   const dim3 dkv_grid(unsigned(num_key_ctas<typename Tl::Q>(problem)), p.heads_kv, p.batch);  // every key box
   p.dq_accum = nullptr;
   const size_t accum_bytes = size_t(rows) * HD * sizeof(float);
-  if (dq_atomic_requested(problem) && cudaMallocAsync(reinterpret_cast<void**>(&p.dq_accum), accum_bytes, stream) == cudaSuccess) {
-    // The fp32 sums' tensor map ([B, *spatial, H, D], packed): one query box of half a
-    // warpgroup's channels per reduction.
-    int64_t s[5];
-    s[4] = HD;
-    int64_t stride = int64_t(p.heads) * HD;
-    for (int a = p.na_dim - 1; a >= 0; --a) {
-      s[1 + a] = stride;
-      stride *= p.spatial[a];
+  if constexpr (kHasAtomicDq<Tl>) {
+    if (dq_atomic_requested(problem) && cudaMallocAsync(reinterpret_cast<void**>(&p.dq_accum), accum_bytes, stream) == cudaSuccess) {
+      // The fp32 sums' tensor map ([B, *spatial, H, D], packed): one query box of half a
+      // warpgroup's channels per reduction.
+      int64_t s[5];
+      s[4] = HD;
+      int64_t stride = int64_t(p.heads) * HD;
+      for (int a = p.na_dim - 1; a >= 0; --a) {
+        s[1 + a] = stride;
+        stride *= p.spatial[a];
+      }
+      s[0] = stride;
+      int box[3];
+      for (int a = 0; a < 3; ++a) box[a] = Tl::K::extent(a);
+      MapSpec spec;
+      CUtensorMap map_dq;
+      const char* why = map_spec(p, s, p.heads, HD, box, spec, 4, DqStage<HD>::kInner, false);
+      if (!why) why = encode(&map_dq, spec, p.dq_accum, MapType::kFloat);
+      if (!why) {
+        p.rpb_in_smem = rpb_bytes > 0 && rpb_bytes <= DkvAtomic::kDrpbRoom;
+        const size_t smem = DkvAtomic::kAllocFixed + size_t(p.rpb_in_smem ? rpb_bytes : 0);
+        cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream);
+        backward_dkv_kernel<T, NA, HD, Tl, true><<<dkv_grid, kThreads, smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q,
+                                                                                       l->kv_do, map_dq);
+        dq_convert_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(p);
+        cudaFreeAsync(p.dq_accum, stream);
+        return;
+      }
+      cudaFreeAsync(p.dq_accum, stream);  // a map the copy engine refused: the deterministic pass
+      p.dq_accum = nullptr;
     }
-    s[0] = stride;
-    int box[3];
-    for (int a = 0; a < 3; ++a) box[a] = Tl::K::extent(a);
-    MapSpec spec;
-    CUtensorMap map_dq;
-    const char* why = map_spec(p, s, p.heads, HD, box, spec, 4, DqStage<HD>::kInner, false);
-    if (!why) why = encode(&map_dq, spec, p.dq_accum, MapType::kFloat);
-    if (!why) {
-      p.rpb_in_smem = rpb_bytes > 0 && rpb_bytes <= DkvAtomic::kDrpbRoom;
-      const size_t smem = DkvAtomic::kAllocFixed + size_t(p.rpb_in_smem ? rpb_bytes : 0);
-      cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream);
-      backward_dkv_kernel<T, NA, HD, Tl, true><<<dkv_grid, kThreads, smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q,
-                                                                                     l->kv_do, map_dq);
-      dq_convert_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(p);
-      cudaFreeAsync(p.dq_accum, stream);
-      return;
-    }
-    cudaFreeAsync(p.dq_accum, stream);  // a map the copy engine refused: the deterministic pass
-    p.dq_accum = nullptr;
   }
   (void)cudaGetLastError();  // a failed allocation: the deterministic pass instead
   // A staged dRPB sums in fixed point (common/drpb_fixed.cuh: deterministic, native integer
