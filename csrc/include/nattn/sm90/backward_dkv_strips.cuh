@@ -59,12 +59,13 @@ template <int NA>
 using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows, kStripCols>,
                                                Box<kStripDkvRows, kStripCols, 1>>::type;
 
-// Build switch for A/B runs: 1 walks a warp's lines in pairs at head dim 64, both lines' S^T
-// and dP^T before the first line's softmax, so that the second line's products run in the
-// tensor pipe during the first's (the pass is latency-bound at two warps a scheduler: PERF.md
-// forty-fourth session).
+// Build switch for A/B runs: 1 (the default) walks a warp's lines in pairs at head dim 64,
+// both lines' S^T and dP^T before the first line's softmax, so that the second line's
+// products run in the tensor pipe during the first's (the pass is latency-bound at two warps
+// a scheduler). H100, forward + backward, GPU ms, off / on: video-3d 0.862 / 0.835-0.838,
+// 8x64x64 3x7x7 0.578 / 0.562, the 2-D rows equal (PERF.md forty-fifth session).
 #ifndef NATTN_SM90_STRIP_DKV_PIPELINE
-#define NATTN_SM90_STRIP_DKV_PIPELINE 0
+#define NATTN_SM90_STRIP_DKV_PIPELINE 1
 #endif
 
 // Fraction bits of the fixed-point dRPB: a block's keys meet a table entry of a query head

@@ -43,14 +43,6 @@
 #ifndef NATTN_SM90_STRIP_STAGES_3D
 #define NATTN_SM90_STRIP_STAGES_3D 2
 #endif
-// Build switch for A/B runs: 1 computes both chunks' scores of a slab before the first
-// chunk's softmax (where the strip walks two), so that the second chunk's products run in the
-// tensor pipe during the first's softmax (the strips run at two to four warps a scheduler,
-// latency-bound: PERF.md forty-fourth session). Head dim 64 only: its 32 more score
-// registers fit there (2-D 165, 3-D 236, no spills) and spill at head dim 32's 128.
-#ifndef NATTN_SM90_STRIP_PIPELINE
-#define NATTN_SM90_STRIP_PIPELINE 0
-#endif
 
 namespace nattn { namespace sm90 {
 
@@ -346,14 +338,6 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
         [&](int slot, int fi) {
           const unsigned char* at = smem + strip_at + slot * S::kSlot;
           const int frame_bias = fi * lane_strip.frame_mult;
-          if (NATTN_SM90_STRIP_PIPELINE && HD >= 64 && chunks == 2) {  // (warp-uniform)
-            Scores sa, sb;
-            scores(at, 0, sa);
-            scores(at, 1, sb);
-            consume(rpb_tag, sa, at, 0, frame_bias, fi == 0);
-            consume(rpb_tag, sb, at, 1, frame_bias, false);
-            return;
-          }
           for (int ch = 0; ch < chunks; ++ch) {
             Scores sc;
             scores(at, ch, sc);
