@@ -132,6 +132,13 @@ def test_sm90_backward_is_deterministic(rpb):
     assert_deterministic(spatial=(40, 56), kernel=(33, 33), dim=64, rpb=rpb, seed=31)
 
 
+def test_sm90_backward_96_key_boxes_is_deterministic(monkeypatch):
+    """The same on the pair with 96-token column boxes (q16x8_k4x24, forced here; the default
+    backward of a 13x13 window at head dim 64)."""
+    monkeypatch.setenv("NATTN_SM90_TILE", "q16x8_k4x24")
+    assert_deterministic(spatial=(64, 48), kernel=(13, 13), dim=64, rpb=False, seed=37)
+
+
 def assert_deterministic(spatial, kernel, dim, rpb, seed):
     """Two backward runs of a 2-D GQA problem (4 query heads, 2 KV heads) give bitwise equal
     gradients."""
