@@ -69,6 +69,9 @@ struct Params {
   // the output box with bulk tensor copies through the output's own tensor map (0: per-lane
   // stores; the map needs strides and an address the copy engine takes, as the inputs' do).
   int out_map;
+  // Host-set by the sm90 box pairs' backward launcher: 1 when the dQ pass computes delta
+  // (rowsum(dO O) - dLSE of its rows, written for the dK/dV pass) instead of a kernel before it.
+  int delta_in_dq;
 };
 
 enum TokenRows : int {

@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "nattn/common/drpb_fixed.cuh"
+#include "nattn/sm90/backward_delta.cuh"
 #include "nattn/sm90/box_mask.cuh"
 #include "nattn/sm90/forward.cuh"
 #include "nattn/sm90/smem_tile.cuh"
@@ -43,18 +44,36 @@ struct DqSmem {
 };
 
 // A dQ pass lane's query row qr of box QB (at the CTA's q0): its window and RPB row part
-// (head h's table base included), its LSE in log2 units (+inf for a padding row: no
-// probability) and its delta (0 there).
+// (head h's table base included), its [B, N, H] index, its LSE in log2 units (+inf for a
+// padding row: no probability) and its delta (0 there, and where this pass computes it:
+// Params::delta_in_dq). False for a padding row.
 template <int NA, class QB>
-__device__ __forceinline__ void dq_query_row(const Params& p, const CtaTile& tile, int b, int h, int qr,
-                                             const int* rpb_mult, RowWindow& row, float& lse2, float& dlt) {
+__device__ __forceinline__ bool dq_query_row(const Params& p, const CtaTile& tile, int b, int h, int qr,
+                                             const int* rpb_mult, RowWindow& row, float& lse2, float& dlt,
+                                             int64_t& idx) {
   row.rpb = h * int(p.rpb_head_size);
   const bool ok = row_window<NA, QB>(p, tile.q0, tile.len, qr, rpb_mult, row);
   int64_t token;
   box_row_token<NA, QB>(p, tile, tile.q0, qr, token);
-  const int64_t idx = (int64_t(b) * p.tokens + token) * p.heads + h;
+  idx = (int64_t(b) * p.tokens + token) * p.heads + h;
   lse2 = ok ? lse_log2(p.lse[idx]) : INFINITY;
-  dlt = ok ? p.delta[idx] : 0.f;
+  dlt = ok && !p.delta_in_dq ? p.delta[idx] : 0.f;
+  return ok;
+}
+
+// The fused delta's O pieces of a lane: row qr's HD / 4 channels from 2 t4 (HD / 8) on, as
+// HD / 32 16-byte loads (zeros for a padding row). Issued before the staged rows' wait.
+template <typename T, int NA, int HD, class QB>
+__device__ __forceinline__ void load_out_pieces(const Params& p, const CtaTile& tile, int b, int h, int qr, int t4,
+                                                bool ok, uint4 (&piece)[HD / 32]) {
+  int64_t off = 0;
+#pragma unroll
+  for (int a = 0; a < NA; ++a)
+    off += int64_t(tile.g[a] + p.dilation[a] * (tile.q0[a] + QB::offset(qr, a))) * p.out_s[1 + a];
+  const T* row = head_base<const T>(p.out, p.out_s, b, h) + off + t4 * (HD / 4);
+#pragma unroll
+  for (int j = 0; j < HD / 32; ++j)
+    piece[j] = ok ? *reinterpret_cast<const uint4*>(row + 8 * j) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 template <typename T, int NA, int HD, class Tl>
@@ -122,14 +141,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wr = (warp % 4) * 16;
   const int g4 = lane / 4, t4 = lane % 4;
 
-  // The lane's two rows: windows, RPB row part, LSE (log2 units) and delta.
+  // The lane's two rows: windows, RPB row part, LSE (log2 units) and delta (or, fused, the
+  // O pieces it is computed from once dO is staged).
   RowWindow row[2];
   float lse2[2], dlt[2];
+  int64_t row_idx[2];
+  bool row_ok[2];
+  uint4 o_piece[2][HD / 32];
   int rpb_mult[3] = {1, 1, 1};
   for (int a = NA - 2; a >= 0; --a) rpb_mult[a] = rpb_mult[a + 1] * p.rpb_size[a + 1];
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
-    dq_query_row<NA, QB>(p, tile, b, h, cw * kWgRows + wr + g4 + 8 * r, rpb_mult, row[r], lse2[r], dlt[r]);
+  for (int r = 0; r < 2; ++r) {
+    const int qr = cw * kWgRows + wr + g4 + 8 * r;
+    row_ok[r] = dq_query_row<NA, QB>(p, tile, b, h, qr, rpb_mult, row[r], lse2[r], dlt[r], row_idx[r]);
+    if (p.delta_in_dq) load_out_pieces<T, NA, HD, QB>(p, tile, b, h, qr, t4, row_ok[r], o_piece[r]);
+  }
   // Key boxes inside every window of this warpgroup's queries need no mask.
   int full_lo[3], full_hi[3];
   unmasked_boxes<NA, QB, false, true>(p, tile, cw, full_lo, full_hi);
@@ -142,6 +168,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const unsigned char* q_tile = smem + S::kQ;
   const unsigned char* do_tile = smem + S::kDo;
   mbar_wait(rows_full, 0);
+  if (p.delta_in_dq) {  // delta = rowsum(dO O) - dLSE: the quad's lanes hold a quarter of a row each
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int qr = cw * kWgRows + wr + g4 + 8 * r;
+      float dot = 0.f;
+#pragma unroll
+      for (int j = 0; j < HD / 32; ++j)
+        dot += piece_dot<T>(o_piece[r][j], *reinterpret_cast<const uint4*>(do_tile + R::offset(qr, t4 * (HD / 4) + 8 * j)));
+      dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+      dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+      if (row_ok[r]) {
+        dlt[r] = row_delta(p, row_idx[r], dot);
+        if (t4 == 0) p.delta[row_idx[r]] = dlt[r];  // for the dK/dV pass
+      }
+    }
+  }
 
   // Key boxes this warpgroup's queries do not see (seen_steps): only released. Their copies are
   // waited for even so: a warpgroup releasing slots unread could run a whole ring ahead and

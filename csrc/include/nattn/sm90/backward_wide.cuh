@@ -169,13 +169,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g4 = lane / 4, t4 = lane % 4;
 
   // The lane's two query rows (both warpgroups hold the same): windows, RPB row part, LSE
-  // (log2 units), delta.
+  // (log2 units), delta (from the delta kernel: Params::delta_in_dq is 0 here).
   RowWindow row[2];
   float lse2[2], dlt[2];
+  int64_t row_idx;
   int rpb_mult[3] = {1, 1, 1};
   for (int a = NA - 2; a >= 0; --a) rpb_mult[a] = rpb_mult[a + 1] * p.rpb_size[a + 1];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) dq_query_row<NA, B>(p, tile, b, h, wr + g4 + 8 * r, rpb_mult, row[r], lse2[r], dlt[r]);
+  for (int r = 0; r < 2; ++r)
+    dq_query_row<NA, B>(p, tile, b, h, wr + g4 + 8 * r, rpb_mult, row[r], lse2[r], dlt[r], row_idx);
   int full_lo[3], full_hi[3];  // key boxes inside every window of the box's queries
   unmasked_boxes<NA, B, false, false>(p, tile, 0, full_lo, full_hi);
 

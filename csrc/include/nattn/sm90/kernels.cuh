@@ -389,7 +389,6 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  launch_delta<T, HD>(problem, stream);
   const int64_t rows = int64_t(problem.batch) * problem.tokens * problem.heads;
   const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);  // dq_convert_kernel's
   const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem));  // the dQ pass: the query range's boxes
@@ -418,6 +417,7 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
       if (!why) {
         p.rpb_in_smem = rpb_bytes > 0 && rpb_bytes <= DkvAtomic::kDrpbRoom;
         const size_t smem = DkvAtomic::kAllocFixed + size_t(p.rpb_in_smem ? rpb_bytes : 0);
+        launch_delta<T, HD>(problem, stream);
         cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream);
         backward_dkv_kernel<T, NA, HD, Tl, true><<<dkv_grid, kThreads, smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q,
                                                                                        l->kv_do, map_dq);
@@ -430,6 +430,13 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
     }
   }
   (void)cudaGetLastError();  // a failed allocation: the deterministic pass instead
+  // The dQ pass computes delta from its staged dO rows (one O read, no kernel before it)
+  // unless the call has a query range: the dK/dV pass's query boxes then reach rows of boxes
+  // no dQ CTA runs (whose LSE is +inf: their delta must be finite), which the kernel fills.
+  bool ranged = false;
+  for (int a = 0; a < NA; ++a) ranged = ranged || axis_has_query_range(p, a);
+  p.delta_in_dq = !ranged;
+  if (ranged) launch_delta<T, HD>(problem, stream);
   // A staged dRPB sums in fixed point (common/drpb_fixed.cuh: deterministic, native integer
   // atomics): the dQ pass records each query head's largest |dS| first. Without the
   // workspace the dK/dV pass adds float32 into global memory.
