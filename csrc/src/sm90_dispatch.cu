@@ -117,7 +117,10 @@ constexpr int kSm90SmallHeadDim = 32;
 // against tc (PERF.md, twelfth session; bf16, ms): 2-D 13x13 1.79 vs 2.08, 21x21 1.35 vs 1.97,
 // 7x7 loses (0.96 vs 0.70); 3-D 3x7x7 1.33 vs 1.47, 5x7x7 1.69 vs 2.05, causal 8x17x17 3.9 vs
 // 15.2 (tc's backward walks the causal window's whole box), 3x5x5 loses (1.27 vs 1.07).
-constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
+// Forty-fifth session (H100, GPU ms, backward = f+b - forward, sm90 vs tc, head dim 64, no
+// dilation): with the 16x8 / 4x24 pair sm90 wins 2-D from 9x9: 128x128 9x9 B4 H8 0.656 vs
+// 0.697, 64x64 11x11 B16 H4 0.393 vs 0.431, 96x96 11x13 B4 H8 0.454 vs 0.546.
+constexpr int64_t kSm90MinWindowBackward[3] = {128, 81, 128};
 // Fourteenth session (PERF.md; tc's passes 20-30% faster: no binary searches, no cursors),
 // backward = forward + backward minus forward, GPU time, ms, tc vs sm90: 2-D at head dim 32
 // 13x13 0.34 vs 0.45 (28x28) and 0.59 vs 0.72 (56x56), 15x15 0.70 vs 0.78, 17x17 0.85 vs
@@ -132,6 +135,11 @@ constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
 // (3-D without an RPB follows the walk ratio: kSm90MaxBackwardWalkRatio3d.)
 constexpr int64_t kSm90MinWindowBackwardSmallHead[3] = {0, 500, 400};
 constexpr int kSm90BackwardSmallHeadDim[3] = {0, 32, 64};
+// Forty-fifth session (same call, head dim 32): where the backward runs the pair with
+// 96-token column boxes sm90 wins 2-D from 17x17 (128x128 B4 H4 0.413 vs tc 0.484) and ties
+// at 13x13 (B4 H8 0.656 vs 0.643), so at head dims <= 32 such windows run it from this many
+// keys; other pairs keep the 500 above.
+constexpr int64_t kSm90MinWindowBackwardWideBox = 200;
 
 // Head dims 65-128 (the 128-channel instances), where the tensor-core family runs one block
 // per SM: thirty-fifth session (PERF.md calls 2-3; benchmarks/dispatch_sweep.py found the
@@ -545,6 +553,13 @@ double sm90_backward_walk_ratio(const nattn::Params& p, int head_dim) {
   return 1e30;
 }
 
+// Whether the backward of this problem runs a pair with 96-token column boxes (16x8 / 4x24).
+bool backward_runs_wide_box(const nattn::Params& p, int head_dim) {
+  const char* why = nullptr;
+  const nattn::KernelEntry* e = find_sm90_backward(p, head_dim, &why);
+  return e && !nattn::sm90::is_strip_pair(p.na_dim, e->qbox, e->kbox) && e->kbox[0] * e->kbox[1] * e->kbox[2] > 64;
+}
+
 // Head dims 65-128 (kSm90WideHeadDim): the rules measured there.
 bool sm90_preferred_wide(const nattn::Params& p, int64_t window, int head_dim, bool backward) {
   const int nd = p.na_dim;
@@ -572,6 +587,9 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
   const bool by_walk = p.na_dim == 3 || (p.na_dim == 2 && window < kSm90MinWindow[1]);
   if (!backward && by_walk && !p.rpb)
     return sm90_walk_ratio(p, int(head_dim)) <= kSm90MaxWalkRatio[p.na_dim - 2][head_dim > kSm90SmallHeadDim];
+  if (backward && p.na_dim == 2 && head_dim <= kSm90BackwardSmallHeadDim[1] && window >= kSm90MinWindowBackwardWideBox &&
+      backward_runs_wide_box(p, int(head_dim)))
+    return true;
   if (backward) return window >= sm90_min_window_backward(p.na_dim, head_dim);
   return window >= kSm90MinWindow[p.na_dim - 1];
 }
