@@ -296,11 +296,15 @@ _RULES = [
     ((128, 128), (21, 21), 32, 1, False, True, 32, ""),        # 1.333 vs 1.272
     ((56, 56), (21, 21), 32, 1, False, True, 32, ""),          # 1.100 vs 0.997
     ((128, 128), (25, 25), 32, 1, False, True, 32, "native"),  # 1.498 vs 1.713
-    # the 2-D backward with the 16x8 / 4x24 pair (forty-fifth session, H100, backward alone):
-    # head dim 64 from 81 keys, head dim 32 from 200 where that pair runs
+    # the 2-D backward with the 16x8 / 4x24 pair (forty-fifth session, backward alone): head
+    # dim 64 from 81 keys without dilation (H100), dilated windows from 150 as before (H200);
+    # head dim 32 from 200 keys where that pair runs (H100), else 500 (H200: 15x15)
     ((128, 128), (9, 9), 64, 1, False, True, 64, "native"),    # 0.656 vs 0.697
     ((64, 64), (11, 11), 64, 1, False, True, 64, "native"),    # 0.393 vs 0.431
+    ((128, 128), (9, 9), 64, 2, False, True, 64, ""),          # 0.685 vs 0.668
+    ((128, 128), (11, 11), 64, 3, False, True, 64, ""),        # 0.930 vs 0.861
     ((128, 128), (13, 13), 32, 1, False, True, 32, ""),        # 0.656 vs 0.643
+    ((128, 128), (15, 15), 32, 1, False, True, 32, ""),        # 0.821 vs 0.763
     ((128, 128), (17, 17), 32, 1, False, True, 32, "native"),  # 0.413 vs 0.484
     # the 3-D backward by the backward pair's walk ratio (thirty-fifth session, call 4)
     ((17, 33, 58), (7, 5, 13), 32, 1, False, True, 32, ""),          # 455 keys, ratio 9.5: 3.48 vs 2.13

@@ -117,10 +117,13 @@ constexpr int kSm90SmallHeadDim = 32;
 // against tc (PERF.md, twelfth session; bf16, ms): 2-D 13x13 1.79 vs 2.08, 21x21 1.35 vs 1.97,
 // 7x7 loses (0.96 vs 0.70); 3-D 3x7x7 1.33 vs 1.47, 5x7x7 1.69 vs 2.05, causal 8x17x17 3.9 vs
 // 15.2 (tc's backward walks the causal window's whole box), 3x5x5 loses (1.27 vs 1.07).
-// Forty-fifth session (H100, GPU ms, backward = f+b - forward, sm90 vs tc, head dim 64, no
-// dilation): with the 16x8 / 4x24 pair sm90 wins 2-D from 9x9: 128x128 9x9 B4 H8 0.656 vs
-// 0.697, 64x64 11x11 B16 H4 0.393 vs 0.431, 96x96 11x13 B4 H8 0.454 vs 0.546.
-constexpr int64_t kSm90MinWindowBackward[3] = {128, 81, 128};
+constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
+// Forty-fifth session (GPU ms, backward = f+b - forward, sm90 vs tc, head dim 64): with the
+// 16x8 / 4x24 pair sm90 wins 2-D windows without dilation from 9x9 (H100: 128x128 9x9 B4 H8
+// 0.656 vs 0.697, 64x64 11x11 B16 H4 0.393 vs 0.431, 96x96 11x13 B4 H8 0.454 vs 0.546), not
+// dilated ones (H200: 128x128 B4 H8 9x9 dilation 2 0.685 vs 0.668, 11x11 dilation 3 0.930
+// vs 0.861), which keep kSm90MinWindowBackward, as do strided and causal ones (not measured).
+constexpr int64_t kSm90MinWindowBackward2dPlain = 81;
 // Fourteenth session (PERF.md; tc's passes 20-30% faster: no binary searches, no cursors),
 // backward = forward + backward minus forward, GPU time, ms, tc vs sm90: 2-D at head dim 32
 // 13x13 0.34 vs 0.45 (28x28) and 0.59 vs 0.72 (56x56), 15x15 0.70 vs 0.78, 17x17 0.85 vs
@@ -135,10 +138,11 @@ constexpr int64_t kSm90MinWindowBackward[3] = {128, 81, 128};
 // (3-D without an RPB follows the walk ratio: kSm90MaxBackwardWalkRatio3d.)
 constexpr int64_t kSm90MinWindowBackwardSmallHead[3] = {0, 500, 400};
 constexpr int kSm90BackwardSmallHeadDim[3] = {0, 32, 64};
-// Forty-fifth session (same call, head dim 32): where the backward runs the pair with
-// 96-token column boxes sm90 wins 2-D from 17x17 (128x128 B4 H4 0.413 vs tc 0.484) and ties
-// at 13x13 (B4 H8 0.656 vs 0.643), so at head dims <= 32 such windows run it from this many
-// keys; other pairs keep the 500 above.
+// Forty-fifth session (H100, head dim 32): where the backward runs the pair with 96-token
+// column boxes sm90 wins 2-D from 17x17 (128x128 B4 H4 0.413 vs tc 0.484) and ties at 13x13
+// (B4 H8 0.656 vs 0.643), so at head dims <= 32 such windows run it from this many keys;
+// other pairs keep the 500 above (H200: 15x15, whose backward runs the 8x8 boxes, 0.821 vs
+// tc 0.763).
 constexpr int64_t kSm90MinWindowBackwardWideBox = 200;
 
 // Head dims 65-128 (the 128-channel instances), where the tensor-core family runs one block
@@ -553,6 +557,13 @@ double sm90_backward_walk_ratio(const nattn::Params& p, int head_dim) {
   return 1e30;
 }
 
+// No dilation, stride or causal axis (the windows kSm90MinWindowBackward2dPlain was measured on).
+bool plain_window(const nattn::Params& p) {
+  for (int a = 0; a < p.na_dim; ++a)
+    if (p.dilation[a] != 1 || p.stride[a] != 1 || p.causal[a]) return false;
+  return true;
+}
+
 // Whether the backward of this problem runs a pair with 96-token column boxes (16x8 / 4x24).
 bool backward_runs_wide_box(const nattn::Params& p, int head_dim) {
   const char* why = nullptr;
@@ -589,6 +600,9 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
     return sm90_walk_ratio(p, int(head_dim)) <= kSm90MaxWalkRatio[p.na_dim - 2][head_dim > kSm90SmallHeadDim];
   if (backward && p.na_dim == 2 && head_dim <= kSm90BackwardSmallHeadDim[1] && window >= kSm90MinWindowBackwardWideBox &&
       backward_runs_wide_box(p, int(head_dim)))
+    return true;
+  if (backward && p.na_dim == 2 && head_dim > kSm90BackwardSmallHeadDim[1] && window >= kSm90MinWindowBackward2dPlain &&
+      plain_window(p))
     return true;
   if (backward) return window >= sm90_min_window_backward(p.na_dim, head_dim);
   return window >= kSm90MinWindow[p.na_dim - 1];

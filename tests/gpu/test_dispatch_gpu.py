@@ -118,7 +118,7 @@ def test_3d_windows_run_sm90_where_its_boxes_fit_them_and_tc_with_rpb_up_to_4000
 def test_backward_with_rpb_runs_tc_below_1024_keys_in_2d():
     # measured (PERF.md, twenty-first session, backward): with RPB the sm90 backward is 1.5-2.1x
     # slower than tc at 169-441 keys (2-D D64 13x13 1.69 vs 0.98 ms), ties at 31x31 and wins
-    # at 45x45 (2.53 vs 3.14); without RPB 2-D at head dim 64 runs the sm90 backward from 81 keys
+    # at 45x45 (2.53 vs 3.14); without RPB 2-D at head dim 64 runs the sm90 backward from 81 keys (plain windows)
     assert families(13, rpb=False, dim=64, backward=True)["dkv"] == "sm90"
     assert families(13, rpb=True, dim=64, backward=True)["dkv"] == "tc"
     assert families(31, rpb=True, dim=64, spatial=(40, 40), batch=1, backward=True)["dkv"] == "tc"
