@@ -448,10 +448,10 @@ double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e) {
 // PERF.md thirty-seventh session); in 3-D the counts were checked up to 0.95x.
 constexpr double kSm90BackwardTileGain[3] = {1.0, 0.97, 0.95};
 
-// Whether a pair's backward takes an RPB: not the box pairs with 96-token column boxes
-// (their passes have no RPB paths; sm90/kernels.cuh declines it).
-bool backward_takes_rpb(int na_dim, const nattn::KernelEntry& e) {
-  return nattn::sm90::is_strip_pair(na_dim, e.qbox, e.kbox) || e.kbox[0] * e.kbox[1] * e.kbox[2] <= 64;
+// A box pair with 96-token column boxes (16x8 / 4x24): its backward passes have no RPB paths
+// (sm90/kernels.cuh declines an RPB).
+bool wide_column_box(int na_dim, const nattn::KernelEntry& e) {
+  return !nattn::sm90::is_strip_pair(na_dim, e.qbox, e.kbox) && e.kbox[0] * e.kbox[1] * e.kbox[2] > 64;
 }
 
 // The Hopper entry for a backward: the call's / NATTN_SM90_TILE's pair when it has a backward
@@ -472,7 +472,7 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
     if (!sm90_entry_for(e, p, dim) || !e.backward) continue;
     // The pairs with 96-token column boxes have no RPB paths (sm90/kernels.cuh declines it):
     // named with an RPB, the backward stays on the default as for a forward-only pair.
-    if (p.rpb && !backward_takes_rpb(p.na_dim, e)) continue;
+    if (p.rpb && wide_column_box(p.na_dim, e)) continue;
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
     // The strip pairs' backward (backward_dq_strips.cuh, backward_dkv_strips.cuh) runs when
@@ -564,11 +564,11 @@ bool plain_window(const nattn::Params& p) {
   return true;
 }
 
-// Whether the backward of this problem runs a pair with 96-token column boxes (16x8 / 4x24).
+// Whether the backward of this problem runs a pair with 96-token column boxes.
 bool backward_runs_wide_box(const nattn::Params& p, int head_dim) {
   const char* why = nullptr;
   const nattn::KernelEntry* e = find_sm90_backward(p, head_dim, &why);
-  return e && !nattn::sm90::is_strip_pair(p.na_dim, e->qbox, e->kbox) && e->kbox[0] * e->kbox[1] * e->kbox[2] > 64;
+  return e && wide_column_box(p.na_dim, *e);
 }
 
 // Head dims 65-128 (kSm90WideHeadDim): the rules measured there.

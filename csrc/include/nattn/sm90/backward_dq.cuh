@@ -1,11 +1,13 @@
 // Hopper (sm_90a) NA backward, dQ pass (deterministic: each dQ row is written once).
 //
 // The forward's CTA shape: warpgroup 0's first thread is the producer; it loads the query
-// box's Q and dO rows once and then, per 64-key box of the union of the queries' windows,
+// box's Q and dO rows once and then, per key box (64 or 96 keys) of the windows' union,
 // K and V into a ring of stages. Warpgroups 1 and 2 own 64 queries each; per key box
 //   S = Q K^T, dP = dO V^T           (wgmma, both operands in shared memory)
 //   P = exp2(S scale log2e + bias - LSE log2e), masked as the forward masks
-//   dS = P (dP - delta)              (delta = rowsum(dO O) - dLSE, backward_delta.cuh)
+//   dS = P (dP - delta)              (delta = rowsum(dO O) - dLSE: computed here from the
+//                                     staged dO where Params::delta_in_dq, else by
+//                                     backward_delta.cuh's kernel)
 //   dQ += dS K                       (wgmma, dS from registers, K MN-major)
 // and at the end dQ * scale goes out through shared memory in 16-byte stores. With RPB it
 // also records each query head's largest |dS| for the dK/dV pass's fixed-point dRPB.
@@ -61,8 +63,8 @@ __device__ __forceinline__ bool dq_query_row(const Params& p, const CtaTile& til
   return ok;
 }
 
-// The fused delta's O pieces of a lane: row qr's HD / 4 channels from 2 t4 (HD / 8) on, as
-// HD / 32 16-byte loads (zeros for a padding row). Issued before the staged rows' wait.
+// The fused delta's O pieces of a lane: row qr's channels t4 HD / 4 .. (t4 + 1) HD / 4 - 1,
+// as HD / 32 16-byte loads (zeros for a padding row). Issued before the staged rows' wait.
 template <typename T, int NA, int HD, class QB>
 __device__ __forceinline__ void load_out_pieces(const Params& p, const CtaTile& tile, int b, int h, int qr, int t4,
                                                 bool ok, uint4 (&piece)[HD / 32]) {
