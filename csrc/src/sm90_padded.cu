@@ -102,12 +102,6 @@ void packed_strides(const nattn::Params& p, int heads, int hd, int64_t* s) {
   s[0] = stride;
 }
 
-bool ranged(const nattn::Params& p) {
-  for (int a = 0; a < p.na_dim; ++a)
-    if (nattn::sm90::axis_has_query_range(p, a)) return true;
-  return false;
-}
-
 }  // namespace
 
 int sm90_padded_head_dim(const nattn::Params& p, bool backward) {
@@ -183,7 +177,7 @@ const char* run_sm90_padded(const nattn::Params& p, int hd, bool backward, cudaS
       c.src = pointer(p, slots[i].field);
       c.dst = base + slots[i].offset;
       launch_copy<true>(c, p.batch, stream);
-    } else if (ranged(p)) {  // rows outside a query range are not written: they carry zeros back
+    } else if (nattn::sm90::has_query_range(p)) {  // rows outside a query range are not written: they carry zeros back
       cudaMemsetAsync(base + slots[i].offset, 0, size_t(p.batch) * c.items * 16, stream);
     }
   }

@@ -256,9 +256,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warpgroup_index();
   const int steps = tile.tiles * p.groups;  // (query head, query box) pairs
-  // 96-query boxes have no RPB paths (prepare_backward declines it: with them the 2-D
-  // head-dim-64 instance spilled).
-  constexpr bool kRpb = kNq <= 64;
+  // 96-query boxes (the 16x8 / 4x24 pair) leave no registers for the RPB paths (prepare_backward
+  // declines an RPB: with them the 2-D head-dim-64 instance spilled), the shifted dK product
+  // or the LSE preload below (with those, spills or serialized wgmma, C7512).
+  constexpr bool kWideCols = kNq > kWgRows;
+  constexpr bool kRpb = !kWideCols;
   const bool stage_rpb = kRpb && p.rpb != nullptr && p.rpb_in_smem;
   // After the deterministic dQ pass a staged table is in fixed point (32-bit integers; the
   // launcher stages it only with the workspace); the KV-parallel dQ mode stages float32.
@@ -467,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // is waited for inside its step. Not in 3-D at head dim 32 (spills), nor at 128 in 232
     // registers (spills; in 2-D kDeferDk instead).
     constexpr bool kShiftDk = NATTN_SM90_DKV_SHIFT_DK && !DQ_ATOMIC && !kDeferDk && (NA < 3 || HD == 64 || kWideRegs) &&
-                              kNq <= 64;
+                              !kWideCols;
     uint32_t pa[kNq / 16][4], da[kNq / 16][4], da_prev[kShiftDk ? kNq / 16 : 1][4];
     auto issue_dk = [&](int it, const uint32_t (&a)[kNq / 16][4]) {
       const unsigned char* q_tile = smem + S::kQ + (it % S::kStages) * C::kBytes;
@@ -526,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The LSE (log2) of the lane's query columns col(i) = 8 (i / 4) + 2 t4 + i % 2, in 8-byte
       // loads once per step (per score, the masked paths loaded each of them twice); not in
       // 3-D at head dim 128, where the 16 registers made the kernel spill.
-      constexpr bool kPreload = !(NA == 3 && HD >= 128) && kNq <= 64;
+      constexpr bool kPreload = !(NA == 3 && HD >= 128) && !kWideCols;
       float2 lse_c[kNq / 8];
       if constexpr (kPreload) {
 #pragma unroll

@@ -433,10 +433,8 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   // The dQ pass computes delta from its staged dO rows (one O read, no kernel before it)
   // unless the call has a query range: the dK/dV pass's query boxes then reach rows of boxes
   // no dQ CTA runs (whose LSE is +inf: their delta must be finite), which the kernel fills.
-  bool ranged = false;
-  for (int a = 0; a < NA; ++a) ranged = ranged || axis_has_query_range(p, a);
-  p.delta_in_dq = !ranged;
-  if (ranged) launch_delta<T, HD>(problem, stream);
+  p.delta_in_dq = !has_query_range(p);
+  if (!p.delta_in_dq) launch_delta<T, HD>(problem, stream);
   // A staged dRPB sums in fixed point (common/drpb_fixed.cuh: deterministic, native integer
   // atomics): the dQ pass records each query head's largest |dS| first. Without the
   // workspace the dK/dV pass adds float32 into global memory.

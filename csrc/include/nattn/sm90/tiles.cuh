@@ -76,6 +76,13 @@ NATTN_HD int qtiles_per_group(int len, int d, int box) {
 // a halo rank's own queries; the library checks 0 <= q_lo < q_hi <= the axis length).
 NATTN_HD bool axis_has_query_range(const Params& p, int a) { return p.q_lo[a] > 0 || p.q_hi[a] < p.spatial[a]; }
 
+// Whether some axis of the call has one.
+NATTN_HD bool has_query_range(const Params& p) {
+  for (int a = 0; a < p.na_dim; ++a)
+    if (axis_has_query_range(p, a)) return true;
+  return false;
+}
+
 // The query boxes the forward and the dQ pass launch along axis a, per dilation group: from box `first`,
 // `count` of them, those holding queries of the range [q_lo, q_hi) in some group (the
 // whole axis: every box, qtiles_per_group). Group coordinates j of the range's queries run
