@@ -55,6 +55,10 @@
 #ifndef NATTN_SM90_DKV_DV_LAST
 #define NATTN_SM90_DKV_DV_LAST 7
 #endif
+// ... and 0 keeps one 384-thread CTA per key box at every head dim (DkvCta).
+#ifndef NATTN_SM90_DKV_SPLIT
+#define NATTN_SM90_DKV_SPLIT 1
+#endif
 
 namespace nattn { namespace sm90 {
 
@@ -79,12 +83,31 @@ struct DqStage {
   }
 };
 
+// The dK/dV pass's CTA for tile pair Tl at head dim HD (the dQ pass's DqCta, with keys):
+// kSplit, a CTA per half of the key box with one consumer warpgroup, two CTAs an SM, which
+// loads only the query boxes its half sees; not the KV-parallel dQ (DQ), whose dQ products
+// take both halves' dS^T. kHalfMaps: the K and V maps hold half a key box (Half), which the
+// KV-parallel kernel copies twice. At two CTAs an SM a thread has 128 registers: the split
+// CTAs spilled in 3-D, and in fp16 with 64-query boxes, which keep one CTA an SM.
+template <typename T, int NA, class Tl, int HD, bool DQ>
+struct DkvCta {
+  using RB = typename Tl::Q;
+  static constexpr bool kHalfMaps = NATTN_SM90_DKV_SPLIT && HD <= 64 && RB::kSize == kQueryRows && NA < 3 &&
+                                    (std::is_same<T, bf16_t>::value || Tl::K::kSize > kWgRows);
+  static constexpr bool kSplit = kHalfMaps && !DQ;
+  static constexpr int kThreads = kSplit ? 256 : 384;
+  static constexpr int kMinBlocks = kSplit ? 2 : 1;
+  static constexpr int kRows = kSplit ? kWgRows : kQueryRows;  // K / V rows in shared memory
+  static constexpr int kConsumerThreads = kRows * 2;
+  using Half = Box<RB::extent(0) / (kHalfMaps ? 2 : 1), RB::extent(1), RB::extent(2)>;
+};
+
 // Shared memory of the dK/dV pass: the CTA's K and V rows, STAGES (Q, dO) boxes, with DQ
 // (the KV-parallel dQ) two sets of both warpgroups' dS^T and their dQ staging, STAGES (LSE,
 // delta) rows, barriers, then the staged dRPB table (size known at launch, at most kDrpbRoom).
-template <int HD, int NQ, bool DQ = false>
+template <int HD, int NQ, bool DQ = false, int ROWS = kQueryRows>
 struct DkvSmem {
-  using Rows = TileSmem<HD, kQueryRows>;
+  using Rows = TileSmem<HD, ROWS>;
   using Cols = TileSmem<HD, NQ>;
   using DsTile = TileSmem<NQ, kWgRows>;  // a warpgroup's dS^T: 64 keys x NQ queries, 16-bit
   using Stage = DqStage<HD>;
@@ -106,12 +129,14 @@ struct DkvSmem {
   static_assert(kAllocFixed + (DQ ? 0 : kMaxDrpbSmemBytes) <= kMaxSmem, "more shared memory than a Hopper block may have");
 };
 
-// The dK/dV passes' copy thread: the CTA's K and V rows (box RB, tiles RT) once on kv_full,
-// then per step the Q and dO rows of the walk's query box (CB, tiles CT) into ring stage
-// step % STAGES once the consumers released it (empty), completing on qd_full.
-template <int NA, int HD, class RB, class CB, class RT, class CT, int STAGES>
-__device__ __forceinline__ void produce_dkv_rows(const Params& p, const CtaTile& tile, int h_kv, int b, int steps,
-                                                 unsigned char* k_rows, unsigned char* v_rows,
+// The dK/dV passes' copy thread: the CTA's K and V rows (the key box's half `half` on,
+// RT::kRows of them, in copies of box HB: the maps' box) once on kv_full, then per step
+// the Q and dO rows of the walk's query box (CB, tiles CT) into ring stage step % STAGES
+// once the consumers released it (empty), completing on qd_full. Steps [first, last) of
+// the walk, step it in ring step it - first.
+template <int NA, int HD, class HB, class CB, class RT, class CT, int STAGES>
+__device__ __forceinline__ void produce_dkv_rows(const Params& p, const CtaTile& tile, int h_kv, int b, int half,
+                                                 int first, int last, unsigned char* k_rows, unsigned char* v_rows,
                                                  unsigned char* q_ring, unsigned char* do_ring,
                                                  const CUtensorMap* map_k, const CUtensorMap* map_v,
                                                  const CUtensorMap* map_q, const CUtensorMap* map_do,
@@ -120,14 +145,20 @@ __device__ __forceinline__ void produce_dkv_rows(const Params& p, const CtaTile&
   const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
   const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
   mbar_expect_tx(kv_full, 2 * RT::kBytes);
-  for (int cb = 0; cb < RT::kBlocks; ++cb) {
-    box_coords<NA>(p, tile, tile.q0, hk.channel + cb * RT::kChannels, hk.outer, c);
-    tma_load_box<NA, RB, RT::kRowBytes>(p, k_rows + cb * RT::kBlockBytes, map_k, kv_full, c);
-    box_coords<NA>(p, tile, tile.q0, hv.channel + cb * RT::kChannels, hv.outer, c);
-    tma_load_box<NA, RB, RT::kRowBytes>(p, v_rows + cb * RT::kBlockBytes, map_v, kv_full, c);
+  constexpr int kCopies = RT::kBlockBytes / RT::kRowBytes / HB::kSize;
+  for (int j = 0; j < kCopies; ++j) {
+    const int at[3] = {tile.q0[0] + (half + j) * HB::extent(0), tile.q0[1], tile.q0[2]};
+    const int rows = j * HB::kSize * RT::kRowBytes;
+    for (int cb = 0; cb < RT::kBlocks; ++cb) {
+      box_coords<NA>(p, tile, at, hk.channel + cb * RT::kChannels, hk.outer, c);
+      tma_load_box<NA, HB, RT::kRowBytes>(p, k_rows + cb * RT::kBlockBytes + rows, map_k, kv_full, c);
+      box_coords<NA>(p, tile, at, hv.channel + cb * RT::kChannels, hv.outer, c);
+      tma_load_box<NA, HB, RT::kRowBytes>(p, v_rows + cb * RT::kBlockBytes + rows, map_v, kv_full, c);
+    }
   }
   BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
-  for (int it = 0; it < steps; ++it, walk.next(tile)) {
+  for (int it = 0; it < first; ++it) walk.next(tile);
+  for (int it = 0; it < last - first; ++it, walk.next(tile)) {
     const int s = it % STAGES;
     if (it >= STAGES) mbar_wait(empty + s, ((it / STAGES) - 1) & 1);
     const int h = h_kv * p.groups + walk.pass;
@@ -147,13 +178,15 @@ __device__ __forceinline__ void produce_dkv_rows(const Params& p, const CtaTile&
 // The dK/dV passes' LSE / delta warp: per step, the query box's LSE (log2 units; +inf for
 // padding: no probability) and delta rows into ld_rows[stage][LSE CB::kSize | delta
 // CB::kSize], plain loads, once every consumer thread released the stage (ld_empty);
-// completes ld_full with the warp's 32 arrivals.
+// completes ld_full with the warp's 32 arrivals. Steps [first, last), as produce_dkv_rows.
 template <int NA, class CB, int STAGES>
-__device__ __forceinline__ void produce_lse_delta(const Params& p, const CtaTile& tile, int h_kv, int b, int steps,
-                                                  int lane, float* ld_rows, uint64_t* ld_full, uint64_t* ld_empty) {
+__device__ __forceinline__ void produce_lse_delta(const Params& p, const CtaTile& tile, int h_kv, int b, int first,
+                                                  int last, int lane, float* ld_rows, uint64_t* ld_full,
+                                                  uint64_t* ld_empty) {
   constexpr int kNq = CB::kSize;
   BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass
-  for (int it = 0; it < steps; ++it, walk.next(tile)) {
+  for (int it = 0; it < first; ++it) walk.next(tile);
+  for (int it = 0; it < last - first; ++it, walk.next(tile)) {
     const int s = it % STAGES;
     if (it >= STAGES) mbar_wait(ld_empty + s, ((it / STAGES) - 1) & 1);
     const int h = h_kv * p.groups + walk.pass;
@@ -220,7 +253,7 @@ __device__ __forceinline__ void add_drpb(const Params& p, const uint32_t (&ds_t)
 // operands MN-major), stages it in shared memory and adds it into Params::dq_accum (fp32,
 // [B, *spatial, H, D]) with one bulk tensor reduction of the copy engine (map_dq).
 template <typename T, int NA, int HD, class Tl, bool DQ_ATOMIC>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(DkvCta<T, NA, Tl, HD, DQ_ATOMIC>::kThreads, DkvCta<T, NA, Tl, HD, DQ_ATOMIC>::kMinBlocks)
     backward_dkv_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_k,
                         const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_q,
                         const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_dq) {
@@ -228,7 +261,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   using RB = typename Tl::Q;  // the CTA's keys
   using CB = typename Tl::K;  // a query box
   constexpr int kNq = CB::kSize;
-  using S = DkvSmem<HD, kNq, DQ_ATOMIC>;
+  using Cta = DkvCta<T, NA, Tl, HD, DQ_ATOMIC>;
+  constexpr bool kSplit = Cta::kSplit;
+  constexpr int kConsumerThreads = Cta::kConsumerThreads;
+  using S = DkvSmem<HD, kNq, DQ_ATOMIC, Cta::kRows>;
   using R = typename S::Rows;
   using C = typename S::Cols;
   constexpr int kRank = NA + 2;
@@ -236,7 +272,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (Not where query boxes are deeper than one frame, the 4x4x8 / 2x4x8 pair: with it the
   // consumers' shifted dK product spilled 8 bytes, and the LSE / delta warp at 24 registers.)
   constexpr bool kWideRegs = NATTN_SM90_DKV_WIDE_REGS && !DQ_ATOMIC && NA == 3 && HD == 128 && CB::extent(0) == 1;
-  using Regs = typename std::conditional<kWideRegs, RegisterSplit<24, 240>, DefaultRegisterSplit>::type;
+  using Regs = typename std::conditional<
+      kSplit, RegisterSplit<40, 216, 1>,
+      typename std::conditional<kWideRegs, RegisterSplit<24, 240>, DefaultRegisterSplit>::type>::type;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* kv_full = bars;
@@ -251,7 +289,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* drpb_smem = reinterpret_cast<float*>(smem + S::kDrpb);
 
   CtaTile tile;
-  if (!cta_tile_inverse<NA, RB, CB>(p, blockIdx.x, tile)) return;  // uniform over the CTA
+  if (!cta_tile_inverse<NA, RB, CB>(p, kSplit ? blockIdx.x / 2 : blockIdx.x, tile)) return;  // uniform over the CTA
+  // kSplit: the CTA's half of the key box (none past the dilation group's end)
+  const int half = kSplit ? int(blockIdx.x % 2) : 0;
+  if (kSplit && tile.q0[0] + half * Cta::Half::extent(0) >= tile.len[0]) return;
   const int h_kv = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warpgroup_index();
@@ -280,8 +321,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(qd_full + s, 1);
       mbar_init(ld_full + s, 32);  // every lane of the LSE / delta warp
-      mbar_init(empty + s, 8);     // one arrival per consumer warp
-      mbar_init(ld_empty + s, 256);  // every consumer thread, after its last read of the stage's rows
+      mbar_init(empty + s, kConsumerThreads / 32);  // one arrival per consumer warp
+      mbar_init(ld_empty + s, kConsumerThreads);    // every consumer thread, after its last read of the stage's rows
     }
     for (int set = 0; set < 2; ++set) {
       mbar_init(ds_full + set, 256);  // every consumer thread, after its dS^T stores
@@ -292,17 +333,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_barrier_init();
   }
   if (stage_rpb)
-    for (TableLen i = threadIdx.x; i < rpb_len; i += kThreads) drpb_smem[i] = 0.f;
+    for (TableLen i = threadIdx.x; i < rpb_len; i += Cta::kThreads) drpb_smem[i] = 0.f;
   __syncthreads();
 
+  // Steps a warpgroup's keys are not seen from (seen_steps; one query head per KV head: with
+  // several the walk repeats per head): kSplit loads only the others, else they are released.
+  // The KV-parallel dQ computes every step: it needs both warpgroups' dS^T of each, zeros
+  // included. Not in 1-D: 1 box in 34 at the 2048-key anchor, and the second loop bound made
+  // the bf16 head-dim-128 instance spill.
+  auto seen = [&](int cw, int& first_step, int& last_step) {
+    first_step = 0, last_step = steps;
+    if (!DQ_ATOMIC && NA > 1 && p.groups == 1) seen_steps<RB, CB, true>(p, tile, cw, first_step, last_step);
+  };
   if (wg == 0) {  // ------------------------------------------------ producers
     regs_dealloc<Regs::kProducer>();
+    int from = 0, to = steps;
+    if (kSplit) seen(half, from, to);
     if (warp == 0 && lane == 0) {
-      produce_dkv_rows<NA, HD, RB, CB, R, C, S::kStages>(p, tile, h_kv, b, steps, smem + S::kK, smem + S::kV,
-                                                        smem + S::kQ, smem + S::kDo, &map_k, &map_v, &map_q,
-                                                        &map_do, kv_full, qd_full, empty);
+      produce_dkv_rows<NA, HD, typename Cta::Half, CB, R, C, S::kStages>(
+          p, tile, h_kv, b, half, from, to, smem + S::kK, smem + S::kV, smem + S::kQ, smem + S::kDo, &map_k, &map_v,
+          &map_q, &map_do, kv_full, qd_full, empty);
     } else if (warp == 1) {
-      produce_lse_delta<NA, CB, S::kStages>(p, tile, h_kv, b, steps, lane, reinterpret_cast<float*>(smem + S::kLd),
+      produce_lse_delta<NA, CB, S::kStages>(p, tile, h_kv, b, from, to, lane, reinterpret_cast<float*>(smem + S::kLd),
                                             ld_full, ld_empty);
     } else if (DQ_ATOMIC && warp == 2 && lane == 0) {  // the dQ writer: each step's staged
       using St = DqStage<HD>;                           // dQ into Params::dq_accum
@@ -330,7 +382,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {  // ------------------------------------------------------- consumers
     regs_alloc<Regs::kConsumer>();
-    const int cw = wg - 1;  // consumer warpgroup 0 or 1: key rows 64 cw ..
+    const int cw = kSplit ? half : wg - 1;  // the half of the key box: key rows 64 cw ..
+    const int row0 = kSplit ? 0 : cw * kWgRows;  // its first row in the K and V tiles
     const int wr = (warp % 4) * 16;
     const int g4 = lane / 4, t4 = lane % 4;
 
@@ -434,16 +487,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive(dq_full + cw);
     };
 
-    // Query boxes none of whose queries see this warpgroup's keys (seen_steps; one query head
-    // per KV head: with several the walk repeats per head): only released, their copies waited
-    // for as in the dQ pass. The KV-parallel dQ computes every step: it needs both
-    // warpgroups' dS^T of each, zeros included. Not in 1-D: 1 box in 34 at the 2048-key
-    // anchor, and the second loop bound made the bf16 head-dim-128 instance spill.
-    int first_step = 0, last_step = steps;
-    if (!DQ_ATOMIC && NA > 1 && p.groups == 1) seen_steps<RB, CB, true>(p, tile, cw, first_step, last_step);
+    // Query boxes none of whose queries see this warpgroup's keys: only released, their copies
+    // waited for as in the dQ pass (kSplit: not loaded; box it is in ring step it - ring0).
+    int first_step, last_step;
+    seen(cw, first_step, last_step);
+    const int ring0 = kSplit ? first_step : 0;
     auto release_stage = [&](int it) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(empty + it % S::kStages);  // the stage's Q and dO are read
+      if (lane == 0) mbar_arrive(empty + (it - ring0) % S::kStages);  // the stage's Q and dO are read
     };
     auto release_only = [&](int it) {
       const int s = it % S::kStages, phase = (it / S::kStages) & 1;
@@ -472,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                               !kWideCols;
     uint32_t pa[kNq / 16][4], da[kNq / 16][4], da_prev[kShiftDk ? kNq / 16 : 1][4];
     auto issue_dk = [&](int it, const uint32_t (&a)[kNq / 16][4]) {
-      const unsigned char* q_tile = smem + S::kQ + (it % S::kStages) * C::kBytes;
+      const unsigned char* q_tile = smem + S::kQ + ((it - ring0) % S::kStages) * C::kBytes;
 #pragma unroll
       for (int kk = 0; kk < kNq / 16; ++kk) wgmma_rs<T, HD>(dk, a[kk], C::mn_major(q_tile, kk), 1);
       wgmma_commit();
@@ -481,9 +532,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // runs (head dim 128, where dP^T is issued late).
     constexpr bool kDvLast = !DQ_ATOMIC && HD == 128 && ((NATTN_SM90_DKV_DV_LAST >> (NA - 1)) & 1) != 0;
     BoxWalk<NA, CB> walk(tile);  // step it: query head h_kv * groups + walk.pass, box it % tiles
-    for (int it = 0; it < first_step; ++it, walk.next(tile)) release_only(it);
+    for (int it = 0; it < first_step; ++it, walk.next(tile))
+      if (!kSplit) release_only(it);
     for (int it = first_step; it < last_step; ++it, walk.next(tile)) {
-      const int s = it % S::kStages, phase = (it / S::kStages) & 1;
+      const int s = (it - ring0) % S::kStages, phase = ((it - ring0) / S::kStages) & 1;
       const int hg = walk.pass, h = h_kv * p.groups + hg;
       const unsigned char* q_tile = smem + S::kQ + s * C::kBytes;
       const unsigned char* do_tile = smem + S::kDo + s * C::kBytes;
@@ -493,13 +545,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto issue_dp = [&](float (&acc)[kNq / 2], const unsigned char* dot) {
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk)
-          wgmma_ss<T, kNq>(acc, R::k_major(v_tile, cw * kWgRows, kk), C::k_major(dot, 0, kk), kk > 0);
+          wgmma_ss<T, kNq>(acc, R::k_major(v_tile, row0, kk), C::k_major(dot, 0, kk), kk > 0);
       };
       mbar_wait(qd_full + s, phase);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < HD / 16; ++kk)
-        wgmma_ss<T, kNq>(st, R::k_major(k_tile, cw * kWgRows, kk), C::k_major(q_tile, 0, kk), kk > 0);
+        wgmma_ss<T, kNq>(st, R::k_major(k_tile, row0, kk), C::k_major(q_tile, 0, kk), kk > 0);
       // dP^T with S^T, or (late_dp) only once P^T is packed: with the general RPB mask, or
       // at head dim 128, S^T, dP^T, dK and dV left too few registers (spills).
       if (!late_dp) issue_dp(dpt, do_tile);
@@ -658,7 +710,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(dk);
       release_stage(last_step - 1);
     }
-    for (int it = last_step; it < steps; ++it) release_only(it);
+    if (!kSplit)
+      for (int it = last_step; it < steps; ++it) release_only(it);
 
     if constexpr (DQ_ATOMIC) {
       if (steps > 0) {  // the last step's dQ, then its reduction finishes before the CTA goes
@@ -672,7 +725,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned char* stage_v = smem + S::kV;
 #pragma unroll
     for (int i = 0; i < HD / 2; i += 2) {
-      const int kr = cw * kWgRows + wr + g4 + 8 * ((i / 2) % 2);
+      const int kr = row0 + wr + g4 + 8 * ((i / 2) % 2);
       const int col = 8 * (i / 4) + 2 * t4;
       *reinterpret_cast<uint32_t*>(stage_k + R::offset(kr, col)) = pack2<T>(dk[i] * p.scale, dk[i + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(stage_v + R::offset(kr, col)) = pack2<T>(dv[i], dv[i + 1]);
@@ -686,18 +739,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       int64_t off_k, off_v;
       const bool ok = box_row_offset<NA, RB>(p, tile, tile.q0, kr, p.dk_s, off_k);
       box_row_offset<NA, RB>(p, tile, tile.q0, kr, p.dv_s, off_v);
+      const int sr = row0 + idx / kChunks;  // its row in the staging
       if (ok) {
-        *reinterpret_cast<uint4*>(out_k + off_k + ch * 8) = *reinterpret_cast<const uint4*>(stage_k + R::offset(kr, ch * 8));
-        *reinterpret_cast<uint4*>(out_v + off_v + ch * 8) = *reinterpret_cast<const uint4*>(stage_v + R::offset(kr, ch * 8));
+        *reinterpret_cast<uint4*>(out_k + off_k + ch * 8) = *reinterpret_cast<const uint4*>(stage_k + R::offset(sr, ch * 8));
+        *reinterpret_cast<uint4*>(out_v + off_v + ch * 8) = *reinterpret_cast<const uint4*>(stage_v + R::offset(sr, ch * 8));
       }
     }
     if (fixed) {  // the consumers' staged dRPB into the int64 table (producers have left)
-      named_sync(5, 256);
-      drpb_fixed_add(p, h_kv, reinterpret_cast<const int*>(drpb_smem), rpb_len, threadIdx.x - 128, 256);
+      named_sync(5, kConsumerThreads);
+      drpb_fixed_add(p, h_kv, reinterpret_cast<const int*>(drpb_smem), rpb_len, threadIdx.x - 128, kConsumerThreads);
     } else if (stage_rpb) {  // ... or into the float32 gradient
-      named_sync(5, 256);
+      named_sync(5, kConsumerThreads);
       float* dst = p.drpb + int64_t(h_kv) * p.groups * p.rpb_head_size;
-      for (TableLen i = threadIdx.x - 128; i < rpb_len; i += 256)
+      for (TableLen i = threadIdx.x - 128; i < rpb_len; i += kConsumerThreads)
         if (drpb_smem[i] != 0.f) atomicAdd(dst + i, drpb_smem[i]);
     }
   }

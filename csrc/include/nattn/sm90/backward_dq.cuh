@@ -11,9 +11,13 @@
 //   dQ += dS K                       (wgmma, dS from registers, K MN-major)
 // and at the end dQ * scale goes out through shared memory in 16-byte stores. With RPB it
 // also records each query head's largest |dS| for the dK/dV pass's fixed-point dRPB.
+// At head dims up to 64 each half of the query box has a CTA of its own (DqCta::kSplit):
+// a producer warpgroup and one consumer warpgroup, two CTAs an SM.
 #pragma once
 #include <cuda.h>
 #include <math.h>
+
+#include <type_traits>
 
 #include "nattn/common/drpb_fixed.cuh"
 #include "nattn/sm90/backward_delta.cuh"
@@ -26,13 +30,35 @@
 #ifndef NATTN_SM90_DQ_PIPELINED
 #define NATTN_SM90_DQ_PIPELINED 1
 #endif
+// Build switch: 0 keeps one 384-thread CTA per query box at every head dim (DqCta).
+#ifndef NATTN_SM90_DQ_SPLIT
+#define NATTN_SM90_DQ_SPLIT 1
+#endif
 
 namespace nattn { namespace sm90 {
 
+// The dQ pass's CTA for tile pair Tl at head dim HD. kSplit: a CTA per half of the query
+// box (along axis 0, Half), with a producer warpgroup and one consumer warpgroup, two CTAs
+// an SM. The passes of a small window walk a few key boxes each, and a 384-thread CTA (one
+// an SM) spent a third of its warps' time in its prologue and epilogue, which nothing else
+// on the SM overlapped (Nsight, mid-2d: PERF.md forty-sixth session); two independent CTAs
+// overlap one's prologue with the other's steps, and each loads only the key boxes its half
+// sees. Head dims up to 64: two CTAs' rings then fit the shared memory.
+template <class Tl, int HD>
+struct DqCta {
+  using Q = typename Tl::Q;
+  static constexpr bool kSplit = NATTN_SM90_DQ_SPLIT && HD <= 64 && Q::kSize == kQueryRows;
+  static constexpr int kThreads = kSplit ? 256 : 384;
+  static constexpr int kMinBlocks = kSplit ? 2 : 1;
+  static constexpr int kRows = kSplit ? kWgRows : kQueryRows;  // Q / dO rows in shared memory
+  using Half = Box<Q::extent(0) / (kSplit ? 2 : 1), Q::extent(1), Q::extent(2)>;  // what a CTA's copies hold
+  using Regs = typename std::conditional<kSplit, RegisterSplit<24, 232, 1>, DefaultRegisterSplit>::type;
+};
+
 // Shared memory of the dQ pass: the CTA's Q and dO rows, then STAGES (K, V) boxes.
-template <int HD, int NK>
+template <int HD, int NK, int ROWS = kQueryRows>
 struct DqSmem {
-  using Rows = TileSmem<HD, kQueryRows>;
+  using Rows = TileSmem<HD, ROWS>;
   using Cols = TileSmem<HD, NK>;
   static constexpr int kStages = 3;
   static constexpr int kQ = 0;
@@ -79,7 +105,7 @@ __device__ __forceinline__ void load_out_pieces(const Params& p, const CtaTile& 
 }
 
 template <typename T, int NA, int HD, class Tl>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(DqCta<Tl, HD>::kThreads, DqCta<Tl, HD>::kMinBlocks)
     backward_dq_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
                        const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
                        const __grid_constant__ CUtensorMap map_v) {
@@ -87,7 +113,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   using QB = typename Tl::Q;
   using KB = typename Tl::K;
   constexpr int kNk = KB::kSize;
-  using S = DqSmem<HD, kNk>;
+  using Cta = DqCta<Tl, HD>;
+  constexpr bool kSplit = Cta::kSplit;
+  using S = DqSmem<HD, kNk, Cta::kRows>;
   using R = typename S::Rows;
   using C = typename S::Cols;
   unsigned char* smem = aligned_smem();
@@ -98,7 +126,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = bars + 1 + 2 * S::kStages;
 
   CtaTile tile;
-  if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform over the CTA
+  if (!cta_tile<NA, QB, KB>(p, kSplit ? blockIdx.x / 2 : blockIdx.x, tile)) return;  // uniform over the CTA
+  // kSplit: the CTA's half of the box (none past the dilation group's end)
+  const int half = kSplit ? int(blockIdx.x % 2) : 0;
+  if (kSplit && tile.q0[0] + half * Cta::Half::extent(0) >= tile.len[0]) return;
   const int h = blockIdx.y, b = blockIdx.z;
   const int h_kv = kv_head(p, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -113,33 +144,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(k_full + s, 1);
       mbar_init(v_full + s, 1);
-      mbar_init(empty + s, 8);  // one arrival per consumer warp
+      mbar_init(empty + s, Cta::kRows / 16);  // one arrival per consumer warp
     }
     fence_barrier_init();
   }
   __syncthreads();
 
   if (wg == 0) {  // ------------------------------------------------ producer
-    regs_dealloc<DefaultRegisterSplit::kProducer>();
+    regs_dealloc<Cta::Regs::kProducer>();
     if (warp != 0 || lane != 0) return;
     int c[5];
     const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
     const HeadCoords hdo = head_coords<HD>(p, kRowsGradOut, p.heads, h, b);
+    const int first[3] = {tile.q0[0] + half * Cta::Half::extent(0), tile.q0[1], tile.q0[2]};
     mbar_expect_tx(rows_full, 2 * R::kBytes);
     for (int cb = 0; cb < R::kBlocks; ++cb) {
-      box_coords<NA>(p, tile, tile.q0, hq.channel + cb * R::kChannels, hq.outer, c);
-      tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kQ + cb * R::kBlockBytes, &map_q, rows_full, c);
-      box_coords<NA>(p, tile, tile.q0, hdo.channel + cb * R::kChannels, hdo.outer, c);
-      tma_load_box<NA, QB, R::kRowBytes>(p, smem + S::kDo + cb * R::kBlockBytes, &map_do, rows_full, c);
+      box_coords<NA>(p, tile, first, hq.channel + cb * R::kChannels, hq.outer, c);
+      tma_load_box<NA, typename Cta::Half, R::kRowBytes>(p, smem + S::kQ + cb * R::kBlockBytes, &map_q, rows_full, c);
+      box_coords<NA>(p, tile, first, hdo.channel + cb * R::kChannels, hdo.outer, c);
+      tma_load_box<NA, typename Cta::Half, R::kRowBytes>(p, smem + S::kDo + cb * R::kBlockBytes, &map_do, rows_full, c);
     }
+    int from = 0, to = -1;  // kSplit: only the boxes the half sees
+    if (kSplit) seen_steps<QB, KB, false>(p, tile, half, from, to);
     produce_kv_ring<NA, HD, KB, C, S::kStages>(p, tile, h_kv, b, smem + S::kK, smem + S::kV, &map_k, &map_v,
-                                              k_full, v_full, empty);
+                                              k_full, v_full, empty, from, to);
     return;
   }
 
   // ---------------------------------------------------------------- consumers
-  regs_alloc<DefaultRegisterSplit::kConsumer>();
-  const int cw = wg - 1;  // consumer warpgroup 0 or 1: query rows 64 cw ..
+  regs_alloc<Cta::Regs::kConsumer>();
+  const int cw = kSplit ? half : wg - 1;  // the half of the box: query rows 64 cw ..
+  const int row0 = kSplit ? 0 : cw * kWgRows;  // its first row in the Q and dO tiles
   const int wr = (warp % 4) * 16;
   const int g4 = lane / 4, t4 = lane % 4;
 
@@ -177,7 +212,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       float dot = 0.f;
 #pragma unroll
       for (int j = 0; j < HD / 32; ++j)
-        dot += piece_dot<T>(o_piece[r][j], *reinterpret_cast<const uint4*>(do_tile + R::offset(qr, t4 * (HD / 4) + 8 * j)));
+        dot += piece_dot<T>(o_piece[r][j], *reinterpret_cast<const uint4*>(
+                                               do_tile + R::offset(qr - cw * kWgRows + row0, t4 * (HD / 4) + 8 * j)));
       dot += __shfl_xor_sync(0xffffffffu, dot, 1);
       dot += __shfl_xor_sync(0xffffffffu, dot, 2);
       if (row_ok[r]) {
@@ -190,12 +226,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Key boxes this warpgroup's queries do not see (seen_steps): only released. Their copies are
   // waited for even so: a warpgroup releasing slots unread could run a whole ring ahead and
   // arrive twice on one phase of `empty`, letting the producer refill a slot the other
-  // warpgroup still reads.
+  // warpgroup still reads. kSplit: the producer loads only the seen boxes, box k into ring
+  // step k - ring0.
   int first_step, last_step;
   seen_steps<QB, KB, false>(p, tile, cw, first_step, last_step);
+  const int ring0 = kSplit ? first_step : 0;
   auto release_slot = [&](int k) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty + k % S::kStages);
+    if (lane == 0) mbar_arrive(empty + (k - ring0) % S::kStages);
   };
   auto release_only = [&](int k) {
     const int s = k % S::kStages, phase = (k / S::kStages) & 1;
@@ -210,15 +248,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kPipelined = NATTN_SM90_DQ_PIPELINED;
   uint32_t ds_prev[kNk / 16][4];
   auto issue_dq = [&](int k, const uint32_t (&ds)[kNk / 16][4]) {
-    const unsigned char* k_tile = smem + S::kK + (k % S::kStages) * C::kBytes;
+    const unsigned char* k_tile = smem + S::kK + ((k - ring0) % S::kStages) * C::kBytes;
 #pragma unroll
     for (int kk = 0; kk < kNk / 16; ++kk) wgmma_rs<T, HD>(dq, ds[kk], C::mn_major(k_tile, kk), 1);
     wgmma_commit();
   };
   BoxWalk<NA, KB> walk(tile);
-  for (int k = 0; k < first_step; ++k, walk.next(tile)) release_only(k);
+  for (int k = 0; k < first_step; ++k, walk.next(tile))
+    if (!kSplit) release_only(k);
   for (int k = first_step; k < last_step; ++k, walk.next(tile)) {
-    const int s = k % S::kStages, phase = (k / S::kStages) & 1;
+    const int s = (k - ring0) % S::kStages, phase = ((k - ring0) / S::kStages) & 1;
     const unsigned char* k_tile = smem + S::kK + s * C::kBytes;
     const unsigned char* v_tile = smem + S::kV + s * C::kBytes;
     float sc[kNk / 2], dp[kNk / 2];
@@ -226,11 +265,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk)
-      wgmma_ss<T, kNk>(sc, R::k_major(q_tile, cw * kWgRows, kk), C::k_major(k_tile, 0, kk), kk > 0);
+      wgmma_ss<T, kNk>(sc, R::k_major(q_tile, row0, kk), C::k_major(k_tile, 0, kk), kk > 0);
     mbar_wait(v_full + s, phase);
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk)
-      wgmma_ss<T, kNk>(dp, R::k_major(do_tile, cw * kWgRows, kk), C::k_major(v_tile, 0, kk), kk > 0);
+      wgmma_ss<T, kNk>(dp, R::k_major(do_tile, row0, kk), C::k_major(v_tile, 0, kk), kk > 0);
     wgmma_commit();
     const bool dq_behind = kPipelined && k > first_step;
     if (dq_behind) {
@@ -311,7 +350,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(dq);
     release_slot(last_step - 1);
   }
-  for (int k = last_step; k < tile.tiles; ++k) release_only(k);
+  if (!kSplit)
+    for (int k = last_step; k < tile.tiles; ++k) release_only(k);
 
   if (p.drpb_max) {  // every lane of the consumer warps gets here
     ds_max = __reduce_max_sync(0xffffffffu, ds_max);
@@ -322,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < HD / 2; i += 2) {
     const int r = (i / 2) % 2;
-    const int qr = cw * kWgRows + wr + g4 + 8 * r;
+    const int qr = row0 + wr + g4 + 8 * r;
     const int col = 8 * (i / 4) + 2 * t4;
     *reinterpret_cast<uint32_t*>(stage + R::offset(qr, col)) = pack2<T>(dq[i] * p.scale, dq[i + 1] * p.scale);
   }
@@ -339,7 +379,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       ok = ok && i < tile.len[a];
       off += int64_t(tile.g[a] + p.dilation[a] * i) * p.dq_s[1 + a];
     }
-    if (ok) *reinterpret_cast<uint4*>(out + off + ch * 8) = *reinterpret_cast<const uint4*>(stage + R::offset(qr, ch * 8));
+    if (ok)
+      *reinterpret_cast<uint4*>(out + off + ch * 8) =
+          *reinterpret_cast<const uint4*>(stage + R::offset(row0 + idx / kChunks, ch * 8));
   }
 #endif
 }

@@ -359,11 +359,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {  // ------------------------------------------------ producers
     regs_dealloc<DefaultRegisterSplit::kProducer>();
     if (warp == 0 && lane == 0)
-      produce_dkv_rows<NA, HD, B, B, R, R, S::kStages>(p, tile, h_kv, b, steps, smem + S::kK, smem + S::kV,
+      produce_dkv_rows<NA, HD, B, B, R, R, S::kStages>(p, tile, h_kv, b, 0, 0, steps, smem + S::kK, smem + S::kV,
                                                       smem + S::kQ, smem + S::kDo, &map_k, &map_v, &map_q,
                                                       &map_do, kv_full, qd_full, empty);
     else if (warp == 1)
-      produce_lse_delta<NA, B, S::kStages>(p, tile, h_kv, b, steps, lane, reinterpret_cast<float*>(smem + S::kLd),
+      produce_lse_delta<NA, B, S::kStages>(p, tile, h_kv, b, 0, steps, lane, reinterpret_cast<float*>(smem + S::kLd),
                                            ld_full, ld_empty);
     return;
   }

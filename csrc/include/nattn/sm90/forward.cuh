@@ -219,19 +219,23 @@ __device__ __forceinline__ void stage_output(unsigned char* stage, const float* 
 }
 
 // The producer's walk over a CTA's key boxes (the forward and the dQ pass): each box once the
-// consumers have released its slot (its "empty" mbarrier).
+// consumers have released its slot (its "empty" mbarrier). Boxes [first, last) of the walk
+// (a half-box dQ CTA's seen steps; every box by default), box k in slot (k - first) % STAGES.
 template <int NA, int HD, class KB, class C, int STAGES>
 __device__ __forceinline__ void produce_kv_ring(const Params& p, const CtaTile& tile, int h_kv, int b,
                                                 unsigned char* k_ring, unsigned char* v_ring,
                                                 const CUtensorMap* map_k, const CUtensorMap* map_v,
-                                                uint64_t* k_full, uint64_t* v_full, uint64_t* empty) {
+                                                uint64_t* k_full, uint64_t* v_full, uint64_t* empty,
+                                                int first = 0, int last = -1) {
   const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
   const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
   int c[5];
   BoxWalk<NA, KB> walk(tile);
-  for (int k = 0; k < tile.tiles; ++k, walk.next(tile)) {
-    if (k >= STAGES) mbar_wait(empty + k % STAGES, ((k / STAGES) - 1) & 1);
-    load_kv_box<NA, KB, C, STAGES>(p, tile, walk.origin, k, hk, hv, k_ring, v_ring, map_k, map_v, k_full, v_full, c);
+  for (int k = 0; k < first; ++k) walk.next(tile);
+  const int n = (last < 0 ? tile.tiles : last) - first;
+  for (int j = 0; j < n; ++j, walk.next(tile)) {
+    if (j >= STAGES) mbar_wait(empty + j % STAGES, ((j / STAGES) - 1) & 1);
+    load_kv_box<NA, KB, C, STAGES>(p, tile, walk.origin, j, hk, hv, k_ring, v_ring, map_k, map_v, k_full, v_full, c);
   }
 }
 

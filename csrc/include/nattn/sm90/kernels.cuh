@@ -288,25 +288,31 @@ const char* prepare_backward_boxes(const Params& p, void* workspace) {
   if (NA == 3)  // the dK/dV pass keeps 3-D window bounds as 16-bit pairs (backward_dkv.cuh)
     for (int a = 0; a < 3; ++a)
       if (p.spatial[a] > 32767) return "3-D axes above 32767 tokens";
-  int big[3], small[3];
+  // dq_rows / kv_rows: what one copy of a dQ pass CTA holds of Q and dO, of a dK/dV pass
+  // CTA of K and V (half the 128-token box where those CTAs split it: DqCta, DkvCta)
+  int big[3], small[3], dq_rows[3], kv_rows[3];
   for (int a = 0; a < 3; ++a) {
     big[a] = kWide ? Tl::K::extent(a) : Tl::Q::extent(a);
     small[a] = Tl::K::extent(a);
+    dq_rows[a] = kWide ? big[a] : DqCta<Tl, HD>::Half::extent(a);
+    kv_rows[a] = kWide ? big[a] : DkvCta<T, NA, Tl, HD, false>::Half::extent(a);
   }
   BackwardLaunch* l = static_cast<BackwardLaunch*>(workspace);
   const MapRequest maps[] = {
-      {"q", kRowsQ, &l->dq_q, p.q_s, p.q, p.heads, big},
-      {"grad_out", kRowsGradOut, &l->dq_do, p.grad_out_s, p.grad_out, p.heads, big},
+      {"q", kRowsQ, &l->dq_q, p.q_s, p.q, p.heads, dq_rows},
+      {"grad_out", kRowsGradOut, &l->dq_do, p.grad_out_s, p.grad_out, p.heads, dq_rows},
       {"k", kRowsK, &l->dq_k, p.k_s, p.k, p.heads_kv, small},
       {"v", kRowsV, &l->dq_v, p.v_s, p.v, p.heads_kv, small},
-      {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, big},
-      {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, big},
+      {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, kv_rows},
+      {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, kv_rows},
       {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, small},
       {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, small},
   };
   l->heads_outer = 0;
   using CtaBox = typename std::conditional<kWide, typename Tl::K, typename Tl::Q>::type;
-  if (num_key_ctas<CtaBox>(p) > 0x7fffffff || num_cta_tiles<CtaBox>(p) > 0x7fffffff)
+  // (split CTAs: two a box; head dim 256 never splits)
+  if (num_key_ctas<CtaBox>(p) * (DkvCta<T, NA, Tl, HD, false>::kSplit ? 2 : 1) > 0x7fffffff ||
+      num_cta_tiles<CtaBox>(p) * (DqCta<Tl, HD>::kSplit ? 2 : 1) > 0x7fffffff)
     return "too many query or key boxes for the grid";
   if (int64_t(p.batch) * p.tokens * p.heads * (HD / 8) / kDeltaThreads >= 0x7fffffff) return "too many rows for the grid";
   return encode_maps<HD, T>(p, maps, l->heads_outer);
@@ -376,8 +382,10 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   Params p = problem;
   p.map_heads_outer = l->heads_outer;
   set_query_boxes<typename Tl::Q>(p);  // the dQ pass's decode
-  using Dq = DqSmem<HD, Tl::K::kSize>;
-  using Dkv = DkvSmem<HD, Tl::K::kSize, false>;
+  using DqC = DqCta<Tl, HD>;
+  using Dq = DqSmem<HD, Tl::K::kSize, DqC::kRows>;
+  using DkvC = DkvCta<T, NA, Tl, HD, false>;
+  using Dkv = DkvSmem<HD, Tl::K::kSize, false, DkvC::kRows>;
   using DkvAtomic = DkvSmem<HD, Tl::K::kSize, true>;
   static const bool configured = [] {
     cudaFuncSetAttribute(backward_dq_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kAlloc);
@@ -391,9 +399,12 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   (void)configured;
   const int64_t rows = int64_t(problem.batch) * problem.tokens * problem.heads;
   const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);  // dq_convert_kernel's
-  const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem));  // the dQ pass: the query range's boxes
+  // the dQ pass: the query range's boxes (kSplit: a CTA per half box)
+  const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem) * (DqC::kSplit ? 2 : 1));
   const int64_t rpb_bytes = drpb_stage_bytes(p);
-  const dim3 dkv_grid(unsigned(num_key_ctas<typename Tl::Q>(problem)), p.heads_kv, p.batch);  // every key box
+  const unsigned key_ctas = unsigned(num_key_ctas<typename Tl::Q>(problem));  // every key box
+  const dim3 dkv_grid(key_ctas, p.heads_kv, p.batch);
+  const dim3 dkv_split_grid(key_ctas * (DkvC::kSplit ? 2 : 1), p.heads_kv, p.batch);
   p.dq_accum = nullptr;
   const size_t accum_bytes = size_t(rows) * HD * sizeof(float);
   if constexpr (kHasAtomicDq<Tl>) {
@@ -440,10 +451,10 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   // workspace the dK/dV pass adds float32 into global memory.
   const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
   p.rpb_in_smem = fixed;
-  backward_dq_kernel<T, NA, HD, Tl><<<dim3(ctas, problem.heads, problem.batch), kThreads, Dq::kAlloc, stream>>>(
+  backward_dq_kernel<T, NA, HD, Tl><<<dim3(ctas, problem.heads, problem.batch), DqC::kThreads, Dq::kAlloc, stream>>>(
       p, l->dq_q, l->dq_do, l->dq_k, l->dq_v);
-  backward_dkv_kernel<T, NA, HD, Tl, false><<<dkv_grid, kThreads, Dkv::kAllocFixed + size_t(fixed ? rpb_bytes : 0), stream>>>(
-      p, l->kv_k, l->kv_v, l->kv_q, l->kv_do, l->kv_q);
+  backward_dkv_kernel<T, NA, HD, Tl, false><<<dkv_split_grid, DkvC::kThreads, Dkv::kAllocFixed + size_t(fixed ? rpb_bytes : 0),
+                                              stream>>>(p, l->kv_k, l->kv_v, l->kv_q, l->kv_do, l->kv_q);
   if (fixed) drpb_fixed_end(p, kDrpbFixedBits, stream);
 }
 

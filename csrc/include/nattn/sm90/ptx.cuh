@@ -203,17 +203,18 @@ __device__ __forceinline__ void regs_alloc() {
 #endif
 }
 
-// A 384-thread CTA's register split: one producer warpgroup down to PRODUCER registers a
-// thread, two consumer warpgroups up to CONSUMER. setmaxnreg only moves registers within
-// the CTA, which is launched with 168 a thread at one CTA per SM (64512 in all): a split
-// above that makes the consumers' increase wait forever (a 240 / 32 split hung the dK/dV
-// pass, PERF.md twenty-fifth session).
-template <int PRODUCER, int CONSUMER>
+// A CTA's register split: one producer warpgroup down to PRODUCER registers a thread,
+// CONSUMERS consumer warpgroups up to CONSUMER. setmaxnreg only moves registers within the
+// CTA, which is launched with 168 a thread at one 384-thread CTA per SM (64512 in all), or
+// 128 at two 256-thread CTAs: a split above that makes the consumers' increase wait forever
+// (a 240 / 32 split hung the dK/dV pass, PERF.md twenty-fifth session).
+template <int PRODUCER, int CONSUMER, int CONSUMERS = 2>
 struct RegisterSplit {
   static_assert(PRODUCER % 8 == 0 && CONSUMER % 8 == 0 && PRODUCER >= 24 && CONSUMER <= 256,
                 "setmaxnreg takes multiples of 8 from 24 to 256");
-  static_assert(128 * PRODUCER + 2 * 128 * CONSUMER <= 384 * 168,
-                "more registers than a 384-thread CTA is launched with");
+  static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
+  static_assert(128 * PRODUCER + CONSUMERS * 128 * CONSUMER <= (CONSUMERS == 2 ? 384 * 168 : 256 * 128),
+                "more registers than the CTA is launched with");
   static constexpr int kProducer = PRODUCER, kConsumer = CONSUMER;
 };
 // The split of the 128-query forward, the dQ pass and the dK/dV pass (which widens it in
