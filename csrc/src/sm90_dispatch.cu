@@ -124,6 +124,15 @@ constexpr int64_t kSm90MinWindowBackward[3] = {128, 150, 128};
 // dilated ones (H200: 128x128 B4 H8 9x9 dilation 2 0.685 vs 0.668, 11x11 dilation 3 0.930
 // vs 0.861), which keep kSm90MinWindowBackward, as do strided and causal ones (not measured).
 constexpr int64_t kSm90MinWindowBackward2dPlain = 81;
+// Forty-sixth session (H100, backward alone, sm90 vs tc, head dim 64; the passes' split CTAs
+// made sm90's backward 6-8% faster on small 2-D windows): 1-D without dilation or causality
+// on 16384 tokens B2 H8 w33 0.212 vs 0.225, w49 0.212 vs 0.245, w65 0.215 vs 0.269, w97 0.244
+// vs 0.313 (at head dim 32 tc stays ahead: w65 0.176 vs 0.155, w97 0.203 vs 0.181); 2-D with
+// dilation (no stride or causal axis) 64x64 B8 H8 11x11 dilation 2 0.392 vs 0.427, 128x128 B4
+// H8 11x11 dilation 3 0.891 vs 0.900, 96x96 13x13 dilation 2 0.478 vs 0.624, while at 81 keys
+// it was mixed (128x128 9x9 dilation 2 0.677 vs 0.711, 48x48 B32 H4 0.418 vs 0.394).
+constexpr int64_t kSm90MinWindowBackward1dPlain = 33;
+constexpr int64_t kSm90MinWindowBackward2dDilated = 121;
 // Fourteenth session (PERF.md; tc's passes 20-30% faster: no binary searches, no cursors),
 // backward = forward + backward minus forward, GPU time, ms, tc vs sm90: 2-D at head dim 32
 // 13x13 0.34 vs 0.45 (28x28) and 0.59 vs 0.72 (56x56), 15x15 0.70 vs 0.78, 17x17 0.85 vs
@@ -557,10 +566,11 @@ double sm90_backward_walk_ratio(const nattn::Params& p, int head_dim) {
   return 1e30;
 }
 
-// No dilation, stride or causal axis (the windows kSm90MinWindowBackward2dPlain was measured on).
-bool plain_window(const nattn::Params& p) {
+// No stride or causal axis, and (unless `dilated` may be) no dilation: the windows
+// kSm90MinWindowBackward2dPlain and its neighbours were measured on.
+bool plain_window(const nattn::Params& p, bool dilated = false) {
   for (int a = 0; a < p.na_dim; ++a)
-    if (p.dilation[a] != 1 || p.stride[a] != 1 || p.causal[a]) return false;
+    if ((p.dilation[a] != 1 && !dilated) || p.stride[a] != 1 || p.causal[a]) return false;
   return true;
 }
 
@@ -602,6 +612,12 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
       backward_runs_wide_box(p, int(head_dim)))
     return true;
   if (backward && p.na_dim == 2 && head_dim > kSm90BackwardSmallHeadDim[1] && window >= kSm90MinWindowBackward2dPlain &&
+      plain_window(p))
+    return true;
+  if (backward && p.na_dim == 2 && head_dim > kSm90BackwardSmallHeadDim[1] && window >= kSm90MinWindowBackward2dDilated &&
+      plain_window(p, true))
+    return true;
+  if (backward && p.na_dim == 1 && head_dim > kSm90SmallHeadDim && window >= kSm90MinWindowBackward1dPlain &&
       plain_window(p))
     return true;
   if (backward) return window >= sm90_min_window_backward(p.na_dim, head_dim);
