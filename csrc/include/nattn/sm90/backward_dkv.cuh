@@ -129,11 +129,11 @@ struct DkvSmem {
   static_assert(kAllocFixed + (DQ ? 0 : kMaxDrpbSmemBytes) <= kMaxSmem, "more shared memory than a Hopper block may have");
 };
 
-// The dK/dV passes' copy thread: the CTA's K and V rows (the key box's half `half` on,
-// RT::kRows of them, in copies of box HB: the maps' box) once on kv_full, then per step
-// the Q and dO rows of the walk's query box (CB, tiles CT) into ring stage step % STAGES
-// once the consumers released it (empty), completing on qd_full. Steps [first, last) of
-// the walk, step it in ring step it - first.
+// The dK/dV passes' copy thread: the CTA's K and V rows (tiles RT: from the key box's half
+// `half` on, as many copies of box HB, the maps' box, as RT has rows for) once on kv_full,
+// then per step the Q and dO rows of the walk's query box (CB, tiles CT) into ring stage
+// step % STAGES once the consumers released it (empty), completing on qd_full. Steps
+// [first, last) of the walk, step it in ring step it - first.
 template <int NA, int HD, class HB, class CB, class RT, class CT, int STAGES>
 __device__ __forceinline__ void produce_dkv_rows(const Params& p, const CtaTile& tile, int h_kv, int b, int half,
                                                  int first, int last, unsigned char* k_rows, unsigned char* v_rows,

@@ -43,7 +43,8 @@ namespace nattn { namespace sm90 {
 // an SM) spent a third of its warps' time in its prologue and epilogue, which nothing else
 // on the SM overlapped (Nsight, mid-2d: PERF.md forty-sixth session); two independent CTAs
 // overlap one's prologue with the other's steps, and each loads only the key boxes its half
-// sees. Head dims up to 64: two CTAs' rings then fit the shared memory.
+// sees. Head dims up to 64: two CTAs' rings then fit the shared memory, and the consumers
+// the 128 registers a thread that two 256-thread CTAs an SM are launched with.
 template <class Tl, int HD>
 struct DqCta {
   using Q = typename Tl::Q;
