@@ -265,6 +265,8 @@ __global__ void __launch_bounds__(DkvCta<T, NA, Tl, HD, DQ_ATOMIC>::kThreads, Dk
   constexpr bool kSplit = Cta::kSplit;
   constexpr int kConsumerThreads = Cta::kConsumerThreads;
   using S = DkvSmem<HD, kNq, DQ_ATOMIC, Cta::kRows>;
+  // (a staged dRPB table adds to this at launch: large ones leave one split CTA an SM)
+  static_assert(!kSplit || 2 * (S::kAllocFixed + kSmemReservedPerCta) <= kSmemPerSm, "two split dK/dV CTAs an SM");
   using R = typename S::Rows;
   using C = typename S::Cols;
   constexpr int kRank = NA + 2;

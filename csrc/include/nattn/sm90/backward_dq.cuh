@@ -117,6 +117,7 @@ __global__ void __launch_bounds__(DqCta<Tl, HD>::kThreads, DqCta<Tl, HD>::kMinBl
   using Cta = DqCta<Tl, HD>;
   constexpr bool kSplit = Cta::kSplit;
   using S = DqSmem<HD, kNk, Cta::kRows>;
+  static_assert(!kSplit || 2 * (S::kAlloc + kSmemReservedPerCta) <= kSmemPerSm, "two split dQ CTAs an SM");
   using R = typename S::Rows;
   using C = typename S::Cols;
   unsigned char* smem = aligned_smem();

@@ -10,6 +10,10 @@
 
 namespace nattn { namespace sm90 {
 
+// An SM's shared memory (228 KiB, of which the driver reserves 1 KiB a CTA): what the CTAs
+// meant to share an SM must fit in together.
+constexpr int kSmemPerSm = 228 * 1024, kSmemReservedPerCta = 1024;
+
 template <int HD, int ROWS>
 struct TileSmem {
   static constexpr int kRowBytes = HD >= 64 ? 128 : HD * 2;  // = the swizzle span
