@@ -59,6 +59,12 @@
 #ifndef NATTN_SM90_DKV_SPLIT
 #define NATTN_SM90_DKV_SPLIT 1
 #endif
+// ... and 1 splits the 3-D passes and fp16's with 64-query boxes too, every split CTA's
+// registers divided 32 / 224 (DkvCta; compiled without spills, not run on a GPU yet:
+// forty-sixth session).
+#ifndef NATTN_SM90_DKV_SPLIT_WIDE
+#define NATTN_SM90_DKV_SPLIT_WIDE 0
+#endif
 
 namespace nattn { namespace sm90 {
 
@@ -87,13 +93,16 @@ struct DqStage {
 // kSplit, a CTA per half of the key box with one consumer warpgroup, two CTAs an SM, which
 // loads only the query boxes its half sees; not the KV-parallel dQ (DQ), whose dQ products
 // take both halves' dS^T. kHalfMaps: the K and V maps hold half a key box (Half), which the
-// KV-parallel kernel copies twice. At two CTAs an SM a thread has 128 registers: the split
-// CTAs spilled in 3-D, and in fp16 with 64-query boxes, which keep one CTA an SM.
+// KV-parallel kernel copies twice. Two CTAs an SM are launched with 128 registers a thread,
+// which setmaxnreg divides: with 40 / 216 the split CTAs spilled in 3-D and in fp16 with
+// 64-query boxes, which stay whole; 24 / 232 spilled 4 bytes in 3-D (the LSE / delta warp),
+// 32 / 224 compiles them all without (NATTN_SM90_DKV_SPLIT_WIDE).
 template <typename T, int NA, class Tl, int HD, bool DQ>
 struct DkvCta {
   using RB = typename Tl::Q;
-  static constexpr bool kHalfMaps = NATTN_SM90_DKV_SPLIT && HD <= 64 && RB::kSize == kQueryRows && NA < 3 &&
-                                    (std::is_same<T, bf16_t>::value || Tl::K::kSize > kWgRows);
+  static constexpr bool kHalfMaps = NATTN_SM90_DKV_SPLIT && HD <= 64 && RB::kSize == kQueryRows &&
+                                    (NATTN_SM90_DKV_SPLIT_WIDE ||
+                                     (NA < 3 && (std::is_same<T, bf16_t>::value || Tl::K::kSize > kWgRows)));
   static constexpr bool kSplit = kHalfMaps && !DQ;
   static constexpr int kThreads = kSplit ? 256 : 384;
   static constexpr int kMinBlocks = kSplit ? 2 : 1;
@@ -275,7 +284,7 @@ __global__ void __launch_bounds__(DkvCta<T, NA, Tl, HD, DQ_ATOMIC>::kThreads, Dk
   // consumers' shifted dK product spilled 8 bytes, and the LSE / delta warp at 24 registers.)
   constexpr bool kWideRegs = NATTN_SM90_DKV_WIDE_REGS && !DQ_ATOMIC && NA == 3 && HD == 128 && CB::extent(0) == 1;
   using Regs = typename std::conditional<
-      kSplit, RegisterSplit<40, 216, 1>,
+      kSplit, typename std::conditional<NATTN_SM90_DKV_SPLIT_WIDE, RegisterSplit<32, 224, 1>, RegisterSplit<40, 216, 1>>::type,
       typename std::conditional<kWideRegs, RegisterSplit<24, 240>, DefaultRegisterSplit>::type>::type;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);

@@ -207,7 +207,9 @@ __device__ __forceinline__ void regs_alloc() {
 // CONSUMERS consumer warpgroups up to CONSUMER. setmaxnreg only moves registers within the
 // CTA, which is launched with 168 a thread at one 384-thread CTA per SM (64512 in all), or
 // 128 at two 256-thread CTAs: a split above that makes the consumers' increase wait forever
-// (a 240 / 32 split hung the dK/dV pass, PERF.md twenty-fifth session).
+// (a 240 / 32 split hung the dK/dV pass, PERF.md twenty-fifth session). ptxas allocates the
+// code after the increase by CONSUMER, not by the launch count: the split dK/dV CTAs spilled
+// at 216 and compile clean at 224 (backward_dkv.cuh, DkvCta).
 template <int PRODUCER, int CONSUMER, int CONSUMERS = 2>
 struct RegisterSplit {
   static_assert(PRODUCER % 8 == 0 && CONSUMER % 8 == 0 && PRODUCER >= 24 && CONSUMER <= 256,
