@@ -574,6 +574,17 @@ bool plain_window(const nattn::Params& p, bool dilated = false) {
   return true;
 }
 
+// The backward's minimum window at head dims 33-64 on the windows these rules were measured
+// on (no stride or causal axis): 2-D from kSm90MinWindowBackward2dPlain keys without
+// dilation, kSm90MinWindowBackward2dDilated with; 1-D from kSm90MinWindowBackward1dPlain
+// without. 0: none (the general minimum decides).
+int64_t sm90_min_window_backward_plain(const nattn::Params& p, int64_t head_dim) {
+  if (head_dim <= kSm90SmallHeadDim || !plain_window(p, true)) return 0;
+  const bool dilated = !plain_window(p);
+  if (p.na_dim == 2) return dilated ? kSm90MinWindowBackward2dDilated : kSm90MinWindowBackward2dPlain;
+  return p.na_dim == 1 && !dilated ? kSm90MinWindowBackward1dPlain : 0;
+}
+
 // Whether the backward of this problem runs a pair with 96-token column boxes.
 bool backward_runs_wide_box(const nattn::Params& p, int head_dim) {
   const char* why = nullptr;
@@ -611,15 +622,10 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
   if (backward && p.na_dim == 2 && head_dim <= kSm90BackwardSmallHeadDim[1] && window >= kSm90MinWindowBackwardWideBox &&
       backward_runs_wide_box(p, int(head_dim)))
     return true;
-  if (backward && p.na_dim == 2 && head_dim > kSm90BackwardSmallHeadDim[1] && window >= kSm90MinWindowBackward2dPlain &&
-      plain_window(p))
-    return true;
-  if (backward && p.na_dim == 2 && head_dim > kSm90BackwardSmallHeadDim[1] && window >= kSm90MinWindowBackward2dDilated &&
-      plain_window(p, true))
-    return true;
-  if (backward && p.na_dim == 1 && head_dim > kSm90SmallHeadDim && window >= kSm90MinWindowBackward1dPlain &&
-      plain_window(p))
-    return true;
+  if (backward) {
+    const int64_t plain = sm90_min_window_backward_plain(p, head_dim);
+    if (plain && window >= plain) return true;
+  }
   if (backward) return window >= sm90_min_window_backward(p.na_dim, head_dim);
   return window >= kSm90MinWindow[p.na_dim - 1];
 }

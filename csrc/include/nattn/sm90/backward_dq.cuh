@@ -95,10 +95,8 @@ __device__ __forceinline__ bool dq_query_row(const Params& p, const CtaTile& til
 template <typename T, int NA, int HD, class QB>
 __device__ __forceinline__ void load_out_pieces(const Params& p, const CtaTile& tile, int b, int h, int qr, int t4,
                                                 bool ok, uint4 (&piece)[HD / 32]) {
-  int64_t off = 0;
-#pragma unroll
-  for (int a = 0; a < NA; ++a)
-    off += int64_t(tile.g[a] + p.dilation[a] * (tile.q0[a] + QB::offset(qr, a))) * p.out_s[1 + a];
+  int64_t off;
+  box_row_offset<NA, QB>(p, tile, tile.q0, qr, p.out_s, off);  // (ok: the caller's)
   const T* row = head_base<const T>(p.out, p.out_s, b, h) + off + t4 * (HD / 4);
 #pragma unroll
   for (int j = 0; j < HD / 32; ++j)
@@ -210,12 +208,11 @@ __global__ void __launch_bounds__(DqCta<Tl, HD>::kThreads, DqCta<Tl, HD>::kMinBl
   if (p.delta_in_dq) {  // delta = rowsum(dO O) - dLSE: the quad's lanes hold a quarter of a row each
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int qr = cw * kWgRows + wr + g4 + 8 * r;
+      const int sr = row0 + wr + g4 + 8 * r;  // the row in the staged dO tile
       float dot = 0.f;
 #pragma unroll
       for (int j = 0; j < HD / 32; ++j)
-        dot += piece_dot<T>(o_piece[r][j], *reinterpret_cast<const uint4*>(
-                                               do_tile + R::offset(qr - cw * kWgRows + row0, t4 * (HD / 4) + 8 * j)));
+        dot += piece_dot<T>(o_piece[r][j], *reinterpret_cast<const uint4*>(do_tile + R::offset(sr, t4 * (HD / 4) + 8 * j)));
       dot += __shfl_xor_sync(0xffffffffu, dot, 1);
       dot += __shfl_xor_sync(0xffffffffu, dot, 2);
       if (row_ok[r]) {
@@ -373,15 +370,8 @@ __global__ void __launch_bounds__(DqCta<Tl, HD>::kThreads, DqCta<Tl, HD>::kMinBl
   constexpr int kChunks = HD / 8;
   for (int idx = threadIdx.x - 128 * wg; idx < kWgRows * kChunks; idx += 128) {
     const int qr = cw * kWgRows + idx / kChunks, ch = idx % kChunks;
-    int64_t off = 0;
-    bool ok = true;
-#pragma unroll
-    for (int a = 0; a < NA; ++a) {
-      const int i = tile.q0[a] + QB::offset(qr, a);
-      ok = ok && i < tile.len[a];
-      off += int64_t(tile.g[a] + p.dilation[a] * i) * p.dq_s[1 + a];
-    }
-    if (ok)
+    int64_t off;
+    if (box_row_offset<NA, QB>(p, tile, tile.q0, qr, p.dq_s, off))
       *reinterpret_cast<uint4*>(out + off + ch * 8) =
           *reinterpret_cast<const uint4*>(stage + R::offset(row0 + idx / kChunks, ch * 8));
   }
