@@ -2,13 +2,14 @@
 A/B comparisons of two builds: run it once per library (NATTN_LIBRARY picks one), alternating,
 in the same device call (bf16, ms, triton do_bench medians):
 
-    NATTN_LIBRARY=old.so python benchmarks/library_ab.py old flux-2d-w80,mid-2d-k13 [bwd] [graphs] [rpb]
-    NATTN_LIBRARY=new.so python benchmarks/library_ab.py new flux-2d-w80,mid-2d-k13 [bwd] [graphs] [rpb]
+    NATTN_LIBRARY=old.so python benchmarks/library_ab.py old flux-2d-w80,mid-2d-k13 [bwd] [graphs] [rpb] [fp16]
+    NATTN_LIBRARY=new.so python benchmarks/library_ab.py new flux-2d-w80,mid-2d-k13 [bwd] [graphs] [rpb] [fp16]
 
 `graphs`: the GPU's time (CUDA-graph replays, the bench's `median_ms`) instead of wall time;
 small problems' forward + backward are host-bound (their wall times swung 20-50% between
 rounds on the H200 machine) and need it. `rpb`: every call with a relative positional bias
-(float32 [H, 2k-1, ...], with its gradient under `bwd`), as NAT / DiNAT layers run.
+(float32 [H, 2k-1, ...], with its gradient under `bwd`), as NAT / DiNAT layers run. `fp16`:
+float16 inputs instead of bfloat16 (some tile pairs' backward differs by dtype).
 
 Problems are the names of `python -m nattn.bench --suite tuning` (the anchors and more) or ad-hoc
 shapes written `SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]`, e.g. `16x32x32-k3x5x5-b2-h8-d64`. A
@@ -44,10 +45,10 @@ def problem(name: str) -> Problem:
     return Problem(name, spatial, int(m[3]), int(m[4]), int(m[5]), dims(m[2]), dilation=dilation)
 
 
-def call(p: Problem, bwd: bool, with_rpb: bool):
-    """Random bf16 inputs for ``p`` on the GPU (an RPB table when ``with_rpb``; leaves that need
+def call(p: Problem, bwd: bool, with_rpb: bool, dtype: torch.dtype = torch.bfloat16):
+    """Random 16-bit inputs for ``p`` on the GPU (an RPB table when ``with_rpb``; leaves that need
     gradients under ``bwd``): ``(q, leaves, f)``, ``f()`` one cuda-backend call on them."""
-    q, k, v = (torch.randn(p.batch, *p.spatial, p.heads, p.dim, device="cuda", dtype=torch.bfloat16,
+    q, k, v = (torch.randn(p.batch, *p.spatial, p.heads, p.dim, device="cuda", dtype=dtype,
                            requires_grad=bwd) for _ in range(3))
     rpb = None
     if with_rpb:
@@ -60,11 +61,12 @@ def call(p: Problem, bwd: bool, with_rpb: bool):
     return q, leaves, f
 
 
-def main(tag: str, names: str, bwd: bool, graphs: bool = False, with_rpb: bool = False) -> None:
+def main(tag: str, names: str, bwd: bool, graphs: bool = False, with_rpb: bool = False,
+         dtype: torch.dtype = torch.bfloat16) -> None:
     device = torch.device("cuda")
     for name in names.split(","):
         p = problem(name)
-        q, leaves, f = call(p, bwd, with_rpb)
+        q, leaves, f = call(p, bwd, with_rpb, dtype)
 
         def fwd():
             with torch.no_grad():
@@ -93,6 +95,8 @@ if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     flags = set(sys.argv[3:])
-    if flags - {"bwd", "graphs", "rpb"}:
-        sys.exit(f"unknown flags {sorted(flags - {'bwd', 'graphs', 'rpb'})}; accepted: bwd, graphs, rpb")
-    main(sys.argv[1], sys.argv[2], "bwd" in flags, "graphs" in flags, "rpb" in flags)
+    known = {"bwd", "graphs", "rpb", "fp16"}
+    if flags - known:
+        sys.exit(f"unknown flags {sorted(flags - known)}; accepted: {', '.join(sorted(known))}")
+    main(sys.argv[1], sys.argv[2], "bwd" in flags, "graphs" in flags, "rpb" in flags,
+         torch.float16 if "fp16" in flags else torch.bfloat16)

@@ -150,7 +150,20 @@ def test_small_1d_windows_run_sm90_where_one_key_box_holds_a_query_box_union():
     assert forward_family((97,), rpb=False, dim=64, **kw) == "tc"
     assert forward_family((127,), rpb=False, dim=32, **kw) == "tc"
     assert families((65,), rpb=True, dim=128, backward=True, **kw) == {"forward": "sm90", "dkv": "sm90"}
-    assert families((65,), rpb=False, dim=64, backward=True, **kw) == {"forward": "sm90", "dkv": "tc"}
+
+
+def test_plain_window_backward_at_head_dims_33_to_64():
+    # measured (PERF.md, forty-sixth session, calls 4-5; tc vs sm90 backward, f+b - forward,
+    # GPU ms on the H100): 1-D 16384 tokens B2 H8 D64 w33 0.225 vs 0.212, w65 0.269 vs 0.215;
+    # D32 w65 0.155 vs 0.176 (head dim 32 keeps tc); 2-D dilation 2, D64: 13x13 on 96x96 0.624
+    # vs 0.478, 11x11 on 64x64 0.427 vs 0.392, 9x9 on 48x48 0.394 vs 0.418 (below 121 keys)
+    one = dict(spatial=(16384,), heads=8, batch=2)
+    assert families((33,), rpb=False, dim=64, backward=True, **one)["dkv"] == "sm90"
+    assert families((65,), rpb=False, dim=64, backward=True, **one) == {"forward": "sm90", "dkv": "sm90"}
+    assert families((65,), rpb=False, dim=32, backward=True, **one)["dkv"] == "tc"
+    two = dict(spatial=(64, 64), heads=8, batch=8, dim=64, backward=True)
+    assert families(11, rpb=False, dilation=2, **two)["dkv"] == "sm90"
+    assert families(9, rpb=False, dilation=2, **two)["dkv"] == "tc"
 
 
 def test_head_dim_128_2d_runs_tc_at_7x7_and_with_rpb_up_to_169_keys():

@@ -59,12 +59,6 @@
 #ifndef NATTN_SM90_DKV_SPLIT
 #define NATTN_SM90_DKV_SPLIT 1
 #endif
-// ... and 1 splits the 3-D passes and fp16's with 64-query boxes too, every split CTA's
-// registers divided 32 / 224 (DkvCta; compiled without spills, not run on a GPU yet:
-// forty-sixth session).
-#ifndef NATTN_SM90_DKV_SPLIT_WIDE
-#define NATTN_SM90_DKV_SPLIT_WIDE 0
-#endif
 
 namespace nattn { namespace sm90 {
 
@@ -94,16 +88,18 @@ struct DqStage {
 // loads only the query boxes its half sees; not the KV-parallel dQ (DQ), whose dQ products
 // take both halves' dS^T. kHalfMaps: the K and V maps hold half a key box (Half), which the
 // KV-parallel kernel copies twice. Two CTAs an SM are launched with 128 registers a thread,
-// which setmaxnreg divides: with 40 / 216 the split CTAs spilled in 3-D and in fp16 with
-// 64-query boxes, which stay whole; 24 / 232 spilled 4 bytes in 3-D (the LSE / delta warp),
-// 32 / 224 compiles them all without (NATTN_SM90_DKV_SPLIT_WIDE).
+// which setmaxnreg divides (ptxas allocates the consumers' code by the raised count): 40 /
+// 216 for 1-D and 2-D bf16, and fp16 with 96-query boxes; the rest (3-D, fp16 with 64-query
+// boxes: kTightRegs) spilled there and 24 / 232 spilled 4 bytes in 3-D (the LSE / delta
+// warp), so they take 32 / 224 (40 / 216 stays where it is: 32 / 224 ran fp16's 96-query
+// boxes 1.5% slower, while splitting the rest at it ran them 2-9% faster than whole CTAs,
+// PERF.md forty-seventh session).
 template <typename T, int NA, class Tl, int HD, bool DQ>
 struct DkvCta {
   using RB = typename Tl::Q;
-  static constexpr bool kHalfMaps = NATTN_SM90_DKV_SPLIT && HD <= 64 && RB::kSize == kQueryRows &&
-                                    (NATTN_SM90_DKV_SPLIT_WIDE ||
-                                     (NA < 3 && (std::is_same<T, bf16_t>::value || Tl::K::kSize > kWgRows)));
+  static constexpr bool kHalfMaps = NATTN_SM90_DKV_SPLIT && HD <= 64 && RB::kSize == kQueryRows;
   static constexpr bool kSplit = kHalfMaps && !DQ;
+  static constexpr bool kTightRegs = !(NA < 3 && (std::is_same<T, bf16_t>::value || Tl::K::kSize > kWgRows));
   static constexpr int kThreads = kSplit ? 256 : 384;
   static constexpr int kMinBlocks = kSplit ? 2 : 1;
   static constexpr int kRows = kSplit ? kWgRows : kQueryRows;  // K / V rows in shared memory
@@ -284,7 +280,7 @@ __global__ void __launch_bounds__(DkvCta<T, NA, Tl, HD, DQ_ATOMIC>::kThreads, Dk
   // consumers' shifted dK product spilled 8 bytes, and the LSE / delta warp at 24 registers.)
   constexpr bool kWideRegs = NATTN_SM90_DKV_WIDE_REGS && !DQ_ATOMIC && NA == 3 && HD == 128 && CB::extent(0) == 1;
   using Regs = typename std::conditional<
-      kSplit, typename std::conditional<NATTN_SM90_DKV_SPLIT_WIDE, RegisterSplit<32, 224, 1>, RegisterSplit<40, 216, 1>>::type,
+      kSplit, typename std::conditional<Cta::kTightRegs, RegisterSplit<32, 224, 1>, RegisterSplit<40, 216, 1>>::type,
       typename std::conditional<kWideRegs, RegisterSplit<24, 240>, DefaultRegisterSplit>::type>::type;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
