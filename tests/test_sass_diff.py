@@ -25,6 +25,12 @@ def test_verdicts():
     assert v.startswith("changed") and "2 -> 3 instructions" in v and "local memory 0 -> 1" in v
 
 
+def test_hopper_instances_are_built_for_sm_90a():
+    # built for plain sm_90 the Hopper family's kernels are empty, and any change compared "same"
+    assert sass_diff.arch_for("sm90_bfloat16_na2d_hd64_q16x8_k4x24") == "sm_90a"
+    assert sass_diff.arch_for("tc_bfloat16_na2d_hd32") == "sm_90"
+
+
 def _clean_csrc() -> bool:
     r = subprocess.run(["git", "-C", _ROOT, "status", "--porcelain", "csrc", "nattn/_cuda"],
                        capture_output=True, text=True)

@@ -63,6 +63,11 @@ def compile_sass(tree: str, gen: str, name: str, arch: str, macros, work: str):
     sys.exit("no cuobjdump could read the cubin (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
 
+def arch_for(name: str) -> str:
+    """The arch an instance's kernels are built for: the Hopper family's need sm_90a."""
+    return "sm_90a" if name.startswith("sm90_") else "sm_90"
+
+
 def verdict(a, b) -> str:
     if a == b:
         return "same"
@@ -76,7 +81,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("instances", nargs="+", help="generated instance names, e.g. tc_bfloat16_na2d_hd32")
     ap.add_argument("--base", required=True, help="git revision to compare the work tree with")
-    ap.add_argument("--arch", default="sm_90")
+    # (sm90 instances need sm_90a: built for sm_90 their kernels are empty, and every one
+    # compared "same" whatever the change)
+    ap.add_argument("--arch", default=None, help="default: sm_90a for sm90 instances, sm_90 for the others")
     ap.add_argument("-D", dest="macros", action="append", default=[], help="a macro for the work tree's side")
     ap.add_argument("--drop", metavar="REGEX", help="removed from the kernels' mangled names before matching "
                     "(a template argument added with a default renames its kernels)")
@@ -95,7 +102,8 @@ def main():
             os.makedirs(work)
             generate(tree, gen, args.instances)
             with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-                done = pool.map(lambda n: compile_sass(tree, gen, n, args.arch, macros, work), args.instances)
+                done = pool.map(lambda n: compile_sass(tree, gen, n, args.arch or arch_for(n), macros, work),
+                                args.instances)
                 sides[side] = dict(zip(args.instances, done))
     changed = 0
     rename = (lambda k: re.sub(args.drop, "", k)) if args.drop else (lambda k: k)  # noqa: E731

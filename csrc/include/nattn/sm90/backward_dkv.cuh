@@ -614,7 +614,14 @@ __global__ void __launch_bounds__(DkvCta<T, NA, Tl, HD, DQ_ATOMIC>::kThreads, Dk
         for (int a = 0; a < NA; ++a) lo0[a] = lo_of(0, a), hi0[a] = hi_of(0, a), lo1[a] = lo_of(1, a), hi1[a] = hi_of(1, a);
         const RowPairMask<NA, CB> mask(lo0, hi0, lo1, hi1, origin, t4);
 #pragma unroll
-        for (int i = 0; i < kNq / 2; ++i) st[i] = mask.in(i) ? fast_exp2(fmaf(st[i], p.scale_log2, -lse_of(i))) : 0.f;
+        for (int i = 0; i < kNq / 2; ++i) {
+          // (2-D with 64-query boxes keeps the predicated form: there the select took ~90 more
+          // instructions and spilled at head dim 64, sass_diff)
+          if constexpr (NA == 2 && !kWideCols)
+            st[i] = mask.in(i) ? fast_exp2(fmaf(st[i], p.scale_log2, -lse_of(i))) : 0.f;
+          else
+            st[i] = kept(mask.in(i), fast_exp2(fmaf(st[i], p.scale_log2, -lse_of(i))));
+        }
       } else {  // RPB: the general test (padding key rows excluded: they would reach dRPB)
         const float* rpb = p.rpb + int64_t(h) * p.rpb_head_size;
 #pragma unroll

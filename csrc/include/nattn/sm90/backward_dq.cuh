@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(DqCta<Tl, HD>::kThreads, DqCta<Tl, HD>::kMinBl
 #pragma unroll
       for (int i = 0; i < kNk / 2; ++i) {
         const int r = (i / 2) % 2;
-        sc[i] = mask.in(i) ? fast_exp2(fmaf(sc[i], p.scale_log2, -lse2[r])) * (dp[i] - dlt[r]) : 0.f;
+        sc[i] = kept(mask.in(i), fast_exp2(fmaf(sc[i], p.scale_log2, -lse2[r])) * (dp[i] - dlt[r]));
       }
     } else {
 #pragma unroll

@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const RowPairMask<NA, B> mask(row[0].lo, row[0].hi, row[1].lo, row[1].hi, origin, t4);
 #pragma unroll
         for (int i = 0; i < kN / 2; ++i)
-          sc[i] = mask.in(i) ? fast_exp2(fmaf(sc[i], p.scale_log2, -lse2[(i / 2) % 2])) : 0.f;
+          sc[i] = kept(mask.in(i), fast_exp2(fmaf(sc[i], p.scale_log2, -lse2[(i / 2) % 2])));
       } else {
 #pragma unroll
         for (int i = 0; i < kN / 2; ++i) {

@@ -72,4 +72,11 @@ struct RowPairMask {
   NATTN_HD bool in(int i) const { return row[(i / 2) % 2].in(i); }
 };
 
+// A masked score's value: `v` is computed for every score and then selected. Written as
+// `in ? f(...) : 0`, the score's math was predicated, and ptxas then reloaded the softmax
+// scale with one LDC per score instead of reading it from a uniform register (mid-2d-k13's
+// dK/dV pass: 48 LDC of ~800 instructions a step). A masked-out `v` may be inf or NaN: the
+// select drops it.
+NATTN_HD float kept(bool in, float v) { return in ? v : 0.f; }
+
 }  }  // namespace nattn::sm90
