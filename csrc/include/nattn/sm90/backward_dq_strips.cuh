@@ -24,6 +24,7 @@
 #include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/softmax.cuh"
 #include "nattn/sm90/backward_delta.cuh"
+#include "nattn/sm90/box_mask.cuh"
 #include "nattn/sm90/forward_strips.cuh"
 #include "nattn/tc/mma.cuh"
 
@@ -216,7 +217,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
           float x = sc[jj][e] * p.scale_log2;
           if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
             x += bias[bias_at[r] + strip_bias_offset(row_mult, j, e)];
-          const float ds = strip_kept(w[r], j, e) ? fast_exp2(x - lse2[r]) * (dp[jj][e] - dlt[r]) : 0.f;
+          const float ds = kept(strip_kept(w[r], j, e), fast_exp2(x - lse2[r]) * (dp[jj][e] - dlt[r]));
           if constexpr (kRpb) ds_max = drpb_abs_max(ds_max, ds);
           sc[jj][e] = ds;
         }
