@@ -26,6 +26,7 @@
 
 #include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/softmax.cuh"
+#include "nattn/sm90/box_mask.cuh"
 #include "nattn/sm90/forward_strips.cuh"
 #include "nattn/tc/mma.cuh"
 
@@ -266,14 +267,16 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool kept = row_in[e / 2] && ((key_strip.cols >> (4 * cp + 2 * j + e % 2)) & 1u);
+        const bool in = row_in[e / 2] && ((key_strip.cols >> (4 * cp + 2 * j + e % 2)) & 1u);
         float x = sc[j][e] * scale_log2;
-        const int at_bias = kept ? line_bias[e / 2] - 8 * j - e % 2 : 0;
+        const int at_bias = in ? line_bias[e / 2] - 8 * j - e % 2 : 0;
         if constexpr (kRpb) x += bias[at_bias];
-        const float pr = kept ? fast_exp2(x - lse2[j][e % 2]) : 0.f;
+        // (computed, then selected at head dim 32: 2% faster on dinat-s1; at 64 the
+        // predicated form was 4-6% faster, PERF.md forty-seventh session)
+        const float pr = HD <= 32 ? kept(in, fast_exp2(x - lse2[j][e % 2])) : in ? fast_exp2(x - lse2[j][e % 2]) : 0.f;
         const float ds = pr * (dp[j][e] - dlt[j][e % 2]);
         if constexpr (kRpb) {
-          if (kept) {
+          if (in) {
             if constexpr (kFixed) atomicAdd(dbias + at_bias, __float2int_rn(ds * fscale));
             else atomicAdd(drpb_kv + at_bias, ds);
           }
