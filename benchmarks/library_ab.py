@@ -64,6 +64,8 @@ def call(p: Problem, bwd: bool, with_rpb: bool, dtype: torch.dtype = torch.bfloa
 def main(tag: str, names: str, bwd: bool, graphs: bool = False, with_rpb: bool = False,
          dtype: torch.dtype = torch.bfloat16) -> None:
     device = torch.device("cuda")
+    # (the device lends H100s and H200s under one kind: a number means little without its card)
+    print(f"{tag:6s} on {torch.cuda.get_device_name(device)}", flush=True)
     for name in names.split(","):
         p = problem(name)
         q, leaves, f = call(p, bwd, with_rpb, dtype)
