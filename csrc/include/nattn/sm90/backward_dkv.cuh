@@ -59,12 +59,6 @@
 #ifndef NATTN_SM90_DKV_SPLIT
 #define NATTN_SM90_DKV_SPLIT 1
 #endif
-// ... and 1 gives the split CTAs of 96-query boxes (16x8 / 4x24) the LSE preload, at 32 / 224
-// registers (compiled without spills or serialized wgmma; not run on a GPU yet: forty-seventh
-// session, STATUS 0j).
-#ifndef NATTN_SM90_DKV_WIDE_COLS_PRELOAD
-#define NATTN_SM90_DKV_WIDE_COLS_PRELOAD 0
-#endif
 
 namespace nattn { namespace sm90 {
 
@@ -106,8 +100,6 @@ struct DkvCta {
   static constexpr bool kHalfMaps = NATTN_SM90_DKV_SPLIT && HD <= 64 && RB::kSize == kQueryRows;
   static constexpr bool kSplit = kHalfMaps && !DQ;
   static constexpr bool kTightRegs = !(NA < 3 && (std::is_same<T, bf16_t>::value || Tl::K::kSize > kWgRows));
-  // 96-query boxes with the LSE preload, also at 32 / 224 (NATTN_SM90_DKV_WIDE_COLS_PRELOAD)
-  static constexpr bool kWideColsPreload = kSplit && NATTN_SM90_DKV_WIDE_COLS_PRELOAD && Tl::K::kSize > kWgRows;
   static constexpr int kThreads = kSplit ? 256 : 384;
   static constexpr int kMinBlocks = kSplit ? 2 : 1;
   static constexpr int kRows = kSplit ? kWgRows : kQueryRows;  // K / V rows in shared memory
@@ -288,8 +280,7 @@ __global__ void __launch_bounds__(DkvCta<T, NA, Tl, HD, DQ_ATOMIC>::kThreads, Dk
   // consumers' shifted dK product spilled 8 bytes, and the LSE / delta warp at 24 registers.)
   constexpr bool kWideRegs = NATTN_SM90_DKV_WIDE_REGS && !DQ_ATOMIC && NA == 3 && HD == 128 && CB::extent(0) == 1;
   using Regs = typename std::conditional<
-      kSplit, typename std::conditional<(Cta::kTightRegs || Cta::kWideColsPreload), RegisterSplit<32, 224, 1>,
-                                        RegisterSplit<40, 216, 1>>::type,
+      kSplit, typename std::conditional<Cta::kTightRegs, RegisterSplit<32, 224, 1>, RegisterSplit<40, 216, 1>>::type,
       typename std::conditional<kWideRegs, RegisterSplit<24, 240>, DefaultRegisterSplit>::type>::type;
   unsigned char* smem = aligned_smem();
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
@@ -315,8 +306,8 @@ __global__ void __launch_bounds__(DkvCta<T, NA, Tl, HD, DQ_ATOMIC>::kThreads, Dk
   const int steps = tile.tiles * p.groups;  // (query head, query box) pairs
   // 96-query boxes (the 16x8 / 4x24 pair) leave no registers for the RPB paths (prepare_backward
   // declines an RPB: with them the 2-D head-dim-64 instance spilled), the shifted dK product
-  // or the LSE preload below (with those, spills or serialized wgmma, C7512), except the
-  // preload in a split CTA at 32 / 224 registers (NATTN_SM90_DKV_WIDE_COLS_PRELOAD).
+  // or the LSE preload below (with those, spills or serialized wgmma, C7512; the preload at
+  // 32 / 224 registers compiled clean but ran mid-2d 2% slower: PERF.md forty-eighth session).
   constexpr bool kWideCols = kNq > kWgRows;
   constexpr bool kRpb = !kWideCols;
   const bool stage_rpb = kRpb && p.rpb != nullptr && p.rpb_in_smem;
@@ -597,7 +588,7 @@ __global__ void __launch_bounds__(DkvCta<T, NA, Tl, HD, DQ_ATOMIC>::kThreads, Dk
       // The LSE (log2) of the lane's query columns col(i) = 8 (i / 4) + 2 t4 + i % 2, in 8-byte
       // loads once per step (per score, the masked paths loaded each of them twice); not in
       // 3-D at head dim 128, where the 16 registers made the kernel spill.
-      constexpr bool kPreload = !(NA == 3 && HD >= 128) && (!kWideCols || Cta::kWideColsPreload);
+      constexpr bool kPreload = !(NA == 3 && HD >= 128) && !kWideCols;
       float2 lse_c[kNq / 8];
       if constexpr (kPreload) {
 #pragma unroll
