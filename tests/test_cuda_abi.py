@@ -260,12 +260,27 @@ _RULES = [
     ((28, 28), (15, 15), 32, 1, True, False, 32, "native"),
     ((28, 28), (11, 11), 64, 1, True, False, 64, ""),        # 0.083 vs 0.069
     ((28, 28), (13, 13), 64, 1, True, False, 64, "native"),  # mid-2d with an RPB 0.321 vs 0.394
+    # with an RPB (forty-eighth session, H100): D64 by the walk ratio, D32 on whole groups
+    ((56, 56), (9, 9), 64, 1, True, False, 64, "native"),    # ratio 4.2: 0.175 vs 0.214
+    ((28, 28), (7, 7), 64, 4, True, False, 64, "native"),    # 3.0: 0.071 vs 0.083
+    ((56, 56), (7, 7), 64, 4, True, False, 64, ""),          # 6.0: 0.188 vs 0.178
+    ((28, 28), (7, 7), 32, 4, True, False, 32, "native"),    # 7-token groups: 0.055 vs 0.058
+    ((56, 56), (7, 7), 32, 8, True, False, 32, "native"),    # 0.194 vs 0.208
+    ((56, 56), (7, 7), 32, 4, True, False, 32, ""),          # 14-token groups: 0.149 vs 0.124
+    ((56, 56), (13, 13), 32, 1, True, False, 32, ""),        # 0.233 vs 0.212
     ((56, 56), (7, 7), 128, 1, False, False, 128, ""),       # 0.084 vs 0.081
     ((56, 56), (13, 13), 128, 1, True, False, 128, ""),      # 0.195 vs 0.148 (dilation 2)
     ((16, 32, 32), (5, 7, 7), 64, 1, False, False, 64, "native"),  # video-3d 0.320 vs 0.335
     ((16, 32, 32), (3, 7, 7), 64, 1, False, False, 64, ""),        # 0.281 vs 0.235
     ((16, 32, 32), (5, 7, 7), 32, 1, False, False, 32, ""),        # 0.292 vs 0.260
     ((16, 32, 32), (5, 9, 9), 32, 1, False, False, 32, "native"),  # 0.316 vs 0.374
+    # forty-eighth session (H100): 3-D forwards at D64 up to walk ratio 5.8, at D32 up to 4.8
+    ((16, 32, 32), (3, 12, 12), 64, 1, False, False, 64, "native"),  # ratio 5.3: 0.386 vs 0.559
+    ((16, 32, 32), (4, 10, 10), 64, 1, False, False, 64, "native"),  # 5.8: 0.451 vs 0.527
+    ((16, 32, 32), (3, 10, 10), 64, 1, False, False, 64, ""),        # 7.7: 0.448 vs 0.420
+    ((8, 64, 64), (3, 11, 11), 64, 1, False, False, 64, ""),         # 6.35: 0.947 vs 0.912
+    ((16, 32, 32), (5, 10, 10), 32, 1, False, False, 32, "native"),  # 4.6: 0.414 vs 0.435
+    ((16, 32, 32), (4, 10, 10), 32, 1, False, False, 32, ""),        # 5.8: 0.413 vs 0.366
     ((16, 32, 32), (9, 11, 11), 32, 1, True, False, 32, ""),       # 0.935 vs 1.328
     ((16, 32, 32), (15, 17, 17), 32, 1, True, False, 32, "native"),
     ((16384,), (65,), 64, 1, False, False, 64, "native"),    # 0.061 vs 0.089: one 128-key box
@@ -312,10 +327,16 @@ _RULES = [
     ((128, 128), (15, 15), 32, 1, False, True, 32, ""),        # 0.821 vs 0.763
     ((128, 128), (17, 17), 32, 1, False, True, 32, "native"),  # 0.413 vs 0.484
     # the 3-D backward by the backward pair's walk ratio (thirty-fifth session, call 4)
-    ((17, 33, 58), (7, 5, 13), 32, 1, False, True, 32, ""),          # 455 keys, ratio 9.5: 3.48 vs 2.13
+    ((17, 33, 58), (7, 5, 13), 32, 1, False, True, 32, ""),          # 455 keys, ratio 9.6: 3.48 vs 2.13 (0.987 vs 1.102 in the forty-eighth)
     ((16, 32, 32), (5, 9, 9), 32, 1, False, True, 32, "native"),     # ratio 3.8 (fourteenth session)
     ((16, 32, 32), (5, 7, 7), 64, 1, False, True, 64, "native"),     # video-3d, ratio 6.3: 0.901 vs 0.930
     ((12, 30, 39), (2, 16, 13), 64, 1, False, True, 64, "native"),   # 416 keys, ratio 4.6
+    # forty-eighth session (H100, after the split CTAs): D32 up to 8, D64 up to 10
+    ((16, 48, 48), (3, 13, 13), 32, 1, False, True, 32, "native"),   # ratio 4.5: 0.908 vs 1.396
+    ((16, 32, 32), (3, 10, 10), 32, 1, False, True, 32, "native"),   # 7.7: 0.744 vs 0.790
+    ((8, 48, 48), (3, 5, 12), 32, 1, False, True, 32, ""),           # 8.5: 0.674 vs 0.562
+    ((16, 32, 32), (2, 10, 11), 64, 1, False, True, 64, "native"),   # 9.8: 0.648 vs 0.883
+    ((16, 32, 32), (2, 5, 10), 64, 1, False, True, 64, ""),          # 11.5: 0.577 vs 0.526
     # 1-D dilation 3-4 at head dim 64: the 64-key pair in one copy, the rules without dilation
     ((155581,), (212,), 64, 4, False, False, 64, "native"),  # 0.359 vs 0.409
     ((155581,), (212,), 64, 4, False, True, 64, "native"),   # 0.851 vs 1.093
@@ -384,7 +405,7 @@ def test_bench_dry_run_prints_the_configurations(capsys):
 @pytest.mark.parametrize("size, window, dim, says", [
     (["128", "128"], ["7", "7"], 128, "runs by default, forward and backward"),
     (["128", "128"], ["5", "5"], 128, "not the default here"),
-    (["16", "32", "32"], ["5", "7", "7"], 32, "not the default here"),
+    (["16", "32", "32"], ["5", "7", "7"], 32, "runs the backward by default; the forward runs another family"),
     (["16", "32", "32"], ["5", "7", "7"], 64, "runs by default, forward and backward"),
 ])
 def test_bench_dry_run_says_which_passes_the_rules_run_on_sm90(capsys, size, window, dim, says):

@@ -56,8 +56,13 @@ namespace nattn { namespace host {
 // below kSm90MinWindow and 3-D ones at any window, at head dims <= 64 without an RPB, run
 // sm90 when that ratio is at most kSm90MaxWalkRatio[NA dim - 2][head dim above 32] (at 128:
 // kSm90MaxWalkRatioHead128).
+// Forty-eighth session (H100, bf16, GPU ms, sm90 vs tc, 16x32x32 B2 H8, windows the strip
+// pairs do not take): in 3-D at D64 sm90 now wins at 5.3 (3x12x12 0.386 vs 0.559) and 5.8
+// (4x10x10 0.451 vs 0.527), ties at 6.0 (2x8x8 0.248 vs 0.241) and loses from 6.35 (8x64x64
+// 3x11x11 0.947 vs 0.912; 3x10x10 at 7.7 0.448 vs 0.420); at D32 it wins at 4.6 (5x10x10
+// 0.414 vs 0.435) and loses at 5.8 (4x10x10 0.413 vs 0.366).
 constexpr int64_t kSm90MinWindow[3] = {128, 150, 128};
-constexpr double kSm90MaxWalkRatio[2][2] = {{5.0, 5.5}, {4.6, 5.3}};
+constexpr double kSm90MaxWalkRatio[2][2] = {{5.0, 5.5}, {4.8, 5.8}};
 // Fifteenth session (PERF.md calls 4-7, bf16, GPU time, ms): with an RPB the 64-query pairs'
 // forward loses that lead at 7x7 (every key box is partly masked, so each score takes the
 // mask's bias path): DiNAT 56x56 B32 H4 D32 0.144 vs tc's 0.126, dilation 4 on 28x28 B32 H8
@@ -67,7 +72,8 @@ constexpr double kSm90MaxWalkRatio[2][2] = {{5.0, 5.5}, {4.6, 5.3}};
 // 0.337; 28x28 dilation 4 at D64 0.084 vs 0.191; NAT's 14x14 B128 H8 D32 0.072 vs 0.099).
 // In 3-D likewise (call 4; 16x32x32 B2 H8 D64: 5x9x9 0.532 vs 0.634, 7x9x9 0.681 vs 0.804).
 // Forwards with an RPB run tc up to kTcRpbMaxWindow's keys (per NA dim and head dim; 1-D:
-// the rule without RPB, measured with one in the thirtieth session).
+// the rule without RPB, measured with one in the thirtieth session), but for 2-D windows
+// the boxes fit well (sm90_rpb_small_window_2d).
 // Thirtieth session (PERF.md call 1; the self-fed 64-query CTAs, sm90 vs tc with an RPB):
 // at head dim 64 13x13 on 128x128 (B4 H8) runs 0.321 vs 0.394 ms and 11x11 on 56x56 ties
 // (0.244 vs 0.243), while at head dim 32 tc still wins 13x13 (0.245 vs 0.221); 7x7 ties or
@@ -85,6 +91,15 @@ int64_t tc_rpb_max_window(int na_dim, int64_t head_dim) {
   if (head_dim > 128) return 0;
   return kTcRpbMaxWindow[na_dim - 1][head_dim <= 32 ? 0 : head_dim <= 64 ? 1 : 2];
 }
+// Forty-eighth session (H100, bf16, forward with an RPB, GPU ms, sm90 vs tc; windows the strip
+// pairs do not take): at head dims 33-64 sm90 wins up to walk ratio 4.2 (28x28 7x7 dilation 4
+// at 3.0 0.071 vs 0.083, 56x56 9x9 at 4.2 0.175 vs 0.214, 11x11 at 4.0 0.229 vs 0.269), ties
+// at 5.4 (28x28 9x9 0.209 vs 0.204) and loses at 6.0 (56x56 7x7 dilation 4 0.188 vs 0.178);
+// at head dim 32 only where each window spans its whole dilation group, so no key is masked
+// (DiNAT's dilated layers: 28x28 7x7 dilation 4 0.055 vs 0.058, 56x56 dilation 8 0.194 vs
+// 0.208), and not on masked windows of any ratio (56x56 13x13 at 2.8 0.233 vs 0.212, 11x11
+// at 4.0 0.234 vs 0.178, 7x7 dilation 4 at 6.0 0.149 vs 0.124).
+constexpr double kSm90MaxWalkRatioRpb2d = 5.0;  // head dims 33-64
 // The backward with an RPB (call 4, forward + backward, bf16, ms, tc vs the default's sm90
 // backward): 2-D D64 13x13 1.53 vs 2.90, 17x17 2.53 vs 3.99, 21x21 3.07 vs 5.43, D32 21x21
 // 2.23 vs 5.03; 3-D D64 5x9x9 3.38 vs 6.38, 7x9x9 4.48 vs 8.46: the sm90 dK/dV pass's dRPB
@@ -187,8 +202,16 @@ constexpr int64_t kSm90MinWindowBackwardRpbHead128[3] = {kSm90MinWindow1dHead128
 // won at 3.8-5.0 and 6.4 (by 10-43%) and lost at 6.3 (video-3d's 5x7x7: 0.988 vs 0.903,
 // call 5) and 6.8, at 128 won at 6.3-8.5 (by 23-31%) and lost from 13.7. Thirty-sixth
 // session: with the 4x4x8 / 2x4x8 backward pair (find_sm90_backward) video-3d's backward runs
-// 0.901 vs tc's 0.930 (PERF.md call 4), so head dims <= 64 take sm90 up to 6.5.
-constexpr double kSm90MaxBackwardWalkRatio3d[3] = {4.5, 6.5, 11.0};  // head dims <= 32, <= 64, <= 128
+// 0.901 vs tc's 0.930 (PERF.md call 4), so head dims <= 64 took sm90 up to 6.5.
+// Forty-eighth session (H100, bf16, backward alone, GPU ms, sm90 vs tc; the split CTAs and
+// the selected masks made sm90's 3-D backward 5-14% faster): at D32 sm90 wins from 4.5 to
+// 7.7 (16x48x48 3x13x13 0.908 vs 1.396, 16x32x32 3x11x11 0.749 vs 0.915, 3x10x10 0.744 vs
+// 0.790) and ties at 6.0 and 7.2 (2x8x8 0.420 vs 0.412, 2x8x10 0.503 vs 0.505), while above
+// 8 the window's shape decides (8x48x48 3x5x12 at 8.5 0.674 vs 0.562, 2x6x10 at 9.6 0.515 vs
+// 0.412, but 17x33x58 7x5x13 at 9.6 0.987 vs 1.102); at D64 it wins up to 9.8 (2x10x11
+// 0.648 vs 0.883, 7x5x13 1.118 vs 1.551), ties at 9.6 (2x6x10 0.571 vs 0.586) and loses from
+// 11.5 (2x5x10 0.577 vs 0.526, 3x3x10 at 17 0.608 vs 0.486).
+constexpr double kSm90MaxBackwardWalkRatio3d[3] = {8.0, 10.0, 11.0};  // head dims <= 32, <= 64, <= 128
 
 // The backward's minimum window for a head dim (the larger of D and D_v) without an RPB.
 int64_t sm90_min_window_backward(int na_dim, int64_t head_dim) {
@@ -557,6 +580,17 @@ double walk_ratio(const nattn::Params& p, const nattn::KernelEntry* e) {
 // The forward's, with its default pair.
 double sm90_walk_ratio(const nattn::Params& p, int head_dim) { return walk_ratio(p, default_sm90(p, head_dim)); }
 
+// A 2-D forward with an RPB below tc_rpb_max_window that runs sm90 anyway (the measurements
+// above kSm90MaxWalkRatioRpb2d): at head dims 33-64 by the walk ratio, at 32 where every
+// window spans its whole dilation group (the kernel covers the group's tokens along each axis).
+bool sm90_rpb_small_window_2d(const nattn::Params& p, int64_t head_dim) {
+  if (p.na_dim != 2 || head_dim > 64) return false;
+  if (head_dim > kSm90SmallHeadDim) return sm90_walk_ratio(p, int(head_dim)) <= kSm90MaxWalkRatioRpb2d;
+  for (int a = 0; a < 2; ++a)
+    if (p.causal[a] || p.stride[a] != 1 || p.kernel[a] < (p.spatial[a] + p.dilation[a] - 1) / p.dilation[a]) return false;
+  return true;
+}
+
 // The backward's, with its pair (the dQ pass's boxes; the dK/dV pass walks as many queries
 // per key on the same boxes, the roles swapped): kSm90MaxBackwardWalkRatio3d.
 double sm90_backward_walk_ratio(const nattn::Params& p, int head_dim) {
@@ -612,7 +646,7 @@ bool sm90_preferred(const nattn::Params& p, bool backward) {
   const bool pieces_only = p.na_dim == 1 && nattn::sm90::box_pieces(64, p.dilation[0]) > 1;
   if (pieces_only && window < kSm90MinWindow1dPerDilation * p.dilation[0]) return false;
   if (!backward && p.na_dim == 1 && window < kSm90MinWindow[0]) return sm90_small_1d(p, head_dim);
-  if (!backward && p.rpb && window <= tc_rpb_max_window(p.na_dim, head_dim)) return false;
+  if (!backward && p.rpb && window <= tc_rpb_max_window(p.na_dim, head_dim)) return sm90_rpb_small_window_2d(p, head_dim);
   if (backward && p.rpb && window < kSm90MinWindowBackwardRpb[p.na_dim - 1]) return false;
   if (backward && p.na_dim == 3 && !p.rpb)
     return sm90_backward_walk_ratio(p, int(head_dim)) <= kSm90MaxBackwardWalkRatio3d[head_dim > kSm90SmallHeadDim];
