@@ -488,6 +488,13 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
   const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * StripCta<Tl, HD>::kRpbGuard : 0;
   const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
   const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
+  // With a query range the dQ pass runs only the boxes holding the range's queries, so it
+  // writes only their rows' delta, while either dK/dV pass reads the delta of every query
+  // its keys reach. The others (LSE +inf, a zero output gradient) need a finite delta: the
+  // delta kernel writes every row first (as the box pairs' launcher does), and the dQ pass
+  // then rewrites its own rows. (Without it those rows kept what the buffer held: NaN in
+  // dK inside the GPU tier, where freed blocks held NaN; PERF.md forty-eighth session.)
+  if (has_query_range(p)) launch_delta<T, HD>(p, stream);
   backward_dq_strips_kernel<T, NA, HD, Tl><<<grid, StripCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->grad_out,
                                                                                                 l->k, l->v, l->dq);
   if (own) {
