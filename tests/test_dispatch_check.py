@@ -33,3 +33,19 @@ def test_verdict_flags_only_the_slower_pick(seed):
 def test_unknown_flags_name_the_accepted_ones():
     with pytest.raises(SystemExit, match="accepted: bwd, rpb, tol=FRACTION"):
         dispatch_check.main(["dinat-s1-2d", "fast"])
+
+
+def test_a_rejected_problem_is_said_and_the_rest_still_run(monkeypatch, capsys):
+    ran = []
+
+    def fake_check(name, bwd, rpb, tol):
+        if name == "bad":
+            raise ValueError("kernel_size along axis 0 (X) must be >= 2, got 1")
+        ran.append(name)
+
+    monkeypatch.setattr(dispatch_check, "check", fake_check)
+    monkeypatch.setattr(dispatch_check.torch.cuda, "get_device_name", lambda *a: "stand-in")
+    dispatch_check.main(["one,bad,two", "bwd"])
+    assert ran == ["one", "two"]
+    out = capsys.readouterr().out
+    assert "bad" in out and "rejected: kernel_size along axis 0" in out
