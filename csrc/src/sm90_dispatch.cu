@@ -580,17 +580,6 @@ double walk_ratio(const nattn::Params& p, const nattn::KernelEntry* e) {
 // The forward's, with its default pair.
 double sm90_walk_ratio(const nattn::Params& p, int head_dim) { return walk_ratio(p, default_sm90(p, head_dim)); }
 
-// A 2-D forward with an RPB below tc_rpb_max_window that runs sm90 anyway (the measurements
-// above kSm90MaxWalkRatioRpb2d): at head dims 33-64 by the walk ratio, at 32 where every
-// window spans its whole dilation group (the kernel covers the group's tokens along each axis).
-bool sm90_rpb_small_window_2d(const nattn::Params& p, int64_t head_dim) {
-  if (p.na_dim != 2 || head_dim > 64) return false;
-  if (head_dim > kSm90SmallHeadDim) return sm90_walk_ratio(p, int(head_dim)) <= kSm90MaxWalkRatioRpb2d;
-  for (int a = 0; a < 2; ++a)
-    if (p.causal[a] || p.stride[a] != 1 || p.kernel[a] < (p.spatial[a] + p.dilation[a] - 1) / p.dilation[a]) return false;
-  return true;
-}
-
 // The backward's, with its pair (the dQ pass's boxes; the dK/dV pass walks as many queries
 // per key on the same boxes, the roles swapped): kSm90MaxBackwardWalkRatio3d.
 double sm90_backward_walk_ratio(const nattn::Params& p, int head_dim) {
@@ -605,6 +594,19 @@ double sm90_backward_walk_ratio(const nattn::Params& p, int head_dim) {
 bool plain_window(const nattn::Params& p, bool dilated = false) {
   for (int a = 0; a < p.na_dim; ++a)
     if ((p.dilation[a] != 1 && !dilated) || p.stride[a] != 1 || p.causal[a]) return false;
+  return true;
+}
+
+// A 2-D forward with an RPB below tc_rpb_max_window that runs sm90 anyway (the measurements
+// above kSm90MaxWalkRatioRpb2d): at head dims 33-64 by the walk ratio, at 32 where every
+// window spans its whole dilation group (the kernel covers the longest group, group 0, along
+// each axis) and no axis is strided or causal.
+bool sm90_rpb_small_window_2d(const nattn::Params& p, int64_t head_dim) {
+  if (p.na_dim != 2 || head_dim > 64) return false;
+  if (head_dim > kSm90SmallHeadDim) return sm90_walk_ratio(p, int(head_dim)) <= kSm90MaxWalkRatioRpb2d;
+  if (!plain_window(p, true)) return false;
+  for (int a = 0; a < 2; ++a)
+    if (p.kernel[a] < group_len(p.spatial[a], 0, p.dilation[a])) return false;
   return true;
 }
 
