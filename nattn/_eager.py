@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from . import _buffers
 from .backends import BACKENDS
 from .backends import get as get_backend
 from .backends.heuristics import needs_grads
@@ -237,7 +238,7 @@ def na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params: NAP
     backends that take given gradient tensors (``writes_grads_into``), else stacked into it.
     NAPackedFunction's and the packed op's backward."""
     q, k, v = qkv.unbind(-3) if views is None else views
-    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    dqkv = _buffers.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
     if impl.writes_grads_into:
         *_, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, grads_into=dqkv.unbind(-3))
     else:

@@ -53,3 +53,26 @@ def test_each_run_draws_fresh_data_for_the_same_cases(monkeypatch):
         drawn[run] = t["query"].detach().clone()
     assert not torch.equal(drawn[11], drawn[12])
     assert torch.isfinite(drawn[12]).all()
+
+
+def test_poisoned_kernel_buffers_reach_the_cuda_backend(monkeypatch):
+    """The GPU tier's NaN-filled buffers (tests/gpu/conftest.py) are the ones the cuda backend
+    hands to libnattn: with a stand-in library that writes nothing, every output, gradient
+    and workspace the backend allocated reads NaN, and libnattn is asked to poison its own."""
+    from nattn import _buffers
+    from nattn.params import NAParams
+    fake_library.install_on_gpu(monkeypatch, fake_library.FakeLibrary())
+    gpu_cases.poison_kernel_buffers(monkeypatch)
+    q, k, v = (torch.randn(1, 6, 7, 2, 16) for _ in range(3))
+    params = NAParams((3, 3), (1, 1), (1, 1), (False, False), 0.25)
+    cuda = fake_library.CUDA
+    out, lse = cuda.na_forward(q, k, v, None, params)
+    assert out.isnan().all() and lse.isnan().all()
+    dq, dk, dv, _ = cuda.na_backward(q, k, v, None, torch.randn_like(out), torch.randn_like(lse),
+                                     torch.randn_like(out), None, params)
+    assert dq.isnan().all() and dk.isnan().all() and dv.isnan().all()
+    assert os.environ[gpu_cases.POISON_ENV] == "1"
+    assert _buffers.empty(3, dtype=torch.int32).dtype == torch.int32  # integers are left as they come
+    monkeypatch.undo()
+    assert _buffers.empty is torch.empty and _buffers.empty_like is torch.empty_like
+    assert gpu_cases.POISON_ENV not in os.environ

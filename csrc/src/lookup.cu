@@ -28,6 +28,11 @@ int family_cap() {
   return !strcmp(f, "simt") ? kCapSimt : !strcmp(f, "tc") ? kCapTc : !strcmp(f, "sm90") ? kCapSm90Only : kCapAny;
 }
 
+void poison_workspace(void* ptr, size_t bytes, void* stream) {
+  const char* on = getenv("NATTN_POISON_WORKSPACES");
+  if (on && !strcmp(on, "1")) cudaMemsetAsync(ptr, 0xFF, bytes, static_cast<cudaStream_t>(stream));
+}
+
 // Compute capability of a device as 10 * major + minor (0 when unknown), asked once.
 int device_cc(int device) {
   static int cc[64] = {0};  // 0: not asked yet, -1: failed

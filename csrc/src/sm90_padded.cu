@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "nattn/common/device.h"  // poison_workspace
 #include "nattn/sm90/pad_copy.cuh"
 #include "nattn/sm90/tiles.cuh"
 #include "sm90_dispatch.h"
@@ -162,6 +163,7 @@ const char* run_sm90_padded(const nattn::Params& p, int hd, bool backward, cudaS
     (void)cudaGetLastError();
     return "no device memory for the zero-padded copies of the head dims";
   }
+  nattn::host::poison_workspace(base, size_t(bytes), stream);
   for (int i = 0; i < n; ++i) set_pointer(pp, slots[i].field, base + slots[i].offset);
   // The tensor maps are encoded from the copies' addresses.
   alignas(nattn::kPrepareAlign) unsigned char workspace[nattn::kPrepareBytes];

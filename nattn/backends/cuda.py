@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .. import _tf32
+from .. import _buffers, _tf32
 from .. import dropout as _dropout
 from .._cuda import kernel_table, library
 from . import heuristics, register_backend
@@ -421,8 +421,8 @@ class CudaBackend(Backend):
         and libraries before ABI 5, compute every row."""
         lib = self._lib()
         if query_range is None:
-            out = q.new_empty(*q.shape[:-1], v.shape[-1])
-            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+            out = _buffers.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+            lse = _buffers.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         else:
             out = q.new_zeros(*q.shape[:-1], v.shape[-1])
             lse = torch.full(q.shape[:-1], math.inf, dtype=torch.float32, device=q.device)
@@ -475,10 +475,10 @@ class CudaBackend(Backend):
         # Same layout as the inputs where it is dense (what the fake impl promises); no layout
         # check: a dense input passed it (same strides, offset 0), others get contiguous ones.
         if grads_into is None:
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            dq, dk, dv = _buffers.empty_like(q), _buffers.empty_like(k), _buffers.empty_like(v)
         else:  # the caller's (views of a packed gradient: heads-last rows like q's)
             dq, dk, dv = grads_into
-        delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+        delta = _buffers.empty(lse.shape, dtype=torch.float32, device=q.device)
         rpb32 = drpb = None
         if rpb is not None:
             rpb32 = rpb.to(torch.float32).contiguous()

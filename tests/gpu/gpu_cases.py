@@ -261,3 +261,36 @@ def seeded_forward_backward(case: GpuCase, p: float, seed: int, backend="cuda"):
     g_lse = torch.randn(lse.shape, generator=g, device="cuda")
     grads = torch.autograd.grad([out, lse], leaves, [g_out, g_lse])
     return out.detach(), lse.detach(), grads
+
+
+POISON_ENV = "NATTN_POISON_WORKSPACES"
+
+
+def _nan_filled(alloc):
+    def allocate(*args, **kwargs):
+        t = alloc(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+    return allocate
+
+
+def poison_kernel_buffers(monkeypatch=None):
+    """Buffers that kernels must fill start as NaN: the cuda backend's outputs, gradients and
+    delta (nattn/_buffers.py) and libnattn's own stream-ordered workspaces (split-KV partials,
+    the zero-padded copies: NATTN_POISON_WORKSPACES=1). A row a kernel leaves unwritten, or
+    reads before anything wrote it, then fails every run instead of passing on whatever an
+    earlier tensor left there. With ``monkeypatch`` until the test ends, else for the process
+    (the sanitizer scripts), unless NATTN_POISON_WORKSPACES=0 asks for plain buffers (for
+    compute-sanitizer's initcheck, which sees reads of never-written bytes only where nothing
+    filled them first)."""
+    if monkeypatch is None and os.environ.get(POISON_ENV) == "0":
+        return
+    from nattn import _buffers
+    put = monkeypatch.setattr if monkeypatch is not None else setattr
+    put(_buffers, "empty", _nan_filled(torch.empty))
+    put(_buffers, "empty_like", _nan_filled(torch.empty_like))
+    if monkeypatch is not None:
+        monkeypatch.setenv(POISON_ENV, "1")
+    else:
+        os.environ[POISON_ENV] = "1"

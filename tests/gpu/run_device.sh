@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -90,6 +90,18 @@ if [[ $what == all || $what == *sanitize* ]]; then
       python3 tests/gpu/sanitize_sm90.py > "$OUT/sanitizer_sm90_$tool.log" 2>&1
     echo "compute-sanitizer $tool (sm90) rc=$?"; tail -3 "$OUT/sanitizer_sm90_$tool.log"
   done
+fi
+# initcheck: reads of device memory nothing wrote since its allocation (the kernels' outputs
+# and stream-ordered workspaces), on the default dispatch's sweep and on the Hopper family's;
+# the scripts' NaN filling is off (NATTN_POISON_WORKSPACES=0): a fill counts as a write.
+if [[ $what == *initcheck* ]]; then
+  NATTN_POISON_WORKSPACES=0 NATTN_SANITIZE_CASES=${INIT_CASES:-12} timeout ${SAN_TIMEOUT:-120} compute-sanitizer \
+    --tool initcheck --error-exitcode 9 python3 tests/gpu/sanitize_sweep.py > "$OUT/initcheck.log" 2>&1
+  echo "compute-sanitizer initcheck rc=$?"; tail -3 "$OUT/initcheck.log"
+  NATTN_POISON_WORKSPACES=0 NATTN_FAMILY=sm90 NATTN_SANITIZE_CASES=${INIT_CASES:-12} timeout ${SAN_TIMEOUT:-120} \
+    compute-sanitizer --tool initcheck --error-exitcode 9 python3 tests/gpu/sanitize_sm90.py \
+    > "$OUT/initcheck_sm90.log" 2>&1
+  echo "compute-sanitizer initcheck (sm90) rc=$?"; tail -3 "$OUT/initcheck_sm90.log"
 fi
 if [[ $what == all || $what == *bench* ]]; then
   timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/cuda_anchors.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md"

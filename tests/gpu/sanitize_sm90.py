@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from nattn.distributed.halo import _RangedNA  # noqa: E402
 from nattn.params import NAParams  # noqa: E402
-from gpu_cases import functional_call, make_inputs  # noqa: E402
+from gpu_cases import functional_call, make_inputs, poison_kernel_buffers  # noqa: E402
 from sm90_cases import sm90_sweep  # noqa: E402
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
@@ -225,6 +225,7 @@ def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):
     wanted = [x for x in os.environ.get("NATTN_SANITIZE_SECTIONS", ",".join(SECTIONS)).split(",") if x]
     unknown = set(wanted) - set(SECTIONS)
     assert not unknown, f"NATTN_SANITIZE_SECTIONS: unknown {sorted(unknown)}; accepted: {SECTIONS}"
+    poison_kernel_buffers()  # unwritten output rows read NaN (the sections check finiteness)
     for name in wanted:
         globals()[name](count) if name == "sweep" else globals()[name]()
         print(f"section done: {name}", flush=True)

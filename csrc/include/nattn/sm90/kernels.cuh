@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "nattn/common/device.h"  // poison_workspace
 #include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
 #include "nattn/sm90/backward_delta.cuh"
@@ -130,6 +131,7 @@ void launch_forward_boxes(const Params& p, const ForwardLaunch* l, cudaStream_t 
     const size_t o_bytes = rows * HD * sizeof(float), l_bytes = rows * sizeof(float);
     if (cudaMallocAsync(reinterpret_cast<void**>(&sp.o_part), o_bytes + l_bytes, stream) == cudaSuccess) {
       sp.lse_part = sp.o_part + rows * HD;
+      nattn::host::poison_workspace(sp.o_part, o_bytes + l_bytes, stream);
       const dim3 grid(boxes * unsigned(p.kv_splits), unsigned(p.heads), unsigned(p.batch));
       forward_kernel<T, NA, HD, Tl><<<grid, Cta::kThreads, smem, stream>>>(sp, l->q, l->k, l->v, l->o);
       split_kv_merge_kernel<T, NA, HD, Tl><<<dim3(boxes * unsigned(merge_chunks<HD, typename Tl::Q>()),
