@@ -4,6 +4,7 @@ autograd and the launches cost. Also prints the top functions of a cProfile run.
 
     python benchmarks/host_overhead.py [--backend cuda] [--profile]
     python benchmarks/host_overhead.py --null     # nattn's Python alone, on any machine
+    python benchmarks/host_overhead.py --null-library  # the cuda backend's Python, on any machine
     python benchmarks/host_overhead.py --compiled # the same calls inside torch.compile'd functions
     python benchmarks/host_overhead.py --baseline # also torch's own SDPA on the same tensors
     python benchmarks/host_overhead.py --chain 16 --baseline  # per call inside one graph of 16
@@ -12,6 +13,11 @@ autograd and the launches cost. Also prints the top functions of a cProfile run.
 ``--null`` registers a backend whose kernels do nothing (it returns empty tensors) and runs on
 the CPU: what is left is nattn's own Python (argument checks, dispatch, packing) plus torch's
 autograd bookkeeping.
+
+``--null-library`` times the cuda backend's own Python on the CPU (its allocations, the
+problem struct's packing, the ctypes call) against a stand-in libnattn whose entry points
+return at once (compiled here with ``cc``): the part of a call between nattn's dispatch and
+libnattn's C code, on any machine.
 
 ``--baseline`` also times ``torch.nn.functional.scaled_dot_product_attention`` on the same
 tensors (heads moved to dim 1, no copies), forward and forward + backward: what one autograd
@@ -75,11 +81,66 @@ def register_null_backend():
     register_backend(Null())
 
 
+_NOOP_C = """
+#include <stdint.h>
+int nattn_forward(const int64_t* f, int64_t n, double s, void* st, char* e, int64_t el) { return 0; }
+int nattn_backward(const int64_t* f, int64_t n, double s, void* st, char* e, int64_t el) { return 0; }
+"""
+
+
+def null_library_times(n=20000):
+    """(forward, backward) microseconds of the cuda backend's Python per call, CPU tensors,
+    a stand-in library that returns at once (``--null-library``)."""
+    import ctypes
+    import os
+    import subprocess
+    import tempfile
+    import timeit
+
+    from nattn._cuda import kernel_table
+    from nattn.backends import cuda as cuda_backend
+    from nattn.params import NAParams
+
+    tmp = tempfile.mkdtemp()
+    src, so = os.path.join(tmp, "noop.c"), os.path.join(tmp, "libnoop.so")
+    with open(src, "w") as f:
+        f.write(_NOOP_C)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so, src], check=True)
+    lib = ctypes.CDLL(so)
+    for name in ("nattn_forward", "nattn_backward"):  # the signature library.Library gives them
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p,
+                       ctypes.c_char_p, ctypes.c_int64]
+        fn.restype = ctypes.c_int
+
+    class Stand:  # what the backend's call path reads of library.Library
+        forward, backward = lib.nattn_forward, lib.nattn_backward
+        abi, num_fields, path = kernel_table.ABI_VERSION, kernel_table.NUM_PROBLEM_FIELDS, so
+
+    backend = cuda_backend.CudaBackend()
+    backend._lib = lambda: Stand
+    raw_stream = cuda_backend._raw_stream
+    cuda_backend._raw_stream = lambda index: 0
+    try:
+        q, k, v = (torch.randn(1, 8, 8, 2, 32) for _ in range(3))
+        params = NAParams((3, 3), (1, 1), (1, 1), (False, False), 32 ** -0.5)
+        out, lse = backend.na_forward(q, k, v, None, params)
+        g = torch.randn_like(out)
+        fwd = min(timeit.repeat(lambda: backend.na_forward(q, k, v, None, params), number=n, repeat=5))
+        bwd = min(timeit.repeat(lambda: backend.na_backward(q, k, v, None, out, lse, g, None, params),
+                                number=n, repeat=5))
+    finally:
+        cuda_backend._raw_stream = raw_stream
+    return fwd / n * 1e6, bwd / n * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--null", action="store_true", help="a do-nothing backend on the CPU: nattn's Python alone")
+    ap.add_argument("--null-library", action="store_true",
+                    help="the cuda backend's own Python against a stand-in libnattn that does nothing (CPU)")
     ap.add_argument("--compiled", action="store_true",
                     help="call through torch.compile (the custom ops' path: what compiled models pay)")
     ap.add_argument("--baseline", action="store_true",
@@ -90,6 +151,11 @@ def main():
                     help="backward on the calling thread (torch.autograd.set_multithreading_enabled(False)) "
                          "instead of autograd's device thread")
     args = ap.parse_args()
+    if args.null_library:
+        fwd, bwd = null_library_times()
+        print(f"cuda backend's Python (stand-in library, CPU tensors): na_forward {fwd:.1f} us, "
+              f"na_backward {bwd:.1f} us a call")
+        return
     if args.single_thread:
         torch.autograd.set_multithreading_enabled(False).__enter__()  # for the whole run
     device, dtype = "cuda", torch.bfloat16

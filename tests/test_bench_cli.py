@@ -256,6 +256,22 @@ def test_host_overhead_baseline_runs_on_the_cpu():
     assert len(lines) == 2 and lines[0].startswith("backend null:") and lines[1].startswith("torch sdpa (baseline):")
 
 
+def test_host_overhead_null_library_runs_the_backend_call_path():
+    """benchmarks/host_overhead.py --null-library: the cuda backend's na_forward / na_backward
+    against a stand-in libnattn compiled with cc (what a call costs in Python up to the C
+    entry point); the backend's stream getter is restored afterwards."""
+    import importlib.util
+    from nattn.backends import cuda as cuda_backend
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(root, "benchmarks", "host_overhead.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    getter = cuda_backend._raw_stream
+    fwd, bwd = mod.null_library_times(n=20)
+    assert 0 < fwd < 1e5 and 0 < bwd < 1e5
+    assert cuda_backend._raw_stream is getter
+
+
 def test_models_suite_fast_norm_builds_under_timms_switch(capsys, monkeypatch):
     """--fast-norm: models are created with timm's fast-norm switch on (nattn's norms then
     run at the autocast dtype), the switch is off again afterwards, and the title says so."""
