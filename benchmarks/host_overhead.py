@@ -101,12 +101,12 @@ def null_library_times(n=20000):
     from nattn.backends import cuda as cuda_backend
     from nattn.params import NAParams
 
-    tmp = tempfile.mkdtemp()
-    src, so = os.path.join(tmp, "noop.c"), os.path.join(tmp, "libnoop.so")
-    with open(src, "w") as f:
-        f.write(_NOOP_C)
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so, src], check=True)
-    lib = ctypes.CDLL(so)
+    with tempfile.TemporaryDirectory() as tmp:  # loaded, the library outlives its file
+        src, so = os.path.join(tmp, "noop.c"), os.path.join(tmp, "libnoop.so")
+        with open(src, "w") as f:
+            f.write(_NOOP_C)
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so, src], check=True)
+        lib = ctypes.CDLL(so)
     for name in ("nattn_forward", "nattn_backward"):  # the signature library.Library gives them
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p,
