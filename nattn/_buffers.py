@@ -1,5 +1,6 @@
-"""Uninitialized buffers that kernels fill: the outputs, gradients and workspaces the cuda
-backend hands to libnattn (``torch.empty`` / ``torch.empty_like``).
+"""Uninitialized buffers that libnattn's kernels fill (``torch.empty`` / ``torch.empty_like``):
+the outputs, gradients and workspaces of the cuda backend, of the window ops
+(nattn/qk_av_kernels.py) and of the LayerNorm kernel (nattn/nn/fast_norm.py).
 
 They are reached through this module's names so that the GPU tests can hand out buffers
 filled with NaN instead (tests/gpu/conftest.py): a kernel that leaves part of its output

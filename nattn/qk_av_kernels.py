@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import _buffers
 from ._cuda import kernel_table, library
 from .params import NAParams
 
@@ -73,7 +74,7 @@ class KernelQK(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, params: NAParams):
         q, k = _aligned(q), _aligned(k)
-        out = q.new_empty(*q.shape[:-1], math.prod(params.kernel_size))
+        out = _buffers.empty(*q.shape[:-1], math.prod(params.kernel_size), dtype=q.dtype, device=q.device)
         _run(DOT, q, k, out, params, q, k, neg_inf=True)
         ctx.save_for_backward(q, k)
         ctx.params = params
@@ -86,10 +87,10 @@ class KernelQK(torch.autograd.Function):
         grad = _aligned(grad.to(q.dtype))
         dq = dk = None
         if ctx.needs_input_grad[0]:
-            dq = torch.empty_like(q)
+            dq = _buffers.empty_like(q)
             _run(SUM, grad, k, dq, ctx.params, q, k)
         if ctx.needs_input_grad[1]:
-            dk = torch.empty_like(k)
+            dk = _buffers.empty_like(k)
             _run(INVERSE_SUM, grad, q, dk, ctx.params, q, k)
         return dq, dk, None
 
@@ -101,7 +102,7 @@ class KernelAV(torch.autograd.Function):
     @staticmethod
     def forward(ctx, attn, v, params: NAParams):
         attn, v = _aligned(attn), _aligned(v)
-        out = v.new_empty(*attn.shape[:-1], v.shape[-1])
+        out = _buffers.empty(*attn.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device)
         _run(SUM, attn, v, out, params, attn, v)
         ctx.save_for_backward(attn, v)
         ctx.params = params
@@ -114,9 +115,9 @@ class KernelAV(torch.autograd.Function):
         grad = _aligned(grad.to(v.dtype))
         da = dv = None
         if ctx.needs_input_grad[0]:
-            da = torch.empty_like(attn)
+            da = _buffers.empty_like(attn)
             _run(DOT, grad, v, da, ctx.params, attn, v, neg_inf=False)
         if ctx.needs_input_grad[1]:
-            dv = torch.empty_like(v)
+            dv = _buffers.empty_like(v)
             _run(INVERSE_SUM, attn, grad, dv, ctx.params, attn, v)
         return da, dv, None

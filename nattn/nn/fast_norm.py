@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from .. import _buffers
 from .._cuda import kernel_table, library
 from .._eager import eager_ok, records_graph
 from ..backends.cuda import _raw_stream  # the stream's handle without a Stream object
@@ -82,7 +83,7 @@ def layer_norm(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[t
     row_stride = _row_stride(x, channels)
     if row_stride is None or row_stride < channels or (row_stride * x.element_size()) % 16:
         return None
-    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    out = _buffers.empty(x.shape, dtype=out_dtype, device=x.device)
     rows = x.numel() // channels
     if not rows:
         return out
