@@ -69,6 +69,20 @@ using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows, kS
 #define NATTN_SM90_STRIP_DKV_PIPELINE 1
 #endif
 
+// Build switch for A/B runs (0, the default: one shared-memory atomic per kept score). 1 sums
+// each atomic's scores that share a table entry in registers first. In one atomic
+// instruction (a score (j, e) of every lane) lane (g4, t4) holds key column g4 and query
+// column 8 j + 2 t4 + e % 2, so its entry (key - query per axis) is shared by the lanes of
+// its diagonal, (g4 + 2, t4 + 1) = lane + 9, + 18, + 27: up to four lanes add to one address,
+// which the shared-memory atomics serialize. Two shuffles sum each diagonal into its first
+// lane, whose atomic then meets no other lane's (14 lanes add, on distinct entries). The
+// integer sums are exact: dRPB is bitwise the same. With an RPB the tensor-core family's
+// dK/dV pass runs by default (strip_dkv_own, kernels.cuh); NATTN_SM90_STRIP_DKV=own times
+// this one.
+#ifndef NATTN_SM90_STRIP_DRPB_CHAINS
+#define NATTN_SM90_STRIP_DRPB_CHAINS 0
+#endif
+
 // Fraction bits of the fixed-point dRPB: a block's keys meet a table entry of a query head
 // through one query each (the entry is the relative position), kWgRows terms at most.
 constexpr int kStripDrpbBits = fixed_bits(kWgRows);
@@ -212,6 +226,10 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
 
   const float scale_log2 = p.scale_log2;
+  // NATTN_SM90_STRIP_DRPB_CHAINS: whether lane + 9 / + 18 of this lane's diagonal exist
+  // (t4 + 1 <= 3 and g4 + 2 <= 7, and twice that), and whether this lane starts a diagonal.
+  const bool chain_next = t4 < 3 && g4 < 6, chain_skip = t4 < 2 && g4 < 4, chain_head = t4 == 0 || g4 < 2;
+  (void)chain_next, (void)chain_skip, (void)chain_head;
 
   float* drpb_kv = has_rpb ? p.drpb + int64_t(hk) * p.groups * table : nullptr;  // (without the fixed point)
   // Line y (query row, group coordinates) of frame t, column pass cp, in the slot at `at0`
@@ -275,7 +293,15 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         // predicated form was 4-6% faster, PERF.md forty-seventh session)
         const float pr = HD <= 32 ? kept(in, fast_exp2(x - lse2[j][e % 2])) : in ? fast_exp2(x - lse2[j][e % 2]) : 0.f;
         const float ds = pr * (dp[j][e] - dlt[j][e % 2]);
-        if constexpr (kRpb) {
+        if constexpr (kRpb && kFixed && NATTN_SM90_STRIP_DRPB_CHAINS) {
+          // the diagonal's sum into its first lane (a sum of 0: no kept score, or nothing to add)
+          int v = in ? __float2int_rn(ds * fscale) : 0;
+          const int next = __shfl_down_sync(0xffffffffu, v, 9);
+          v += chain_next ? next : 0;
+          const int skip = __shfl_down_sync(0xffffffffu, v, 18);
+          v += chain_skip ? skip : 0;
+          if (chain_head && v != 0) atomicAdd(dbias + line_bias[e / 2] - 8 * j - e % 2, v);
+        } else if constexpr (kRpb) {
           if (in) {
             if constexpr (kFixed) atomicAdd(dbias + at_bias, __float2int_rn(ds * fscale));
             else atomicAdd(drpb_kv + at_bias, ds);
