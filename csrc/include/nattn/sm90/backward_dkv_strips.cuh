@@ -226,10 +226,8 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
 
   const float scale_log2 = p.scale_log2;
-  // NATTN_SM90_STRIP_DRPB_CHAINS: whether lane + 9 / + 18 of this lane's diagonal exist
-  // (t4 + 1 <= 3 and g4 + 2 <= 7, and twice that), and whether this lane starts a diagonal.
-  const bool chain_next = t4 < 3 && g4 < 6, chain_skip = t4 < 2 && g4 < 4, chain_head = t4 == 0 || g4 < 2;
-  (void)chain_next, (void)chain_skip, (void)chain_head;
+  const DrpbChain chain = drpb_chain(lane);  // (NATTN_SM90_STRIP_DRPB_CHAINS)
+  (void)chain;
 
   float* drpb_kv = has_rpb ? p.drpb + int64_t(hk) * p.groups * table : nullptr;  // (without the fixed point)
   // Line y (query row, group coordinates) of frame t, column pass cp, in the slot at `at0`
@@ -297,10 +295,10 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
           // the diagonal's sum into its first lane (a sum of 0: no kept score, or nothing to add)
           int v = in ? __float2int_rn(ds * fscale) : 0;
           const int next = __shfl_down_sync(0xffffffffu, v, 9);
-          v += chain_next ? next : 0;
+          v += chain.next ? next : 0;
           const int skip = __shfl_down_sync(0xffffffffu, v, 18);
-          v += chain_skip ? skip : 0;
-          if (chain_head && v != 0) atomicAdd(dbias + line_bias[e / 2] - 8 * j - e % 2, v);
+          v += chain.skip ? skip : 0;
+          if (chain.head && v != 0) atomicAdd(dbias + line_bias[e / 2] - 8 * j - e % 2, v);
         } else if constexpr (kRpb) {
           if (in) {
             if constexpr (kFixed) atomicAdd(dbias + at_bias, __float2int_rn(ds * fscale));
