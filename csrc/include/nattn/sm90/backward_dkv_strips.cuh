@@ -70,15 +70,12 @@ using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows, kS
 #endif
 
 // Build switch for A/B runs (0, the default: one shared-memory atomic per kept score). 1 sums
-// each atomic's scores that share a table entry in registers first. In one atomic
-// instruction (a score (j, e) of every lane) lane (g4, t4) holds key column g4 and query
-// column 8 j + 2 t4 + e % 2, so its entry (key - query per axis) is shared by the lanes of
-// its diagonal, (g4 + 2, t4 + 1) = lane + 9, + 18, + 27: up to four lanes add to one address,
-// which the shared-memory atomics serialize. Two shuffles sum each diagonal into its first
-// lane, whose atomic then meets no other lane's (14 lanes add, on distinct entries). The
-// integer sums are exact: dRPB is bitwise the same. With an RPB the tensor-core family's
-// dK/dV pass runs by default (strip_dkv_own, kernels.cuh); NATTN_SM90_STRIP_DKV=own times
-// this one.
+// each atomic's scores that share a table entry first: up to four lanes of one atomic
+// instruction, on a diagonal of the fragment (drpb_chain, strip_geometry.cuh), add to one
+// address, which the shared-memory atomics serialize; two shuffles leave each diagonal's sum
+// in its first lane (14 lanes add, on distinct entries). The integer sums are exact: dRPB is
+// bitwise the same. With an RPB the tensor-core family's dK/dV pass runs by default
+// (strip_dkv_own, kernels.cuh); NATTN_SM90_STRIP_DKV=own times this one.
 #ifndef NATTN_SM90_STRIP_DRPB_CHAINS
 #define NATTN_SM90_STRIP_DRPB_CHAINS 0
 #endif
