@@ -76,3 +76,21 @@ def test_poisoned_kernel_buffers_reach_the_cuda_backend(monkeypatch):
     monkeypatch.undo()
     assert _buffers.empty is torch.empty and _buffers.empty_like is torch.empty_like
     assert gpu_cases.POISON_ENV not in os.environ
+
+
+def test_library_buffers_come_from_the_poisoned_allocator():
+    """The modules that hand uninitialized buffers to libnattn take them from nattn/_buffers.py
+    (the GPU tier fills those with NaN): a plain torch.empty / empty_like / new_empty there
+    would escape the tier's check for rows a kernel leaves unwritten. Meta tensors (shapes
+    only, never written) are the one exception."""
+    import inspect
+    import re
+
+    import nattn._eager
+    import nattn.backends.cuda
+    import nattn.nn.fast_norm
+    import nattn.qk_av_kernels
+    plain = re.compile(r"(torch\.empty(_like)?|\.new_empty)\([^\n]*")
+    for module in (nattn.backends.cuda, nattn.qk_av_kernels, nattn.nn.fast_norm, nattn._eager):
+        for found in plain.finditer(inspect.getsource(module)):
+            assert 'device="meta"' in found.group(0), f"{module.__name__}: {found.group(0)}"
