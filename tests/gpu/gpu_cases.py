@@ -276,11 +276,12 @@ def _nan_filled(alloc):
 
 
 def poison_kernel_buffers(monkeypatch=None):
-    """Buffers that kernels must fill start as NaN: the cuda backend's outputs, gradients and
-    delta (nattn/_buffers.py) and libnattn's own stream-ordered workspaces (split-KV partials,
-    the zero-padded copies: NATTN_POISON_WORKSPACES=1). A row a kernel leaves unwritten, or
-    reads before anything wrote it, then fails every run instead of passing on whatever an
-    earlier tensor left there. With ``monkeypatch`` until the test ends, else for the process
+    """Buffers that kernels must fill start as NaN: the outputs, gradients and delta the
+    cuda backend, the window ops and the LayerNorm kernel allocate (nattn/_buffers.py) and
+    libnattn's own stream-ordered workspaces (split-KV partials, the zero-padded copies:
+    NATTN_POISON_WORKSPACES=1). A row a kernel leaves unwritten, or reads before anything
+    wrote it, then fails every run instead of passing on whatever an earlier tensor left
+    there. With ``monkeypatch`` until the test ends, else for the process
     (the sanitizer scripts), unless NATTN_POISON_WORKSPACES=0 asks for plain buffers (for
     compute-sanitizer's initcheck, which sees reads of never-written bytes only where nothing
     filled them first)."""
