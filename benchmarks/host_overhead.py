@@ -9,6 +9,7 @@ autograd and the launches cost. Also prints the top functions of a cProfile run.
     python benchmarks/host_overhead.py --baseline # also torch's own SDPA on the same tensors
     python benchmarks/host_overhead.py --chain 16 --baseline  # per call inside one graph of 16
     python benchmarks/host_overhead.py --single-thread        # backward on the calling thread
+    python benchmarks/host_overhead.py --torch-profile        # CUDA runtime calls a call makes
 
 ``--null`` registers a backend whose kernels do nothing (it returns empty tensors) and runs on
 the CPU: what is left is nattn's own Python (argument checks, dispatch, packing) plus torch's
@@ -23,6 +24,11 @@ libnattn's C code, on any machine.
 tensors (heads moved to dim 1, no copies), forward and forward + backward: what one autograd
 attention call costs on this host with torch's own op, the platform's part of the numbers
 above (a CUDA backward hands its work to autograd's device thread once per ``backward()``).
+
+``--torch-profile`` runs the forward + backward under ``torch.profiler`` (CPU activities with
+CUDA's runtime API calls) and prints what one call holds: each aten op and runtime call
+(kernel launches, memsets, device queries) with its count and host time a call. cProfile
+(``--profile``) sees libnattn's C side as one ctypes call; this splits its CUDA part.
 
 ``--chain N`` times N calls that feed each other (the output is the next call's query) and one
 ``backward()`` of the last: the cost per call as a model's layers see it, where the handoff to
@@ -138,6 +144,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--torch-profile", action="store_true",
+                    help="the runtime calls (launches, memsets, ...) and aten ops of one call, host us each")
     ap.add_argument("--null", action="store_true", help="a do-nothing backend on the CPU: nattn's Python alone")
     ap.add_argument("--null-library", action="store_true",
                     help="the cuda backend's own Python against a stand-in libnattn that does nothing (CPU)")
@@ -217,6 +225,28 @@ def main():
         _sync()
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+    if args.torch_profile:
+        print_runtime_calls(fwd_bwd, calls=n)
+
+
+def print_runtime_calls(step, calls: int, steps: int = 50):
+    """Host time a call of each aten op and CUDA runtime call under ``step()`` (``calls`` NA
+    calls each), from torch.profiler's CPU events (the profiler's own cost inflates them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    for _ in range(10):
+        step()
+    _sync()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _sync()
+    per = steps * calls
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    print(f"{'event':<48} {'count a call':>12} {'self host us a call':>20}")
+    for e in rows[:30]:
+        print(f"{e.key[:48]:<48} {e.count / per:>12.2f} {e.self_cpu_time_total / per:>20.2f}")
 
 
 if __name__ == "__main__":

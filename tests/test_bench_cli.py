@@ -272,6 +272,30 @@ def test_host_overhead_null_library_runs_the_backend_call_path():
     assert cuda_backend._raw_stream is getter
 
 
+def test_host_overhead_torch_profile_counts_a_call(capsys):
+    """benchmarks/host_overhead.py --torch-profile's table: per NA call, the autograd Function
+    and its backward node once each (with a do-nothing backend on the CPU; on the GPU the
+    same table holds libnattn's launches and memsets)."""
+    import importlib.util
+    import torch
+    import nattn
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(root, "benchmarks", "host_overhead.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.register_null_backend()
+    q, k, v = (torch.randn(1, 6, 6, 2, 8, requires_grad=True) for _ in range(3))
+
+    def step():  # two calls feeding each other, one backward
+        nattn.na2d(nattn.na2d(q, k, v, 3, backend="null"), k, v, 3, backend="null").sum().backward()
+
+    mod.print_runtime_calls(step, calls=2, steps=3)
+    rows = {line[:48].strip(): line[48:].split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert float(rows["NAFunctionFast"][0]) == 1.0
+    assert float(rows["NAFunctionFastBackward"][0]) == 1.0
+    assert float(rows["NAFunctionFast"][1]) > 0
+
+
 def test_models_suite_fast_norm_builds_under_timms_switch(capsys, monkeypatch):
     """--fast-norm: models are created with timm's fast-norm switch on (nattn's norms then
     run at the autocast dtype), the switch is off again afterwards, and the title says so."""
