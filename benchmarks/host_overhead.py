@@ -67,8 +67,9 @@ def per_call(fn, n=300, rounds=3):
     return best
 
 
-def register_null_backend():
-    from nattn.backends import register_backend
+def null_backend():
+    """A backend named "null" whose kernels do nothing: every call returns empty tensors
+    (not registered; ``register_null_backend`` does that)."""
     from nattn.backends.reference import ReferenceBackend
 
     class Null(ReferenceBackend):
@@ -84,7 +85,13 @@ def register_null_backend():
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), (
                 None if rpb is None else torch.zeros_like(rpb))
 
-    register_backend(Null())
+    return Null()
+
+
+def register_null_backend():
+    from nattn.backends import register_backend
+
+    register_backend(null_backend())
 
 
 _NOOP_C = """

@@ -1,5 +1,6 @@
-"""Suite-wide set-up: tests/ on sys.path, one shared random seed per run, and the pytest-xdist
-settings behind pyproject's `-n auto` (worker count, torch threads per worker)."""
+"""Suite-wide set-up: tests/ on sys.path, one shared random seed per run, the pytest-xdist
+settings behind pyproject's `-n auto` (worker count, torch threads per worker), and a check
+that no test leaves a backend registered."""
 
 import os
 import random
@@ -40,6 +41,19 @@ def _share_the_cores(torch):
     threads = max(1, len(os.sched_getaffinity(0)) // int(workers))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _backend_registry_unchanged():
+    """A test that registers a backend must take it out again (backend_registry.py's
+    ``temporarily_registered``): left in the automatic order, it would run the later tests'
+    automatic calls in the same worker, which then fail or pass by test order."""
+    from backend_registry import registry_state
+
+    before = registry_state()
+    yield
+    after = registry_state()
+    assert after == before, f"the test left nattn's backend registry changed: {before} -> {after}"
 
 
 def _selects_gpu_tests(config) -> bool:

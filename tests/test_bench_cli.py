@@ -283,13 +283,14 @@ def test_host_overhead_torch_profile_counts_a_call(capsys):
     spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(root, "benchmarks", "host_overhead.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.register_null_backend()
-    q, k, v = (torch.randn(1, 6, 6, 2, 8, requires_grad=True) for _ in range(3))
+    from backend_registry import temporarily_registered
+    with temporarily_registered(mod.null_backend()) as null:
+        q, k, v = (torch.randn(1, 6, 6, 2, 8, requires_grad=True) for _ in range(3))
 
-    def step():  # two calls feeding each other, one backward
-        nattn.na2d(nattn.na2d(q, k, v, 3, backend="null"), k, v, 3, backend="null").sum().backward()
+        def step():  # two calls feeding each other, one backward
+            nattn.na2d(nattn.na2d(q, k, v, 3, backend=null), k, v, 3, backend=null).sum().backward()
 
-    mod.print_runtime_calls(step, calls=2, steps=3)
+        mod.print_runtime_calls(step, calls=2, steps=3)
     rows = {line[:48].strip(): line[48:].split() for line in capsys.readouterr().out.splitlines()[1:]}
     assert float(rows["NAFunctionFast"][0]) == 1.0
     assert float(rows["NAFunctionFastBackward"][0]) == 1.0

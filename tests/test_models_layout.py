@@ -17,7 +17,8 @@ import nattn  # noqa: F401
 import nattn.models  # noqa: F401
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from host_overhead import register_null_backend  # noqa: E402
+import host_overhead  # noqa: E402
+from backend_registry import temporarily_registered  # noqa: E402
 
 timm = pytest.importorskip("timm")
 COPIES = {"aten.copy_.default", "aten.clone.default", "aten._to_copy.default"}
@@ -44,13 +45,8 @@ class CopyCounter(TorchDispatchMode):
 def null_backend():
     """The do-nothing backend, registered for one test only (it would otherwise join the
     automatic order of every later test in this process)."""
-    from nattn import backends
-    saved = dict(backends.BACKENDS), list(backends.AUTO_ORDER)
-    register_null_backend()
-    yield
-    backends.BACKENDS.clear()
-    backends.BACKENDS.update(saved[0])
-    backends.AUTO_ORDER[:] = saved[1]
+    with temporarily_registered(host_overhead.null_backend()):
+        yield
 
 
 @pytest.mark.parametrize("name", ["nat_mini", "dinat_mini", "dinat_s_tiny", "nat_isotropic_small"])

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import fake_library
+from backend_registry import temporarily_registered
 from nattn import _eager
 from nattn._cuda import kernel_table
-from nattn.backends import BACKENDS, register_backend
+from nattn.backends import BACKENDS
 from nattn.backends.reference import ReferenceBackend
 from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D
 from nattn.params import normalize
@@ -34,13 +35,8 @@ class _WritingReference(ReferenceBackend):
 
 @pytest.fixture(scope="module")
 def writing_backend():
-    backend = _WritingReference()
-    register_backend(backend)
-    yield backend.name
-    BACKENDS.pop(backend.name)
-    from nattn.backends import AUTO_ORDER, _call_cache
-    AUTO_ORDER.remove(backend.name)
-    _call_cache.clear()
+    with temporarily_registered(_WritingReference()) as name:
+        yield name
 
 
 CASES = [
