@@ -10,6 +10,8 @@ autograd and the launches cost. Also prints the top functions of a cProfile run.
     python benchmarks/host_overhead.py --chain 16 --baseline  # per call inside one graph of 16
     python benchmarks/host_overhead.py --single-thread        # backward on the calling thread
     python benchmarks/host_overhead.py --torch-profile        # CUDA runtime calls a call makes
+    python benchmarks/host_overhead.py --backend-calls        # the backend's calls alone
+    python benchmarks/host_overhead.py --autograd-control     # torch's cost per backward node
 
 ``--null`` registers a backend whose kernels do nothing (it returns empty tensors) and runs on
 the CPU: what is left is nattn's own Python (argument checks, dispatch, packing) plus torch's
@@ -29,6 +31,13 @@ above (a CUDA backward hands its work to autograd's device thread once per ``bac
 CUDA's runtime API calls) and prints what one call holds: each aten op and runtime call
 (kernel launches, memsets, device queries) with its count and host time a call. cProfile
 (``--profile``) sees libnattn's C side as one ctypes call; this splits its CUDA part.
+
+``--backend-calls`` times the backend's ``na_forward`` / ``na_backward`` called directly on
+the calling thread (no nattn dispatch, no autograd): the part of a call that libnattn and
+the backend's Python take (``NATTN_FAMILY`` / ``NATTN_SM90_STRIPS`` pick what runs).
+``--autograd-control`` times chains of a trivial Python ``autograd.Function`` and of an aten
+op, forward + backward per node, on autograd's device thread and on the calling thread: what
+this host's torch charges any node, the yardstick for nattn's.
 
 ``--chain N`` times N calls that feed each other (the output is the next call's query) and one
 ``backward()`` of the last: the cost per call as a model's layers see it, where the handoff to
@@ -165,7 +174,14 @@ def main():
     ap.add_argument("--single-thread", action="store_true",
                     help="backward on the calling thread (torch.autograd.set_multithreading_enabled(False)) "
                          "instead of autograd's device thread")
+    ap.add_argument("--backend-calls", action="store_true",
+                    help="the backend's na_forward / na_backward called directly (no dispatch, no autograd)")
+    ap.add_argument("--autograd-control", action="store_true",
+                    help="a trivial Python Function's and an aten op's cost per node, device thread vs calling thread")
     args = ap.parse_args()
+    if args.autograd_control:
+        autograd_control("cuda" if torch.cuda.is_available() else "cpu")
+        return
     if args.null_library:
         fwd, bwd = null_library_times()
         print(f"cuda backend's Python (stand-in library, CPU tensors): na_forward {fwd:.1f} us, "
@@ -179,6 +195,10 @@ def main():
         args.backend, device, dtype = "null", "cpu", torch.float32
     q, k, v = (torch.randn(1, 8, 8, 2, 32, device=device, dtype=dtype, requires_grad=True)
                for _ in range(3))
+    if args.backend_calls:
+        fwd, bwd = backend_call_times(args.backend, q.detach(), k.detach(), v.detach())
+        print(f"backend {args.backend}, called directly: na_forward {fwd:.1f} us, na_backward {bwd:.1f} us a call")
+        return
     g = torch.randn_like(q)
 
     n = max(1, args.chain)
@@ -234,6 +254,54 @@ def main():
         pstats.Stats(prof).sort_stats("tottime").print_stats(22)
     if args.torch_profile:
         print_runtime_calls(fwd_bwd, calls=n)
+
+
+def backend_call_times(name: str, q, k, v):
+    """(forward, backward) wall us of backend ``name``'s own calls on ``q, k, v`` (window 3,
+    no autograd, nattn's dispatch skipped)."""
+    from nattn.backends import BACKENDS
+    from nattn.params import NAParams
+
+    impl = BACKENDS[name]
+    params = NAParams((3,) * (q.dim() - 3), (1,) * (q.dim() - 3), (1,) * (q.dim() - 3), (False,) * (q.dim() - 3),
+                      q.shape[-1] ** -0.5)
+    out, lse = impl.na_forward(q, k, v, None, params)
+    g = torch.randn_like(out)
+    return (per_call(lambda: impl.na_forward(q, k, v, None, params)),
+            per_call(lambda: impl.na_backward(q, k, v, None, out, lse, g, None, params)))
+
+
+class _Twice(torch.autograd.Function):
+    """The smallest Python node: ``2 x``, backward ``2 g``."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def autograd_control(device: str, n: int = 16):
+    """Per node, forward + backward wall us of chains of ``n`` Python Functions and of ``n``
+    aten ops, with autograd's device thread and on the calling thread."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = torch.randn(1, 8, 8, 2, 32, device=device, dtype=dtype, requires_grad=True)
+    g = torch.randn_like(x)
+
+    def chain(node):
+        y = x
+        for _ in range(n):
+            y = node(y)
+        y.backward(g)
+
+    for threads in (True, False):
+        with torch.autograd.set_multithreading_enabled(threads):
+            py, aten = per_call(lambda: chain(_Twice.apply)) / n, per_call(lambda: chain(lambda y: y * 2)) / n
+        where = "autograd's device thread" if threads else "the calling thread"
+        print(f"backward on {where}: a Python Function node {py:.1f} us, an aten node {aten:.1f} us "
+              f"(forward + backward, chains of {n})")
 
 
 def print_runtime_calls(step, calls: int, steps: int = 50):

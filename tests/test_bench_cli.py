@@ -297,6 +297,27 @@ def test_host_overhead_torch_profile_counts_a_call(capsys):
     assert float(rows["NAFunctionFast"][1]) > 0
 
 
+def test_host_overhead_backend_calls_and_autograd_control(capsys):
+    """--backend-calls times a backend's own forward and backward (here the do-nothing one,
+    registered for this test only); --autograd-control prints a Python node's and an aten
+    node's cost for both threads autograd can run a backward on."""
+    import importlib.util
+    import torch
+    from backend_registry import temporarily_registered
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(root, "benchmarks", "host_overhead.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    q, k, v = (torch.randn(1, 6, 6, 2, 8) for _ in range(3))
+    with temporarily_registered(mod.null_backend()) as null:
+        fwd, bwd = mod.backend_call_times(null, q, k, v)
+    assert 0 < fwd < 1e5 and 0 < bwd < 1e5
+    mod.autograd_control("cpu", n=2)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "device thread" in lines[0] and "calling thread" in lines[1]
+    assert all("Python Function node" in line and "aten node" in line for line in lines)
+
+
 def test_models_suite_fast_norm_builds_under_timms_switch(capsys, monkeypatch):
     """--fast-norm: models are created with timm's fast-norm switch on (nattn's norms then
     run at the autocast dtype), the switch is off again afterwards, and the title says so."""
