@@ -152,6 +152,9 @@ if [[ $what == *host* ]]; then  # host time per call (kernels negligible)
   timeout 60 python3 benchmarks/host_overhead.py 2>&1 | tee "$OUT/host.txt" | tail -2
   # the CUDA runtime calls (launches, memsets) and aten ops one call makes, host us each
   timeout 60 python3 benchmarks/host_overhead.py --torch-profile 2>&1 | tee -a "$OUT/host.txt" | tail -31
+  # the backend's own calls, and torch's cost per node on either backward thread (the yardstick)
+  timeout 30 python3 benchmarks/host_overhead.py --backend-calls 2>&1 | tee -a "$OUT/host.txt" | tail -1
+  timeout 30 python3 benchmarks/host_overhead.py --autograd-control 2>&1 | tee -a "$OUT/host.txt" | tail -2
 fi
 if [[ $what == *compile* ]]; then  # eager vs torch.compile step of a NAT model, graph breaks
   timeout ${COMPILE_TIMEOUT:-400} python3 benchmarks/compile_profile.py ${COMPILE_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/compile.txt" | tail -50
