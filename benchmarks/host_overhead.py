@@ -263,8 +263,8 @@ def backend_call_times(name: str, q, k, v):
     from nattn.params import NAParams
 
     impl = BACKENDS[name]
-    params = NAParams((3,) * (q.dim() - 3), (1,) * (q.dim() - 3), (1,) * (q.dim() - 3), (False,) * (q.dim() - 3),
-                      q.shape[-1] ** -0.5)
+    axes = q.dim() - 3
+    params = NAParams((3,) * axes, (1,) * axes, (1,) * axes, (False,) * axes, q.shape[-1] ** -0.5)
     out, lse = impl.na_forward(q, k, v, None, params)
     g = torch.randn_like(out)
     return (per_call(lambda: impl.na_forward(q, k, v, None, params)),

@@ -256,16 +256,22 @@ def test_host_overhead_baseline_runs_on_the_cpu():
     assert len(lines) == 2 and lines[0].startswith("backend null:") and lines[1].startswith("torch sdpa (baseline):")
 
 
-def test_host_overhead_null_library_runs_the_backend_call_path():
-    """benchmarks/host_overhead.py --null-library: the cuda backend's na_forward / na_backward
-    against a stand-in libnattn compiled with cc (what a call costs in Python up to the C
-    entry point); the backend's stream getter is restored afterwards."""
+def _host_overhead_module():
+    """benchmarks/host_overhead.py, imported (benchmarks/ is not a package)."""
     import importlib.util
-    from nattn.backends import cuda as cuda_backend
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(root, "benchmarks", "host_overhead.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_host_overhead_null_library_runs_the_backend_call_path():
+    """benchmarks/host_overhead.py --null-library: the cuda backend's na_forward / na_backward
+    against a stand-in libnattn compiled with cc (what a call costs in Python up to the C
+    entry point); the backend's stream getter is restored afterwards."""
+    from nattn.backends import cuda as cuda_backend
+    mod = _host_overhead_module()
     getter = cuda_backend._raw_stream
     fwd, bwd = mod.null_library_times(n=20)
     assert 0 < fwd < 1e5 and 0 < bwd < 1e5
@@ -276,13 +282,9 @@ def test_host_overhead_torch_profile_counts_a_call(capsys):
     """benchmarks/host_overhead.py --torch-profile's table: per NA call, the autograd Function
     and its backward node once each (with a do-nothing backend on the CPU; on the GPU the
     same table holds libnattn's launches and memsets)."""
-    import importlib.util
     import torch
     import nattn
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(root, "benchmarks", "host_overhead.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _host_overhead_module()
     from backend_registry import temporarily_registered
     with temporarily_registered(mod.null_backend()) as null:
         q, k, v = (torch.randn(1, 6, 6, 2, 8, requires_grad=True) for _ in range(3))
@@ -301,13 +303,9 @@ def test_host_overhead_backend_calls_and_autograd_control(capsys):
     """--backend-calls times a backend's own forward and backward (here the do-nothing one,
     registered for this test only); --autograd-control prints a Python node's and an aten
     node's cost for both threads autograd can run a backward on."""
-    import importlib.util
     import torch
     from backend_registry import temporarily_registered
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("host_overhead", os.path.join(root, "benchmarks", "host_overhead.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _host_overhead_module()
     q, k, v = (torch.randn(1, 6, 6, 2, 8) for _ in range(3))
     with temporarily_registered(mod.null_backend()) as null:
         fwd, bwd = mod.backend_call_times(null, q, k, v)
