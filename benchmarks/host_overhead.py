@@ -117,7 +117,6 @@ def null_library_times(n=20000):
     import os
     import subprocess
     import tempfile
-    import timeit
 
     from nattn._cuda import kernel_table
     from nattn.backends import cuda as cuda_backend
@@ -148,12 +147,11 @@ def null_library_times(n=20000):
         params = NAParams((3, 3), (1, 1), (1, 1), (False, False), 32 ** -0.5)
         out, lse = backend.na_forward(q, k, v, None, params)
         g = torch.randn_like(out)
-        fwd = min(timeit.repeat(lambda: backend.na_forward(q, k, v, None, params), number=n, repeat=5))
-        bwd = min(timeit.repeat(lambda: backend.na_backward(q, k, v, None, out, lse, g, None, params),
-                                number=n, repeat=5))
+        fwd = per_call(lambda: backend.na_forward(q, k, v, None, params), n=n, rounds=5)
+        bwd = per_call(lambda: backend.na_backward(q, k, v, None, out, lse, g, None, params), n=n, rounds=5)
     finally:
         cuda_backend._raw_stream = raw_stream
-    return fwd / n * 1e6, bwd / n * 1e6
+    return fwd, bwd
 
 
 def main():
