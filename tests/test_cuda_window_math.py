@@ -23,8 +23,7 @@ its fragments read, its mask bits exactly its rows' windows, its RPB indices exa
 inside the table's guards where masked); csrc/tests/sm90_strips_dkv_check.cu checks the strip
 dK/dV pass's walk the other way round: the key box's union fits its slabs, each lane's masks
 are exactly its keys' inverse neighbourhoods (each query of the range once), its RPB indices
-and staged LSE slots (and their tokens) exact, and the dRPB diagonal sums of
-NATTN_SM90_STRIP_DRPB_CHAINS add what every lane's own atomic would."""
+and staged LSE slots (and their tokens) exact."""
 
 import os
 import shutil

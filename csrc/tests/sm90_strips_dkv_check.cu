@@ -9,9 +9,7 @@
 //   - the score's mask is set exactly when the query exists and its window holds the key;
 //   - its RPB index is (key - query + kernel - 1) per axis, row-major, where the mask is set,
 //     and the line's index for the key minus 8 j + e % 2 (the kernel's form);
-// and each key's walk keeps every query of the range whose window holds it exactly once; and
-// (NATTN_SM90_STRIP_DRPB_CHAINS) the diagonal sums of an atomic's scores (drpb_chain, two
-// shuffles) add to each RPB entry exactly what the lanes' own atomics would.
+// and each key's walk keeps every query of the range whose window holds it exactly once.
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 #include <string.h>
@@ -118,55 +116,6 @@ static int check_problems(int count, long long& checks) {
                   }
               }
             }
-          }
-        }
-        // NATTN_SM90_STRIP_DRPB_CHAINS: a kept score's table entry is its diagonal's first
-        // lane's (drpb_chain), and the two shuffles' sums, added by those lanes, put into each
-        // entry what every lane's own atomic would (random fixed-point terms).
-        if (tile.tiles > 0) {
-          StripKeyLane ls[32];
-          for (int lane = 0; lane < 32; ++lane) strip_key_lane<NA, KB>(p, tile, warp, lane, ls[lane]);
-          for (int f = 0; f < passes * (NA == 3 ? tile.nk[0] : 1); ++f) {
-            const int cp = NA == 3 ? f / tile.nk[0] : f;
-            const int t = NA == 3 ? tile.lo[0] + f % tile.nk[0] : 0;
-            if (NA == 3 && (t < ls[0].t_lo || t > ls[0].t_hi)) continue;
-            const int y_end = nattn_min(ls[0].w_hi, tile.lo[R] + kLineRows - 1);
-            for (int y = nattn_max(ls[0].w_lo, tile.lo[R]); y <= y_end; ++y)
-              for (int j = 0; j < 2; ++j)
-                for (int e = 0; e < 4; ++e) {
-                  int v[32], v1[32], v2[32], at[32];
-                  bool kept[32];
-                  for (int lane = 0; lane < 32; ++lane) {
-                    kept[lane] = strip_key_kept(ls[lane], y, cp, j, e);
-                    v[lane] = kept[lane] ? rnd(-1000, 1000) : 0;
-                    at[lane] = strip_key_bias(ls[lane], tile, NA, t, y, cp, 0, 2 * (e / 2), lane) - 8 * j - e % 2;
-                  }
-                  // __shfl_down_sync(v, d): lane + d's value, the lane's own past lane 31
-                  for (int lane = 0; lane < 32; ++lane)
-                    v1[lane] = v[lane] + (drpb_chain(lane).next ? v[lane + 9 <= 31 ? lane + 9 : lane] : 0);
-                  for (int lane = 0; lane < 32; ++lane)
-                    v2[lane] = v1[lane] + (drpb_chain(lane).skip ? v1[lane + 18 <= 31 ? lane + 18 : lane] : 0);
-                  long long direct[32] = {0}, chained[32] = {0};  // per distinct entry of this instruction
-                  int entries[32], n_entries = 0;
-                  auto slot = [&](int entry) {
-                    for (int i = 0; i < n_entries; ++i)
-                      if (entries[i] == entry) return i;
-                    entries[n_entries] = entry;
-                    return n_entries++;
-                  };
-                  for (int lane = 0; lane < 32; ++lane) {
-                    ++checks;
-                    if (kept[lane]) {
-                      int head = lane;
-                      while (!drpb_chain(head).head) head -= 9;
-                      if (at[head] != at[lane]) return fail("a diagonal's first lane has another RPB entry", p, cta, warp, lane);
-                      direct[slot(at[lane])] += v[lane];
-                    }
-                    if (drpb_chain(lane).head && v2[lane] != 0) chained[slot(at[lane])] += v2[lane];
-                  }
-                  for (int i = 0; i < n_entries; ++i)
-                    if (direct[i] != chained[i]) return fail("the diagonals' dRPB sums", p, cta, warp, 0);
-                }
           }
         }
         // every query of the range whose window holds the key, once

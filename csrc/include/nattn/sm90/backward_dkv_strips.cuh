@@ -69,17 +69,6 @@ using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows, kS
 #define NATTN_SM90_STRIP_DKV_PIPELINE 1
 #endif
 
-// Build switch for A/B runs (0, the default: one shared-memory atomic per kept score). 1 sums
-// each atomic's scores that share a table entry first: up to four lanes of one atomic
-// instruction, on a diagonal of the fragment (drpb_chain, strip_geometry.cuh), add to one
-// address, which the shared-memory atomics serialize; two shuffles leave each diagonal's sum
-// in its first lane (14 lanes add, on distinct entries). The integer sums are exact: dRPB is
-// bitwise the same. With an RPB the tensor-core family's dK/dV pass runs by default
-// (strip_dkv_own, kernels.cuh); NATTN_SM90_STRIP_DKV=own times this one.
-#ifndef NATTN_SM90_STRIP_DRPB_CHAINS
-#define NATTN_SM90_STRIP_DRPB_CHAINS 0
-#endif
-
 // Fraction bits of the fixed-point dRPB: a block's keys meet a table entry of a query head
 // through one query each (the entry is the relative position), kWgRows terms at most.
 constexpr int kStripDrpbBits = fixed_bits(kWgRows);
@@ -223,8 +212,6 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
 
   const float scale_log2 = p.scale_log2;
-  const DrpbChain chain = drpb_chain(lane);  // (NATTN_SM90_STRIP_DRPB_CHAINS)
-  (void)chain;
 
   float* drpb_kv = has_rpb ? p.drpb + int64_t(hk) * p.groups * table : nullptr;  // (without the fixed point)
   // Line y (query row, group coordinates) of frame t, column pass cp, in the slot at `at0`
@@ -288,15 +275,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         // predicated form was 4-6% faster, PERF.md forty-seventh session)
         const float pr = HD <= 32 ? kept(in, fast_exp2(x - lse2[j][e % 2])) : in ? fast_exp2(x - lse2[j][e % 2]) : 0.f;
         const float ds = pr * (dp[j][e] - dlt[j][e % 2]);
-        if constexpr (kRpb && kFixed && NATTN_SM90_STRIP_DRPB_CHAINS) {
-          // the diagonal's sum into its first lane (a sum of 0: no kept score, or nothing to add)
-          int v = in ? __float2int_rn(ds * fscale) : 0;
-          const int next = __shfl_down_sync(0xffffffffu, v, 9);
-          v += chain.next ? next : 0;
-          const int skip = __shfl_down_sync(0xffffffffu, v, 18);
-          v += chain.skip ? skip : 0;
-          if (chain.head && v != 0) atomicAdd(dbias + line_bias[e / 2] - 8 * j - e % 2, v);
-        } else if constexpr (kRpb) {
+        if constexpr (kRpb) {
           if (in) {
             if constexpr (kFixed) atomicAdd(dbias + at_bias, __float2int_rn(ds * fscale));
             else atomicAdd(drpb_kv + at_bias, ds);

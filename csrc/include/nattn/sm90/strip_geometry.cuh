@@ -231,17 +231,4 @@ NATTN_HD int strip_key_bias(const StripKeyLane& s, const CtaTile& tile, int na_d
   return s.rpb_key[e / 2] - qx - y * s.row_mult - t * s.frame_mult;
 }
 
-// The strip dK/dV pass's dRPB diagonals (backward_dkv_strips.cuh, NATTN_SM90_STRIP_DRPB_CHAINS):
-// in one atomic instruction (score (j, e) of every lane) lane (g4, t4) = (lane / 4, lane % 4)
-// holds key column g4 and query column 8 j + 2 t4 + e % 2, so its table entry is shared by
-// (g4 + 2, t4 + 1) = lane + 9 and so on along the diagonal. `next` / `skip`: lane + 9 / lane
-// + 18 is on this lane's diagonal; `head`: the lane starts one (the lane that adds its sum).
-struct DrpbChain {
-  bool next, skip, head;
-};
-NATTN_HD DrpbChain drpb_chain(int lane) {
-  const int g4 = lane / 4, t4 = lane % 4;
-  return {t4 < 3 && g4 < 6, t4 < 2 && g4 < 4, t4 == 0 || g4 < 2};
-}
-
 }  }  // namespace nattn::sm90
