@@ -5,7 +5,7 @@
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
-# benchmarks/{kernel_split,host_overhead}.py; variants: the tuning builds in variants/*.so
+# benchmarks/{kernel_split,host_overhead}.py (host: cuda_host_costs.cu too); variants: the tuning builds in variants/*.so
 # (benchmarks/build_variants.sh); varcheck: the random sweep on each of them; ab: libraries side by side; crossover: sm90 tile pairs
 # against the default choice; familyab: the default against NATTN_FAMILY=sm90, fwd and f+b;
 # strips, stripcheck, striptime, stripbwd: the strip pairs' GPU tests, sanitizers, and timings
@@ -162,6 +162,11 @@ if [[ $what == *host* ]]; then  # host time per call (kernels negligible)
   # the backend's own calls, and torch's cost per node on either backward thread (the yardstick)
   timeout 30 python3 benchmarks/host_overhead.py --backend-calls 2>&1 | tee -a "$OUT/host.txt" | tail -1
   timeout 30 python3 benchmarks/host_overhead.py --autograd-control 2>&1 | tee -a "$OUT/host.txt" | tail -2
+  # what the C side's CUDA calls cost (device selection, tensor-map encodes, launches), and
+  # the backend's calls without the tensor-map cache
+  nvcc -O2 -arch=sm_90 benchmarks/cuda_host_costs.cu -o /tmp/cuda_host_costs -lcuda \
+    && timeout 30 /tmp/cuda_host_costs 2>&1 | tee -a "$OUT/host.txt"
+  NATTN_SM90_MAP_CACHE=0 timeout 30 python3 benchmarks/host_overhead.py --backend-calls 2>&1 | tee -a "$OUT/host.txt" | tail -1
 fi
 if [[ $what == *compile* ]]; then  # eager vs torch.compile step of a NAT model, graph breaks
   timeout ${COMPILE_TIMEOUT:-400} python3 benchmarks/compile_profile.py ${COMPILE_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/compile.txt" | tail -50
