@@ -98,13 +98,14 @@ fi
 # the TMA engine's bulk tensor stores as writes, so every later read of a bulk-stored output
 # reports (fifty-first session: the same heads-first case, bulk stores 100+ reports, per-lane
 # 0; the NaN-filled GPU tier shows those rows written). The bulk stores' rows are checked by
-# that tier instead.
+# that tier instead. The Hopper sections together take several minutes under initcheck
+# (SAN_TIMEOUT_SM90, 400 s by default).
 if [[ $what == *initcheck* ]]; then
   export NATTN_SM90_OUT_STORES=lanes
   NATTN_POISON_WORKSPACES=0 NATTN_SANITIZE_CASES=${INIT_CASES:-12} timeout ${SAN_TIMEOUT:-120} compute-sanitizer \
     --tool initcheck --error-exitcode 9 python3 tests/gpu/sanitize_sweep.py > "$OUT/initcheck.log" 2>&1
   echo "compute-sanitizer initcheck rc=$?"; tail -3 "$OUT/initcheck.log"
-  NATTN_POISON_WORKSPACES=0 NATTN_FAMILY=sm90 NATTN_SANITIZE_CASES=${INIT_CASES:-12} timeout ${SAN_TIMEOUT:-120} \
+  NATTN_POISON_WORKSPACES=0 NATTN_FAMILY=sm90 NATTN_SANITIZE_CASES=${INIT_CASES:-12} timeout ${SAN_TIMEOUT_SM90:-400} \
     compute-sanitizer --tool initcheck --error-exitcode 9 python3 tests/gpu/sanitize_sm90.py \
     > "$OUT/initcheck_sm90.log" 2>&1
   echo "compute-sanitizer initcheck (sm90) rc=$?"; tail -3 "$OUT/initcheck_sm90.log"
