@@ -74,12 +74,21 @@ class MapCache {
     donor->stamp = ++clock_;
     if (replace(map, const_cast<void*>(ptr)) != CUDA_SUCCESS) return false;
     ++replaced_;
-    insert(m, type, ptr, *map);
+    insert(h, m, type, ptr, *map);
     return true;
   }
 
   // Remembers an encoded map (in the least recently used slot).
   void insert(const MapSpec& m, MapType type, const void* ptr, const CUtensorMap& map) {
+    insert(map_spec_hash(m, type), m, type, ptr, map);
+  }
+
+  // Lookups served by a copy at the same address / by a replaced address (for tests).
+  uint64_t hits() const { return hits_; }
+  uint64_t replaced() const { return replaced_; }
+
+ private:
+  void insert(uint64_t hash, const MapSpec& m, MapType type, const void* ptr, const CUtensorMap& map) {
     Slot* victim = &slots_[0];
     for (Slot& s : slots_) {
       if (!s.used) {
@@ -89,7 +98,7 @@ class MapCache {
       if (s.stamp < victim->stamp) victim = &s;
     }
     victim->used = true;
-    victim->hash = map_spec_hash(m, type);
+    victim->hash = hash;
     victim->type = type;
     victim->spec = m;
     victim->ptr = ptr;
@@ -97,11 +106,6 @@ class MapCache {
     victim->stamp = ++clock_;
   }
 
-  // Lookups served by a copy at the same address / by a replaced address (for tests).
-  uint64_t hits() const { return hits_; }
-  uint64_t replaced() const { return replaced_; }
-
- private:
   struct Slot {
     bool used = false;
     uint64_t hash = 0;
