@@ -11,13 +11,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nattn  # noqa: E402
+from gpu_cases import TOL  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 FAMILIES = ["simt", "tc"] + (["sm90"] if torch.cuda.get_device_capability() == (9, 0) else [])
-TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 
 
 def run(backend, q, k, v, rpb, extra, seed):

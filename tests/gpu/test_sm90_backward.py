@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from nattn._cuda.kernel_table import FAMILY_BY_NAME, SM90_BACKWARD_TILES, Instance  # noqa: E402
-from gpu_cases import GpuCase, check, compare_gradients, forward_backward  # noqa: E402
+from gpu_cases import TOL, GpuCase, check, compare_gradients, forward_backward  # noqa: E402
 from sm90_cases import STRIP_PAIRS, VIDEO_STRIPS, dilated_1d_sweep, fits_wide_rpb, sm90_sweep, strip_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -27,7 +27,6 @@ if os.environ.get("NATTN_FAMILY") != "sm90":
 
 CASES = sm90_sweep(int(os.environ.get("NATTN_SM90_BWD_CASES", "1000")), seed=6161)
 WIDE = sm90_sweep(int(os.environ.get("NATTN_SM90_BWD_WIDE_CASES", "60")), seed=7272, wide=True)
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 
 
 def gradients(case, backend, leaves_of=None, heads_first_grad=False):

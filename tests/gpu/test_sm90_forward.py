@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
-from gpu_cases import GpuCase, make_inputs, rel_err  # noqa: E402
+from gpu_cases import TOL, GpuCase, make_inputs, rel_err  # noqa: E402
 from sm90_cases import (SM90_FORWARD_DIMS, STRIP_PAIRS, VIDEO_STRIPS, dilated_1d_sweep, sm90_sweep,  # noqa: E402
                         strip_sweep, strip_takes)
 
@@ -76,7 +76,6 @@ DILATED_1D = [(pair, c) for j, pair in enumerate([None] + PAIRS_1D)
               for c in dilated_1d_sweep(int(os.environ.get("NATTN_SM90_DILATED_CASES", "40")), seed=3131 + j,
                                         dims=SM90_FORWARD_DIMS)
               if pair is None or pair_takes(next(t for na, t, n in TILES if n == pair), c)]
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 
 
 def forward(case, t, backend):

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from gpu_cases import compare_gradients, forward_backward  # noqa: E402
+from gpu_cases import TOL, compare_gradients, forward_backward  # noqa: E402
 from sm90_cases import sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -31,7 +31,6 @@ def _sm90_only(monkeypatch):
     monkeypatch.setenv("NATTN_FAMILY", "sm90")
 
 
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 # Four layouts, each called three times with fresh tensors, interleaved: every map after a
 # layout's first call comes from the cache (same address or a replaced one).
 LAYOUTS = sm90_sweep(4, seed=6161)

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 from nattn.backends import get as get_backend  # noqa: E402
 from nattn.params import NAParams  # noqa: E402
-from gpu_cases import check, compare_gradients, functional_call, make_inputs, rel_err  # noqa: E402
+from gpu_cases import TOL, check, compare_gradients, functional_call, make_inputs, rel_err  # noqa: E402
 from sm90_cases import fits_wide_rpb, sm90_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -29,7 +29,6 @@ BACKWARD_DIMS = [(64, 128), (128, 64), (32, 64), (64, 32), (32, 128), (96, 96), 
                  (16, 16), (40, 24), (112, 112), (8, 56)]
 WIDE_DIMS = [(192, 192), (160, 128), (128, 256), (256, 64), (64, 200)]
 FORWARD_DIMS = BACKWARD_DIMS + WIDE_DIMS
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 
 
 def with_dims(cases, dims, seed):

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
-from gpu_cases import make_inputs, rel_err  # noqa: E402
+from gpu_cases import TOL, make_inputs, rel_err  # noqa: E402
 from sm90_cases import random_sm90_case  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -22,7 +22,6 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
     pytest.skip("needs a compute capability 9.0 GPU", allow_module_level=True)
 
 FUNCS = {1: nattn.na1d, 2: nattn.na2d, 3: nattn.na3d}
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 
 
 # The tile pairs (SM90_TILES): 128-query pairs at every head dim; 64-query pairs at head dims
