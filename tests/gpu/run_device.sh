@@ -163,11 +163,9 @@ if [[ $what == *host* ]]; then  # host time per call (kernels negligible)
   # the backend's own calls, and torch's cost per node on either backward thread (the yardstick)
   timeout 30 python3 benchmarks/host_overhead.py --backend-calls 2>&1 | tee -a "$OUT/host.txt" | tail -1
   timeout 30 python3 benchmarks/host_overhead.py --autograd-control 2>&1 | tee -a "$OUT/host.txt" | tail -2
-  # what the C side's CUDA calls cost (device selection, tensor-map encodes, launches), and
-  # the backend's calls without the tensor-map cache
+  # what the C side's CUDA calls cost (device selection, tensor-map encodes, launches)
   nvcc -O2 -arch=sm_90 benchmarks/cuda_host_costs.cu -o /tmp/cuda_host_costs -lcuda \
     && timeout 30 /tmp/cuda_host_costs 2>&1 | tee -a "$OUT/host.txt"
-  NATTN_SM90_MAP_CACHE=0 timeout 30 python3 benchmarks/host_overhead.py --backend-calls 2>&1 | tee -a "$OUT/host.txt" | tail -1
 fi
 if [[ $what == *compile* ]]; then  # eager vs torch.compile step of a NAT model, graph breaks
   timeout ${COMPILE_TIMEOUT:-400} python3 benchmarks/compile_profile.py ${COMPILE_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/compile.txt" | tail -50

@@ -231,10 +231,38 @@ def test_head_dims_above_128_train_on_sm90_at_any_window():
     assert families(5, rpb=False, dim=192, backward=True) == {"forward": "sm90", "dkv": "sm90"}
 
 
+def test_strip_dkv_pass_with_rpb_by_head_dim(monkeypatch):
+    """With an RPB the strip pairs' backward runs its own dK/dV pass at head dim 32 and the
+    tensor-core family's at 64 (strip_dkv_own: where each measured faster), both after the
+    strip dQ pass; the gradients agree with the reference."""
+    monkeypatch.setenv("NATTN_FAMILY", "sm90")
+    monkeypatch.setenv("NATTN_SM90_TILE", "q8x8_k14x16")  # the 2-D strip pair
+    monkeypatch.delenv("NATTN_SM90_STRIP_DKV", raising=False)
+    for dim, own in ((32, True), (64, False)):
+        q, k, v = (torch.randn(2, 24, 20, 2, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        bias = torch.randn(2, 13, 13, device="cuda", requires_grad=True)
+        g = torch.randn(2, 24, 20, 2, dim, device="cuda", dtype=torch.bfloat16)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            nattn.na2d(q, k, v, 7, rpb=bias, backend="cuda").backward(g)
+            torch.cuda.synchronize()
+        names = " ".join(e.key for e in prof.key_averages())
+        assert "backward_dq_strips_kernel" in names, names
+        assert ("backward_dkv_strips_kernel" in names) == own, names
+        assert ("nattn::tc::backward_dkv_kernel" in names) == (not own), names
+        leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v, bias)]
+        nattn.na2d(*leaves[:3], 7, rpb=leaves[3], backend="reference").backward(g.double())
+        for name, got, ref in zip(("dq", "dk", "dv", "drpb"), (q, k, v, bias), leaves):
+            assert torch.isfinite(got.grad).all(), name
+            err = ((got.grad.double() - ref.grad).norm() / ref.grad.norm()).item()
+            assert err < 2e-2, (dim, name, err)
+
+
 def test_strip_pairs_run_by_default(monkeypatch):
-    """By default (their own rule) a DiNAT-size layer with an RPB runs the strip pairs' forward
-    and dQ pass (and, with an RPB, tc's dK/dV pass; NATTN_SM90_STRIP_DKV=own theirs), and with
-    NATTN_SM90_STRIPS=0 none of them; the results and gradients agree."""
+    """By default (their own rule) a DiNAT-size layer with an RPB at head dim 32 runs the strip
+    pairs' forward, dQ pass and dK/dV pass (NATTN_SM90_STRIP_DKV=tc: the tensor-core family's
+    dK/dV pass instead), and with NATTN_SM90_STRIPS=0 none of them; the results and gradients
+    agree."""
     def run(strips, dkv=None):
         if strips:
             monkeypatch.delenv("NATTN_SM90_STRIPS", raising=False)
@@ -256,11 +284,12 @@ def test_strip_pairs_run_by_default(monkeypatch):
         return names, [out.float()] + [t.grad.float() for t in (q, k, v, bias)]
     names, strips = run(True)
     assert "forward_strips_kernel" in names and "backward_dq_strips_kernel" in names
-    assert "nattn::tc::backward_dkv_kernel" in names and "backward_dkv_strips_kernel" not in names
-    names, own = run(True, "own")
-    assert "backward_dkv_strips_kernel" in names
+    assert "backward_dkv_strips_kernel" in names and "nattn::tc::backward_dkv_kernel" not in names
+    names, with_tc = run(True, "tc")
+    assert "backward_dq_strips_kernel" in names and "nattn::tc::backward_dkv_kernel" in names
+    assert "backward_dkv_strips_kernel" not in names
     names, default = run(False)
     assert "strips_kernel" not in names
-    for a, b, c in zip(strips, own, default):
+    for a, b, c in zip(strips, with_tc, default):
         assert torch.isfinite(a).all() and torch.isfinite(b).all()
         assert ((a - c).norm() / c.norm()).item() < 2e-2 and ((b - c).norm() / c.norm()).item() < 2e-2

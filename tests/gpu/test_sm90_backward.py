@@ -214,9 +214,9 @@ def test_sm90_strip_backward(case, mode, monkeypatch):
     compare(case)
 
 
-# With an RPB the strip pairs run the tensor-core family's dK/dV pass by default; their own
-# (dRPB summed in fixed point, an integer atomic per kept score) stays selectable with
-# NATTN_SM90_STRIP_DKV=own: the sweep's cases with an RPB on it.
+# With an RPB the strip pairs run their own dK/dV pass (dRPB summed in fixed point, an integer
+# atomic per kept score) by default only at head dim 32, the tensor-core family's at 64;
+# NATTN_SM90_STRIP_DKV=own forces theirs: the sweep's cases with an RPB on it.
 STRIP_BWD_RPB = [c for c in STRIP_BWD if c.rpb]
 
 
@@ -237,11 +237,11 @@ def test_sm90_strip_backward_against_float64(case, monkeypatch):
     test_sm90_backward_against_float64(case)
 
 
-@pytest.mark.parametrize("rpb,dkv", [(False, None), (True, None), (True, "own")])
+@pytest.mark.parametrize("rpb,dkv", [(False, None), (True, None), (True, "tc")])
 def test_sm90_strip_backward_is_deterministic(rpb, dkv, monkeypatch):
     """The strip pairs' backward is bitwise repeatable (dQ rows written once; each key's
     gradients one CTA's; dRPB in fixed point from the dQ pass's largest |dS|), with an RPB
-    through the tensor-core dK/dV pass (the default) and through their own."""
+    through their own dK/dV pass (the default at head dim 32) and through the tensor-core one."""
     monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[2])
     if dkv:
         monkeypatch.setenv("NATTN_SM90_STRIP_DKV", dkv)

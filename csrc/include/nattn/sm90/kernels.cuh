@@ -211,10 +211,11 @@ struct StripBackwardLaunch {
 static_assert(sizeof(StripBackwardLaunch) <= kPrepareBytes, "workspace too small");
 
 // Whether a strip pair's backward runs its own dK/dV pass (backward_dkv_strips.cuh), else
-// the tensor-core family's: its own without an RPB, tc's with one (its shared-memory atomics
-// per kept score cost the strip pass its lead: H100, forward + backward, GPU ms, own vs tc's,
-// dinat-s1 0.342 vs 0.355, 28x28 7x7 0.399 vs 0.391, video-3d 1.382 vs 1.297, 16x32x32 5x7x7
-// D32 1.060 vs 0.917; without an RPB 0.268 vs 0.296, 0.946 vs 1.038, 0.568 vs 0.682).
+// the tensor-core family's: its own without an RPB, and with one at head dim 32; tc's with an
+// RPB at head dim 64, where the strip pass's shared-memory atomics per kept score cost it
+// its lead. Forward + backward with an RPB, GPU ms, own vs tc's (H100, two rounds each in the
+// fifty-first and fifty-second sessions): dinat-s1 (D32) 0.300 vs 0.329, 16x32x32 5x7x7
+// D32 0.817 vs 0.886, 28x28 7x7 B128 D32 0.366 vs 0.362, video-3d (D64) 1.283 vs 1.257.
 // NATTN_SM90_STRIP_DKV=tc / =own (read on every call) picks one; own needs the KV head's
 // query heads' RPB tables within what it stages (4096 entries).
 inline bool strip_dkv_own(const Params& p) {
@@ -222,7 +223,7 @@ inline bool strip_dkv_own(const Params& p) {
   const bool fits = p.rpb == nullptr || int64_t(p.groups) * p.rpb_head_size <= kSmallRpbStageFloats;
   if (pick && !strcmp(pick, "tc")) return false;
   if (pick && !strcmp(pick, "own")) return fits;
-  return p.rpb == nullptr;
+  return p.rpb == nullptr || (p.dim <= 32 && fits);
 }
 
 // A strip pair's backward: its own dQ pass (backward_dq_strips.cuh) and dK/dV pass

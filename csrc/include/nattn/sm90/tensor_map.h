@@ -1,18 +1,14 @@
 // Host side: tensor maps (TMA descriptors) over [B, *spatial, H, D] tensors, encoded from
 // a MapSpec (tensor_map_spec.h): the 128-byte swizzle at 64 channels per box (64-byte at
-// head dim 32). cuTensorMapEncodeTiled (and cuTensorMapReplaceAddress, for the maps
-// tensor_map_cache.h remembers) come from the driver through the runtime's entry-point query,
+// head dim 32). cuTensorMapEncodeTiled comes from the driver through the runtime's entry-point query,
 // so libnattn links neither libcuda nor torch.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "nattn/common/registry.h"
-#include "nattn/sm90/tensor_map_cache.h"
 #include "nattn/sm90/tensor_map_spec.h"
 
 namespace nattn { namespace sm90 {
@@ -21,42 +17,22 @@ using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-// A driver function (CUDA 12.0's signature) through the runtime's entry-point query, or
-// nullptr where the driver lacks it.
-inline void* driver_function(const char* name) {
-  void* f = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess)
-    return nullptr;
-  return f;
-}
-
 inline EncodeTiledFn encode_tiled_fn() {
-  static EncodeTiledFn fn = reinterpret_cast<EncodeTiledFn>(driver_function("cuTensorMapEncodeTiled"));
-  return fn;
-}
-
-inline MapCache::ReplaceFn replace_address_fn() {
-  static MapCache::ReplaceFn fn = reinterpret_cast<MapCache::ReplaceFn>(driver_function("cuTensorMapReplaceAddress"));
-  return fn;
-}
-
-// NATTN_SM90_MAP_CACHE=0 encodes every map afresh (for A/B runs; read once a process: a
-// getenv per map would cost a fair part of what the cache saves).
-inline bool map_cache_enabled() {
-  static const bool on = [] {
-    const char* s = getenv("NATTN_SM90_MAP_CACHE");
-    return !(s && !strcmp(s, "0"));
+  static EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<EncodeTiledFn>(f);
   }();
-  return on;
+  return fn;
 }
 
-// Encodes `m` over `ptr`, or copies it from this thread's cache of recent maps
-// (tensor_map_cache.h); the swizzle is the box's inner row (128 bytes, or 64).
+enum class MapType { kHalf, kBfloat16, kFloat };
+
+// Encodes `m` over `ptr`; the swizzle is the box's inner row (128 bytes, or 64).
 inline const char* encode(CUtensorMap* map, const MapSpec& m, const void* ptr, MapType type) {
-  const bool cached = map_cache_enabled();
-  if (cached && thread_map_cache().lookup(m, type, ptr, map, replace_address_fn())) return nullptr;
   EncodeTiledFn fn = encode_tiled_fn();
   if (!fn) return "the driver has no cuTensorMapEncodeTiled";
   cuuint64_t dim[5], stride[4];
@@ -75,10 +51,7 @@ inline const char* encode(CUtensorMap* map, const MapSpec& m, const void* ptr, M
                         CU_TENSOR_MAP_INTERLEAVE_NONE,
                         row_bytes >= 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r == CUDA_SUCCESS) {
-    if (cached) thread_map_cache().insert(m, type, ptr, *map);
-    return nullptr;
-  }
+  if (r == CUDA_SUCCESS) return nullptr;
   // The map itself, so a refusal can be understood from the error message alone.
   static thread_local char why[320];
   int n = snprintf(why, sizeof why, "cuTensorMapEncodeTiled refused the tensor (CUresult %d, address %p; dims",
