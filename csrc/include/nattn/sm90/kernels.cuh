@@ -213,7 +213,7 @@ static_assert(sizeof(StripBackwardLaunch) <= kPrepareBytes, "workspace too small
 // Whether a strip pair's backward runs its own dK/dV pass (backward_dkv_strips.cuh), else
 // the tensor-core family's: its own without an RPB, and with one at head dim 32; tc's with an
 // RPB at head dim 64, where the strip pass's shared-memory atomics per kept score cost it
-// its lead. Forward + backward with an RPB, GPU ms, own vs tc's (H100, three rounds over the
+// its lead. Forward + backward with an RPB, GPU ms, own vs tc's (H100, four rounds in the
 // fifty-first and fifty-second sessions): dinat-s1 (D32) 0.300 vs 0.329, 16x32x32 5x7x7
 // D32 0.817 vs 0.886, 28x28 7x7 B128 D32 0.366 vs 0.362, video-3d (D64) 1.283 vs 1.257.
 // NATTN_SM90_STRIP_DKV=tc / =own (read on every call) picks one; own needs the KV head's
