@@ -21,10 +21,13 @@ struct Large {  // ~ sizeof(nattn::Params) + five CUtensorMaps
 __global__ void small_kernel(Small) {}
 __global__ void large_kernel(Large) {}
 
+// The best round's ns per call of f(i). `drain`: the stream is synchronized before each
+// round, outside the clock (launches: the queue never fills, so no launch waits for the GPU).
 template <class F>
-double best_ns(F f, int n = 20000) {
+double best_ns(F f, int n = 20000, int rounds = 5, cudaStream_t drain = nullptr) {
   double best = 1e30;
-  for (int round = 0; round < 5; ++round) {
+  for (int round = 0; round < rounds; ++round) {
+    if (drain) cudaStreamSynchronize(drain);
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) f(i);
     const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
@@ -59,19 +62,8 @@ int main() {
          best_ns([&](int i) { cuTensorMapReplaceAddress(&map, static_cast<char*>(buf) + 256 * (i & 7)); }));
   Small s{};
   Large l{};
-  // Launch host time alone: 200 launches timed, then a synchronize outside the clock (the
-  // queue never fills, so no launch waits for the GPU).
-  auto launches = [&](auto launch) {
-    double best = 1e30;
-    for (int round = 0; round < 20; ++round) {
-      cudaStreamSynchronize(stream);
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < 200; ++i) launch();
-      const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / 200;
-      if (ns < best) best = ns;
-    }
-    return best;
-  };
+  // launch host time alone: rounds of 200 launches on a drained stream
+  auto launches = [&](auto launch) { return best_ns([&](int) { launch(); }, 200, 20, stream); };
   printf("launch, 64-byte parameters       %8.1f ns\n", launches([&] { small_kernel<<<1, 32, 0, stream>>>(s); }));
   printf("launch, %zu-byte parameters     %8.1f ns\n", sizeof(Large), launches([&] { large_kernel<<<1, 32, 0, stream>>>(l); }));
   printf("cudaMemsetAsync (4 KiB)          %8.1f ns\n", launches([&] { cudaMemsetAsync(buf, 0, 4096, stream); }));
