@@ -13,30 +13,16 @@ and the step's top-level aten ops are counted instead.
 
 import argparse
 import collections
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import nattn  # noqa: F401  (registers the timm models)
-from nattn.bench.models import create_model
+from nattn.bench.models import create_model, steps
+from nattn.bench.timing import window_ms
 
 RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemsetAsync", "cudaMemcpyAsync",
                  "cudaMallocAsync", "cudaFreeAsync")
-
-
-def train_step(model, x, y):
-    amp = torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=x.device.type == "cuda")
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-    def step():
-        with amp:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
 
 
 def sync(device):
@@ -67,15 +53,6 @@ def profile_step(step, device) -> dict:
     return {"counts": counts, "host_us": host_us}
 
 
-def wall_ms(step, device, iters: int) -> float:
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(iters):
-        step()
-    sync(device)
-    return (time.perf_counter() - t) / iters * 1e3
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="nat_tiny,swin_tiny_patch4_window7_224",
@@ -90,11 +67,11 @@ def main():
         model = create_model(name).to(device).to(memory_format=torch.channels_last).train()
         x = torch.randn(args.batch, 3, args.size, args.size, device=device).to(memory_format=torch.channels_last)
         y = torch.randint(0, model.num_classes, (args.batch,), device=device)
-        step = train_step(model, x, y)
+        step = steps(model, x, y, device, momentum=0.9)[0]
         for _ in range(3):
             step()
         found = profile_step(step, device)
-        ms = wall_ms(step, device, args.iters)
+        ms = window_ms(step, device, args.iters)
         counts, host_us = found["counts"], found["host_us"]
         print(f"{name}: wall {ms:.1f} ms a step, {counts['kernels']} GPU kernels, "
               f"{counts['autograd nodes']} autograd nodes, {counts['top-level aten ops']} top-level aten ops")

@@ -28,12 +28,12 @@ DEFAULT_MODELS = ("nat_tiny", "dinat_tiny", "dinat_s_tiny", "nat_isotropic_small
 MODES = ("eager", "compiled", "cudagraphs")
 
 
-def steps(model, x, y, device, graphs: bool = False):
-    """``(train, infer)``: one SGD training step and one inference forward of ``model`` on
-    ``x`` / labels ``y`` (bf16 autocast on CUDA). ``graphs``: the model is compiled with CUDA
-    graphs, and each step tells torch that a new iteration begins."""
+def steps(model, x, y, device, graphs: bool = False, momentum: float = 0.0):
+    """``(train, infer)``: one SGD training step (with ``momentum``) and one inference forward
+    of ``model`` on ``x`` / labels ``y`` (bf16 autocast on CUDA). ``graphs``: the model is
+    compiled with CUDA graphs, and each step tells torch that a new iteration begins."""
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=momentum)
     begin = torch.compiler.cudagraph_mark_step_begin if graphs else (lambda: None)
 
     def train():
