@@ -9,6 +9,7 @@
 #include "nattn/common/device.h"  // poison_workspace
 #include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
+#include "nattn/common/smem_opt_in.cuh"
 #include "nattn/sm90/backward_delta.cuh"
 #include "nattn/sm90/backward_dq_accum.cuh"
 #include "nattn/sm90/backward_dkv.cuh"
@@ -100,11 +101,8 @@ template <typename T, int NA, int HD, class Tl>
 void launch_forward_strips(const Params& p, const ForwardLaunch* l, cudaStream_t stream) {
   using S = StripSmem<Tl, HD>;
   constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
-  static const bool configured = [] {
-    cudaFuncSetAttribute(forward_strips_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-    return true;
-  }();
-  (void)configured;
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] { return allow_smem(forward_strips_kernel<T, NA, HD, Tl>, most); });
   const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * StripCta<Tl, HD>::kRpbGuard : 0;
   const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
   const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
@@ -117,11 +115,8 @@ void launch_forward_boxes(const Params& p, const ForwardLaunch* l, cudaStream_t 
   using Cta = ForwardCta<Tl, HD>;
   constexpr int base = ForwardSmem<Tl, HD>::kAlloc;
   constexpr int most = base + Cta::kRpbStageFloats * int(sizeof(float));
-  static const bool configured = [] {
-    cudaFuncSetAttribute(forward_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-    return true;
-  }();
-  (void)configured;
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] { return allow_smem(forward_kernel<T, NA, HD, Tl>, most); });
   const int smem = base + (Cta::kRpbStageFloats && p.rpb ? int(p.rpb_head_size * sizeof(float)) : 0);
   const unsigned boxes = unsigned(num_cta_tiles<typename Tl::Q>(p));
   if (Cta::kSplitKv && p.kv_splits > 1) {  // split-KV: partial outputs in a stream-ordered fp32 workspace, then the merge
@@ -354,14 +349,11 @@ void launch_backward_wide(const Params& problem, cudaStream_t stream) {
   Params p = problem;
   p.map_heads_outer = l->heads_outer;
   set_query_boxes<B>(p);
-  static const bool configured = [] {
-    cudaFuncSetAttribute(backward_dq_wide_kernel<T, NA, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         DqWideSmem::kAlloc);
-    cudaFuncSetAttribute(backward_dkv_wide_kernel<T, NA, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         DkvWideSmem::kAllocFixed + DkvWideSmem::kDrpbRoom);
-    return true;
-  }();
-  (void)configured;
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] {
+    return allow_smem(backward_dq_wide_kernel<T, NA, Tl>, DqWideSmem::kAlloc) &
+           allow_smem(backward_dkv_wide_kernel<T, NA, Tl>, DkvWideSmem::kAllocFixed + DkvWideSmem::kDrpbRoom);
+  });
   launch_delta<T, kWideHeadDim>(problem, stream);
   // prepare_backward declined tables above the room: a staged one sums in fixed point
   const int64_t rpb_bytes = drpb_stage_bytes(p);
@@ -390,16 +382,14 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   using DkvC = DkvCta<T, NA, Tl, HD, false>;
   using Dkv = DkvSmem<HD, Tl::K::kSize, false, DkvC::kRows>;
   using DkvAtomic = DkvSmem<HD, Tl::K::kSize, true>;
-  static const bool configured = [] {
-    cudaFuncSetAttribute(backward_dq_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kAlloc);
-    cudaFuncSetAttribute(backward_dkv_kernel<T, NA, HD, Tl, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         Dkv::kAllocFixed + Dkv::kDrpbRoom);
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] {
+    bool ok = allow_smem(backward_dq_kernel<T, NA, HD, Tl>, Dq::kAlloc) &
+              allow_smem(backward_dkv_kernel<T, NA, HD, Tl, false>, Dkv::kAllocFixed + Dkv::kDrpbRoom);
     if constexpr (kHasAtomicDq<Tl>)
-      cudaFuncSetAttribute(backward_dkv_kernel<T, NA, HD, Tl, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           DkvAtomic::kAllocFixed + DkvAtomic::kDrpbRoom);
-    return true;
-  }();
-  (void)configured;
+      ok &= allow_smem(backward_dkv_kernel<T, NA, HD, Tl, true>, DkvAtomic::kAllocFixed + DkvAtomic::kDrpbRoom);
+    return ok;
+  });
   const int64_t rows = int64_t(problem.batch) * problem.tokens * problem.heads;
   const unsigned row_blocks = unsigned((rows * (HD / 8) + kDeltaThreads - 1) / kDeltaThreads);  // dq_convert_kernel's
   // the dQ pass: the query range's boxes (kSplit: a CTA per half box)
@@ -477,13 +467,11 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
   using Sk = StripDkvSmem<NA, HD>;
   constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
   constexpr int most_dkv = Sk::kAlloc + 2 * kSmallRpbStageFloats * int(sizeof(float));
-  static const bool configured = [] {
-    cudaFuncSetAttribute(backward_dq_strips_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-    cudaFuncSetAttribute(backward_dkv_strips_kernel<T, NA, HD, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         most_dkv);
-    return true;
-  }();
-  (void)configured;
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] {
+    return allow_smem(backward_dq_strips_kernel<T, NA, HD, Tl>, most) &
+           allow_smem(backward_dkv_strips_kernel<T, NA, HD, Tl>, most_dkv);
+  });
   const bool own = strip_dkv_own(p);
   // A staged dRPB sums in fixed point (common/drpb_fixed.cuh) where its workspace can be had.
   const bool stage_drpb = own ? p.rpb != nullptr : drpb_stage_bytes(p) > 0;

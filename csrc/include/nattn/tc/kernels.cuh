@@ -47,6 +47,7 @@
 #include "nattn/common/drpb.cuh"
 #include "nattn/common/registry.h"
 #include "nattn/tc/backward_dkv.cuh"
+#include "nattn/common/smem_opt_in.cuh"
 #include "nattn/tc/backward_dq.cuh"
 #include "nattn/tc/config.cuh"
 #include "nattn/tc/forward.cuh"
@@ -55,14 +56,6 @@
 namespace nattn { namespace tc {
 
 // ------------------------------------------------------------------------- launchers
-// Opts a kernel into more than 48 KiB of dynamic shared memory; called once per kernel
-// instance (a function-local static in each launcher).
-template <typename K>
-bool allow_smem(K kernel, size_t bytes) {
-  if (bytes > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  return true;
-}
-
 // Largest bias table (all query heads of a KV head) the dK/dV pass copies into shared memory:
 // 4096 floats, e.g. one head's table of a 2-D window up to 32x32 or a 3-D one up to 8x8x8.
 // (The forward and the dQ pass stage one table a block, their head's: kQueryBiasBytes.)
@@ -136,8 +129,8 @@ void launch_forward_as(const Params& problem, cudaStream_t stream) {
   constexpr int W = block_warps<T, HD>();
   const dim3 grid(unsigned((warps + W - 1) / W), unsigned(p.heads), unsigned(p.batch));
   constexpr size_t smem = fwd_smem_bytes<T, HD>();
-  static const bool allowed = allow_smem(forward_kernel<T, NA, HD, kDrop>, smem + size_t(kQueryBiasBytes));
-  (void)allowed;
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] { return allow_smem(forward_kernel<T, NA, HD, kDrop>, smem + size_t(kQueryBiasBytes)); });
   const int64_t bias = query_bias_bytes(p, smem, fwd_blocks<T, NA, HD, kDrop>());
   p.rpb_in_smem = bias ? 2 : 0;
   forward_kernel<T, NA, HD, kDrop><<<grid, W * 32, smem + size_t(bias), stream>>>(p);
@@ -167,9 +160,10 @@ void launch_dkv_pass(const Params& problem, int64_t rpb_bytes, cudaStream_t stre
   const int64_t warps = num_warps<NA>(p, p.box);
   constexpr int W = block_warps<T, HD>();
   const unsigned blocks = unsigned((warps + W - 1) / W);
-  static const bool allowed =
-      allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_smem_max<T, HD>() + dkv_bias_room<T, HD>());
-  (void)allowed;
+  static std::atomic<uint64_t> opted{0};
+  once_per_device(opted, [] {
+    return allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_smem_max<T, HD>() + dkv_bias_room<T, HD>());
+  });
   // dRPB staged when its table fits (rpb_in_smem 1), and the bias table beside it (2) when
   // that fits too.
   const bool bias_fits = rpb_bytes > 0 && rpb_bytes <= int64_t(dkv_bias_room<T, HD>());
@@ -186,8 +180,8 @@ void launch_backward_as(const Params& problem, cudaStream_t stream) {
   constexpr int W = block_warps<T, HD>();
   const unsigned blocks = unsigned((warps + W - 1) / W);
   constexpr size_t smem = dq_smem_bytes<T, HD>();
-  static const bool allowed = allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem + size_t(kQueryBiasBytes));
-  (void)allowed;
+  static std::atomic<uint64_t> opted{0};
+  once_per_device(opted, [] { return allow_smem(backward_dq_kernel<T, NA, HD, kDrop>, smem + size_t(kQueryBiasBytes)); });
   // A staged dRPB sums in fixed point (deterministic, native integer atomics): the dQ pass
   // records each head's largest |dS| into its workspace first. Without the workspace the
   // dK/dV pass adds float32 into global memory.
