@@ -9,10 +9,19 @@ momentum; one step under torch's profiler after three unprofiled ones):
 A host-bound eager step's wall time is the host's work on these: each launch costs the host
 a few microseconds, each autograd node more. On the CPU the runtime-call columns are empty
 and the step's top-level aten ops are counted instead.
+
+``--host`` also tells whether the step waits on the host: the host's milliseconds a step
+when the steps are only launched (no synchronization: the CPU runs ahead of the GPU unless it
+is the slower side), and the step's wall time with the backward on the calling thread
+(``torch.autograd.set_multithreading_enabled(False)``) instead of autograd's device thread,
+which charges every backward node more host time on some machines.
+
+    python benchmarks/step_launches.py --models nat_tiny,swin_tiny_patch4_window7_224 --host
 """
 
 import argparse
 import collections
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -53,6 +62,18 @@ def profile_step(step, device) -> dict:
     return {"counts": counts, "host_us": host_us}
 
 
+def launch_only_ms(step, device, iters: int) -> float:
+    """Wall milliseconds a step of ``iters`` steps issued back to back with one synchronization
+    before them and none inside: the host's time a step unless the GPU queue fills up first."""
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(iters):
+        step()
+    ms = (time.perf_counter() - t) / iters * 1e3
+    sync(device)
+    return ms
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="nat_tiny,swin_tiny_patch4_window7_224",
@@ -61,6 +82,9 @@ def main():
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--iters", type=int, default=5, help="timed steps after the profiled one")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--host", action="store_true",
+                    help="also the host's ms a step when only launching, and the wall time with the "
+                         "backward on the calling thread")
     args = ap.parse_args()
     device = torch.device(args.device)
     for name in args.models.split(","):
@@ -78,6 +102,14 @@ def main():
         for call in RUNTIME_CALLS:
             if counts[call]:
                 print(f"    {call} x{counts[call]}, {host_us[call] / counts[call]:.1f} us each (profiled)")
+        if args.host:
+            launch = launch_only_ms(step, device, args.iters)
+            with torch.autograd.set_multithreading_enabled(False):
+                step()
+                calling = window_ms(step, device, args.iters)
+            print(f"    host {launch:.1f} ms a step launched without waiting (wall {ms:.1f}: "
+                  f"{'host-bound' if launch >= 0.9 * ms else 'the GPU is the slower side'}); "
+                  f"backward on the calling thread: wall {calling:.1f} ms a step")
         del model, step
 
 
