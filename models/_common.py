@@ -152,29 +152,33 @@ class NABlock(nn.Module):
 
     def _add_branch(self, x: torch.Tensor, y: torch.Tensor, gamma: Optional[torch.Tensor]) -> torch.Tensor:
         """``x + drop_path(gamma * y)`` as one ``addcmul`` of ``y`` and a small factor: the
-        per-sample stochastic-depth mask (drawn as timm's DropPath draws it) and / or the
-        layer-scale gains. Against multiply(s) then add: one kernel, one pass over the
-        activations and one autograd node less per factor (the product is not rounded to y's
-        dtype before the add)."""
+        per-sample stochastic-depth mask (drawn as timm's DropPath draws it, its 1 / keep
+        scale as addcmul's scalar) and / or the layer-scale gains. Against multiply(s) then
+        add: one kernel, one pass over the activations and one autograd node less per factor
+        (the product is not rounded to y's dtype before the add)."""
         dp = self.drop_path
         factor = gamma
+        scale = 1.0
         if self.training and isinstance(dp, DropPath) and dp.drop_prob > 0.0:
             keep = 1.0 - dp.drop_prob
             factor = y.new_empty((y.shape[0],) + (1,) * (y.ndim - 1)).bernoulli_(keep)
             if keep > 0.0 and dp.scale_by_keep:
-                factor.div_(keep)
+                # timm divides the mask by keep (a kernel a draw); addcmul's scalar does it in
+                # the add's float32 arithmetic (exact where 1 / keep is a power of two)
+                scale = 1.0 / keep
             if gamma is not None:
                 factor = factor * gamma  # [B, 1, .., C]: small
         if factor is None:
             return x + y
         device = x.device.type
         if torch.jit.is_scripting() or torch.compiler.is_compiling() or not autocast_on(device):
-            return torch.addcmul(x, y, factor)  # (compiled: inductor fuses any casts into the kernel)
+            # (compiled: inductor fuses any casts into the kernel)
+            return torch.addcmul(x, y, factor, value=scale)
         # Under autocast addcmul runs at its widest input dtype through a cast kernel (and a
         # backward node) per narrower input: the bf16 branch and mask of every block, two
         # full-size casts a block. Type promotion computes the same values in the one kernel.
         with autocast_off(device):
-            return torch.addcmul(x, y, factor)
+            return torch.addcmul(x, y, factor, value=scale)
 
 
 def block_dilations(depths, num_heads, dilations) -> List[List[int]]:
