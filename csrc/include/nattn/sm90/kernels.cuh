@@ -350,7 +350,7 @@ void launch_backward_wide(const Params& problem, cudaStream_t stream) {
   p.map_heads_outer = l->heads_outer;
   set_query_boxes<B>(p);
   static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
-  once_per_device(opted, [] {
+  once_per_device(opted, [] {  // `&`, not `&&`: both kernels, whatever the first returns
     return allow_smem(backward_dq_wide_kernel<T, NA, Tl>, DqWideSmem::kAlloc) &
            allow_smem(backward_dkv_wide_kernel<T, NA, Tl>, DkvWideSmem::kAllocFixed + DkvWideSmem::kDrpbRoom);
   });
