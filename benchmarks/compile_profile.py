@@ -1,6 +1,9 @@
 """Where a timm NA model's step goes, eager beside torch.compile: step time, the top CUDA
 kernels of one step (torch.profiler), nattn op calls and the copies around them, and
-dynamo's graph breaks. bf16 autocast, channels-last, SGD step, on CUDA.
+dynamo's graph breaks. bf16 autocast, channels-last, SGD step, on CUDA. For each mode it
+also prints the host's time a step when steps are only launched (no synchronization: equal
+to the step time when the step waits on the host) and, for training, the step time with the
+backward on the calling thread instead of autograd's device thread.
 
     python benchmarks/compile_profile.py                       # nat_tiny, batch 64
     python benchmarks/compile_profile.py --model dinat_s_tiny -b 128 --mode infer
@@ -17,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import nattn  # noqa: F401  (registers the timm models)
 from nattn.bench.models import step_ms, steps
+from nattn.bench.timing import launch_only_ms
 
 
 def make_step(model, x, y, mode):
@@ -26,6 +30,18 @@ def make_step(model, x, y, mode):
 
 def timed(fn, iters):
     return step_ms(fn, torch.device("cuda"), iters)
+
+
+def host_lines(fn, ms, iters, mode):
+    """The step's host time when only launching, and (training) its time with the backward
+    on the calling thread."""
+    launched = launch_only_ms(fn, torch.device("cuda"), iters)
+    line = f"  host: {launched:.2f} ms a step launched without waiting ({launched / ms:.0%} of the step)"
+    if mode == "train":
+        with torch.autograd.set_multithreading_enabled(False):
+            fn()
+            line += f"; backward on the calling thread: {timed(fn, iters):.2f} ms/step"
+    print(line)
 
 
 def _is_kernel(e) -> bool:
@@ -91,6 +107,7 @@ def main():
     print(f"# {a.model}, batch {a.batch}, {a.mode}, torch {torch.__version__}")
     ms = timed(eager, a.iters)
     print(f"eager: {ms:.2f} ms/step, {a.batch / ms * 1e3:.0f} img/s")
+    host_lines(eager, ms, a.iters, a.mode)
     top_kernels(eager, a.top)
     if a.eager_only:
         return
@@ -108,6 +125,7 @@ def main():
     print(f"compile (first step): {time.perf_counter() - t:.1f} s")
     ms = timed(compiled, a.iters)
     print(f"compiled: {ms:.2f} ms/step, {a.batch / ms * 1e3:.0f} img/s")
+    host_lines(compiled, ms, a.iters, a.mode)
     top_kernels(compiled, a.top)
 
 

@@ -21,14 +21,13 @@ which charges every backward node more host time on some machines.
 
 import argparse
 import collections
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import nattn  # noqa: F401  (registers the timm models)
 from nattn.bench.models import create_model, steps
-from nattn.bench.timing import window_ms
+from nattn.bench.timing import launch_only_ms, window_ms
 
 RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemsetAsync", "cudaMemcpyAsync",
                  "cudaMallocAsync", "cudaFreeAsync")
@@ -60,18 +59,6 @@ def profile_step(step, device) -> dict:
         elif name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")):
             counts["top-level aten ops"] += 1
     return {"counts": counts, "host_us": host_us}
-
-
-def launch_only_ms(step, device, iters: int) -> float:
-    """Wall milliseconds a step of ``iters`` steps issued back to back with one synchronization
-    before them and none inside: the host's time a step unless the GPU queue fills up first."""
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(iters):
-        step()
-    ms = (time.perf_counter() - t) / iters * 1e3
-    sync(device)
-    return ms
 
 
 def main():
