@@ -48,7 +48,6 @@ def window_ms(fn: Callable, device: torch.device, iters: int) -> float:
     return (time.perf_counter() - t) / iters * 1e3
 
 
-
 def launch_only_ms(fn: Callable, device: torch.device, iters: int) -> float:
     """Wall milliseconds a call of ``iters`` calls issued back to back after one synchronize,
     with none inside: the host's time a call (of a model's step, say) unless the GPU is the
@@ -60,6 +59,7 @@ def launch_only_ms(fn: Callable, device: torch.device, iters: int) -> float:
     ms = (time.perf_counter() - t) / iters * 1e3
     _sync(device)
     return ms
+
 
 def median_ms(fn: Callable, input_sets: Sequence, device: torch.device,
               warmup_ms: float = 30.0, target_ms: float = 300.0, min_reps: int = 3, max_reps: int = 100,

@@ -1,7 +1,7 @@
 // Host side: tensor maps (TMA descriptors) over [B, *spatial, H, D] tensors, encoded from
 // a MapSpec (tensor_map_spec.h): the 128-byte swizzle at 64 channels per box (64-byte at
-// head dim 32). cuTensorMapEncodeTiled comes from the driver through the runtime's entry-point query,
-// so libnattn links neither libcuda nor torch.
+// head dim 32). cuTensorMapEncodeTiled comes from the driver through the runtime's
+// entry-point query, so libnattn links neither libcuda nor torch.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
