@@ -10,6 +10,7 @@ does not move.
     python benchmarks/model_step_ab.py --switch block-norm   # the blocks' norms at the autocast dtype / float32
     python benchmarks/model_step_ab.py --switch group-casts  # grouped parameter casts / autocast's own
     python benchmarks/model_step_ab.py --switch norm-kernel --mode infer  # libnattn's LayerNorm / torch's
+    python benchmarks/model_step_ab.py --switch drop-draw    # one stochastic-depth draw a step / one a block
     python benchmarks/model_step_ab.py --switch packed --model dinat_tiny -b 128 --rounds 3
     python benchmarks/model_step_ab.py --switch group-casts --compile  # both sides under torch.compile
     python benchmarks/model_step_ab.py --switch packed --device cpu --model nat_mini -b 1 --size 64 --iters 1
@@ -24,7 +25,8 @@ built with ``fp32_block_norms=True`` (same weights); group-casts: the model's ``
 attribute (the blocks' parameters cast in a few grouped ops per forward, or one op each);
 norm-kernel: ``NATTN_LAYER_NORM_KERNEL`` unset or 0 (the norms on libnattn's forward kernel where
 no gradient is recorded, or torch's kernel; a training step records gradients, so only
-``--mode infer`` differs).
+``--mode infer`` differs); drop-draw: the model's ``one_drop_path_draw`` attribute (the
+blocks' stochastic-depth masks from one draw a forward, or one draw per block; training only).
 """
 
 import argparse
@@ -37,7 +39,7 @@ import nattn  # noqa: F401  (registers the timm models)
 import nattn.nn.neighborhood_attention as na_module
 from nattn.bench.models import create_model, kernel_ms, step_ms, steps
 
-SWITCHES = ("threads", "packed", "fast-norm", "block-norm", "group-casts", "norm-kernel")
+SWITCHES = ("threads", "packed", "fast-norm", "block-norm", "group-casts", "norm-kernel", "drop-draw")
 
 
 def build(name, device, fast_norm=False, state=None, **kwargs):
@@ -82,6 +84,8 @@ def main():
         model.train(args.mode == "train")
         if args.switch == "group-casts":
             model.group_casts = on
+        if args.switch == "drop-draw":
+            model.one_drop_path_draw = on
         if args.switch == "norm-kernel":
             os.environ["NATTN_LAYER_NORM_KERNEL"] = "1" if on else "0"
         if args.compile:

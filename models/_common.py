@@ -10,7 +10,7 @@ import pickle
 import re
 import tempfile
 import warnings
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -146,22 +146,38 @@ class NABlock(nn.Module):
         else:
             self.gamma1 = self.gamma2 = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self._add_branch(x, self.attn(self.norm1(x)), self.gamma1)
-        return self._add_branch(x, self.mlp(self.norm2(x)), self.gamma2)
+    def forward(self, x: torch.Tensor, drop_masks: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
+        """``drop_masks``: this block's two rows (``[B]`` or ``[B, 1, ..]``, 0 / 1: attention
+        branch, then MLP branch) of its model's one stochastic-depth draw a step
+        (``ChannelsLastBackbone.one_drop_path_draw``), or None: the block draws its own masks
+        as timm's DropPath does."""
+        m1, m2 = (None, None) if drop_masks is None else drop_masks
+        x = self._add_branch(x, self.attn(self.norm1(x)), self.gamma1, m1)
+        return self._add_branch(x, self.mlp(self.norm2(x)), self.gamma2, m2)
 
-    def _add_branch(self, x: torch.Tensor, y: torch.Tensor, gamma: Optional[torch.Tensor]) -> torch.Tensor:
+    def drop_prob(self) -> float:
+        """The probability that stochastic depth drops a branch of a sample in training."""
+        dp = self.drop_path
+        return dp.drop_prob if isinstance(dp, DropPath) else 0.0
+
+    def _add_branch(self, x: torch.Tensor, y: torch.Tensor, gamma: Optional[torch.Tensor],
+                    mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x + drop_path(gamma * y)`` as one ``addcmul`` of ``y`` and a small factor: the
-        per-sample stochastic-depth mask (drawn as timm's DropPath draws it, its 1 / keep
-        scale as addcmul's scalar) and / or the layer-scale gains. Against multiply(s) then
-        add: one kernel, one pass over the activations and one autograd node less per factor
-        (the product is not rounded to y's dtype before the add)."""
+        per-sample stochastic-depth mask (drawn as timm's DropPath draws it unless ``mask``,
+        ``[B]`` or ``[B, 1, ..]`` 0 / 1, was drawn for it; its 1 / keep scale as addcmul's scalar) and / or the
+        layer-scale gains. Against multiply(s) then add: one kernel, one pass over the
+        activations and one autograd node less per factor (the product is not rounded to
+        y's dtype before the add)."""
         dp = self.drop_path
         factor = gamma
         scale = 1.0
         if self.training and isinstance(dp, DropPath) and dp.drop_prob > 0.0:
             keep = 1.0 - dp.drop_prob
-            factor = y.new_empty((y.shape[0],) + (1,) * (y.ndim - 1)).bernoulli_(keep)
+            shape = (y.shape[0],) + (1,) * (y.ndim - 1)
+            if mask is None:
+                factor = y.new_empty(shape).bernoulli_(keep)
+            else:
+                factor = mask if mask.dim() == y.ndim else mask.view(shape)
             if keep > 0.0 and dp.scale_by_keep:
                 # timm divides the mask by keep (a kernel a draw); addcmul's scalar does it in
                 # the add's float32 arithmetic (exact where 1 / keep is a power of two)
@@ -219,8 +235,15 @@ class NAStage(nn.Module):
             for i in range(depth)
         ])
 
-    def forward(self, x):
-        return self.blocks(self.downsample(x))
+    def forward(self, x, drop_masks: Optional[Sequence[torch.Tensor]] = None):
+        """``drop_masks``: two rows of the model's stochastic-depth draw per block (``2 *
+        depth`` tensors, see ``NABlock.forward``), or None: each block draws its own."""
+        x = self.downsample(x)
+        if drop_masks is None:
+            return self.blocks(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, drop_masks[2 * i:2 * i + 2])
+        return x
 
 
 def init_weights(module: nn.Module) -> None:
@@ -337,13 +360,68 @@ class ChannelsLastBackbone(nn.Module):
         self.__dict__["_casts_plan"] = None  # .to() / .cuda() / .half() may move or replace parameters
         return super()._apply(fn, *args, **kwargs)
 
+    # In training, the blocks' stochastic-depth masks come from one draw a forward (one
+    # kernel for all blocks and both branches) instead of one draw each (a NAT-Tiny step:
+    # 58 draws, each a launch and an allocation an eager step waits for on a slow host, and
+    # 58 kernels of a compiled forward). Each sample's branch is still kept with probability
+    # 1 - drop_prob, independently; the random stream differs from per-block draws. Off
+    # under gradient checkpointing (each recomputed block redraws with the saved RNG state)
+    # and when False: each block draws as timm's DropPath.
+    one_drop_path_draw = True
+
+    def _drop_path_rows(self, x: torch.Tensor) -> Optional[Tuple[torch.Tensor, ...]]:
+        """The masks of one training forward: two ``[B, 1, ..]`` 0 / 1 rows (``x``'s rank) per
+        NA block of the sequence, in block order, at ``x``'s dtype (so that a branch's residual add keeps the
+        dtype it had with the block's own draw); None where the blocks draw their own."""
+        if not (self.training and self.one_drop_path_draw) or torch.jit.is_scripting():
+            return None
+        probs = []
+        for module in self._sequence():
+            for block in (module.blocks if isinstance(module, NAStage) else (module,)):
+                if not isinstance(block, NABlock):
+                    return None  # a replaced block: every block draws its own
+                probs += [block.drop_prob()] * 2
+        if not any(probs):
+            return None
+        keep = self._keep_column(tuple(1.0 - p for p in probs), x.device)
+        # float32 probabilities: a 16-bit keep (0.9 -> 0.8984 in bf16) would change the rate.
+        # Rows shaped [B, 1, ..] as the branches broadcast them: no view op a block.
+        ones = (1,) * (x.dim() - 1)
+        masks = torch.bernoulli(keep.view(len(probs), 1, *ones).expand(len(probs), x.shape[0], *ones))
+        return (masks if masks.dtype == x.dtype else masks.to(x.dtype)).unbind(0)
+
+    def _keep_column(self, keeps: Tuple[float, ...], device: torch.device) -> torch.Tensor:
+        """``keeps`` as a float32 ``[n, 1]`` tensor on ``device``, kept between forwards (a
+        host-to-device copy a step would cost more than the draws it replaces)."""
+        if torch.compiler.is_compiling():  # a constant of the graph
+            return torch.tensor(keeps, dtype=torch.float32, device=device).unsqueeze(1)
+        cached = self.__dict__.get("_keep_cache")
+        if cached is None or cached[0] != keeps or cached[1].device != device:
+            cached = self.__dict__["_keep_cache"] = (
+                keeps, torch.tensor(keeps, dtype=torch.float32, device=device).unsqueeze(1))
+        return cached[1]
+
+    def _run_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        """The stages (or blocks) on ``x``, with one stochastic-depth draw for all of them in
+        training (``one_drop_path_draw``)."""
+        seq = self._sequence()
+        rows = self._drop_path_rows(x)
+        if rows is None:
+            return seq(x)
+        start = 0
+        for module in seq:
+            n = 2 * len(module.blocks) if isinstance(module, NAStage) else 2
+            x = module(x, rows[start:start + n])
+            start += n
+        return x
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         with self._block_casts(x):
             x = self.patch_embed(x)
             if self.grad_checkpointing and not torch.jit.is_scripting():
                 x = checkpoint_seq(self._sequence(), x)
             else:
-                x = self._sequence()(x)
+                x = self._run_sequence(x)
             return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
