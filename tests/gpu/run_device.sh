@@ -168,11 +168,14 @@ if [[ $what == *host* ]]; then  # host time per call (kernels negligible)
     && timeout 30 /tmp/cuda_host_costs 2>&1 | tee -a "$OUT/host.txt"
 fi
 if [[ $what == *compile* ]]; then  # eager vs torch.compile step of a NAT model, graph breaks
-  timeout ${COMPILE_TIMEOUT:-400} python3 benchmarks/compile_profile.py ${COMPILE_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/compile.txt" | tail -50
+  # stderr apart: inductor's autotuning logs thousands of lines there (they once pushed the
+  # profile out of the call's returned tail)
+  timeout ${COMPILE_TIMEOUT:-400} python3 benchmarks/compile_profile.py ${COMPILE_ARGS:-} 2> "$OUT/compile.err" \
+    | tee "$OUT/compile.txt" | tail -50
 fi
 if [[ $what == *models* ]]; then  # timm models end to end beside Swin-T / ConvNeXt-T, eager and compiled
-  timeout ${MODELS_TIMEOUT:-560} python3 -m nattn.bench --suite models ${MODELS_ARGS:-} 2>&1 | grep -v Warning \
-    | tee "$OUT/models.md" | tail -16
+  timeout ${MODELS_TIMEOUT:-560} python3 -m nattn.bench --suite models ${MODELS_ARGS:-} 2> "$OUT/models.err" \
+    | tee "$OUT/models.md" | tail -16  # stderr apart, as for compile
 fi
 # Libraries side by side (benchmarks/library_ab.py, bf16, fwd and fwd + bwd), two rounds
 # alternating between them. ab: AB_LIBS="tag=path ..." (a path ending in .xz is unpacked:
