@@ -4,7 +4,7 @@ autograd and the launches cost. Also prints the top functions of a cProfile run.
 
     python benchmarks/host_overhead.py [--backend cuda] [--profile]
     python benchmarks/host_overhead.py --null     # nattn's Python alone, on any machine
-    python benchmarks/host_overhead.py --null-library  # the cuda backend's Python, on any machine
+    python benchmarks/host_overhead.py --null-library  # the cuda backend's Python (and its packed ops), on any machine
     python benchmarks/host_overhead.py --compiled # the same calls inside torch.compile'd functions
     python benchmarks/host_overhead.py --baseline # also torch's own SDPA on the same tensors
     python benchmarks/host_overhead.py --chain 16 --baseline  # per call inside one graph of 16
@@ -110,15 +110,18 @@ int nattn_backward(const int64_t* f, int64_t n, double s, void* st, char* e, int
 """
 
 
-def null_library_times(n=20000):
+def null_library_times(n=20000, packed=False):
     """(forward, backward) microseconds of the cuda backend's Python per call, CPU tensors,
-    a stand-in library that returns at once (``--null-library``)."""
+    a stand-in library that returns at once (``--null-library``). ``packed``: also the
+    modules' packed ops as a compiled graph calls them (``torch.ops.nattn.na_qkv_forward`` /
+    ``na_qkv_backward``, no gradient recorded): (forward, backward, op forward, op backward)."""
     import ctypes
     import os
     import subprocess
     import tempfile
 
     from nattn._cuda import kernel_table
+    from nattn.backends import BACKENDS
     from nattn.backends import cuda as cuda_backend
     from nattn.params import NAParams
 
@@ -142,6 +145,8 @@ def null_library_times(n=20000):
     backend._lib = lambda: Stand
     raw_stream = cuda_backend._raw_stream
     cuda_backend._raw_stream = lambda index: 0
+    registered = BACKENDS["cuda"]
+    registered._lib = lambda: Stand  # the ops' backend (an instance attribute, deleted below)
     try:
         q, k, v = (torch.randn(1, 8, 8, 2, 32) for _ in range(3))
         params = NAParams((3, 3), (1, 1), (1, 1), (False, False), 32 ** -0.5)
@@ -149,9 +154,19 @@ def null_library_times(n=20000):
         g = torch.randn_like(out)
         fwd = per_call(lambda: backend.na_forward(q, k, v, None, params), n=n, rounds=5)
         bwd = per_call(lambda: backend.na_backward(q, k, v, None, out, lse, g, None, params), n=n, rounds=5)
+        if not packed:
+            return fwd, bwd
+        qkv = torch.randn(1, 8, 8, 3, 2, 32)
+        args = ([3, 3], [1, 1], [1, 1], [0, 0], 32 ** -0.5, "cuda")
+        op_fwd, op_bwd = torch.ops.nattn.na_qkv_forward.default, torch.ops.nattn.na_qkv_backward.default
+        with torch.no_grad():
+            out, lse = op_fwd(qkv, None, *args)
+            packed_fwd = per_call(lambda: op_fwd(qkv, None, *args), n=n, rounds=5)
+            packed_bwd = per_call(lambda: op_bwd(g, None, qkv, None, out, lse, *args), n=n, rounds=5)
+        return fwd, bwd, packed_fwd, packed_bwd
     finally:
         cuda_backend._raw_stream = raw_stream
-    return fwd, bwd
+        del registered._lib
 
 
 def main():
@@ -181,9 +196,10 @@ def main():
         autograd_control("cuda" if torch.cuda.is_available() else "cpu")
         return
     if args.null_library:
-        fwd, bwd = null_library_times()
+        fwd, bwd, op_fwd, op_bwd = null_library_times(packed=True)
         print(f"cuda backend's Python (stand-in library, CPU tensors): na_forward {fwd:.1f} us, "
-              f"na_backward {bwd:.1f} us a call")
+              f"na_backward {bwd:.1f} us a call; the packed ops as a compiled graph calls them: "
+              f"na_qkv_forward {op_fwd:.1f} us, na_qkv_backward {op_bwd:.1f} us")
         return
     if args.single_thread:
         torch.autograd.set_multithreading_enabled(False).__enter__()  # for the whole run

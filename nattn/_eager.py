@@ -149,6 +149,18 @@ def na_forward_only(impl, q, k, v, rpb, params: NAParams):
         return impl.na_forward(q, k, v, rpb, params)
 
 
+def na_forward_packed_only(impl, qkv, rpb, params: NAParams):
+    """``na_forward_only`` on the q / k / v views of a packed ``qkv`` ``[B, *spatial, 3, H,
+    D]``: the backend's packed call where it has one (the cuda backend's builds no views),
+    else its call on the views."""
+    fast = getattr(impl, "na_forward_packed", None)
+    if fast is None:
+        q, k, v = qkv.unbind(-3)
+        return na_forward_only(impl, q, k, v, rpb, params)
+    with _no_autocast(qkv, impl):
+        return fast(qkv, rpb, params)
+
+
 def dense_forward_only(name: str, q, k, v, is_causal: bool, scale: float):
     """The same for a dense call (NA's extra keys)."""
     with _no_autocast(q):
@@ -213,8 +225,7 @@ class NAPackedFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, rpb, params: NAParams, backend: str):
-        q, k, v = qkv.unbind(-3)
-        out, lse = na_forward_only(get_backend(backend), q, k, v, rpb, params)
+        out, lse = na_forward_packed_only(get_backend(backend), qkv, rpb, params)
         ctx.save_for_backward(qkv, rpb, out, lse)
         ctx.params, ctx.backend = params, backend
         ctx.set_materialize_grads(False)
@@ -232,12 +243,15 @@ class NAPackedFunction(torch.autograd.Function):
         return dqkv, drpb, None, None
 
 
-def na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params: NAParams, views=None):
-    """``(d(qkv), drpb)`` of NA over ``qkv``'s q / k / v views (``[B, *spatial, 3, H, D]``;
-    ``views``: them, where the caller has them already): written through d(qkv)'s views by
-    backends that take given gradient tensors (``writes_grads_into``), else stacked into it.
-    NAPackedFunction's and the packed op's backward."""
-    q, k, v = qkv.unbind(-3) if views is None else views
+def na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params: NAParams):
+    """``(d(qkv), drpb)`` of NA over ``qkv``'s q / k / v views (``[B, *spatial, 3, H, D]``):
+    NAPackedFunction's and the packed op's backward. The backend's packed call where it has
+    one (the cuda backend's builds no views); else written through d(qkv)'s views by backends
+    that take given gradient tensors (``writes_grads_into``), or stacked into it."""
+    fast = getattr(impl, "na_backward_packed", None)
+    if fast is not None:
+        return fast(qkv, rpb, out, lse, grad_out, grad_lse, params)
+    q, k, v = qkv.unbind(-3)
     dqkv = _buffers.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
     if impl.writes_grads_into:
         *_, drpb = impl.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, grads_into=dqkv.unbind(-3))

@@ -23,7 +23,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._eager import na_backward_packed
+from ._eager import na_backward_packed, na_forward_packed_only
 from .backends import BACKENDS, deferred
 from .backends import get as get_backend
 from .params import NAParams
@@ -186,9 +186,8 @@ def _na_qkv_forward_impl(
     qkv: Tensor, rpb: Optional[Tensor], kernel_size: List[int], stride: List[int], dilation: List[int],
     is_causal: List[int], scale: float, backend: str,
 ) -> Tuple[Tensor, Tensor]:
-    q, k, v = qkv.unbind(-3)
     params = _params(kernel_size, stride, dilation, is_causal, scale)
-    return get_backend(deferred.resolve_na(backend, q, k, v, rpb, params)).na_forward(q, k, v, rpb, params)
+    return na_forward_packed_only(get_backend(deferred.resolve_na_packed(backend, qkv, rpb, params)), qkv, rpb, params)
 
 
 def _na_qkv_forward_fake(qkv, rpb, kernel_size, stride, dilation, is_causal, scale, backend):
@@ -201,10 +200,9 @@ def _na_qkv_backward_impl(
     kernel_size: List[int], stride: List[int], dilation: List[int], is_causal: List[int], scale: float,
     backend: str,
 ) -> Tuple[Tensor, Tensor]:
-    q, k, v = views = qkv.unbind(-3)
     params = _params(kernel_size, stride, dilation, is_causal, scale)
-    impl = get_backend(deferred.resolve_na(backend, q, k, v, rpb, params))
-    dqkv, drpb = na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params, views)
+    impl = get_backend(deferred.resolve_na_packed(backend, qkv, rpb, params))
+    dqkv, drpb = na_backward_packed(impl, qkv, rpb, out, lse, grad_out, grad_lse, params)
     return dqkv, (drpb if drpb is not None else qkv.new_empty(0))
 
 

@@ -270,12 +270,16 @@ def test_host_overhead_null_library_runs_the_backend_call_path():
     """benchmarks/host_overhead.py --null-library: the cuda backend's na_forward / na_backward
     against a stand-in libnattn compiled with cc (what a call costs in Python up to the C
     entry point); the backend's stream getter is restored afterwards."""
+    from nattn.backends import BACKENDS
     from nattn.backends import cuda as cuda_backend
     mod = _host_overhead_module()
     getter = cuda_backend._raw_stream
     fwd, bwd = mod.null_library_times(n=20)
     assert 0 < fwd < 1e5 and 0 < bwd < 1e5
     assert cuda_backend._raw_stream is getter
+    times = mod.null_library_times(n=20, packed=True)  # and the packed ops through the dispatcher
+    assert len(times) == 4 and all(0 < t < 1e5 for t in times)
+    assert cuda_backend._raw_stream is getter and "_lib" not in vars(BACKENDS["cuda"])
 
 
 def test_host_overhead_torch_profile_counts_a_call(capsys):

@@ -57,6 +57,8 @@ _Problem = ctypes.c_int64 * kernel_table.NUM_PROBLEM_FIELDS
 # Indices of the pointer fields, in the order _pack passes the tensors.
 _PTR_SLOTS = tuple(kernel_table.FIELD_OFFSETS[f"{n}_ptr"] for n in (
     "q", "k", "v", "out", "lse", "rpb", "grad_out", "grad_lse", "delta", "dq", "dk", "dv", "drpb"))
+(_Q_SLOT, _K_SLOT, _V_SLOT, _OUT_SLOT, _LSE_SLOT, _RPB_SLOT, _GRAD_OUT_SLOT, _GRAD_LSE_SLOT, _DELTA_SLOT,
+ _DQ_SLOT, _DK_SLOT, _DV_SLOT, _DRPB_SLOT) = _PTR_SLOTS
 _RNG_SLOT = kernel_table.FIELD_OFFSETS["rng_ptr"]
 _TF32_SLOT = kernel_table.FIELD_OFFSETS["allow_tf32"]
 _QUERY_RANGE_SLOT = kernel_table.FIELD_OFFSETS["query_range"]
@@ -95,6 +97,33 @@ def _needs_copy(t: torch.Tensor) -> bool:
         if (t.shape[-1] * size) % 16 == 0 and (t.storage_offset() * size) % 16 == 0:
             return False
     return bool(_layout_reasons("", t))
+
+
+def _dense_f32(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``t`` as a contiguous float32 tensor (None stays None). ``t`` itself when it is one
+    already, without the ``.to`` and ``.contiguous`` calls that would return it: each is an
+    op through torch's dispatcher, host time on every NA call (LSE, bias)."""
+    if t is None or (t.dtype == torch.float32 and t.is_contiguous()):
+        return t
+    return t.to(torch.float32).contiguous()
+
+
+def backward_operands(out, lse, grad_out, grad_lse, rpb):
+    """A backward call's tensors as libnattn reads them, and its fresh workspaces: ``(out,
+    lse, grad_out, grad_lse, delta, rpb32, drpb)``, the first four dense where the kernels
+    need it (copies only where not), ``delta`` the row sums' buffer, ``rpb32`` / ``drpb`` the
+    float32 bias and its zeroed gradient (None without a bias)."""
+    if _needs_copy(grad_out):  # e.g. expanded (stride 0) gradients of a .sum()
+        grad_out = grad_out.contiguous()
+    if _needs_copy(out):
+        out = out.contiguous()
+    lse = _dense_f32(lse)
+    delta = _buffers.empty(lse.shape, dtype=torch.float32, device=lse.device)
+    rpb32 = drpb = None
+    if rpb is not None:
+        rpb32 = _dense_f32(rpb)
+        drpb = torch.zeros(rpb.shape, dtype=torch.float32, device=lse.device)
+    return out, lse, grad_out, _dense_f32(grad_lse), delta, rpb32, drpb
 
 
 def _strides(t: torch.Tensor, na_dim: int) -> Tuple[int, ...]:
@@ -158,6 +187,7 @@ class CudaBackend(Backend):
         self._arch_ok: Dict[int, Optional[str]] = {}
         self._err = ctypes.create_string_buffer(_ERR_LEN)
         self._templates: Dict[tuple, tuple] = {}
+        self._packed: Dict[tuple, tuple] = {}  # packed-qkv layouts (na_forward_packed)
         self._configured: Dict[str, Backend] = {}
 
     def configured(self, text: str) -> Backend:
@@ -426,12 +456,91 @@ class CudaBackend(Backend):
         else:
             out = q.new_zeros(*q.shape[:-1], v.shape[-1])
             lse = torch.full(q.shape[:-1], math.inf, dtype=torch.float32, device=q.device)
-        rpb32 = None if rpb is None else rpb.to(torch.float32).contiguous()
+        rpb32 = _dense_f32(rpb)
         fields, device = self._pack(params, q, k, v, out, lse, rpb32, config=config, rng=rng)
         if query_range is not None:
             _set_query_range(fields, query_range, q.shape[1 : 1 + params.na_dim])
         self._call(lib, lib.forward, fields, device, params.scale)
         return out, lse
+
+    # ------------------------------------------------- calls on a packed qkv (the modules')
+    # q, k and v as the views of one qkv [B, *spatial, 3, H, D]: their shapes, strides and
+    # pointers follow from qkv's, so a layout seen before needs neither the views (an op a
+    # call) nor _pack's key over every tensor's strides, only a template and two offsets.
+    # On a 2-core CPU with a stand-in library (`benchmarks/host_overhead.py --null-library`,
+    # best of five runs): the packed forward op 30.4 -> 27.0 us a call, its backward 39.5 -> 28.7.
+
+    def _packed_template(self, key, params, q, k, v, out, grad_out=None, dq=None, dk=None, dv=None):
+        """The cached ``(template, device, k offset, v offset[, dk offset, dv offset])`` (bytes
+        from q's / dq's pointer) of a packed layout, made from one call's views."""
+        entry = self._packed.get(key)
+        if entry is None:
+            template, device = self._template(params, (q, k, v, out, grad_out, dq, dk, dv))
+            offsets = [k.data_ptr() - q.data_ptr(), v.data_ptr() - q.data_ptr()]
+            if dq is not None:
+                offsets += [dk.data_ptr() - dq.data_ptr(), dv.data_ptr() - dq.data_ptr()]
+            if len(self._packed) >= _MAX_TEMPLATES:
+                self._packed.clear()
+            entry = self._packed[key] = (template, device, *offsets)
+        return entry
+
+    def na_forward_packed(self, qkv, rpb, params):
+        """``na_forward`` on ``qkv``'s q / k / v views: ``(out, lse)``."""
+        key = ("fwd", params, qkv.dtype, qkv.device, rpb is None, qkv.shape, qkv.stride())
+        entry = self._packed.get(key)
+        if entry is None or params.dropout_p:  # a layout's first call (or dropout): through the views
+            q, k, v = qkv.unbind(-3)
+            out, lse = self.na_forward(q, k, v, rpb, params)
+            self._packed_template(key, params, q, k, v, out)
+            return out, lse
+        template, device, k_off, v_off = entry
+        lib = self._lib()
+        lead, heads = qkv.shape[:-3], qkv.shape[-2:]
+        out = _buffers.empty(lead + heads, dtype=qkv.dtype, device=qkv.device)
+        lse = _buffers.empty(lead + heads[:1], dtype=torch.float32, device=qkv.device)
+        rpb32 = _dense_f32(rpb)
+        fields = _Problem.from_buffer_copy(template)
+        base = qkv.data_ptr()
+        fields[_Q_SLOT], fields[_K_SLOT], fields[_V_SLOT] = base, base + k_off, base + v_off
+        fields[_OUT_SLOT], fields[_LSE_SLOT] = out.data_ptr(), lse.data_ptr()
+        if rpb32 is not None:
+            fields[_RPB_SLOT] = rpb32.data_ptr()
+        if qkv.dtype == torch.float32 and _tf32.allowed():
+            fields[_TF32_SLOT] = 1
+        self._call(lib, lib.forward, fields, device, params.scale)
+        return out, lse
+
+    def na_backward_packed(self, qkv, rpb, out, lse, grad_out, grad_lse, params):
+        """``na_backward`` on ``qkv``'s views: ``(d(qkv), drpb)``, the gradients written through
+        d(qkv)'s views. A bias gradient under torch's determinism switch (whose alert reads
+        the views) and dropout take the views' path."""
+        dqkv = _buffers.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+        if params.dropout_p or (rpb is not None and torch.are_deterministic_algorithms_enabled()):
+            q, k, v = qkv.unbind(-3)
+            *_, drpb = self.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, grads_into=dqkv.unbind(-3))
+            return dqkv, drpb
+        lib = self._lib()
+        out, lse, grad_out, grad_lse, delta, rpb32, drpb = backward_operands(out, lse, grad_out, grad_lse, rpb)
+        key = ("bwd", params, qkv.dtype, qkv.device, rpb is None, qkv.shape, qkv.stride(), out.stride(),
+               grad_out.stride())
+        template, device, k_off, v_off, dk_off, dv_off = (
+            self._packed.get(key) or self._packed_template(key, params, *qkv.unbind(-3), out, grad_out, *dqkv.unbind(-3)))
+        fields = _Problem.from_buffer_copy(template)
+        base, dbase = qkv.data_ptr(), dqkv.data_ptr()
+        fields[_Q_SLOT], fields[_K_SLOT], fields[_V_SLOT] = base, base + k_off, base + v_off
+        fields[_DQ_SLOT], fields[_DK_SLOT], fields[_DV_SLOT] = dbase, dbase + dk_off, dbase + dv_off
+        fields[_OUT_SLOT], fields[_LSE_SLOT], fields[_GRAD_OUT_SLOT] = out.data_ptr(), lse.data_ptr(), grad_out.data_ptr()
+        fields[_DELTA_SLOT] = delta.data_ptr()
+        if grad_lse is not None:
+            fields[_GRAD_LSE_SLOT] = grad_lse.data_ptr()
+        if rpb32 is not None:
+            fields[_RPB_SLOT], fields[_DRPB_SLOT] = rpb32.data_ptr(), drpb.data_ptr()
+        if qkv.dtype == torch.float32 and _tf32.allowed():
+            fields[_TF32_SLOT] = 1
+        self._call(lib, lib.backward, fields, device, params.scale)
+        if drpb is not None and drpb.dtype != rpb.dtype:
+            drpb = drpb.to(rpb.dtype)
+        return dqkv, drpb
 
     def _alert_drpb_not_deterministic(self, lib, q, v, rpb, params, torch_switch: bool) -> None:
         """torch's deterministic-algorithms alert (an error, or a warning with warn_only) for an
@@ -466,30 +575,20 @@ class CudaBackend(Backend):
             torch_switch = torch.are_deterministic_algorithms_enabled()
             if torch_switch or config.dq_mode == kernel_config.DQ_MODES["pass"]:  # deterministic=True pins it
                 self._alert_drpb_not_deterministic(lib, q, v, rpb, params, torch_switch)
-        if _needs_copy(grad_out):  # e.g. expanded (stride 0) gradients of a .sum()
-            grad_out = grad_out.contiguous()
-        if _needs_copy(out):
-            out = out.contiguous()
-        lse = lse.to(torch.float32).contiguous()
-        grad_lse = None if grad_lse is None else grad_lse.to(torch.float32).contiguous()
+        out, lse, grad_out, grad_lse, delta, rpb32, drpb = backward_operands(out, lse, grad_out, grad_lse, rpb)
         # Same layout as the inputs where it is dense (what the fake impl promises); no layout
         # check: a dense input passed it (same strides, offset 0), others get contiguous ones.
         if grads_into is None:
             dq, dk, dv = _buffers.empty_like(q), _buffers.empty_like(k), _buffers.empty_like(v)
         else:  # the caller's (views of a packed gradient: heads-last rows like q's)
             dq, dk, dv = grads_into
-        delta = _buffers.empty(lse.shape, dtype=torch.float32, device=q.device)
-        rpb32 = drpb = None
-        if rpb is not None:
-            rpb32 = rpb.to(torch.float32).contiguous()
-            drpb = torch.zeros(rpb.shape, dtype=torch.float32, device=q.device)
         fields, device = self._pack(params, q, k, v, out, lse, rpb32, grad_out, grad_lse, delta,
                                     dq, dk, dv, drpb, config=config, rng=rng)
         if query_range is not None:
             dq.zero_()  # the rows of query boxes the dQ pass does not launch
             _set_query_range(fields, query_range, q.shape[1 : 1 + params.na_dim])
         self._call(lib, lib.backward, fields, device, params.scale)
-        if drpb is not None:
+        if drpb is not None and drpb.dtype != rpb.dtype:
             drpb = drpb.to(rpb.dtype)
         return dq, dk, dv, drpb
 

@@ -72,6 +72,27 @@ def resolve_na(name: str, q, k, v, rpb, params) -> str:
     return chosen
 
 
+def resolve_na_packed(name: str, qkv, rpb, params) -> str:
+    """``resolve_na`` for the q / k / v views of a packed ``qkv`` ``[B, *spatial, 3, H, D]``
+    (the modules' op): remembered per ``qkv`` signature, so the views are built only when the
+    choice is made."""
+    if not is_deferred(name):
+        return name
+    autotune = _deps()[0]
+    tune = _fields(name)[1]
+    sig = None if autotune.active(qkv, tune) else _call_cache.op_key((qkv, None, None, rpb), PACKED + name, params)
+    hit = _call_cache.get(sig)
+    if hit is not None:
+        return hit[0]
+    q, k, v = qkv.unbind(-3)
+    chosen = resolve_na(name, q, k, v, rpb, params)
+    _call_cache.put(sig, (chosen,))
+    return chosen
+
+
+PACKED = "packed|"  # tags resolve_na_packed's signatures apart from resolve_na's
+
+
 def resolve_dense(name: str, q, k, v, is_causal, dropout_p: float = 0.0) -> str:
     """The backend name a deferred dense call runs (a plain name passes through)."""
     if not is_deferred(name):
