@@ -15,7 +15,8 @@ from .backends import autotune, choose_dense_backend, choose_na_backend, deferre
 from .backends import get as get_backend
 from ._eager import (DenseDropoutFunction, NADropoutFunction, NAPackedFunction, _functorch_active,
                      dense_dropout_forward_only, dense_forward_only, dense_function, eager_ok,
-                     na_dropout_forward_only, na_forward_only, na_function, records_graph)
+                     na_dropout_forward_only, na_forward_only, na_forward_packed_only, na_function,
+                     records_graph)
 from .dropout import draw_rng
 from .merge import merge_attentions
 from .params import BoolOrTuple, IntOrTuple, check_dropout_p, check_qkv, check_scale, normalize
@@ -112,7 +113,8 @@ def na_packed_qkv(qkv, kernel_size, stride, dilation, is_causal, scale, rpb, bac
     """The modules' call over a packed ``qkv`` ``[B, *spatial, 3, H, D]``, whose backward
     writes one ``d(qkv)``: compiled, the ``nattn::na_qkv_forward`` op; eagerly, when the
     chosen backend writes gradients into given tensors and nothing observes the call (as for
-    the eager fast path), NAPackedFunction; else None, and the caller takes
+    the eager fast path), NAPackedFunction, and without a gradient to record the backend's
+    forward on ``qkv`` (the cuda backend builds no views); else None, and the caller takes
     ``neighborhood_attention`` over ``qkv.unbind(-3)``. No dropout, no extra keys. The eager
     choice is remembered per ``qkv`` signature: a hit unbinds nothing."""
     # functorch transforms (torch.func.grad, ...) need a Function with setup_context: the
@@ -124,7 +126,7 @@ def na_packed_qkv(qkv, kernel_size, stride, dilation, is_causal, scale, rpb, bac
         name = deferred.spec(backend, tune, deterministic, grads)
         return ops.na_qkv_forward(qkv, rpb, list(params.kernel_size), list(params.stride), list(params.dilation),
                                   list(params.is_causal), params.scale, name)[0]
-    if _functorch_active() or not eager_ok(qkv, rpb) or not records_graph(qkv, rpb):
+    if _functorch_active() or not eager_ok(qkv, rpb):
         return None
     sig = None
     if not autotune.active(qkv, tune):
@@ -138,7 +140,11 @@ def na_packed_qkv(qkv, kernel_size, stride, dilation, is_causal, scale, rpb, bac
         _call_cache.put(sig, hit)
     params, name = hit
     impl = get_backend(name)
-    if impl.composite or not impl.writes_grads_into:
+    if impl.composite:
+        return None
+    if not records_graph(qkv, rpb):  # inference: the backend's forward on qkv as it is
+        return na_forward_packed_only(impl, qkv, rpb, params)[0]
+    if not impl.writes_grads_into:
         return None
     return NAPackedFunction.apply(qkv, rpb, params, name)[0]
 

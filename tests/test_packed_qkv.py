@@ -128,3 +128,27 @@ def test_modules_under_torch_func_take_the_qkv_path(writing_backend):
     loss(params).backward()
     for name, p in layer.named_parameters():
         torch.testing.assert_close(got[name], p.grad, msg=name)
+
+
+def test_inference_runs_the_backends_forward_on_qkv(writing_backend, monkeypatch):
+    """Without a gradient to record, the modules' call runs the backend's forward on the packed
+    qkv (the cuda backend then builds no views), with the q/k/v path's values (fresh inputs)."""
+    import nattn.functional as functional
+
+    seen = []
+    real = functional.na_forward_packed_only
+    monkeypatch.setattr(functional, "na_forward_packed_only", lambda *a: seen.append(a[0].name) or real(*a))
+    torch.manual_seed(torch.seed() % 2**31)
+    layer = NeighborhoodAttention2D(16, 2, kernel_size=3, dilation=(1, 2), rel_pos_bias=True,
+                                    backend=writing_backend).double()
+    x = torch.randn(2, 6, 7, 16, dtype=torch.float64)
+    with torch.no_grad():
+        got = layer(x)
+    assert seen == [writing_backend]
+    # with a gradient to record, a backend that allocates its own gradients takes the q/k/v path
+    plain = NeighborhoodAttention2D(16, 2, kernel_size=3, dilation=(1, 2), rel_pos_bias=True,
+                                    backend="reference").double()
+    plain.load_state_dict(layer.state_dict())
+    want = plain(x.clone().requires_grad_())
+    assert seen == [writing_backend]
+    torch.testing.assert_close(got, want.detach())
