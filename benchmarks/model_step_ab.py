@@ -11,6 +11,7 @@ does not move.
     python benchmarks/model_step_ab.py --switch group-casts  # grouped parameter casts / autocast's own
     python benchmarks/model_step_ab.py --switch norm-kernel --mode infer  # libnattn's LayerNorm / torch's
     python benchmarks/model_step_ab.py --switch drop-draw    # one stochastic-depth draw a step / one a block
+    python benchmarks/model_step_ab.py --switch packed-calls # the cuda backend's packed-qkv calls / the views'
     python benchmarks/model_step_ab.py --switch packed --model dinat_tiny -b 128 --rounds 3
     python benchmarks/model_step_ab.py --switch group-casts --compile  # both sides under torch.compile
     python benchmarks/model_step_ab.py --switch packed --device cpu --model nat_mini -b 1 --size 64 --iters 1
@@ -26,7 +27,9 @@ attribute (the blocks' parameters cast in a few grouped ops per forward, or one 
 norm-kernel: ``NATTN_LAYER_NORM_KERNEL`` unset or 0 (the norms on libnattn's forward kernel where
 no gradient is recorded, or torch's kernel; a training step records gradients, so only
 ``--mode infer`` differs); drop-draw: the model's ``one_drop_path_draw`` attribute (the
-blocks' stochastic-depth masks from one draw a forward, or one draw per block; training only).
+blocks' stochastic-depth masks from one draw a forward, or one draw per block; training only);
+packed-calls: ``nattn.backends.cuda.PACKED_CALLS`` (the cuda backend's calls on a packed qkv
+by template and offsets, or through the q / k / v views; ``NATTN_PACKED_CALLS=0``).
 """
 
 import argparse
@@ -37,9 +40,11 @@ import torch
 
 import nattn  # noqa: F401  (registers the timm models)
 import nattn.nn.neighborhood_attention as na_module
+from nattn.backends import cuda as cuda_backend
 from nattn.bench.models import create_model, kernel_ms, step_ms, steps
 
-SWITCHES = ("threads", "packed", "fast-norm", "block-norm", "group-casts", "norm-kernel", "drop-draw")
+SWITCHES = ("threads", "packed", "fast-norm", "block-norm", "group-casts", "norm-kernel", "drop-draw",
+            "packed-calls")
 
 
 def build(name, device, fast_norm=False, state=None, **kwargs):
@@ -73,6 +78,7 @@ def main():
              else build(args.model, dev, state=base.state_dict(), fp32_block_norms=True)
              if args.switch == "block-norm" else None)
     packed = na_module.na_packed_qkv
+    packed_calls = cuda_backend.PACKED_CALLS
     compiled = {}  # per model: its torch.compile wrapper (a side's switch recompiles once, then hits)
 
     def configured(on):
@@ -86,6 +92,8 @@ def main():
             model.group_casts = on
         if args.switch == "drop-draw":
             model.one_drop_path_draw = on
+        if args.switch == "packed-calls":
+            cuda_backend.PACKED_CALLS = on
         if args.switch == "norm-kernel":
             os.environ["NATTN_LAYER_NORM_KERNEL"] = "1" if on else "0"
         if args.compile:
@@ -107,6 +115,7 @@ def main():
                       f"({args.batch / ms * 1e3:6.1f} img/s), GPU time {gpu_text}", flush=True)
     finally:
         na_module.na_packed_qkv = packed
+        cuda_backend.PACKED_CALLS = packed_calls
 
 
 if __name__ == "__main__":

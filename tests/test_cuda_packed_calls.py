@@ -130,3 +130,22 @@ def test_resolve_na_packed_remembers_the_choice(monkeypatch):
     assert deferred.resolve_na_packed(name, torch.randn_like(qkv), None, params) == "reference"
     assert calls == [(2, 7, 2, 8)]
     assert deferred.resolve_na_packed("cuda", qkv, None, params) == "cuda"  # a plain name passes through
+
+
+def test_switched_off_the_packed_calls_go_through_the_views(lib, monkeypatch):
+    """``NATTN_PACKED_CALLS=0`` (``cuda.PACKED_CALLS``): every packed call through the views'
+    calls, the same structs."""
+    from nattn.backends import cuda as cuda_backend
+
+    cuda = BACKENDS["cuda"]
+    qkv = torch.randn(1, 5, 6, 3, 2, 16, dtype=torch.float16)
+    params = normalize(*qkv.unbind(-3), 2, 3)
+    cuda.na_forward_packed(qkv, None, params)  # a layout seen: the next call could use the template
+    monkeypatch.setattr(cuda_backend, "PACKED_CALLS", False)
+    forward, backward = [], []
+    monkeypatch.setattr(cuda, "na_forward", lambda *a, **kw: forward.append(a) or (torch.empty(1, 5, 6, 2, 16),
+                                                                                  torch.empty(1, 5, 6, 2)))
+    monkeypatch.setattr(cuda, "na_backward", lambda *a, **kw: backward.append(kw) or (None, None, None, None))
+    out, lse = cuda.na_forward_packed(qkv, None, params)
+    cuda.na_backward_packed(qkv, None, out, lse, torch.randn_like(out), None, params)
+    assert len(forward) == 1 and len(backward) == 1 and len(backward[0]["grads_into"]) == 3

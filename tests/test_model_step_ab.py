@@ -19,7 +19,8 @@ def _load():
     return module
 
 
-@pytest.mark.parametrize("switch", ["threads", "packed", "fast-norm", "block-norm", "group-casts", "drop-draw"])
+@pytest.mark.parametrize("switch", ["threads", "packed", "fast-norm", "block-norm", "group-casts", "drop-draw",
+                                    "packed-calls"])
 def test_each_switch_times_both_sides(switch, monkeypatch, capsys):
     import nattn.nn.neighborhood_attention as na_module
 

@@ -68,6 +68,11 @@ _QUERY_RANGE_SLOT = kernel_table.FIELD_OFFSETS["query_range"]
 _DROPOUT_FAMILY = "tc"
 _SIMT_DROPOUT_FAMILY = "simt"
 
+# The calls on a packed qkv (CudaBackend.na_forward_packed / na_backward_packed) take their
+# template-and-offsets path unless NATTN_PACKED_CALLS=0 (read at import; benchmarks flip
+# this flag): then every call goes through the q / k / v views, as before December 2026.
+PACKED_CALLS = os.environ.get("NATTN_PACKED_CALLS", "1") != "0"
+
 try:  # a raw cudaStream_t for a device index, ~10x cheaper than current_stream()
     _raw_stream = torch._C._cuda_getCurrentRawStream
 except AttributeError:  # pragma: no cover - older torch
@@ -488,7 +493,7 @@ class CudaBackend(Backend):
         """``na_forward`` on ``qkv``'s q / k / v views: ``(out, lse)``."""
         key = ("fwd", params, qkv.dtype, qkv.device, rpb is None, qkv.shape, qkv.stride())
         entry = self._packed.get(key)
-        if entry is None or params.dropout_p:  # a layout's first call (or dropout): through the views
+        if entry is None or params.dropout_p or not PACKED_CALLS:  # a layout's first call: through the views
             q, k, v = qkv.unbind(-3)
             out, lse = self.na_forward(q, k, v, rpb, params)
             self._packed_template(key, params, q, k, v, out)
@@ -515,7 +520,7 @@ class CudaBackend(Backend):
         d(qkv)'s views. A bias gradient under torch's determinism switch (whose alert reads
         the views) and dropout take the views' path."""
         dqkv = _buffers.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-        if params.dropout_p or (rpb is not None and torch.are_deterministic_algorithms_enabled()):
+        if not PACKED_CALLS or params.dropout_p or (rpb is not None and torch.are_deterministic_algorithms_enabled()):
             q, k, v = qkv.unbind(-3)
             *_, drpb = self.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, grads_into=dqkv.unbind(-3))
             return dqkv, drpb
