@@ -164,10 +164,10 @@ class NABlock(nn.Module):
                     mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x + drop_path(gamma * y)`` as one ``addcmul`` of ``y`` and a small factor: the
         per-sample stochastic-depth mask (drawn as timm's DropPath draws it unless ``mask``,
-        ``[B]`` or ``[B, 1, ..]`` 0 / 1, was drawn for it; its 1 / keep scale as addcmul's scalar) and / or the
-        layer-scale gains. Against multiply(s) then add: one kernel, one pass over the
-        activations and one autograd node less per factor (the product is not rounded to
-        y's dtype before the add)."""
+        ``[B]`` or ``[B, 1, ..]`` 0 / 1, was drawn for it; its 1 / keep scale as addcmul's
+        scalar) and / or the layer-scale gains. Against multiply(s) then add: one kernel, one
+        pass over the activations and one autograd node less per factor (the product is not
+        rounded to y's dtype before the add)."""
         dp = self.drop_path
         factor = gamma
         scale = 1.0
@@ -371,8 +371,9 @@ class ChannelsLastBackbone(nn.Module):
 
     def _drop_path_rows(self, x: torch.Tensor) -> Optional[Tuple[torch.Tensor, ...]]:
         """The masks of one training forward: two ``[B, 1, ..]`` 0 / 1 rows (``x``'s rank) per
-        NA block of the sequence, in block order, at ``x``'s dtype (so that a branch's residual add keeps the
-        dtype it had with the block's own draw); None where the blocks draw their own."""
+        NA block of the sequence, in block order, at ``x``'s dtype (so that a branch's residual
+        add keeps the dtype it had with the block's own draw); None where the blocks draw
+        their own."""
         if not (self.training and self.one_drop_path_draw) or torch.jit.is_scripting():
             return None
         probs = []

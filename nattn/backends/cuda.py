@@ -520,22 +520,26 @@ class CudaBackend(Backend):
         d(qkv)'s views. A bias gradient under torch's determinism switch (whose alert reads
         the views) and dropout take the views' path."""
         dqkv = _buffers.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
-        if not PACKED_CALLS or params.dropout_p or (rpb is not None and torch.are_deterministic_algorithms_enabled()):
+        views = not PACKED_CALLS or params.dropout_p
+        if views or (rpb is not None and torch.are_deterministic_algorithms_enabled()):
             q, k, v = qkv.unbind(-3)
-            *_, drpb = self.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params, grads_into=dqkv.unbind(-3))
+            *_, drpb = self.na_backward(q, k, v, rpb, out, lse, grad_out, grad_lse, params,
+                                        grads_into=dqkv.unbind(-3))
             return dqkv, drpb
         lib = self._lib()
         out, lse, grad_out, grad_lse, delta, rpb32, drpb = backward_operands(out, lse, grad_out, grad_lse, rpb)
         key = ("bwd", params, qkv.dtype, qkv.device, rpb is None, qkv.shape, qkv.stride(), out.stride(),
                grad_out.stride())
-        template, device, k_off, v_off, dk_off, dv_off = (
-            self._packed.get(key) or self._packed_template(key, params, *qkv.unbind(-3), out, grad_out, *dqkv.unbind(-3)))
+        entry = self._packed.get(key)
+        if entry is None:  # a layout's first call: the template from the views
+            entry = self._packed_template(key, params, *qkv.unbind(-3), out, grad_out, *dqkv.unbind(-3))
+        template, device, k_off, v_off, dk_off, dv_off = entry
         fields = _Problem.from_buffer_copy(template)
         base, dbase = qkv.data_ptr(), dqkv.data_ptr()
         fields[_Q_SLOT], fields[_K_SLOT], fields[_V_SLOT] = base, base + k_off, base + v_off
         fields[_DQ_SLOT], fields[_DK_SLOT], fields[_DV_SLOT] = dbase, dbase + dk_off, dbase + dv_off
-        fields[_OUT_SLOT], fields[_LSE_SLOT], fields[_GRAD_OUT_SLOT] = out.data_ptr(), lse.data_ptr(), grad_out.data_ptr()
-        fields[_DELTA_SLOT] = delta.data_ptr()
+        fields[_OUT_SLOT], fields[_LSE_SLOT], fields[_DELTA_SLOT] = out.data_ptr(), lse.data_ptr(), delta.data_ptr()
+        fields[_GRAD_OUT_SLOT] = grad_out.data_ptr()
         if grad_lse is not None:
             fields[_GRAD_LSE_SLOT] = grad_lse.data_ptr()
         if rpb32 is not None:
