@@ -187,7 +187,8 @@ def _na_qkv_forward_impl(
     is_causal: List[int], scale: float, backend: str,
 ) -> Tuple[Tensor, Tensor]:
     params = _params(kernel_size, stride, dilation, is_causal, scale)
-    return na_forward_packed_only(get_backend(deferred.resolve_na_packed(backend, qkv, rpb, params)), qkv, rpb, params)
+    impl = get_backend(deferred.resolve_na_packed(backend, qkv, rpb, params))
+    return na_forward_packed_only(impl, qkv, rpb, params)
 
 
 def _na_qkv_forward_fake(qkv, rpb, kernel_size, stride, dilation, is_causal, scale, backend):

@@ -72,6 +72,9 @@ def resolve_na(name: str, q, k, v, rpb, params) -> str:
     return chosen
 
 
+PACKED = "packed|"  # tags resolve_na_packed's signatures apart from resolve_na's
+
+
 def resolve_na_packed(name: str, qkv, rpb, params) -> str:
     """``resolve_na`` for the q / k / v views of a packed ``qkv`` ``[B, *spatial, 3, H, D]``
     (the modules' op): remembered per ``qkv`` signature, so the views are built only when the
@@ -88,9 +91,6 @@ def resolve_na_packed(name: str, qkv, rpb, params) -> str:
     chosen = resolve_na(name, q, k, v, rpb, params)
     _call_cache.put(sig, (chosen,))
     return chosen
-
-
-PACKED = "packed|"  # tags resolve_na_packed's signatures apart from resolve_na's
 
 
 def resolve_dense(name: str, q, k, v, is_causal, dropout_p: float = 0.0) -> str:
