@@ -2,7 +2,8 @@
 NAPackedFunction): the kernels write dq, dk and dv into strided views of one d(qkv). Fresh
 random modules and inputs: against a float64 copy of the module on the reference backend,
 and against the q/k/v path's gradients (which take the same kernels with contiguous dq / dk /
-dv: bitwise equal without an RPB, whose gradient is summed with atomics)."""
+dv: bitwise equal without an RPB, whose gradient is summed with atomics); a layout's second
+call (the backend's cached template and offsets, no views) against its first."""
 
 import random
 
@@ -62,6 +63,19 @@ def test_packed_path_against_float64_and_the_qkv_path(i, monkeypatch):
     assert applied == [1], "the module did not take the packed path"
     ry, rgx, rgp = run(ref, torch.float64)
     where = f"case {i} (seed {SEED}): {cls.__name__} dim {dim} heads {heads} {kw} {lead} {dtype}"
+    # A layout's first call goes through the q / k / v views; the next ones through the
+    # backend's cached template and offsets (CudaBackend.na_forward_packed): the same results,
+    # training and inference (the bias gradient is summed with atomics: close, not bitwise).
+    y1, gx1, gp1 = run(layer, dtype)
+    with torch.no_grad():
+        y_infer = [layer(x.to(dtype)) for _ in range(2)]
+    assert all(torch.equal(t, y) for t in [y1] + y_infer), where
+    if not kw["rel_pos_bias"]:
+        assert torch.equal(gx, gx1), where
+        for name in gp:
+            assert torch.equal(gp[name], gp1[name]), f"{name}, {where}"
+    else:
+        check(f"x.grad, cached layout, {where}", gx1, gx, 1e-2)
     check(f"out, {where}", y, ry, 2e-2)
     check(f"x.grad, {where}", gx, rgx, 3e-2)
     for name in gp:
