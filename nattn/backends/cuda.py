@@ -475,18 +475,16 @@ class CudaBackend(Backend):
     # On a 2-core CPU with a stand-in library (`benchmarks/host_overhead.py --null-library`,
     # best of five runs): the packed forward op 30.4 -> 27.0 us a call, its backward 39.5 -> 28.7.
 
-    def _packed_template(self, key, params, q, k, v, out, grad_out=None, dq=None, dk=None, dv=None):
-        """The cached ``(template, device, k offset, v offset[, dk offset, dv offset])`` (bytes
-        from q's / dq's pointer) of a packed layout, made from one call's views."""
-        entry = self._packed.get(key)
-        if entry is None:
-            template, device = self._template(params, (q, k, v, out, grad_out, dq, dk, dv))
-            offsets = [k.data_ptr() - q.data_ptr(), v.data_ptr() - q.data_ptr()]
-            if dq is not None:
-                offsets += [dk.data_ptr() - dq.data_ptr(), dv.data_ptr() - dq.data_ptr()]
-            if len(self._packed) >= _MAX_TEMPLATES:
-                self._packed.clear()
-            entry = self._packed[key] = (template, device, *offsets)
+    def _remember_packed(self, key, params, q, k, v, out, grad_out=None, dq=None, dk=None, dv=None):
+        """Caches and returns a packed layout's ``(template, device, k offset, v offset[, dk
+        offset, dv offset])`` (bytes from q's / dq's pointer), made from one call's views."""
+        template, device = self._template(params, (q, k, v, out, grad_out, dq, dk, dv))
+        offsets = [k.data_ptr() - q.data_ptr(), v.data_ptr() - q.data_ptr()]
+        if dq is not None:
+            offsets += [dk.data_ptr() - dq.data_ptr(), dv.data_ptr() - dq.data_ptr()]
+        if len(self._packed) >= _MAX_TEMPLATES:
+            self._packed.clear()
+        entry = self._packed[key] = (template, device, *offsets)
         return entry
 
     def na_forward_packed(self, qkv, rpb, params):
@@ -496,7 +494,7 @@ class CudaBackend(Backend):
         if entry is None or params.dropout_p or not PACKED_CALLS:  # a layout's first call: through the views
             q, k, v = qkv.unbind(-3)
             out, lse = self.na_forward(q, k, v, rpb, params)
-            self._packed_template(key, params, q, k, v, out)
+            self._remember_packed(key, params, q, k, v, out)
             return out, lse
         template, device, k_off, v_off = entry
         lib = self._lib()
@@ -532,7 +530,7 @@ class CudaBackend(Backend):
                grad_out.stride())
         entry = self._packed.get(key)
         if entry is None:  # a layout's first call: the template from the views
-            entry = self._packed_template(key, params, *qkv.unbind(-3), out, grad_out, *dqkv.unbind(-3))
+            entry = self._remember_packed(key, params, *qkv.unbind(-3), out, grad_out, *dqkv.unbind(-3))
         template, device, k_off, v_off, dk_off, dv_off = entry
         fields = _Problem.from_buffer_copy(template)
         base, dbase = qkv.data_ptr(), dqkv.data_ptr()

@@ -63,19 +63,26 @@ def test_packed_path_against_float64_and_the_qkv_path(i, monkeypatch):
     assert applied == [1], "the module did not take the packed path"
     ry, rgx, rgp = run(ref, torch.float64)
     where = f"case {i} (seed {SEED}): {cls.__name__} dim {dim} heads {heads} {kw} {lead} {dtype}"
+
+    def same_as_first(other, label):
+        """The first run's output bitwise, and its gradients bitwise without an RPB (whose
+        gradient is summed with atomics: x.grad close then)."""
+        oy, ogx, ogp = other
+        assert torch.equal(y, oy), f"{label}, {where}"
+        if not kw["rel_pos_bias"]:
+            assert torch.equal(gx, ogx), f"{label}, {where}"
+            for name in gp:
+                assert torch.equal(gp[name], ogp[name]), f"{name}, {label}, {where}"
+        else:
+            check(f"x.grad, {label}, {where}", ogx, gx, 1e-2)
+
     # A layout's first call goes through the q / k / v views; the next ones through the
     # backend's cached template and offsets (CudaBackend.na_forward_packed): the same results,
-    # training and inference (the bias gradient is summed with atomics: close, not bitwise).
-    y1, gx1, gp1 = run(layer, dtype)
+    # training and inference.
+    same_as_first(run(layer, dtype), "the cached layout")
     with torch.no_grad():
         y_infer = [layer(x.to(dtype)) for _ in range(2)]
-    assert all(torch.equal(t, y) for t in [y1] + y_infer), where
-    if not kw["rel_pos_bias"]:
-        assert torch.equal(gx, gx1), where
-        for name in gp:
-            assert torch.equal(gp[name], gp1[name]), f"{name}, {where}"
-    else:
-        check(f"x.grad, cached layout, {where}", gx1, gx, 1e-2)
+    assert all(torch.equal(t, y) for t in y_infer), where
     check(f"out, {where}", y, ry, 2e-2)
     check(f"x.grad, {where}", gx, rgx, 3e-2)
     for name in gp:
@@ -83,11 +90,4 @@ def test_packed_path_against_float64_and_the_qkv_path(i, monkeypatch):
 
     monkeypatch.setattr(functional.NAPackedFunction, "apply", real)
     monkeypatch.setattr("nattn.nn.neighborhood_attention.na_packed_qkv", lambda *a, **k: None)
-    y2, gx2, gp2 = run(layer, dtype)
-    assert torch.equal(y, y2)
-    if not kw["rel_pos_bias"]:
-        assert torch.equal(gx, gx2), where
-        for name in gp:
-            assert torch.equal(gp[name], gp2[name]), f"{name}, {where}"
-    else:
-        check(f"x.grad vs the q/k/v path, {where}", gx, gx2, 1e-2)
+    same_as_first(run(layer, dtype), "the q/k/v path")
