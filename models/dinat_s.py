@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, LayerNorm, NAStage, block_dilations, create, rename_stages
+from ._checkpoints import rename_stages
+from ._common import ChannelsLastBackbone, LayerNorm, NAStage, block_dilations
+from ._create import create
 from .nat import _cfg, dinat_dilations
 
 __all__ = ["DiNAT_s", "checkpoint_filter_fn"]

@@ -8,8 +8,9 @@ from typing import Optional
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import (ChannelsLastBackbone, LayerNorm, NABlock, check_state_dict, create, drop_path_rates,
-                      strip_backbone_prefix, unwrap_state_dict)
+from ._checkpoints import check_state_dict, strip_backbone_prefix, unwrap_state_dict
+from ._common import ChannelsLastBackbone, LayerNorm, NABlock, drop_path_rates
+from ._create import create
 from .dinat_s import PatchEmbed
 from .nat import _cfg
 

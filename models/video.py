@@ -15,7 +15,9 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
-from ._common import ChannelsLastBackbone, LayerNorm, NAStage, block_dilations, create, unwrap_state_dict
+from ._checkpoints import unwrap_state_dict
+from ._common import ChannelsLastBackbone, LayerNorm, NAStage, block_dilations
+from ._create import create
 
 __all__ = ["VideoNAT"]
 

@@ -308,7 +308,8 @@ def test_original_state_dict_gives_the_same_logits(name):
 
 
 # ------------------------------------------- detection/segmentation checkpoints, load errors
-from nattn.models._common import CheckpointMismatchError, PretrainedWeightsError  # noqa: E402
+from nattn.models._checkpoints import CheckpointMismatchError  # noqa: E402
+from nattn.models._create import PretrainedWeightsError  # noqa: E402
 
 
 def _float32_exact(ref):

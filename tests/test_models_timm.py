@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import nattn  # noqa: F401  (registers the models with timm)
 
 timm = pytest.importorskip("timm")
-from nattn.models._common import PretrainedWeightsError  # noqa: E402
+from nattn.models._create import PretrainedWeightsError  # noqa: E402
 
 # Exact counts (1000 classes; video: 400) and the published figure in millions
 # (NAT: arXiv:2204.07143, DiNAT, DiNAT_s, isotropic: arXiv:2209.15001). The papers
