@@ -12,6 +12,7 @@ does not move.
     python benchmarks/model_step_ab.py --switch norm-kernel --mode infer  # libnattn's LayerNorm / torch's
     python benchmarks/model_step_ab.py --switch drop-draw    # one stochastic-depth draw a step / one a block
     python benchmarks/model_step_ab.py --switch packed-calls # the cuda backend's packed-qkv calls / the views'
+    python benchmarks/model_step_ab.py --switch fused-add --mode infer  # residual add fused into norm2 / not
     python benchmarks/model_step_ab.py --switch packed --model dinat_tiny -b 128 --rounds 3
     python benchmarks/model_step_ab.py --switch group-casts --compile  # both sides under torch.compile
     python benchmarks/model_step_ab.py --switch packed --device cpu --model nat_mini -b 1 --size 64 --iters 1
@@ -29,7 +30,9 @@ no gradient is recorded, or torch's kernel; a training step records gradients, s
 ``--mode infer`` differs); drop-draw: the model's ``one_drop_path_draw`` attribute (the
 blocks' stochastic-depth masks from one draw a forward, or one draw per block; training only);
 packed-calls: ``nattn.backends.cuda.PACKED_CALLS`` (the cuda backend's calls on a packed qkv
-by template and offsets, or through the q / k / v views; ``NATTN_PACKED_CALLS=0``).
+by template and offsets, or through the q / k / v views; ``NATTN_PACKED_CALLS=0``); fused-add:
+``NATTN_FUSED_ADD_NORM`` unset or 0 (each block's residual add fused into its norm2's kernel
+where the norms run libnattn's, or torch's add; inference only).
 """
 
 import argparse
@@ -44,7 +47,7 @@ from nattn.backends import cuda as cuda_backend
 from nattn.bench.models import create_model, kernel_ms, step_ms, steps
 
 SWITCHES = ("threads", "packed", "fast-norm", "block-norm", "group-casts", "norm-kernel", "drop-draw",
-            "packed-calls")
+            "packed-calls", "fused-add")
 
 
 def build(name, device, fast_norm=False, state=None, **kwargs):
@@ -96,6 +99,8 @@ def main():
             cuda_backend.PACKED_CALLS = on
         if args.switch == "norm-kernel":
             os.environ["NATTN_LAYER_NORM_KERNEL"] = "1" if on else "0"
+        if args.switch == "fused-add":
+            os.environ["NATTN_FUSED_ADD_NORM"] = "1" if on else "0"
         if args.compile:
             model = compiled.setdefault(id(model), torch.compile(model))
         return steps(model, x, y, dev)[args.mode == "infer"], ctx

@@ -15,7 +15,7 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint_seq
 from torch import nn
 
-from nattn._eager import autocast_off, autocast_on
+from nattn._eager import autocast_off, autocast_on, eager_ok, records_graph
 # Defined here before the checkpoint helpers had their own file (docs named this module).
 from ._checkpoints import CheckpointMismatchError  # noqa: F401
 from ._create import PretrainedWeightsError  # noqa: F401
@@ -55,6 +55,20 @@ class LayerNorm(_TimmLayerNorm):
                     return out
         return super().forward(x)
 
+    def add_norm(self, x: torch.Tensor, branch: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(s, self(s))`` for ``s = x + branch`` (a residual add, then this norm): one libnattn
+        kernel where ``forward`` would run its kernel (inference on CUDA; the same values bit for
+        bit), else torch's add and ``forward``."""
+        if not torch.jit.is_scripting() and not self._timm_fast:
+            out_dtype = torch.float32 if autocast_on(x.device.type) else None
+            s_dtype = torch.promote_types(x.dtype, branch.dtype)
+            if out_dtype is not None or self.weight is None or self.weight.dtype == s_dtype:
+                fused = fast_norm.add_layer_norm(x, branch, self.weight, self.bias, self.eps, out_dtype)
+                if fused is not None:
+                    return fused
+        s = x + branch
+        return s, self(s)
+
 
 class BranchLayerNorm(LayerNorm):
     """A block's pre-norm (``norm1`` / ``norm2``), whose output feeds only a Linear: under
@@ -82,6 +96,17 @@ class BranchLayerNorm(LayerNorm):
         bias = None if self.bias is None else param_cast.cast_of(self.bias).to(dt)
         with autocast_off(device):
             return F.layer_norm(x.to(dt), self.normalized_shape, weight, bias, self.eps)
+
+    def add_norm(self, x: torch.Tensor, branch: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        device = x.device.type
+        if self._timm_fast or torch.jit.is_scripting() or not autocast_on(device):
+            return super().add_norm(x, branch)
+        fused = fast_norm.add_layer_norm(x, branch, param_cast.cast_of(self.weight), param_cast.cast_of(self.bias),
+                                         self.eps, torch.get_autocast_dtype(device), round_to_out=True)
+        if fused is not None:
+            return fused
+        s = x + branch
+        return s, self(s)
 
 
 def branch_norm(norm_layer, dim: int, fp32_block_norms: bool) -> nn.Module:
@@ -149,8 +174,37 @@ class NABlock(nn.Module):
         (``ChannelsLastBackbone.one_drop_path_draw``), or None: the block draws its own masks
         as timm's DropPath does."""
         m1, m2 = (None, None) if drop_masks is None else drop_masks
-        x = self._add_branch(x, self.attn(self.norm1(x)), self.gamma1, m1)
-        return self._add_branch(x, self.mlp(self.norm2(x)), self.gamma2, m2)
+        y = self.attn(self.norm1(x))
+        if self._plain_adds() and not _hooked(self.norm2):
+            # the add and norm2 in one kernel where the norm runs libnattn's (inference)
+            x, h = self.norm2.add_norm(x, y)
+        else:
+            x = self._add_branch(x, y, self.gamma1, m1)
+            h = self.norm2(x)
+        return self._add_branch(x, self.mlp(h), self.gamma2, m2)
+
+    def forward_chained(self, x: torch.Tensor, pending: Optional[torch.Tensor]):
+        """The block on ``x + pending`` (``pending``: the previous block's MLP branch, not yet
+        added, or None), as ``(x after the attention branch's add, the MLP branch)``: the block's
+        output is their sum. Each residual add then runs in the kernel of the norm after it
+        (``LayerNorm.add_norm``); ``NAStage`` chains its blocks so where ``_plain_adds``."""
+        if pending is None:
+            h = self.norm1(x)
+        else:
+            x, h = self.norm1.add_norm(x, pending)
+        x, h = self.norm2.add_norm(x, self.attn(h))
+        return x, self.mlp(h)
+
+    def _plain_adds(self) -> bool:
+        """Whether both residual adds are plain ``x + branch`` (no layer scale, no stochastic
+        depth at work) with the models' own norms, which can take them (``add_norm``)."""
+        return (self.gamma1 is None and self.gamma2 is None and not self._drops_paths()
+                and isinstance(self.norm1, LayerNorm) and isinstance(self.norm2, LayerNorm))
+
+    def _drops_paths(self) -> bool:
+        """Whether stochastic depth is at work (training with a drop rate above 0)."""
+        dp = self.drop_path
+        return self.training and isinstance(dp, DropPath) and dp.drop_prob > 0.0
 
     def drop_prob(self) -> float:
         """The probability that stochastic depth drops a branch of a sample in training."""
@@ -168,7 +222,7 @@ class NABlock(nn.Module):
         dp = self.drop_path
         factor = gamma
         scale = 1.0
-        if self.training and isinstance(dp, DropPath) and dp.drop_prob > 0.0:
+        if self._drops_paths():
             keep = 1.0 - dp.drop_prob
             shape = (y.shape[0],) + (1,) * (y.ndim - 1)
             if mask is None:
@@ -220,6 +274,16 @@ def drop_path_rates(depths: List[int], rate: float) -> List[List[float]]:
     return out
 
 
+def _hooked(*modules: nn.Module) -> bool:
+    """Whether a forward hook would see these modules' calls (their own or global ones): the
+    fused residual adds call the norms' ``add_norm`` and the blocks' ``forward_chained``, not
+    their ``forward``, so hooked modules keep the plain path."""
+    from torch.nn.modules import module as torch_module
+    if getattr(torch_module, "_global_forward_hooks", None) or getattr(torch_module, "_global_forward_pre_hooks", None):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
 class NAStage(nn.Module):
     """One stage: an optional downsampler, then ``depth`` NA blocks with per-block dilations."""
 
@@ -237,10 +301,26 @@ class NAStage(nn.Module):
         depth`` tensors, see ``NABlock.forward``), or None: each block draws its own."""
         x = self.downsample(x)
         if drop_masks is None:
-            return self.blocks(x)
+            if not self._chains_adds(x):
+                return self.blocks(x)
+            pending = None
+            for block in self.blocks:
+                x, pending = block.forward_chained(x, pending)
+            return x + pending
         for i, block in enumerate(self.blocks):
             x = block(x, drop_masks[2 * i:2 * i + 2])
         return x
+
+    def _chains_adds(self, x: torch.Tensor) -> bool:
+        """Whether the blocks run chained (``NABlock.forward_chained``): inference on CUDA,
+        where each residual add can run in the next norm's kernel, with plain adds and no
+        hooks on the blocks or their norms. The same values as the blocks' ``forward``."""
+        if torch.jit.is_scripting() or not x.is_cuda or not fast_norm.fused_add_enabled() or not eager_ok(x):
+            return False
+        first = self.blocks[0] if len(self.blocks) else None
+        if first is None or records_graph(x, getattr(first.norm1, "weight", None)):
+            return False
+        return all(b._plain_adds() and not _hooked(b, b.norm1, b.norm2) for b in self.blocks)
 
 
 def init_weights(module: nn.Module) -> None:

@@ -599,3 +599,45 @@ def test_layer_norm_checks_its_arguments():
 def test_layer_norm_without_gpu_reports_cuda_error():
     rc, msg = layer_norm_call()
     assert rc == 3 and "on device 0" in msg
+
+
+def add_layer_norm_call(**kw):
+    """One nattn_add_layer_norm call on CPU tensors' addresses (the checks run before the GPU)."""
+    x = torch.zeros(4, 64 + 8, dtype=torch.float32)
+    r = torch.zeros(4, 64, dtype=torch.bfloat16)
+    s = torch.empty(4, 64, dtype=torch.float32)
+    y = torch.empty(4, 64, dtype=torch.bfloat16)
+    w = torch.ones(64)
+    args = dict(device=0, x_ptr=x.data_ptr(), x_row=72, x_dtype=0, r_ptr=r.data_ptr(), r_row=64, r_dtype=2,
+                s_ptr=s.data_ptr(), s_dtype=0, y_ptr=y.data_ptr(), y_dtype=2, w_ptr=w.data_ptr(), b_ptr=0,
+                w_dtype=0, rows=4, channels=64, eps=1e-5, round=1)
+    args.update(kw)
+    err = ctypes.create_string_buffer(512)
+    rc = LIB.add_layer_norm(*args.values(), None, err, 512)
+    return rc, err.value.decode()
+
+
+def test_add_layer_norm_checks_its_arguments():
+    """The fused residual add's entry refuses each bad argument with code 1 and a message that
+    names it, the norm's own (shared with nattn_layer_norm) and the branch's and sum's."""
+    assert LIB.add_layer_norm is not None
+    for kw, words in (
+        (dict(r_ptr=0), "r must be non-null"),
+        (dict(r_dtype=5), "r_dtype must be 0 (float32), 1 (float16) or 2 (bfloat16), got 5"),
+        (dict(s_dtype=-1), "s_dtype must be"),
+        (dict(r_row=56), "r_row (56) must be >= channels (64)"),
+        (dict(r_row=68), "r and s must be non-null with 16-byte aligned rows (r_row=68)"),
+        (dict(s_ptr=0), "r and s must be non-null"),
+        (dict(x_dtype=3), "x_dtype must be"),
+        (dict(channels=12, x_row=72, r_row=72), "channels must be a multiple of 8"),
+        (dict(eps=-1.0), "eps must be >= 0"),
+    ):
+        rc, msg = add_layer_norm_call(**kw)
+        assert rc == 1 and words in msg and msg.startswith("nattn layer_norm: "), (kw, msg)
+    assert add_layer_norm_call(rows=0) == (0, "")  # nothing to launch
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
+def test_add_layer_norm_without_gpu_reports_cuda_error():
+    rc, msg = add_layer_norm_call()
+    assert rc == 3 and "on device 0" in msg

@@ -118,6 +118,12 @@ class Library:
             self.layer_norm.restype = ctypes.c_int
             lib.nattn_layer_norm_max_channels.restype = ctypes.c_int64
             self.layer_norm_max_channels = int(lib.nattn_layer_norm_max_channels())
+        # The residual add fused into it (older builds: none)
+        self.add_layer_norm = getattr(lib, "nattn_add_layer_norm", None)
+        if self.add_layer_norm is not None:
+            self.add_layer_norm.argtypes = [ctypes.c_int64] * 16 + [ctypes.c_double, ctypes.c_int64, ctypes.c_void_p,
+                                                                    ctypes.c_char_p, ctypes.c_int64]
+            self.add_layer_norm.restype = ctypes.c_int
         # Families whose kernels run attention dropout (dropout_families, asked per access).
         self._dropout_families = None
         if self.abi >= 3 and hasattr(lib, "nattn_dropout_families"):

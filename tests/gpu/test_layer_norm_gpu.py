@@ -1,6 +1,7 @@
 """GPU tier: libnattn's forward LayerNorm (nattn/nn/fast_norm.py) on fresh random rows against
 the same norm in float64 and against torch's kernel, the cases it must decline, and the NA
-models' inference with it against torch's norms.
+models' inference with it against torch's norms; the residual add fused into it
+(``add_layer_norm``) against torch's add and the unfused kernel, bit for bit.
 
 NATTN_NORM_SEED=<n> reruns one draw (a failure prints its seed)."""
 
@@ -174,7 +175,14 @@ def test_models_infer_with_the_kernel(model_name, amp, monkeypatch):
         calls.append(args[10])  # channels
         return kernel(*args)
 
+    fused_kernel = lib.add_layer_norm
+
+    def fused_counted(*args):
+        calls.append(args[15])  # channels
+        return fused_kernel(*args)
+
     monkeypatch.setattr(lib, "layer_norm", counted)
+    monkeypatch.setattr(lib, "add_layer_norm", fused_counted)
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=amp):
         ours = model(x).float()
         monkeypatch.setenv("NATTN_LAYER_NORM_KERNEL", "0")
@@ -183,3 +191,88 @@ def test_models_infer_with_the_kernel(model_name, amp, monkeypatch):
     assert len(calls) == norms, f"{len(calls)} kernel calls for {norms} norms"
     err = ((ours - theirs).norm() / theirs.norm()).item()
     assert err < (3e-2 if amp else 1e-4), f"relative error {err:.3g} (NATTN_NORM_SEED={SEED})"
+
+
+@pytest.mark.parametrize("i", range(160))
+def test_add_layer_norm_is_add_then_norm(i):
+    """``add_layer_norm(x, r, ...)`` against torch's ``x + r`` and ``layer_norm`` of that sum,
+    bit for bit: the sum (the dtypes' promotion, one rounding) and the norm read from registers
+    compute the same values as the two kernels."""
+    rng = random.Random(SEED * 1000 + 2000 + i)
+    c = draw(rng)
+    x, w, b = make(c)
+    r_dtype = rng.choice(DTYPES)
+    r_gap = rng.choice([0, 0, 8, 40])
+    g = torch.Generator(device="cuda").manual_seed(c["seed"] + 1)
+    r = (torch.randn(c["rows"], c["channels"] + r_gap, device="cuda", generator=g) * c["scale"]).to(r_dtype)
+    r = r[:, : c["channels"]]
+    s_dtype = torch.promote_types(x.dtype, r_dtype)
+    if not c["round_to_out"]:
+        c["out_dtype"] = rng.choice([s_dtype, torch.float32])
+    with torch.no_grad():
+        fused = fast_norm.add_layer_norm(x, r, w, b, c["eps"], c["out_dtype"], c["round_to_out"])
+        assert fused is not None, f"declined {c}, r {r_dtype} (NATTN_NORM_SEED={SEED})"
+        s, y = fused
+        ref_s = x + r
+        ref_y = fast_norm.layer_norm(ref_s, w, b, c["eps"], c["out_dtype"], c["round_to_out"])
+    info = f"{c}, r {r_dtype} gap {r_gap} (NATTN_NORM_SEED={SEED})"
+    assert s.dtype == s_dtype and s.is_contiguous() and y.dtype == c["out_dtype"] and y.shape == x.shape, info
+    assert torch.isfinite(y).all() and torch.isfinite(s).all(), f"non-finite output, {info}"
+    assert torch.equal(s, ref_s), f"sum differs, {info}"
+    assert torch.equal(y, ref_y), f"norm differs, {info}"
+
+
+def test_add_layer_norm_declines_what_it_cannot_take(monkeypatch):
+    """None (torch's add and the norm run instead) for another shape, a gradient to record,
+    a misaligned branch, a CPU branch, float64, the switch off."""
+    x, r = torch.randn(64, 96, device="cuda"), torch.randn(64, 96, device="cuda").bfloat16()
+    w = torch.ones(96, device="cuda")
+    assert fast_norm.add_layer_norm(x, r, w, None, 1e-5) is not None
+    with torch.no_grad():
+        assert fast_norm.add_layer_norm(x, r[:32], w, None, 1e-5) is None
+        assert fast_norm.add_layer_norm(x, r.cpu(), w, None, 1e-5) is None
+        assert fast_norm.add_layer_norm(x, r.double(), w, None, 1e-5) is None
+        odd = torch.randn(64 * 96 + 1, device="cuda")[1:].view(64, 96)
+        assert fast_norm.add_layer_norm(x, odd, w, None, 1e-5) is None
+        assert fast_norm.add_layer_norm(odd, r, w, None, 1e-5) is None
+        assert fast_norm.add_layer_norm(x, r.t().contiguous().t(), w, None, 1e-5) is None
+        with FlopCounterMode(display=False):
+            assert fast_norm.add_layer_norm(x, r, w, None, 1e-5) is None
+        monkeypatch.setenv("NATTN_FUSED_ADD_NORM", "0")
+        assert fast_norm.add_layer_norm(x, r, w, None, 1e-5) is None
+    monkeypatch.delenv("NATTN_FUSED_ADD_NORM")
+    assert fast_norm.add_layer_norm(x, r.requires_grad_(), w, None, 1e-5) is None
+
+
+@pytest.mark.parametrize("model_name", ["dinat_tiny", "nat_mini"])
+@pytest.mark.parametrize("amp", [False, True])
+def test_models_fused_add_is_bitwise(model_name, amp, monkeypatch):
+    """An NA model's inference with its residual adds fused into the norms after them (a stage's
+    blocks chained) against the same model with the adds left to torch
+    (``NATTN_FUSED_ADD_NORM=0``): the same logits bit for bit, and the fused calls expected."""
+    import importlib
+
+    import timm
+
+    importlib.import_module("nattn.models")
+    torch.manual_seed(SEED % 1000)
+    model = timm.create_model(model_name).cuda().eval().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    lib = library.load()
+    fused_calls = []
+    kernel = lib.add_layer_norm
+
+    def counted(*args):
+        fused_calls.append(args[15])
+        return kernel(*args)
+
+    monkeypatch.setattr(lib, "add_layer_norm", counted)
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=amp):
+        ours = model(x)
+        monkeypatch.setenv("NATTN_FUSED_ADD_NORM", "0")
+        theirs = model(x)
+    # a stage's blocks run chained: every residual add but the stage's last runs in a norm's kernel
+    expected = sum(2 * len(m.blocks) - 1 for m in model.modules() if type(m).__name__ == "NAStage")
+    assert len(fused_calls) == expected, f"{len(fused_calls)} fused calls, expected {expected}"
+    assert torch.isfinite(ours).all()
+    assert torch.equal(ours, theirs), f"max difference {(ours - theirs).abs().max().item():.3g} (NATTN_NORM_SEED={SEED})"

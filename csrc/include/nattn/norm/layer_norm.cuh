@@ -13,6 +13,12 @@
 // bit); w and b any of them or absent. `round`: x, w and b are rounded to y's dtype before
 // use, as a norm that casts its input and parameters to the autocast dtype first (the models'
 // block norms, models/_common.py BranchLayerNorm).
+//
+// With a branch r (the models' residual add, s = x + r, then a norm of s): each element of s is
+// float(x) + float(r) rounded to s's dtype, as torch's add computes it (float32 arithmetic,
+// one rounding), written packed, and normalized as x would be. One pass reads x and r and
+// writes s and y: 12 bytes an element for a float32 stream and a 16-bit branch and output,
+// against 16 for the add and the norm as two kernels (and one launch less).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -40,6 +46,10 @@ struct LayerNormParams {
   float eps;
   int round;
   int passes;           // row groups a block serves (layer_norm_passes)
+  const void* r;        // the branch added to x first ([rows, channels], rows r_row apart), or null
+  void* s;              // x + r, written [rows, channels] packed (with r)
+  int64_t r_row;
+  int r_dtype, s_dtype;  // Dtype of r and s
 };
 
 __device__ __forceinline__ int nattn_norm_min(int a, int b) { return a < b ? a : b; }
@@ -86,14 +96,29 @@ __device__ __forceinline__ void load_param8(const void* p, int dtype, int c, flo
   }
 }
 
+// Eight elements at p of runtime dtype `dtype`, as floats, and eight floats stored so.
+__device__ __forceinline__ void load8_any(const void* p, int dtype, int64_t at, float* v) {
+  if (dtype == kF32) Vec8<float>::load(v, static_cast<const float*>(p) + at);
+  else if (dtype == kF16) Vec8<__half>::load(v, static_cast<const __half*>(p) + at);
+  else Vec8<bf16_t>::load(v, static_cast<const bf16_t*>(p) + at);
+}
+__device__ __forceinline__ void store8_any(void* p, int dtype, int64_t at, const float* v) {
+  if (dtype == kF32) store8<float>(static_cast<float*>(p) + at, v);
+  else if (dtype == kF16) store8<__half>(static_cast<__half*>(p) + at, v);
+  else store8<bf16_t>(static_cast<bf16_t*>(p) + at, v);
+}
+__device__ __forceinline__ float rounded_any(float v, int dtype) {
+  return dtype == kF32 ? v : dtype == kF16 ? rounded<__half>(v) : rounded<bf16_t>(v);
+}
+
 // Sum over the `lanes` lanes (a power of two) of each aligned group of the warp.
 __device__ __forceinline__ float group_sum(float s, int lanes) {
   for (int off = lanes / 2; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
   return s;
 }
 
-// A lane's K chunks of one row (zeros past the channels or for a row past the last), rounded
-// to TOut's precision when p.round.
+// A lane's K chunks of one row (zeros past the channels or for a row past the last): x, or
+// with a branch x + r (stored to s here), rounded to TOut's precision when p.round.
 template <typename TIn, typename TOut, int K>
 __device__ __forceinline__ void load_row(const LayerNormParams& p, int64_t row, int sub, float (&v)[K][kChunk]) {
   const TIn* x = static_cast<const TIn*>(p.x) + (row < p.rows ? row : 0) * p.x_row;
@@ -102,6 +127,13 @@ __device__ __forceinline__ void load_row(const LayerNormParams& p, int64_t row, 
     const int c = (sub + k * p.lanes) * kChunk;
     if (row < p.rows && c < p.channels) {
       Vec8<TIn>::load(v[k], x + c);
+      if (p.r) {
+        float r[kChunk];
+        load8_any(p.r, p.r_dtype, row * p.r_row + c, r);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) v[k][e] = rounded_any(v[k][e] + r[e], p.s_dtype);
+        store8_any(p.s, p.s_dtype, row * p.channels + c, v[k]);
+      }
       if (p.round) {
 #pragma unroll
         for (int e = 0; e < kChunk; ++e) v[k][e] = rounded<TOut>(v[k][e]);
