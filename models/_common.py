@@ -187,7 +187,8 @@ class NABlock(nn.Module):
         """The block on ``x + pending`` (``pending``: the previous block's MLP branch, not yet
         added, or None), as ``(x after the attention branch's add, the MLP branch)``: the block's
         output is their sum. Each residual add then runs in the kernel of the norm after it
-        (``LayerNorm.add_norm``); ``NAStage`` chains its blocks so where ``_plain_adds``."""
+        (``LayerNorm.add_norm``). ``NAStage`` chains its blocks this way in inference when
+        every block's adds are plain (``_plain_adds``)."""
         if pending is None:
             h = self.norm1(x)
         else:
