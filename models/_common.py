@@ -16,10 +16,11 @@ from timm.models._manipulate import checkpoint_seq
 from torch import nn
 
 from nattn._eager import autocast_off, autocast_on, eager_ok, records_graph
+from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D, fast_norm, param_cast
+
 # Defined here before the checkpoint helpers had their own file (docs named this module).
 from ._checkpoints import CheckpointMismatchError  # noqa: F401
 from ._create import PretrainedWeightsError  # noqa: F401
-from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D, fast_norm, param_cast
 
 _NA = {1: NeighborhoodAttention1D, 2: NeighborhoodAttention2D, 3: NeighborhoodAttention3D}
 
@@ -98,6 +99,7 @@ class BranchLayerNorm(LayerNorm):
             return F.layer_norm(x.to(dt), self.normalized_shape, weight, bias, self.eps)
 
     def add_norm(self, x: torch.Tensor, branch: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``LayerNorm.add_norm`` with this norm's autocast rounding (``forward``'s)."""
         device = x.device.type
         if self._timm_fast or torch.jit.is_scripting() or not autocast_on(device):
             return super().add_norm(x, branch)
