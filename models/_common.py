@@ -304,26 +304,34 @@ class NAStage(nn.Module):
         depth`` tensors, see ``NABlock.forward``), or None: each block draws its own."""
         x = self.downsample(x)
         if drop_masks is None:
-            if not self._chains_adds(x):
-                return self.blocks(x)
-            pending = None
-            for block in self.blocks:
-                x, pending = block.forward_chained(x, pending)
-            return x + pending
+            return run_blocks(self.blocks, x)
         for i, block in enumerate(self.blocks):
             x = block(x, drop_masks[2 * i:2 * i + 2])
         return x
 
-    def _chains_adds(self, x: torch.Tensor) -> bool:
-        """Whether the blocks run chained (``NABlock.forward_chained``): inference on CUDA,
-        where each residual add can run in the next norm's kernel, with plain adds and no
-        hooks on the blocks or their norms. The same values as the blocks' ``forward``."""
-        if torch.jit.is_scripting() or not x.is_cuda or not fast_norm.fused_add_enabled() or not eager_ok(x):
-            return False
-        first = self.blocks[0] if len(self.blocks) else None
-        if first is None or records_graph(x, getattr(first.norm1, "weight", None)):
-            return False
-        return all(b._plain_adds() and not _hooked(b, b.norm1, b.norm2) for b in self.blocks)
+
+def chains_adds(blocks: Sequence[nn.Module], x: torch.Tensor) -> bool:
+    """Whether ``blocks`` run chained (``NABlock.forward_chained``): NA blocks in inference on
+    CUDA, where each residual add can run in the next norm's kernel, with plain adds and no
+    hooks on the blocks or their norms. The same values as the blocks' ``forward``."""
+    if torch.jit.is_scripting() or not x.is_cuda or not fast_norm.fused_add_enabled() or not eager_ok(x):
+        return False
+    if not len(blocks) or not all(isinstance(b, NABlock) for b in blocks):
+        return False
+    if records_graph(x, getattr(blocks[0].norm1, "weight", None)):
+        return False
+    return all(b._plain_adds() and not _hooked(b, b.norm1, b.norm2) for b in blocks)
+
+
+def run_blocks(blocks: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """``blocks(x)``, chained where ``chains_adds`` (every residual add but the last then runs
+    in the next norm's kernel)."""
+    if not chains_adds(blocks, x):
+        return blocks(x)
+    pending = None
+    for block in blocks:
+        x, pending = block.forward_chained(x, pending)
+    return x + pending
 
 
 def init_weights(module: nn.Module) -> None:
@@ -488,7 +496,7 @@ class ChannelsLastBackbone(nn.Module):
         seq = self._sequence()
         rows = self._drop_path_rows(x)
         if rows is None:
-            return seq(x)
+            return run_blocks(seq, x)  # a sequence of stages runs as seq(x)
         start = 0
         for module in seq:
             n = 2 * len(module.blocks) if isinstance(module, NAStage) else 2

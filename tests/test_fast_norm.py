@@ -81,11 +81,41 @@ def test_chained_blocks_equal_the_blocks(monkeypatch):
     torch's add and norm in the new order."""
     stage = _stage()
     x = torch.randn(2, 14, 14, stage.blocks[0].norm1.normalized_shape[0])
+    from nattn.models import _common
+
     with torch.no_grad():
-        assert not stage._chains_adds(x)  # CPU tensors
+        assert not _common.chains_adds(stage.blocks, x)  # CPU tensors
         plain = stage(x)
-        monkeypatch.setattr(type(stage), "_chains_adds", lambda self, x: True)
+        monkeypatch.setattr(_common, "chains_adds", lambda blocks, x: True)
         chained = stage(x)
+    assert torch.equal(plain, chained)
+
+
+def test_isotropic_blocks_chain(monkeypatch):
+    """An isotropic model (its blocks are the sequence) chains them too, with the same logits."""
+    import importlib
+
+    import timm
+
+    from nattn.models import _common
+
+    importlib.import_module("nattn.models")
+    torch.manual_seed(0)
+    model = timm.create_model("nat_isotropic_small").eval()
+    calls = []
+    real = _common.NABlock.forward_chained
+
+    def counted(self, x, pending):
+        calls.append(1)
+        return real(self, x, pending)
+
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        plain = model(x)
+        monkeypatch.setattr(_common, "chains_adds", lambda blocks, x: True)
+        monkeypatch.setattr(_common.NABlock, "forward_chained", counted)
+        chained = model(x)
+    assert len(calls) == len(model.blocks)
     assert torch.equal(plain, chained)
 
 

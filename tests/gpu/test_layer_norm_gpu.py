@@ -244,7 +244,7 @@ def test_add_layer_norm_declines_what_it_cannot_take(monkeypatch):
     assert fast_norm.add_layer_norm(x, r.requires_grad_(), w, None, 1e-5) is None
 
 
-@pytest.mark.parametrize("model_name", ["dinat_tiny", "nat_mini"])
+@pytest.mark.parametrize("model_name", ["dinat_tiny", "nat_mini", "nat_isotropic_small"])
 @pytest.mark.parametrize("amp", [False, True])
 def test_models_fused_add_is_bitwise(model_name, amp, monkeypatch):
     """An NA model's inference with its residual adds fused into the norms after them (a stage's
@@ -271,8 +271,10 @@ def test_models_fused_add_is_bitwise(model_name, amp, monkeypatch):
         ours = model(x)
         monkeypatch.setenv("NATTN_FUSED_ADD_NORM", "0")
         theirs = model(x)
-    # a stage's blocks run chained: every residual add but the stage's last runs in a norm's kernel
-    expected = sum(2 * len(m.blocks) - 1 for m in model.modules() if type(m).__name__ == "NAStage")
+    # a stage's blocks (an isotropic model's block sequence) run chained: every residual add
+    # but the sequence's last runs in a norm's kernel
+    sequences = [m.blocks for m in model.modules() if type(m).__name__ == "NAStage"] or [model.blocks]
+    expected = sum(2 * len(blocks) - 1 for blocks in sequences)
     assert len(fused_calls) == expected, f"{len(fused_calls)} fused calls, expected {expected}"
     assert torch.isfinite(ours).all()
     assert torch.equal(ours, theirs), f"max difference {(ours - theirs).abs().max().item():.3g} (NATTN_NORM_SEED={SEED})"
