@@ -154,11 +154,8 @@ def test_traced_norm_records_torch_op():
         torch.testing.assert_close(traced(x), F.layer_norm(x, (96,), norm.weight, norm.bias, 1e-5))
 
 
-@pytest.mark.parametrize("model_name", ["dinat_tiny", "nat_mini"])
-@pytest.mark.parametrize("amp", [False, True])
-def test_models_infer_with_the_kernel(model_name, amp, monkeypatch):
-    """An NA model's inference with libnattn's norms against torch's norms (the switch off):
-    the same logits up to the norms' rounding, and the kernel ran for each norm."""
+def model_and_input(model_name):
+    """A timm NA model on the GPU in eval mode, channels-last, and a batch of two images."""
     import importlib
 
     import timm
@@ -166,23 +163,31 @@ def test_models_infer_with_the_kernel(model_name, amp, monkeypatch):
     importlib.import_module("nattn.models")  # registers the models with timm
     torch.manual_seed(SEED % 1000)
     model = timm.create_model(model_name).cuda().eval().to(memory_format=torch.channels_last)
-    x = torch.randn(2, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    return model, torch.randn(2, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+
+
+def count_calls(monkeypatch, entry: str, calls=None) -> list:
+    """``calls`` (default: a new list), which gets one item per call of libnattn's ``entry``
+    from now on."""
     lib = library.load()
-    calls = []
-    kernel = lib.layer_norm
+    kernel = getattr(lib, entry)
+    calls = [] if calls is None else calls
 
     def counted(*args):
-        calls.append(args[10])  # channels
+        calls.append(args)
         return kernel(*args)
 
-    fused_kernel = lib.add_layer_norm
+    monkeypatch.setattr(lib, entry, counted)
+    return calls
 
-    def fused_counted(*args):
-        calls.append(args[15])  # channels
-        return fused_kernel(*args)
 
-    monkeypatch.setattr(lib, "layer_norm", counted)
-    monkeypatch.setattr(lib, "add_layer_norm", fused_counted)
+@pytest.mark.parametrize("model_name", ["dinat_tiny", "nat_mini"])
+@pytest.mark.parametrize("amp", [False, True])
+def test_models_infer_with_the_kernel(model_name, amp, monkeypatch):
+    """An NA model's inference with libnattn's norms against torch's norms (the switch off):
+    the same logits up to the norms' rounding, and the kernel ran for each norm."""
+    model, x = model_and_input(model_name)
+    calls = count_calls(monkeypatch, "add_layer_norm", count_calls(monkeypatch, "layer_norm"))
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=amp):
         ours = model(x).float()
         monkeypatch.setenv("NATTN_LAYER_NORM_KERNEL", "0")
@@ -250,23 +255,8 @@ def test_models_fused_add_is_bitwise(model_name, amp, monkeypatch):
     """An NA model's inference with its residual adds fused into the norms after them (a stage's
     blocks chained) against the same model with the adds left to torch
     (``NATTN_FUSED_ADD_NORM=0``): the same logits bit for bit, and the fused calls expected."""
-    import importlib
-
-    import timm
-
-    importlib.import_module("nattn.models")
-    torch.manual_seed(SEED % 1000)
-    model = timm.create_model(model_name).cuda().eval().to(memory_format=torch.channels_last)
-    x = torch.randn(2, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    lib = library.load()
-    fused_calls = []
-    kernel = lib.add_layer_norm
-
-    def counted(*args):
-        fused_calls.append(args[15])
-        return kernel(*args)
-
-    monkeypatch.setattr(lib, "add_layer_norm", counted)
+    model, x = model_and_input(model_name)
+    fused_calls = count_calls(monkeypatch, "add_layer_norm")
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=amp):
         ours = model(x)
         monkeypatch.setenv("NATTN_FUSED_ADD_NORM", "0")
