@@ -561,17 +561,23 @@ def test_sm90_backward_minimum_by_head_dim():
     assert all(per_dim[n] < 400 for n in (1, 2, 3))
 
 
+def _entry_call(entry, args, kw):
+    """libnattn's ``entry`` on ``args`` updated by ``kw`` (CPU addresses: the checks run before
+    the GPU), as (return code, message)."""
+    args = {**args, **kw}
+    err = ctypes.create_string_buffer(512)
+    rc = getattr(LIB, entry)(*args.values(), None, err, 512)
+    return rc, err.value.decode()
+
+
 def layer_norm_call(**kw):
-    """One nattn_layer_norm call on CPU tensors' addresses (the checks run before the GPU)."""
+    """One nattn_layer_norm call on CPU tensors' addresses."""
     x = torch.zeros(4, 64 + 8, dtype=torch.bfloat16)
     y = torch.empty(4, 64, dtype=torch.bfloat16)
     w = torch.ones(64)
-    args = dict(device=0, x_ptr=x.data_ptr(), x_row=72, x_dtype=2, y_ptr=y.data_ptr(), y_dtype=2,
-                w_ptr=w.data_ptr(), b_ptr=0, w_dtype=0, rows=4, channels=64, eps=1e-5, round=0)
-    args.update(kw)
-    err = ctypes.create_string_buffer(512)
-    rc = LIB.layer_norm(*args.values(), None, err, 512)
-    return rc, err.value.decode()
+    return _entry_call("layer_norm", dict(
+        device=0, x_ptr=x.data_ptr(), x_row=72, x_dtype=2, y_ptr=y.data_ptr(), y_dtype=2, w_ptr=w.data_ptr(),
+        b_ptr=0, w_dtype=0, rows=4, channels=64, eps=1e-5, round=0), kw)
 
 
 def test_layer_norm_checks_its_arguments():
@@ -590,31 +596,24 @@ def test_layer_norm_checks_its_arguments():
         (dict(eps=-1.0), "eps must be >= 0"),
         (dict(rows=-2), "rows must be from 0"),
     ):
-        rc, msg = layer_norm_call(**kw)
-        assert rc == 1 and words in msg and msg.startswith("nattn layer_norm: "), (kw, msg)
+        assert_refused(layer_norm_call, kw, words)
     assert layer_norm_call(rows=0) == (0, "")  # nothing to launch
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
-def test_layer_norm_without_gpu_reports_cuda_error():
-    rc, msg = layer_norm_call()
-    assert rc == 3 and "on device 0" in msg
+def assert_refused(call, kw, words):
+    rc, msg = call(**kw)
+    assert rc == 1 and words in msg and msg.startswith("nattn layer_norm: "), (kw, msg)
 
 
 def add_layer_norm_call(**kw):
-    """One nattn_add_layer_norm call on CPU tensors' addresses (the checks run before the GPU)."""
-    x = torch.zeros(4, 64 + 8, dtype=torch.float32)
-    r = torch.zeros(4, 64, dtype=torch.bfloat16)
-    s = torch.empty(4, 64, dtype=torch.float32)
-    y = torch.empty(4, 64, dtype=torch.bfloat16)
+    """One nattn_add_layer_norm call on CPU tensors' addresses."""
+    x, s = torch.zeros(4, 64 + 8), torch.empty(4, 64)
+    r, y = torch.zeros(4, 64, dtype=torch.bfloat16), torch.empty(4, 64, dtype=torch.bfloat16)
     w = torch.ones(64)
-    args = dict(device=0, x_ptr=x.data_ptr(), x_row=72, x_dtype=0, r_ptr=r.data_ptr(), r_row=64, r_dtype=2,
-                s_ptr=s.data_ptr(), s_dtype=0, y_ptr=y.data_ptr(), y_dtype=2, w_ptr=w.data_ptr(), b_ptr=0,
-                w_dtype=0, rows=4, channels=64, eps=1e-5, round=1)
-    args.update(kw)
-    err = ctypes.create_string_buffer(512)
-    rc = LIB.add_layer_norm(*args.values(), None, err, 512)
-    return rc, err.value.decode()
+    return _entry_call("add_layer_norm", dict(
+        device=0, x_ptr=x.data_ptr(), x_row=72, x_dtype=0, r_ptr=r.data_ptr(), r_row=64, r_dtype=2,
+        s_ptr=s.data_ptr(), s_dtype=0, y_ptr=y.data_ptr(), y_dtype=2, w_ptr=w.data_ptr(), b_ptr=0, w_dtype=0,
+        rows=4, channels=64, eps=1e-5, round=1), kw)
 
 
 def test_add_layer_norm_checks_its_arguments():
@@ -632,12 +631,12 @@ def test_add_layer_norm_checks_its_arguments():
         (dict(channels=12, x_row=72, r_row=72), "channels must be a multiple of 8"),
         (dict(eps=-1.0), "eps must be >= 0"),
     ):
-        rc, msg = add_layer_norm_call(**kw)
-        assert rc == 1 and words in msg and msg.startswith("nattn layer_norm: "), (kw, msg)
+        assert_refused(add_layer_norm_call, kw, words)
     assert add_layer_norm_call(rows=0) == (0, "")  # nothing to launch
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
-def test_add_layer_norm_without_gpu_reports_cuda_error():
-    rc, msg = add_layer_norm_call()
+@pytest.mark.parametrize("call", [layer_norm_call, add_layer_norm_call])
+def test_layer_norm_without_gpu_reports_cuda_error(call):
+    rc, msg = call()
     assert rc == 3 and "on device 0" in msg
