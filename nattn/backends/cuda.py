@@ -131,6 +131,17 @@ def backward_operands(out, lse, grad_out, grad_lse, rpb):
     return out, lse, grad_out, _dense_f32(grad_lse), delta, rpb32, drpb
 
 
+def _packed_fields(template, qkv: torch.Tensor, k_off: int, v_off: int):
+    """A packed call's NattnProblem array from its layout's template: q / k / v at qkv's
+    pointer plus the layout's byte offsets, and torch's TF32 switch as ``_pack`` sets it."""
+    fields = _Problem.from_buffer_copy(template)
+    base = qkv.data_ptr()
+    fields[_Q_SLOT], fields[_K_SLOT], fields[_V_SLOT] = base, base + k_off, base + v_off
+    if qkv.dtype == torch.float32 and _tf32.allowed():
+        fields[_TF32_SLOT] = 1
+    return fields
+
+
 def _strides(t: torch.Tensor, na_dim: int) -> Tuple[int, ...]:
     """[batch, axis 0..2, heads] element strides; 0 for size-1 and absent axes."""
     s = [st if n > 1 else 0 for st, n in zip(t.stride(), t.shape)]
@@ -502,14 +513,10 @@ class CudaBackend(Backend):
         out = _buffers.empty(lead + heads, dtype=qkv.dtype, device=qkv.device)
         lse = _buffers.empty(lead + heads[:1], dtype=torch.float32, device=qkv.device)
         rpb32 = _dense_f32(rpb)
-        fields = _Problem.from_buffer_copy(template)
-        base = qkv.data_ptr()
-        fields[_Q_SLOT], fields[_K_SLOT], fields[_V_SLOT] = base, base + k_off, base + v_off
+        fields = _packed_fields(template, qkv, k_off, v_off)
         fields[_OUT_SLOT], fields[_LSE_SLOT] = out.data_ptr(), lse.data_ptr()
         if rpb32 is not None:
             fields[_RPB_SLOT] = rpb32.data_ptr()
-        if qkv.dtype == torch.float32 and _tf32.allowed():
-            fields[_TF32_SLOT] = 1
         self._call(lib, lib.forward, fields, device, params.scale)
         return out, lse
 
@@ -532,9 +539,8 @@ class CudaBackend(Backend):
         if entry is None:  # a layout's first call: the template from the views
             entry = self._remember_packed(key, params, *qkv.unbind(-3), out, grad_out, *dqkv.unbind(-3))
         template, device, k_off, v_off, dk_off, dv_off = entry
-        fields = _Problem.from_buffer_copy(template)
-        base, dbase = qkv.data_ptr(), dqkv.data_ptr()
-        fields[_Q_SLOT], fields[_K_SLOT], fields[_V_SLOT] = base, base + k_off, base + v_off
+        fields = _packed_fields(template, qkv, k_off, v_off)
+        dbase = dqkv.data_ptr()
         fields[_DQ_SLOT], fields[_DK_SLOT], fields[_DV_SLOT] = dbase, dbase + dk_off, dbase + dv_off
         fields[_OUT_SLOT], fields[_LSE_SLOT], fields[_DELTA_SLOT] = out.data_ptr(), lse.data_ptr(), delta.data_ptr()
         fields[_GRAD_OUT_SLOT] = grad_out.data_ptr()
@@ -542,8 +548,6 @@ class CudaBackend(Backend):
             fields[_GRAD_LSE_SLOT] = grad_lse.data_ptr()
         if rpb32 is not None:
             fields[_RPB_SLOT], fields[_DRPB_SLOT] = rpb32.data_ptr(), drpb.data_ptr()
-        if qkv.dtype == torch.float32 and _tf32.allowed():
-            fields[_TF32_SLOT] = 1
         self._call(lib, lib.backward, fields, device, params.scale)
         if drpb is not None and drpb.dtype != rpb.dtype:
             drpb = drpb.to(rpb.dtype)
