@@ -14,6 +14,7 @@ from timm.layers import LayerNorm as _TimmLayerNorm
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint_seq
 from torch import nn
+from torch.nn.modules import module as torch_module  # its global forward hooks (_hooked)
 
 from nattn._eager import autocast_off, autocast_on, eager_ok, records_graph
 from nattn.nn import NeighborhoodAttention1D, NeighborhoodAttention2D, NeighborhoodAttention3D, fast_norm, param_cast
@@ -281,7 +282,6 @@ def _hooked(*modules: nn.Module) -> bool:
     """Whether a forward hook would see these modules' calls (their own or global ones): the
     fused residual adds call the norms' ``add_norm`` and the blocks' ``forward_chained``, not
     their ``forward``, so hooked modules keep the plain path."""
-    from torch.nn.modules import module as torch_module
     if getattr(torch_module, "_global_forward_hooks", None) or getattr(torch_module, "_global_forward_pre_hooks", None):
         return True
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
@@ -314,9 +314,10 @@ def chains_adds(blocks: Sequence[nn.Module], x: torch.Tensor) -> bool:
     """Whether ``blocks`` run chained (``NABlock.forward_chained``): NA blocks in inference on
     CUDA, where each residual add can run in the next norm's kernel, with plain adds and no
     hooks on the blocks or their norms. The same values as the blocks' ``forward``."""
-    if torch.jit.is_scripting() or not x.is_cuda or not fast_norm.fused_add_enabled() or not eager_ok(x):
-        return False
+    # the structure first: a model's sequence of stages asks on every forward
     if not len(blocks) or not all(isinstance(b, NABlock) for b in blocks):
+        return False
+    if torch.jit.is_scripting() or not x.is_cuda or not fast_norm.fused_add_enabled() or not eager_ok(x):
         return False
     if records_graph(x, getattr(blocks[0].norm1, "weight", None)):
         return False
