@@ -13,6 +13,9 @@
 //     before the select);
 // and the swizzled tiles' offsets move by whole rows with the walk (the ldmatrix addresses
 // are a lane base plus the row offset: rows 8 r + i, i < 16, of the K and V tiles).
+// Warps whose lanes all take the narrow walk (strip_lane_narrow: one step, score tile j the
+// wide numbering's 2 j) are checked on it the same way, and strip_problem_narrow must mean
+// that every warp of the problem does.
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 
@@ -65,7 +68,7 @@ static int check_swizzle(long long& checks) {
 }
 
 template <int NA>
-static int check_problems(int count, long long& checks) {
+static int check_problems(int count, long long& checks, long long& narrow_warps) {
   using QB = typename Pair<NA>::QB;
   using KB = typename Pair<NA>::KB;
   constexpr int R = NA - 2, C = NA - 1;
@@ -89,7 +92,16 @@ static int check_problems(int count, long long& checks) {
         const AxisRange w = query_window(last, tile.len[0], p.kernel[0], 1, p.causal[0] != 0);
         slabs = w.start + w.count - tile.lo[0];
       }
-      for (int warp = 0; warp < 4; ++warp)
+      for (int warp = 0; warp < 4; ++warp) {
+        bool narrow = true;  // forward_strips.cuh: __all_sync over the warp's lanes
+        for (int lane = 0; lane < 32; ++lane) {
+          StripLane s;
+          strip_lane<NA, QB>(p, tile, warp, lane, s);
+          narrow = narrow && strip_lane_narrow(s);
+        }
+        if (strip_problem_narrow(p) && !narrow) return fail("a warp of a narrow problem walks wide", p, box, warp, 0);
+        narrow_warps += narrow;
+        const int step = narrow ? 2 : 1;  // a narrow step's tile j is the wide numbering's 2 j of chunk 0
         for (int lane = 0; lane < 32; ++lane) {
           // the four lanes of a quad (lane % 4) hold a row's columns: their kept keys together
           // are its window
@@ -97,7 +109,8 @@ static int check_problems(int count, long long& checks) {
           if (lane % 4 == 0) kept[0] = kept[1] = 0;
           StripLane s;
           strip_lane<NA, QB>(p, tile, warp, lane, s);
-          if (s.sy < 0 || s.sy + kStripChunkRows * s.chunks > kSlabRows)
+          const int steps = narrow ? 1 : s.chunks;  // (a narrow warp's single step)
+          if (s.sy < 0 || s.sy + (narrow ? kStripWalkRows : kStripChunkRows * s.chunks) > kSlabRows)
             return fail("the strip's rows leave the key box", p, box, warp, lane);
           if (s.ft < 0 || s.ft + s.frames > slabs) return fail("the strip's frames leave the union", p, box, warp, lane);
           for (int r = 0; r < 2; ++r) {
@@ -116,11 +129,12 @@ static int check_problems(int count, long long& checks) {
             if (NA == 3 && (tile.lo[0] + s.ft != w[0].start || s.frames != w[0].count))
               return fail("the strip's frames are not the window's", p, box, warp, lane);
             for (int fi = 0; fi < s.frames; ++fi)
-              for (int ch = 0; ch < s.chunks; ++ch) {
+              for (int ch = 0; ch < steps; ++ch) {
                 const uint32_t word = strip_chunk_word(s.word[r], ch);
-                for (int j = 0; j < 2 * kStripChunkRows; ++j)
+                for (int jn = 0; jn < 2 * kStripChunkRows; ++jn)
                   for (int e = 2 * r; e < 2 * r + 2; ++e) {
                     ++checks;
+                    const int j = step * jn;  // the wide numbering's tile
                     const int col = 2 * (lane % 4) + e % 2;  // the accumulator's column in the n8 tile
                     const int row_in_box = strip_tile_row(s.sy, ch, j) + col;
                     int k[3] = {0, 0, 0};
@@ -148,17 +162,22 @@ static int check_problems(int count, long long& checks) {
             if (lane % 4 == 3 && kept[r] != window) return fail("the walk misses keys of the window", p, box, warp, lane);
           }
         }
+      }
     }
   }
   return 0;
 }
 
 int main() {
-  long long checks = 0;
+  long long checks = 0, narrow_warps = 0;
   if (check_swizzle<32, 224>(checks) || check_swizzle<64, 224>(checks) || check_swizzle<32, 160>(checks) ||
       check_swizzle<64, 160>(checks))
     return 1;
-  if (check_problems<2>(3000, checks) || check_problems<3>(200, checks)) return 1;
-  printf("ok %lld\n", checks);
+  if (check_problems<2>(3000, checks, narrow_warps) || check_problems<3>(200, checks, narrow_warps)) return 1;
+  if (narrow_warps == 0) {
+    printf("FAIL no problem drawn has narrow warps\n");
+    return 1;
+  }
+  printf("ok %lld (%lld narrow warps)\n", checks, narrow_warps);
   return 0;
 }

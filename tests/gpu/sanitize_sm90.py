@@ -179,11 +179,14 @@ def strips():
     # ring) and on grids ending in partial query boxes, with the bulk tensor stores of the
     # output (and of dQ, dK, dV) and with per-lane stores; every other case with its backward
     # too (backward_dq_strips.cuh, backward_dkv_strips.cuh; one in four with the tensor-core
-    # dK/dV pass instead).
-    from sm90_cases import STRIP_PAIRS, strip_sweep
+    # dK/dV pass instead); then problems whose warps all walk narrow (columns axis' groups at
+    # most 8 long: DiNAT's whole-group layers among them).
+    from sm90_cases import STRIP_PAIRS, WHOLE_GROUP_LAYERS, narrow_strip_sweep, strip_sweep
     stores = os.environ.get("NATTN_SM90_OUT_STORES")  # set by the caller (initcheck): kept for every case
+    cases = (strip_sweep(8, seed=88) + strip_sweep(8, seed=89, na_dim=3) + narrow_strip_sweep(4, seed=90)
+             + narrow_strip_sweep(2, seed=91, na_dim=3) + WHOLE_GROUP_LAYERS[-2:])
     try:
-        for i, case in enumerate(strip_sweep(8, seed=88) + strip_sweep(8, seed=89, na_dim=3)):
+        for i, case in enumerate(cases):
             os.environ["NATTN_SM90_TILE"] = STRIP_PAIRS[len(case.spatial)]
             t, leaves = make_inputs(case)
             if i % 2 and stores is None:

@@ -103,3 +103,37 @@ VIDEO_STRIPS = [
             batch=1, heads=2, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=False, dtype=torch.bfloat16, layout="heads_major",
             scale=None, seed=23),
 ]
+
+
+def narrow_strip_sweep(count: int, seed: int, na_dim: int = 2):
+    """Strip problems whose columns axis' groups are at most 8 long (ceil(length / dilation)),
+    so that every warp takes the narrow walk (csrc/include/nattn/sm90/forward_strips.cuh):
+    strip_sweep's draws with the last axis cut to such a length, the kernel within it."""
+    rng = random.Random(seed)
+    out = []
+    for c in strip_sweep(count, seed, na_dim):
+        d = c.dilation[-1]
+        k = min(c.kernel[-1], 8)
+        k -= c.rpb and k % 2 == 0  # (an RPB keeps odd kernels)
+        group = rng.randint(k, 8)
+        length = rng.randint(max(k * d, d * (group - 1) + 1), d * group)
+        out.append(dataclasses.replace(c, spatial=c.spatial[:-1] + (length,), kernel=c.kernel[:-1] + (k,)))
+    return out
+
+
+def _layer(spatial, kernel, dilation, heads, dim, rpb, dtype, layout, seed):
+    n = len(spatial)
+    return GpuCase(spatial=spatial, kernel=kernel, stride=(1,) * n, dilation=dilation, causal=(False,) * n, batch=2,
+                   heads=heads, heads_kv=heads, dim=dim, dim_v=dim, extra=0, rpb=rpb, dtype=dtype, layout=layout,
+                   scale=None, seed=seed)
+
+
+# DiNAT's layers whose windows are their whole dilation groups (and NAT's last stage, a 7 x 7
+# window on a 7 x 7 grid): every warp of the strip pairs walks narrow; a 3-D one too.
+WHOLE_GROUP_LAYERS = [
+    _layer((56, 56), (7, 7), (8, 8), 2, 32, True, torch.bfloat16, "fused", 31),
+    _layer((28, 28), (7, 7), (4, 4), 4, 64, True, torch.float16, "plain", 32),
+    _layer((14, 14), (7, 7), (2, 2), 8, 32, False, torch.bfloat16, "heads_major", 33),
+    _layer((7, 7), (7, 7), (1, 1), 16, 32, True, torch.bfloat16, "plain", 34),
+    _layer((6, 14, 14), (3, 7, 7), (2, 2, 2), 2, 64, True, torch.bfloat16, "plain", 35),
+]

@@ -13,8 +13,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from gpu_cases import TOL, GpuCase, make_inputs, rel_err  # noqa: E402
-from sm90_cases import (SM90_FORWARD_DIMS, STRIP_PAIRS, VIDEO_STRIPS, dilated_1d_sweep, sm90_sweep,  # noqa: E402
-                        strip_sweep, strip_takes)
+from sm90_cases import (SM90_FORWARD_DIMS, STRIP_PAIRS, VIDEO_STRIPS, WHOLE_GROUP_LAYERS,  # noqa: E402
+                        dilated_1d_sweep, narrow_strip_sweep, sm90_sweep, strip_sweep, strip_takes)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -138,6 +138,21 @@ STRIPS = (strip_sweep(STRIP_CASES, seed=6262) + MANY_BOXES[:1] + strip_sweep(STR
 @pytest.mark.parametrize("stores", ["bulk", "lanes"])
 @pytest.mark.parametrize("case", STRIPS, ids=[f"strip{i}-{c}" for i, c in enumerate(STRIPS)])
 def test_sm90_strip_pair(case, stores, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
+    if stores == "lanes":
+        monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
+    compare(case)
+
+
+# Problems whose columns axis' groups are at most 8 long take the narrow walk in every warp
+# (forward_strips.cuh: 8 key rows of 8 columns): DiNAT's whole-group layers and random ones.
+NARROW_STRIPS = (WHOLE_GROUP_LAYERS + narrow_strip_sweep(STRIP_CASES // 4, seed=6464)
+                 + narrow_strip_sweep(STRIP_CASES // 8, seed=6565, na_dim=3))
+
+
+@pytest.mark.parametrize("stores", ["bulk", "lanes"])
+@pytest.mark.parametrize("case", NARROW_STRIPS, ids=[f"narrow{i}-{c}" for i, c in enumerate(NARROW_STRIPS)])
+def test_sm90_strip_pair_narrow_walks(case, stores, monkeypatch):
     monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
     if stores == "lanes":
         monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")

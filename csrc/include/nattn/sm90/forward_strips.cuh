@@ -44,6 +44,12 @@
 #define NATTN_SM90_STRIP_STAGES_3D 2
 #endif
 
+// Build switch for A/B runs: 1 (default) has warps whose windows lie in the first 8 of the
+// key box's 16 columns take the narrow walk (strip_geometry.cuh); 0 walks every warp wide.
+#ifndef NATTN_SM90_STRIP_NARROW
+#define NATTN_SM90_STRIP_NARROW 1
+#endif
+
 namespace nattn { namespace sm90 {
 
 template <class Tl, int HD>
@@ -239,6 +245,8 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
 #pragma unroll
   for (int x = 0; x < HD / 16; ++x)
     v_lane[x] = C::kBytes + C::offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x);
+  // A narrow walk's P V step reads its second eight keys 16 box rows on (8 more than v_lane).
+  const int v_pair_shift = ((lane / 8) % 2) * 8 * kRowBytes;
 
   uint32_t qa[HD / 16][4];
   mbar_wait(q_full, 0);
@@ -258,14 +266,17 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
   const float mul = fold ? p.scale_log2 : 1.f;
   // Chunk ch of the strip's walk over the slot at `slot_at` (the strip's first row): its
   // scores S = Q K^T, then (consume) the mask, the RPB (frame part `frame_bias` of its index),
-  // online softmax and O += P V; `first`: the walk's first chunk (no O to rescale).
+  // online softmax and O += P V; `first`: the walk's first chunk (no O to rescale). kStep 1:
+  // the wide walk (score tile j of the chunk is strip_tile_row's tile j); 2: the narrow walk
+  // (strip_geometry.cuh: one chunk whose tile j is the wide numbering's 2 j, key row j).
   using Scores = float[2 * kStripChunkRows][4];
-  auto scores = [&](const unsigned char* slot_at, int ch, Scores& sc) {
+  auto scores = [&](auto step_tag, const unsigned char* slot_at, int ch, Scores& sc) {
+    constexpr int kStep = decltype(step_tag)::value;
 #pragma unroll
     for (int j = 0; j < 2 * kStripChunkRows; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
-      const unsigned char* at = slot_at + strip_tile_row(0, ch, j) * kRowBytes;
+      const unsigned char* at = slot_at + strip_tile_row(0, ch, kStep * j) * kRowBytes;
 #pragma unroll
       for (int x = 0; x < HD / 32; ++x) {
         uint32_t kb[4];
@@ -275,8 +286,10 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
       }
     }
   };
-  auto consume = [&](auto rpb_tag, Scores& sc, const unsigned char* slot_at, int ch, int frame_bias, bool first) {
+  auto consume = [&](auto rpb_tag, auto step_tag, Scores& sc, const unsigned char* slot_at, int ch, int frame_bias,
+                     bool first) {
     constexpr bool kRpb = decltype(rpb_tag)::value;
+    constexpr int kStep = decltype(step_tag)::value;
     if (!kRpb && !fold) {
 #pragma unroll
       for (int j = 0; j < 2 * kStripChunkRows; ++j)
@@ -294,8 +307,8 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
         const int r = e / 2;
         float x = sc[j][e];
         if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
-          x = fmaf(x, p.scale_log2, bias[bias_at[r] + strip_bias_offset(row_mult, j, e)]);
-        x = strip_kept(w[r], j, e) ? x : -INFINITY;
+          x = fmaf(x, p.scale_log2, bias[bias_at[r] + strip_bias_offset(row_mult, kStep * j, e)]);
+        x = strip_kept(w[r], kStep * j, e) ? x : -INFINITY;
         sc[j][e] = x;
         mx[r] = fmaxf(mx[r], x);
       }
@@ -315,11 +328,12 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
         l[e / 2] += sc[j][e];
       }
 #pragma unroll
-    for (int i = 0; i < kStripChunkRows; ++i) {  // key row i: a k16 step of P V
+    for (int i = 0; i < kStripChunkRows; ++i) {  // tiles 2 i and 2 i + 1: a k16 step of P V
       const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
                               M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
                               M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
-      const unsigned char* at = slot_at + strip_tile_row(0, ch, 2 * i) * kRowBytes;
+      // (narrow: the second tile's keys are the next key row's, 16 box rows on)
+      const unsigned char* at = slot_at + strip_tile_row(0, ch, kStep * 2 * i) * kRowBytes + (kStep - 1) * v_pair_shift;
 #pragma unroll
       for (int x = 0; x < HD / 16; ++x) {
         uint32_t vb[4];
@@ -330,24 +344,34 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
     }
   };
   // The walk over the slabs: each warp computes on the frames of its window; a slot is
-  // refilled once every warp is done with it. One instance with the RPB and one without (a
-  // uniform branch per call, not per score).
-  auto walk = [&](auto rpb_tag) {
+  // refilled once every warp is done with it. One instance each with and without the RPB, wide
+  // and narrow (uniform branches per warp, not per score).
+  auto walk = [&](auto rpb_tag, auto step_tag) {
+    constexpr int kStep = decltype(step_tag)::value;
+    const int steps = kStep == 2 ? 1 : chunks;
     strip_walk_slabs<Cta>(
         slabs, lane_strip, full, done,
         [&](int slot, int fi) {
           const unsigned char* at = smem + strip_at + slot * S::kSlot;
           const int frame_bias = fi * lane_strip.frame_mult;
-          for (int ch = 0; ch < chunks; ++ch) {
+          for (int ch = 0; ch < steps; ++ch) {
             Scores sc;
-            scores(at, ch, sc);
-            consume(rpb_tag, sc, at, ch, frame_bias, fi == 0 && ch == 0);
+            scores(step_tag, at, ch, sc);
+            consume(rpb_tag, step_tag, sc, at, ch, frame_bias, fi == 0 && ch == 0);
           }
         },
         load_slab);
   };
-  if (has_rpb) walk(std::true_type{});
-  else walk(std::false_type{});
+  using Wide = std::integral_constant<int, 1>;
+  using Narrow = std::integral_constant<int, 2>;
+  const bool narrow = NATTN_SM90_STRIP_NARROW && __all_sync(0xffffffffu, strip_lane_narrow(lane_strip));
+  if (has_rpb) {
+    if (narrow) walk(std::true_type{}, Narrow{});
+    else walk(std::true_type{}, Wide{});
+  } else {
+    if (narrow) walk(std::false_type{}, Narrow{});
+    else walk(std::false_type{}, Wide{});
+  }
 
   // O / l into the warp's own rows of the query tile (only this warp read them), the LSE
   // from the lanes holding column 0, then the box's rows out (forward.cuh's epilogue).

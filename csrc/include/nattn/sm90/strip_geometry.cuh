@@ -128,6 +128,24 @@ NATTN_HD bool strip_kept(uint32_t chunk_word, int j, int e) { return (chunk_word
 NATTN_HD int strip_bias_offset(int row_mult, int j, int e) { return (j / 2) * row_mult + 8 * (j % 2) + e % 2; }
 NATTN_HD int strip_chunk_bias(int row_mult, int ch) { return kStripChunkRows * ch * row_mult; }
 
+// Narrow walks. Where the windows of every row of a warp lie in the first 8 of the key box's
+// 16 columns (the columns axis' grid or dilation group at most 8 long: DiNAT's dilated
+// layers, whose windows are their whole 7 x 7 groups, or a 7 x 7 grid), the warp skips the
+// other 8: one step over its 8 key rows whose score tile j is the wide walk's tile 2 j of
+// chunk 0 (key row j, columns 0..7; the functions above with j -> 2 j), and whose P V step i
+// pairs key rows 2 i and 2 i + 1 (the V fragments' second eight keys 16 box rows on, not 8).
+// Half the scores and products of the wide walk's two chunks. Warp-uniform: every lane's
+// words have no bit of columns 8..15.
+constexpr uint32_t kStripRightColumns = 0xccccccccu;  // a mask word's bits of columns 8..15
+NATTN_HD bool strip_lane_narrow(const StripLane& s) { return ((s.word[0] | s.word[1]) & kStripRightColumns) == 0; }
+// Whether every warp of every CTA walks narrow: the columns axis' groups (the grid's, at
+// dilation d: ceil(length / d) tokens) are at most 8 long, so the 8 query columns of a box
+// are the whole group and their windows lie in its 8 columns from the union's first.
+NATTN_HD bool strip_problem_narrow(const Params& p) {
+  const int c = p.na_dim - 1;
+  return (p.spatial[c] + p.dilation[c] - 1) / p.dilation[c] <= 8;
+}
+
 // ------------------------------------------------------------------ the strip dK/dV pass
 // (backward_dkv_strips.cuh) A CTA owns a 64-key box of one (batch, KV head, dilation group)
 // of 8 x 8 keys (StripDkvKeyBox: in 3-D one frame of them, so that its four warps need the
