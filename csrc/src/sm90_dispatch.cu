@@ -352,11 +352,13 @@ bool sm90_entry_for(const nattn::KernelEntry& e, const nattn::Params& p, int dim
 // 28x28 7x7 B128 0.074 / 0.314 vs 0.099 / 0.350, 56x56 7x7 D64 0.090 / 0.452 vs 0.110 /
 // 0.541, video-3d 0.221 / 0.946 vs 0.310 / 1.214, 16x32x32 5x7x7 D32 0.131 / 0.568 vs 0.256 /
 // 0.923, with an RPB dinat-s1 0.065 / 0.342 vs 0.112 / 0.425; but 28x28 7x7 dilation 4 D64
-// 0.064 / 0.306 vs 0.059 / 0.269 (dinat-s2-dil4 at D32 equal). Dilated further, the forward
-// runs them where their walks are narrow (strip_problem_narrow: the columns axis' groups at
-// most 8 long, as in DiNAT's dilated layers, whose windows are their whole groups; measured in
-// docs/dev/PERF.md, fifty-sixth session). NATTN_SM90_STRIPS=0 (read on every call) turns the
-// rule off.
+// 0.064 / 0.306 vs 0.059 / 0.269 (dinat-s2-dil4 at D32 equal). Dilated further they run where
+// their walks are narrow (strip_problem_narrow: the columns axis' groups at most 8 long, as in
+// DiNAT's dilated layers, whose windows are their whole groups). Measured there (H100, B128,
+// RPB, D32, forward / forward + backward; PERF.md fifty-sixth session): 56x56 dilation 8 0.130
+// / 0.614 vs 0.193 / 0.704, 28x28 dilation 4 0.069 / 0.322 vs 0.101 / 0.363; at D64 (B32)
+// 28x28 dilation 4 0.035 / 0.159 vs 0.041 / 0.168. NATTN_SM90_STRIPS=0 (read on every call)
+// turns the rule off.
 constexpr int kStripMaxDilation = 3;
 bool strips_by_default() {
   const char* s = getenv("NATTN_SM90_STRIPS");
@@ -365,9 +367,9 @@ bool strips_by_default() {
 
 // The strip pair compiled for this problem's dtype, NA dim and head dim that takes it
 // (sm90_pair_declines) and that the rule above prefers, or nullptr.
-const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim, bool backward) {
+const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim) {
   for (int a = 0; a < p.na_dim; ++a)
-    if (p.dilation[a] > kStripMaxDilation && (backward || !nattn::sm90::strip_problem_narrow(p))) return nullptr;
+    if (p.dilation[a] > kStripMaxDilation && !nattn::sm90::strip_problem_narrow(p)) return nullptr;
   const Sm90Entries all = sm90_entries();
   for (int i = 0; i < all.n; ++i) {
     const nattn::KernelEntry& e = *all.e[i];
@@ -382,7 +384,7 @@ const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim, bool b
 // kSm90TileGain of it (or the strip pair: strips_by_default).
 const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
   if (strips_by_default())
-    if (const nattn::KernelEntry* e = strip_pair_for(p, dim, false)) return e;
+    if (const nattn::KernelEntry* e = strip_pair_for(p, dim)) return e;
   const nattn::KernelEntry* best = nullptr;
   const nattn::KernelEntry* first = nullptr;
   double best_cost = 0;
@@ -498,7 +500,7 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   const char* forced = getenv("NATTN_SM90_TILE");
   if (tile_requested(p)) forced = nullptr;  // the call's pair decides (below)
   if (!tile_requested(p) && !(forced && *forced) && strips_by_default())
-    if (const nattn::KernelEntry* e = strip_pair_for(p, dim, true)) return e;
+    if (const nattn::KernelEntry* e = strip_pair_for(p, dim)) return e;
   const nattn::KernelEntry* pairs[8];
   int n = 0;
   const Sm90Entries all = sm90_entries();
@@ -643,7 +645,7 @@ bool sm90_preferred_wide(const nattn::Params& p, int64_t window, int head_dim, b
 }
 
 bool sm90_preferred(const nattn::Params& p, bool backward) {
-  if (strips_by_default() && strip_pair_for(p, p.dim > p.dim_v ? p.dim : p.dim_v, backward)) return true;
+  if (strips_by_default() && strip_pair_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
   const int64_t window = window_keys(p);
   if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;

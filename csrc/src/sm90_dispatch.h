@@ -39,6 +39,6 @@ const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char*
 const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, const char** why);
 const char* sm90_pair_declines(const nattn::Params& p, const nattn::KernelEntry& e);
 bool strips_by_default();  // unless NATTN_SM90_STRIPS=0
-const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim, bool backward);
+const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim);
 
 }  }  // namespace nattn::host

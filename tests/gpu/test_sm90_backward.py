@@ -17,7 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from nattn._cuda.kernel_table import FAMILY_BY_NAME, SM90_BACKWARD_TILES, Instance  # noqa: E402
 from gpu_cases import TOL, GpuCase, check, compare_gradients, forward_backward  # noqa: E402
-from sm90_cases import STRIP_PAIRS, VIDEO_STRIPS, dilated_1d_sweep, fits_wide_rpb, sm90_sweep, strip_sweep  # noqa: E402
+from sm90_cases import (STRIP_PAIRS, VIDEO_STRIPS, WHOLE_GROUP_LAYERS, dilated_1d_sweep, fits_wide_rpb,  # noqa: E402
+                        narrow_strip_sweep, sm90_sweep, strip_sweep)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -212,6 +213,32 @@ def test_sm90_strip_backward(case, mode, monkeypatch):
     if mode == "tc-dkv":
         monkeypatch.setenv("NATTN_SM90_STRIP_DKV", "tc")
     compare(case)
+
+
+# Problems whose columns axis' groups are at most 8 long: every warp of the strip dQ pass walks
+# narrow (backward_dq_strips.cuh: half-chunks of four key rows x 8 columns); DiNAT's whole-group
+# layers among them, and a float64 check on small ones.
+NARROW_BWD = (WHOLE_GROUP_LAYERS + narrow_strip_sweep(STRIP_BWD_CASES // 4, seed=6868)
+              + narrow_strip_sweep(STRIP_BWD_CASES // 8, seed=6969, na_dim=3))
+
+
+@pytest.mark.parametrize("mode", ["bulk", "tc-dkv"])
+@pytest.mark.parametrize("case", NARROW_BWD, ids=[f"narrow{i}-{c}" for i, c in enumerate(NARROW_BWD)])
+def test_sm90_strip_backward_narrow_walks(case, mode, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
+    if mode == "tc-dkv":
+        monkeypatch.setenv("NATTN_SM90_STRIP_DKV", "tc")
+    compare(case)
+
+
+NARROW_SMALL = [dataclasses.replace(c, layout="plain") for c in narrow_strip_sweep(80, seed=7070)
+                + narrow_strip_sweep(40, seed=7171, na_dim=3) if c.batch * c.heads * math.prod(c.spatial) <= 6000][:10]
+
+
+@pytest.mark.parametrize("case", NARROW_SMALL, ids=[f"f64-narrow{i}-{c}" for i, c in enumerate(NARROW_SMALL)])
+def test_sm90_strip_backward_narrow_against_float64(case, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
+    test_sm90_backward_against_float64(case)
 
 
 # With an RPB the strip pairs run their own dK/dV pass (dRPB summed in fixed point, an integer

@@ -161,6 +161,8 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
   for (int x = 0; x < HD / 32; ++x) k_lane[x] = C::offset(lane % 8, 8 * (lane / 8) + 32 * x);
 #pragma unroll
   for (int x = 0; x < HD / 16; ++x) kt_lane[x] = C::offset(lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x);
+  // A narrow walk's dS K step reads its second eight keys 16 box rows on (8 more than kt_lane).
+  const int kt_pair_shift = ((lane / 8) % 2) * 8 * kRowBytes;
 
   uint32_t qa[HD / 16][4], da[HD / 16][4];
   mbar_wait(rows_full, 0);
@@ -182,22 +184,26 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
   unsigned ds_max = 0;  // with RPB: the lane's largest |dS|, as float bits
 
   // Chunk ch of the strip's walk over the slot at `slot_at` (the strip's first row), frame part
-  // `frame_bias` of the RPB index: two half-chunks of two key rows each.
-  auto chunk = [&](auto rpb_tag, const unsigned char* slot_at, int ch, int frame_bias) {
+  // `frame_bias` of the RPB index: two half-chunks of two key rows each. kStep 2: the narrow
+  // walk (strip_geometry.cuh, forward_strips.cuh): one chunk whose tile j is the wide
+  // numbering's 2 j, so a half-chunk is four key rows of 8 columns.
+  auto chunk = [&](auto rpb_tag, auto step_tag, const unsigned char* slot_at, int ch, int frame_bias) {
     constexpr bool kRpb = decltype(rpb_tag)::value;
+    constexpr int kStep = decltype(step_tag)::value;
     const uint32_t w[2] = {strip_chunk_word(lane_strip.word[0], ch), strip_chunk_word(lane_strip.word[1], ch)};
     const int bias_at[2] = {lane_strip.bias_at[0] + frame_bias + strip_chunk_bias(row_mult, ch),
                             lane_strip.bias_at[1] + frame_bias + strip_chunk_bias(row_mult, ch)};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      // score tiles j = kHalf half .. + kHalf - 1 of the chunk: mask bits 2 j + e % 2
-      if (!__any_sync(0xffffffffu, ((w[0] | w[1]) >> (2 * kHalf * half)) & ((1u << (2 * kHalf)) - 1u))) continue;
+      // score tiles j = kHalf half .. + kHalf - 1 of the chunk: mask bits 2 kStep j + e % 2
+      constexpr uint32_t kHalfBits = kStep == 2 ? 0xffffu : (1u << (2 * kHalf)) - 1u;
+      if (!__any_sync(0xffffffffu, ((w[0] | w[1]) >> (2 * kStep * kHalf * half)) & kHalfBits)) continue;
       float sc[kHalf][4], dp[kHalf][4];
 #pragma unroll
       for (int jj = 0; jj < kHalf; ++jj) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[jj][e] = dp[jj][e] = 0.f;
-        const unsigned char* at = slot_at + strip_tile_row(0, ch, kHalf * half + jj) * kRowBytes;
+        const unsigned char* at = slot_at + strip_tile_row(0, ch, kStep * (kHalf * half + jj)) * kRowBytes;
 #pragma unroll
         for (int x = 0; x < HD / 32; ++x) {
           uint32_t kb[4], vb[4];
@@ -213,7 +219,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
       for (int jj = 0; jj < kHalf; ++jj)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = e / 2, j = kHalf * half + jj;
+          const int r = e / 2, j = kStep * (kHalf * half + jj);
           float x = sc[jj][e] * p.scale_log2;
           if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
             x += bias[bias_at[r] + strip_bias_offset(row_mult, j, e)];
@@ -222,11 +228,13 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
           sc[jj][e] = ds;
         }
 #pragma unroll
-      for (int i = 0; i < kHalf / 2; ++i) {  // key row i of the half: a k16 step of dS K
+      for (int i = 0; i < kHalf / 2; ++i) {  // tiles 2 i and 2 i + 1 of the half: a k16 step of dS K
         const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
                                 M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
                                 M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
-        const unsigned char* at = slot_at + strip_tile_row(0, ch, kHalf * half + 2 * i) * kRowBytes;
+        // (narrow: the second tile's keys are the next key row's, 16 box rows on)
+        const unsigned char* at =
+            slot_at + strip_tile_row(0, ch, kStep * (kHalf * half + 2 * i)) * kRowBytes + (kStep - 1) * kt_pair_shift;
 #pragma unroll
         for (int x = 0; x < HD / 16; ++x) {
           uint32_t kb[4];
@@ -237,17 +245,26 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
       }
     }
   };
-  auto walk = [&](auto rpb_tag) {
+  auto walk = [&](auto rpb_tag, auto step_tag) {
+    const int steps = decltype(step_tag)::value == 2 ? 1 : chunks;
     strip_walk_slabs<Cta>(
         slabs, lane_strip, full, done,
         [&](int slot, int fi) {
-          for (int ch = 0; ch < chunks; ++ch)
-            chunk(rpb_tag, smem + strip_at + slot * S::kSlot, ch, fi * lane_strip.frame_mult);
+          for (int ch = 0; ch < steps; ++ch)
+            chunk(rpb_tag, step_tag, smem + strip_at + slot * S::kSlot, ch, fi * lane_strip.frame_mult);
         },
         load_slab);
   };
-  if (has_rpb) walk(std::true_type{});
-  else walk(std::false_type{});
+  using Wide = std::integral_constant<int, 1>;
+  using Narrow = std::integral_constant<int, 2>;
+  const bool narrow = NATTN_SM90_STRIP_NARROW && __all_sync(0xffffffffu, strip_lane_narrow(lane_strip));
+  if (has_rpb) {
+    if (narrow) walk(std::true_type{}, Narrow{});
+    else walk(std::true_type{}, Wide{});
+  } else {
+    if (narrow) walk(std::false_type{}, Narrow{});
+    else walk(std::false_type{}, Wide{});
+  }
 
   if (p.drpb_max) {  // every lane gets here
     ds_max = __reduce_max_sync(0xffffffffu, ds_max);
