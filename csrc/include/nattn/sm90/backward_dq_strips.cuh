@@ -255,16 +255,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
         },
         load_slab);
   };
-  using Wide = std::integral_constant<int, 1>;
-  using Narrow = std::integral_constant<int, 2>;
-  const bool narrow = NATTN_SM90_STRIP_NARROW && __all_sync(0xffffffffu, strip_lane_narrow(lane_strip));
-  if (has_rpb) {
-    if (narrow) walk(std::true_type{}, Narrow{});
-    else walk(std::true_type{}, Wide{});
-  } else {
-    if (narrow) walk(std::false_type{}, Narrow{});
-    else walk(std::false_type{}, Wide{});
-  }
+  strip_walk_instances(has_rpb, lane_strip, walk);
 
   if (p.drpb_max) {  // every lane gets here
     ds_max = __reduce_max_sync(0xffffffffu, ds_max);

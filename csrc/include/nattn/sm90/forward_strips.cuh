@@ -174,6 +174,23 @@ __device__ __forceinline__ void strip_walk_slabs(int slabs, const StripLane& lan
   }
 }
 
+// Runs walk(rpb_tag, step_tag) for the call's RPB (std::true_type / std::false_type) and the
+// warp's walk (step 2: narrow where every lane's windows allow, strip_lane_narrow; else 1):
+// four instances, chosen by branches uniform per warp, not per score.
+template <class Walk>
+__device__ __forceinline__ void strip_walk_instances(bool has_rpb, const StripLane& lane_strip, Walk&& walk) {
+  using Wide = std::integral_constant<int, 1>;
+  using Narrow = std::integral_constant<int, 2>;
+  const bool narrow = NATTN_SM90_STRIP_NARROW && __all_sync(0xffffffffu, strip_lane_narrow(lane_strip));
+  if (has_rpb) {
+    if (narrow) walk(std::true_type{}, Narrow{});
+    else walk(std::true_type{}, Wide{});
+  } else {
+    if (narrow) walk(std::false_type{}, Narrow{});
+    else walk(std::false_type{}, Wide{});
+  }
+}
+
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::kMinBlocks)
     forward_strips_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
@@ -344,8 +361,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
     }
   };
   // The walk over the slabs: each warp computes on the frames of its window; a slot is
-  // refilled once every warp is done with it. One instance each with and without the RPB, wide
-  // and narrow (uniform branches per warp, not per score).
+  // refilled once every warp is done with it (strip_walk_instances: its four instances).
   auto walk = [&](auto rpb_tag, auto step_tag) {
     constexpr int kStep = decltype(step_tag)::value;
     const int steps = kStep == 2 ? 1 : chunks;
@@ -362,16 +378,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
         },
         load_slab);
   };
-  using Wide = std::integral_constant<int, 1>;
-  using Narrow = std::integral_constant<int, 2>;
-  const bool narrow = NATTN_SM90_STRIP_NARROW && __all_sync(0xffffffffu, strip_lane_narrow(lane_strip));
-  if (has_rpb) {
-    if (narrow) walk(std::true_type{}, Narrow{});
-    else walk(std::true_type{}, Wide{});
-  } else {
-    if (narrow) walk(std::false_type{}, Narrow{});
-    else walk(std::false_type{}, Wide{});
-  }
+  strip_walk_instances(has_rpb, lane_strip, walk);
 
   // O / l into the warp's own rows of the query tile (only this warp read them), the LSE
   // from the lanes holding column 0, then the box's rows out (forward.cuh's epilogue).
