@@ -365,9 +365,9 @@ def test_default_family_rules(spatial, kernel, dim, dilation, rpb, backward, ins
 ])
 def test_strip_pairs_default_rule(spatial, kernel, dim, rpb, monkeypatch):
     """The strip pairs are the default, forward and backward, where they take the problem (the
-    rules then send it to the Hopper family), unless an axis is dilated 4 or more;
-    NATTN_SM90_STRIPS=0 turns their rule off; windows beyond their limits keep the usual
-    choice."""
+    rules then send it to the Hopper family), unless an axis is dilated 4 or more and some walk
+    is not narrow; NATTN_SM90_STRIPS=0 turns their rule off; windows beyond their limits keep
+    the usual choice."""
     nd = len(spatial)
     if dim not in LIB.kernels.get(("sm90", "bfloat16", nd), ()) or getattr(LIB, "_sm90_preferred", None) is None:
         pytest.skip("this build has no bf16 sm90 instance for the case, or no rule query")
@@ -387,6 +387,12 @@ def test_strip_pairs_default_rule(spatial, kernel, dim, rpb, monkeypatch):
     big = torch.empty(2, *(4 * n for n in spatial), 4, dim, dtype=torch.bfloat16, device="meta")
     dilated = normalize(big, big, big, nd, kernel, dilation=(4,) * nd)  # groups about a window long
     assert not any(c["default"] and c["name"] == name for c in CUDA.sm90_configs(big, big, big, dilated))
+    # dilated 8, but every walk narrow (the last axis' groups 7 long, its window the whole group)
+    cut = torch.empty(2, *spatial[:-1], 8 * kernel[-1], 4, dim, dtype=torch.bfloat16, device="meta")
+    narrow = normalize(cut, cut, cut, nd, kernel, dilation=(1,) * (nd - 1) + (8,))
+    configs = CUDA.sm90_configs(cut, cut, cut, narrow)
+    assert [c["name"] for c in configs if c["default"]] == [name]
+    assert [c["name"] for c in configs if c["backward_default"]] == [name]
 
 
 def test_bench_dry_run_prints_the_configurations(capsys):

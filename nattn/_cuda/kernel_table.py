@@ -115,7 +115,8 @@ SM90_BACKWARD_TILES = (
 # never takes them (a flag of their table rows, KernelEntry::forward_named_only).
 # The strip pairs (windows up to 7 x 9 / 7 x 7 x 9 at stride 1) are flagged named-only too:
 # the cost model never picks them; their own rule does (src/sm90_dispatch.cu,
-# strips_by_default: wherever they take a problem, unless dilated 4 or more).
+# strips_by_default: wherever they take a problem, unless dilated 4 or more where some walk
+# is not narrow).
 SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
 # The strip pairs have a backward too (named only, like their forward): their own dQ and dK/dV
 # passes (backward_dq_strips.cuh, backward_dkv_strips.cuh).

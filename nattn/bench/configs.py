@@ -58,7 +58,8 @@ def family_lines(p: Problem, dtype: torch.dtype) -> List[str]:
                  "two or more pieces (box x dilation above 256) 2x, strip pairs the keys their warps' strips "
                  "walk; backward: the pair has a backward; backward default: the pair the backward runs, the one "
                  "walking the fewest steps; named only: the cost model never picks its forward (the strip pairs "
-                 "run by their own rule: wherever they take a problem, unless dilated 4 or more)):")
+                 "run by their own rule: wherever they take a problem, unless dilated 4 or more where some "
+                 "walk is not narrow)):")
     unverified = kernel_table.unverified_tile_names()
     width = max(len(c["name"]) for c in configs)
     for c in configs:
