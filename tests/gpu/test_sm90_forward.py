@@ -129,30 +129,18 @@ def test_sm90_small_pairs_on_many_boxes(case, monkeypatch):
 
 # The strip pairs on their own sweeps (the generic one draws few windows within their
 # limits), with the bulk tensor stores of the output and with the per-lane ones: 2-D, 3-D
-# (small random grids), and video-sized 3-D windows over several frames of the ring.
+# (small random grids), video-sized 3-D windows over several frames of the ring, and problems
+# whose columns axis' groups are at most 8 long, where every warp takes the narrow walk
+# (forward_strips.cuh: 8 key rows of 8 columns; DiNAT's whole-group layers among them).
 STRIP_CASES = int(os.environ.get("NATTN_SM90_STRIP_CASES", "400"))
 STRIPS = (strip_sweep(STRIP_CASES, seed=6262) + MANY_BOXES[:1] + strip_sweep(STRIP_CASES // 2, seed=6363, na_dim=3)
-          + VIDEO_STRIPS)
+          + VIDEO_STRIPS + WHOLE_GROUP_LAYERS + narrow_strip_sweep(STRIP_CASES // 4, seed=6464)
+          + narrow_strip_sweep(STRIP_CASES // 8, seed=6565, na_dim=3))
 
 
 @pytest.mark.parametrize("stores", ["bulk", "lanes"])
 @pytest.mark.parametrize("case", STRIPS, ids=[f"strip{i}-{c}" for i, c in enumerate(STRIPS)])
 def test_sm90_strip_pair(case, stores, monkeypatch):
-    monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
-    if stores == "lanes":
-        monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
-    compare(case)
-
-
-# Problems whose columns axis' groups are at most 8 long take the narrow walk in every warp
-# (forward_strips.cuh: 8 key rows of 8 columns): DiNAT's whole-group layers and random ones.
-NARROW_STRIPS = (WHOLE_GROUP_LAYERS + narrow_strip_sweep(STRIP_CASES // 4, seed=6464)
-                 + narrow_strip_sweep(STRIP_CASES // 8, seed=6565, na_dim=3))
-
-
-@pytest.mark.parametrize("stores", ["bulk", "lanes"])
-@pytest.mark.parametrize("case", NARROW_STRIPS, ids=[f"narrow{i}-{c}" for i, c in enumerate(NARROW_STRIPS)])
-def test_sm90_strip_pair_narrow_walks(case, stores, monkeypatch):
     monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[len(case.spatial)])
     if stores == "lanes":
         monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
