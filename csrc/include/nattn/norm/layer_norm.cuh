@@ -81,23 +81,10 @@ __device__ __forceinline__ float rounded<__half>(float v) { return __half2float(
 template <>
 __device__ __forceinline__ float rounded<bf16_t>(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// Eight parameters from channel c of a vector of runtime dtype `dtype`, or `fill` where p is
-// null (no gain: 1, no bias: 0).
-__device__ __forceinline__ void load_param8(const void* p, int dtype, int c, float fill, float* v) {
-  if (!p) {
-#pragma unroll
-    for (int e = 0; e < kChunk; ++e) v[e] = fill;
-  } else if (dtype == kF32) {
-    Vec8<float>::load(v, static_cast<const float*>(p) + c);
-  } else if (dtype == kF16) {
-    Vec8<__half>::load(v, static_cast<const __half*>(p) + c);
-  } else {
-    Vec8<bf16_t>::load(v, static_cast<const bf16_t*>(p) + c);
-  }
-}
-
-// Eight elements at p of runtime dtype `dtype`, as floats, and eight floats stored so.
-__device__ __forceinline__ void load8_any(const void* p, int dtype, int64_t at, float* v) {
+// Eight elements at p of runtime dtype `dtype`, as floats, and eight floats stored so. (`at`:
+// int for a parameter's channel, int64_t for a row's element.)
+template <typename Index>
+__device__ __forceinline__ void load8_any(const void* p, int dtype, Index at, float* v) {
   if (dtype == kF32) Vec8<float>::load(v, static_cast<const float*>(p) + at);
   else if (dtype == kF16) Vec8<__half>::load(v, static_cast<const __half*>(p) + at);
   else Vec8<bf16_t>::load(v, static_cast<const bf16_t*>(p) + at);
@@ -109,6 +96,17 @@ __device__ __forceinline__ void store8_any(void* p, int dtype, int64_t at, const
 }
 __device__ __forceinline__ float rounded_any(float v, int dtype) {
   return dtype == kF32 ? v : dtype == kF16 ? rounded<__half>(v) : rounded<bf16_t>(v);
+}
+
+// Eight parameters from channel c of a vector of runtime dtype `dtype`, or `fill` where p is
+// null (no gain: 1, no bias: 0).
+__device__ __forceinline__ void load_param8(const void* p, int dtype, int c, float fill, float* v) {
+  if (!p) {
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) v[e] = fill;
+  } else {
+    load8_any(p, dtype, c, v);
+  }
 }
 
 // Sum over the `lanes` lanes (a power of two) of each aligned group of the warp.
