@@ -23,7 +23,9 @@ its fragments read, its mask bits exactly its rows' windows, its RPB indices exa
 inside the table's guards where masked); csrc/tests/sm90_strips_dkv_check.cu checks the strip
 dK/dV pass's walk the other way round: the key box's union fits its slabs, each lane's masks
 are exactly its keys' inverse neighbourhoods (each query of the range once), its RPB indices
-and staged LSE slots (and their tokens) exact."""
+and staged LSE slots (and their tokens) exact, its narrow steps (two lines' first 8 columns)
+keeping exactly the wide walk's scores, and a step's fixed-point dRPB adds in 32 distinct
+shared-memory banks."""
 
 import os
 import shutil

@@ -10,6 +10,13 @@
 //   - its RPB index is (key - query + kernel - 1) per axis, row-major, where the mask is set,
 //     and the line's index for the key minus 8 j + e % 2 (the kernel's form);
 // and each key's walk keeps every query of the range whose window holds it exactly once.
+// Narrow warps (strip_key_lane_narrow; every warp where the columns axis' groups are at most 8
+// long): their k16 steps pair lines y and y + 1 (first 8 columns each); every kept score of
+// the wide walk is kept by exactly one narrow step, at the RPB index line y's gives minus one
+// row for the second line, and the line past the warp's last is masked in every lane.
+// The fixed-point dRPB's adds (StripDrpbLayout): with four table copies, the 32 lanes of a
+// step add at 32 distinct banks (a kept score at its copy's entry, a masked one at the sink's
+// slot of the same bank), and the layout's strides and sizes hold what the kernel assumes.
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 #include <string.h>
@@ -31,6 +38,96 @@ static int fail(const char* what, const Params& p, long long cta, int warp, int 
          p.dilation[0], p.dilation[1], p.dilation[2], p.causal[0], p.causal[1], p.causal[2], p.q_lo[0], p.q_lo[1],
          p.q_lo[2], p.q_hi[0], p.q_hi[1], p.q_hi[2], cta, warp, lane);
   return 1;
+}
+
+// The banks of a warp's fixed-point dRPB adds, step by step, with four table copies (the
+// stride strip_drpb_layout gives them; the kernel's address forms): 1 if two lanes share one.
+template <int NA>
+static int check_drpb_banks(const Params& p, const CtaTile& tile, int warp, int passes, long long& checks) {
+  constexpr int R = NA - 2;
+  const int entries = p.rpb_size[0] * p.rpb_size[1] * p.rpb_size[2];
+  const int stride = strip_drpb_layout(1).stride + (entries + 31) / 32 * 32;  // = 10 mod 32, >= entries
+  StripKeyLane s[32];
+  for (int lane = 0; lane < 32; ++lane) strip_key_lane<NA, StripDkvKeyBox<NA>>(p, tile, warp, lane, s[lane]);
+  for (int f = 0; f < passes * (NA == 3 ? tile.nk[0] : 1); ++f) {
+    const int cp = NA == 3 ? f / tile.nk[0] : f;
+    const int t = NA == 3 ? tile.lo[0] + f % tile.nk[0] : 0;
+    if (NA == 3 && (t < s[0].t_lo || t > s[0].t_hi)) continue;
+    const int y_end = nattn_min(s[0].w_hi, tile.lo[R] + kStripDkvRows - 1);
+    for (int y = nattn_max(s[0].w_lo, tile.lo[R]); y <= y_end; ++y)
+      for (int j = 0; j < 2; ++j)
+        for (int e = 0; e < 4; ++e) {
+          unsigned banks = 0;
+          for (int lane = 0; lane < 32; ++lane) {
+            const int copy = (lane % 4) * stride;
+            const int at = strip_key_bias(s[lane], tile, NA, t, y, cp, 0, 2 * (e / 2), lane) - 8 * j - e % 2;
+            const bool kept = strip_key_kept(s[lane], y, cp, j, e);
+            if (kept && (at < 0 || at >= entries)) return 1;
+            const int word = kept ? copy + at : 1 << 20 | ((copy + at) & 31);  // (the sink: bank 0 based)
+            banks |= 1u << (word & 31);
+          }
+          ++checks;
+          if (banks != 0xffffffffu) return 1;
+        }
+  }
+  return 0;
+}
+
+// A warp's narrow steps against its wide walk (see the top): 1 on a mismatch.
+static long long narrow_warps = 0;
+template <int NA>
+static int check_narrow_steps(const Params& p, const CtaTile& tile, int warp, long long& checks) {
+  constexpr int R = NA - 2;
+  StripKeyLane s[32];
+  bool narrow = true;
+  for (int lane = 0; lane < 32; ++lane) {
+    strip_key_lane<NA, StripDkvKeyBox<NA>>(p, tile, warp, lane, s[lane]);
+    narrow = narrow && strip_key_lane_narrow(s[lane]);
+  }
+  if (strip_problem_narrow(p) && !narrow) return 1;
+  if (!narrow) return 0;
+  ++narrow_warps;
+  for (int t = NA == 3 ? tile.lo[0] : 0; t < (NA == 3 ? tile.lo[0] + tile.nk[0] : 1); ++t) {
+    if (NA == 3 && (t < s[0].t_lo || t > s[0].t_hi)) continue;
+    const int y_end = nattn_min(s[0].w_hi, tile.lo[R] + kStripDkvRows - 1);
+    const int y0 = nattn_max(s[0].w_lo, tile.lo[R]);
+    for (int lane = 0; lane < 32; ++lane) {
+      int kept_wide = 0, kept_narrow = 0;
+      for (int y = y0; y <= y_end; ++y)
+        for (int j = 0; j < 2; ++j)
+          for (int e = 0; e < 4; ++e) kept_wide += strip_key_kept(s[lane], y, 0, j, e) + strip_key_kept(s[lane], y, 1, j, e);
+      for (int y = y0; y <= y_end; y += 2)
+        for (int j = 0; j < 2; ++j)
+          for (int e = 0; e < 4; ++e) {
+            ++checks;
+            // the kernel's form: line y + j's rows, column bit e % 2 of the first pass
+            const int yj = y + j, r = e / 2;
+            const bool kept = yj >= s[lane].y_lo[r] && yj <= s[lane].y_hi[r] && ((s[lane].cols >> (e % 2)) & 1u);
+            if (kept != strip_key_kept(s[lane], yj, 0, 0, e) || (kept && yj > y_end)) return 1;
+            const int at = strip_key_bias(s[lane], tile, NA, t, y, 0, 0, 2 * r, lane) - j * s[lane].row_mult - e % 2;
+            if (kept && at != strip_key_bias(s[lane], tile, NA, t, yj, 0, 0, e, lane)) return 1;
+            kept_narrow += kept;
+          }
+      if (kept_narrow != kept_wide) return 1;
+    }
+  }
+  return 0;
+}
+
+// StripDrpbLayout's invariants over the table sizes a KV head's query heads stage.
+static int check_drpb_layout(long long& checks) {
+  for (int entries = 1; entries <= kSmallRpbStageFloats; ++entries) {
+    const StripDrpbLayout l = strip_drpb_layout(entries);
+    ++checks;
+    if (l.stride < entries || (l.copies != 4 && l.copies != 1) || (l.copies == 4 && l.stride % 32 != 10) ||
+        (l.copies == 4 && 4 * 4 * l.stride > kStripDrpbCopyBytes) || l.bytes != 4 * l.copies * l.stride + kDrpbSinkBytes ||
+        4 * entries + l.bytes > 4 * kSmallRpbStageFloats + kStripDrpbMostBytes) {
+      printf("FAIL the dRPB layout of %d entries\n", entries);
+      return 1;
+    }
+  }
+  // the sink's slots: 32 ints from the first bank-0 word at or past the copies' end
+  return 4 * 31 + 4 * 32 > kDrpbSinkBytes;
 }
 
 template <int NA>
@@ -118,6 +215,10 @@ static int check_problems(int count, long long& checks) {
             }
           }
         }
+        if (tile.tiles > 0 && check_drpb_banks<NA>(p, tile, warp, passes, checks))
+          return fail("dRPB adds of one step share a bank", p, cta, warp, 0);
+        if (tile.tiles > 0 && check_narrow_steps<NA>(p, tile, warp, checks))
+          return fail("the narrow steps", p, cta, warp, 0);
         // every query of the range whose window holds the key, once
         for (int kr = 0; kr < 16; ++kr) {
           int k[3] = {0, 0, 0};
@@ -149,7 +250,11 @@ static int check_problems(int count, long long& checks) {
 
 int main() {
   long long checks = 0;
-  if (check_problems<2>(3000, checks) || check_problems<3>(300, checks)) return 1;
-  printf("ok %lld\n", checks);
+  if (check_drpb_layout(checks) || check_problems<2>(3000, checks) || check_problems<3>(300, checks)) return 1;
+  if (narrow_warps == 0) {
+    printf("FAIL no problem drawn has narrow warps\n");
+    return 1;
+  }
+  printf("ok %lld (%lld narrow warps)\n", checks, narrow_warps);
   return 0;
 }

@@ -72,6 +72,22 @@ __device__ __forceinline__ void drpb_max_arrive(unsigned* blk, unsigned m, unsig
   }
 }
 
+// Branch-free adds into a staged table. `if (kept) atomicAdd(table + idx, term)` per score
+// compiles to a branch region per score, which runs a step's score chains (exp2, dS, the
+// conversion, the add) one after another. Every lane adds every score instead, a masked one
+// (dS = 0, its idx maybe outside the table) into a 32-int sink at the bank its table address
+// would have had, so it takes no bank the kept scores' adds do not. The sink sits at the
+// first bank-0 address at or past the table's end: kDrpbSinkBytes of shared memory.
+constexpr int kDrpbSinkBytes = 256;
+__device__ __forceinline__ int smem_word(const void* p) {
+  return int(static_cast<unsigned>(__cvta_generic_to_shared(p)) / 4u);
+}
+__device__ __forceinline__ int* drpb_sink_at(int* end) { return end + (32 - smem_word(end) % 32) % 32; }
+// (bank: smem_word(table); the add of a score with table index idx, kept or not)
+__device__ __forceinline__ void drpb_add_or_sink(bool kept, int* table, int* sink, int bank, int idx, int term) {
+  atomicAdd(kept ? table + idx : sink + ((bank + idx) & 31), term);
+}
+
 // Adds a block's staged table (32-bit entries, or the SIMT family's 64-bit ones) to the int64
 // table of KV head hkv's query heads, from threads first, first + step, ...; the caller has
 // synchronised the threads that staged it.

@@ -15,9 +15,12 @@
 //   dS^T = P^T (dP^T - delta)
 //   dV += P^T dO, dK += dS^T Q      (P^T / dS^T from the score fragments; dO and Q read
 //                                   transposed, as the forward reads V)
-// With an RPB, dRPB sums in fixed point in shared memory (one integer atomic per kept score,
-// each head's scale from the dQ pass's largest |dS|: common/drpb_fixed.cuh), then one add per
-// entry into the int64 table; without the workspace, float atomics into dRPB. At the end dK
+// Where a warp's keys' inverse columns are all in the first 8 of the first pass (DiNAT's
+// whole-group layers), a k16 step pairs two lines' first 8 columns instead (narrow steps).
+// With an RPB, dRPB sums in fixed point in shared memory (one integer atomic per score,
+// without a branch, into four table copies where they fit: StripDrpbLayout; each head's
+// scale from the dQ pass's largest |dS|: common/drpb_fixed.cuh), then one add per entry into
+// the int64 table; without the workspace, float atomics into dRPB. At the end dK
 // times the scale and dV go through the key and value tiles and out in bulk tensor stores
 // (their own maps) or per lane. Deterministic: every key's gradients are one CTA's.
 #pragma once
@@ -34,7 +37,7 @@ namespace nattn { namespace sm90 {
 
 // Shared memory of the strip dK/dV pass: the key box's K and V tiles, then kStages slots of
 // query lines (Q, then dO), the barriers; after them (launch-time sizes) each query head's
-// RPB table times log2(e) and its fixed-point dRPB table.
+// RPB table times log2(e), then the fixed-point dRPB tables (StripDrpbLayout).
 template <int NA, int HD>
 struct StripDkvSmem {
   using Keys = TileSmem<HD, kWgRows>;
@@ -72,6 +75,7 @@ using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows, kS
 // Fraction bits of the fixed-point dRPB: a block's keys meet a table entry of a query head
 // through one query each (the entry is the relative position), kWgRows terms at most.
 constexpr int kStripDrpbBits = fixed_bits(kWgRows);
+
 
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
@@ -178,12 +182,11 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   float* bias = reinterpret_cast<float*>(smem + S::kBytes);
   int* dbias = reinterpret_cast<int*>(bias + p.groups * table);
   const bool fixed = has_rpb && p.drpb_fixed != nullptr;
+  const StripDrpbLayout dl = strip_drpb_layout(p.groups * table);
   if (has_rpb) {
     const float* src = p.rpb + int64_t(hk) * p.groups * table;
-    for (int i = threadIdx.x; i < p.groups * table; i += 128) {
-      bias[i] = __ldg(src + i) * kLog2e;
-      dbias[i] = 0;
-    }
+    for (int i = threadIdx.x; i < p.groups * table; i += 128) bias[i] = __ldg(src + i) * kLog2e;
+    for (int i = threadIdx.x; i < dl.copies * dl.stride; i += 128) dbias[i] = 0;
     __syncthreads();
   }
 
@@ -214,13 +217,36 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   const float scale_log2 = p.scale_log2;
 
   float* drpb_kv = has_rpb ? p.drpb + int64_t(hk) * p.groups * table : nullptr;  // (without the fixed point)
-  // Line y (query row, group coordinates) of frame t, column pass cp, in the slot at `at0`
-  // (its first line) with its LSE / delta at `ld0`, of head h. kRpb: with the RPB; kFixed:
-  // dRPB in the fixed-point table (else float atomics into dRPB).
-  // A line's products S^T and dP^T (line_products), then the rest of its step (line).
+  // The lane's copy of the fixed-point tables, its bank and the sink (StripDrpbLayout).
+  int* const drpb_copy = dbias + (dl.copies == 4 ? t4 : 0) * dl.stride;
+  const int copy_bank = smem_word(drpb_copy);
+  int* const drpb_sink = drpb_sink_at(dbias + dl.copies * dl.stride);
+  // A k16 step: its two n8 tiles of 8 queries each, in the slot at `at0` (its first line),
+  // their LSE / delta at `ld0`, and the rows 8-15 of the transposed reads. Wide: line y's 16
+  // columns (tile j: columns 8 j ..). Narrow: the first 8 columns of lines y (tile 0) and
+  // y + 1 (tile 1; line y again, masked, past the warp's last line). Byte and float2 offsets.
+  struct Step {
+    int y;
+    int tile_at[2], trans_at, ld[2];
+  };
+  auto wide_step = [&](int y) {
+    const int li = y - tile.lo[R];
+    return Step{y, {li * kStripCols * kRowBytes, (li * kStripCols + 8) * kRowBytes}, li * kStripCols * kRowBytes,
+                {li * kStripCols + 2 * t4, li * kStripCols + 8 + 2 * t4}};
+  };
+  auto narrow_step = [&](int y, int y_end) {
+    const int l0 = y - tile.lo[R], l1 = nattn_min(y + 1, y_end) - tile.lo[R];
+    // (rows 16 l1 .. of the second tile: the transposed reads' lanes 8-15 and 24-31 address
+    // rows 8-15 of the step, qt_lane, so they step back 8 rows; the swizzle repeats every 8)
+    return Step{y, {l0 * kStripCols * kRowBytes, l1 * kStripCols * kRowBytes},
+                ((lane / 8) % 2 ? l1 * kStripCols - 8 : l0 * kStripCols) * kRowBytes,
+                {l0 * kStripCols + 2 * t4, l1 * kStripCols + 2 * t4}};
+  };
+  // A step's products S^T and dP^T (products), then the rest of it (finish_step), for frame
+  // t, column pass cp, head h. kRpb: with the RPB; kFixed: dRPB in the fixed-point table
+  // (else float atomics into dRPB); kNarrow: a narrow step.
   using LineTiles = float[2][4];
-  auto line_products = [&](const unsigned char* at0, int y, LineTiles& sc, LineTiles& dp) {
-    const unsigned char* at = at0 + (y - tile.lo[R]) * kStripCols * kRowBytes;
+  auto products = [&](const unsigned char* at0, const Step& st, LineTiles& sc, LineTiles& dp) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
@@ -228,63 +254,85 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
 #pragma unroll
       for (int x = 0; x < HD / 32; ++x) {
         uint32_t qb[4], db[4];
-        tc::ldmatrix_x4(qb, at + 8 * j * kRowBytes + q_lane[x]);
+        tc::ldmatrix_x4(qb, at0 + st.tile_at[j] + q_lane[x]);
         M::run(sc[j], ka[2 * x], qb);
         M::run(sc[j], ka[2 * x + 1], qb + 2);
-        tc::ldmatrix_x4(db, at + Cq::kBytes + 8 * j * kRowBytes + q_lane[x]);
+        tc::ldmatrix_x4(db, at0 + st.tile_at[j] + Cq::kBytes + q_lane[x]);
         M::run(dp[j], va[2 * x], db);
         M::run(dp[j], va[2 * x + 1], db + 2);
       }
     }
   };
-  auto line = [&](auto rpb_tag, auto fixed_tag, LineTiles& sc, LineTiles& dp, const unsigned char* at0,
-                  const float2* ld0, int h, int t, int y, int cp, float fscale) {
+  auto finish_step = [&](auto rpb_tag, auto fixed_tag, auto narrow_tag, LineTiles& sc, LineTiles& dp,
+                         const unsigned char* at0, const float2* ld0, const Step& st, int h, int t, int cp, float fscale) {
     constexpr bool kRpb = decltype(rpb_tag)::value, kFixed = decltype(fixed_tag)::value;
-    const int li = y - tile.lo[R];
-    const unsigned char* at = at0 + li * kStripCols * kRowBytes;
-    const bool row_in[2] = {y >= key_strip.y_lo[0] && y <= key_strip.y_hi[0], y >= key_strip.y_lo[1] && y <= key_strip.y_hi[1]};
-    // the lane's four query columns (8 j + 2 (lane % 4) + e of the line)
+    constexpr bool kNarrow = decltype(narrow_tag)::value;
+    const int y = st.y;
+    // tile j's line: y + j narrow (past the keys' rows: no row holds it), else y
+    bool row_in[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int yj = kNarrow ? y + j : y;
+        row_in[j][r] = yj >= key_strip.y_lo[r] && yj <= key_strip.y_hi[r];
+      }
+    // the lane's four query columns (tile j's columns 2 (lane % 4) + e)
     float lse2[2][2], dlt[2][2];
-    const float2* ld = ld0 + li * kStripCols + 2 * t4;
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float2 v = ld[8 * j + e];
+        const float2 v = ld0[st.ld[j] + e];
         lse2[j][e] = v.x;
         dlt[j][e] = v.y;
       }
     // P^T into sc, dS^T into dp (rows: the lane's keys e / 2; columns: queries (j, e % 2)).
-    // With an RPB, score (j, e)'s index is the line's for its key (the head's table, query
-    // column 2 (lane % 4) of tile 0: strip_key_bias) minus 8 j + e % 2.
+    // With an RPB, score (j, e)'s index is line y's for its key (the head's table, query
+    // column 2 (lane % 4) of tile 0: strip_key_bias) minus e % 2 and, for tile 1, 8 columns
+    // (wide) or one row (narrow: line y + 1).
     int line_bias[2] = {0, 0};
     if constexpr (kRpb) {
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         line_bias[r] = (h - hk * p.groups) * table + strip_key_bias(key_strip, tile, NA, t, y, cp, 0, 2 * r, lane);
     }
+    auto in_window = [&](int j, int e) {
+      return row_in[j][e / 2] && ((key_strip.cols >> (kNarrow ? e % 2 : 4 * cp + 2 * j + e % 2)) & 1u);
+    };
+    auto at_table = [&](int j, int e) {  // (outside the table if masked)
+      return line_bias[e / 2] - (kNarrow ? j * key_strip.row_mult : 8 * j) - e % 2;
+    };
+    int terms[2][4];  // the fixed-point dRPB terms, added after the line's products
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool in = row_in[e / 2] && ((key_strip.cols >> (4 * cp + 2 * j + e % 2)) & 1u);
+        const bool in = in_window(j, e);
         float x = sc[j][e] * scale_log2;
-        const int at_bias = in ? line_bias[e / 2] - 8 * j - e % 2 : 0;
+        const int at_bias = in ? at_table(j, e) : 0;
         if constexpr (kRpb) x += bias[at_bias];
         // (computed, then selected at head dim 32: 2% faster on dinat-s1; at 64 the
         // predicated form was 4-6% faster, PERF.md forty-seventh session)
         const float pr = HD <= 32 ? kept(in, fast_exp2(x - lse2[j][e % 2])) : in ? fast_exp2(x - lse2[j][e % 2]) : 0.f;
         const float ds = pr * (dp[j][e] - dlt[j][e % 2]);
-        if constexpr (kRpb) {
-          if (in) {
-            if constexpr (kFixed) atomicAdd(dbias + at_bias, __float2int_rn(ds * fscale));
-            else atomicAdd(drpb_kv + at_bias, ds);
-          }
+        if constexpr (kFixed) terms[j][e] = __float2int_rn(ds * fscale);
+        else if constexpr (kRpb) {
+          if (in) atomicAdd(drpb_kv + at_bias, ds);
         }
         sc[j][e] = pr;
         dp[j][e] = ds;
       }
-    // dV += P^T dO, dK += dS^T Q: the line's 16 queries are the k16 step
+    // dRPB: every score's add, without a branch (common/drpb_fixed.cuh), after all the
+    // step's bias reads (a read after an atomic waits for the atomic's operands, which
+    // chained each score's bias read to the whole computation of the score before).
+    if constexpr (kFixed) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) drpb_add_or_sink(in_window(j, e), drpb_copy, drpb_sink, copy_bank, at_table(j, e), terms[j][e]);
+    }
+    // dV += P^T dO, dK += dS^T Q: the step's 16 queries are the k16 step
     const uint32_t pa[4] = {M::pack(sc[0][0], sc[0][1]), M::pack(sc[0][2], sc[0][3]), M::pack(sc[1][0], sc[1][1]),
                             M::pack(sc[1][2], sc[1][3])};
     const uint32_t da[4] = {M::pack(dp[0][0], dp[0][1]), M::pack(dp[0][2], dp[0][3]), M::pack(dp[1][0], dp[1][1]),
@@ -292,17 +340,23 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
 #pragma unroll
     for (int x = 0; x < HD / 16; ++x) {
       uint32_t ob[4], qb[4];
-      tc::ldmatrix_x4_trans(ob, at + Cq::kBytes + qt_lane[x]);
+      tc::ldmatrix_x4_trans(ob, at0 + st.trans_at + Cq::kBytes + qt_lane[x]);
       M::run(dv[2 * x], pa, ob);
       M::run(dv[2 * x + 1], pa, ob + 2);
-      tc::ldmatrix_x4_trans(qb, at + qt_lane[x]);
+      tc::ldmatrix_x4_trans(qb, at0 + st.trans_at + qt_lane[x]);
       M::run(dk[2 * x], da, qb);
       M::run(dk[2 * x + 1], da, qb + 2);
     }
   };
+  // A warp walks narrow where each of its lanes does (strip_key_lane_narrow): the pair of
+  // lines a step halves the steps on DiNAT's whole-group layers, whose query columns are the
+  // first 8 of one pass.
+  const bool narrow = NATTN_SM90_STRIP_NARROW && __all_sync(0xffffffffu, strip_key_lane_narrow(key_strip));
   // The slabs in step: each warp walks its lines of the slabs of its frames; a slot is
   // refilled once every warp is done with it (named barrier 2).
   auto walk = [&](auto rpb_tag, auto fixed_tag) {
+    constexpr std::false_type wide_tag{};
+    constexpr std::true_type narrow_tag{};
     float fscale = 0.f;
     if (slabs > 0) {  // (fetch(0) went out before the keys' wait)
       stash(0);
@@ -314,24 +368,35 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       if (decltype(fixed_tag)::value && within == 0) fscale = drpb_fixed_scale(p.drpb_max[h], kStripDrpbBits);
       if (f + 1 < slabs) fetch(f + 1);  // (waited for at the stash, after this slab's lines)
       mbar_wait(full + f % kStages, (f / kStages) & 1);
-      if (NA == 2 || (t >= key_strip.t_lo && t <= key_strip.t_hi)) {
+      if ((NA == 2 || (t >= key_strip.t_lo && t <= key_strip.t_hi)) && !(narrow && cp > 0)) {
         const unsigned char* at0 = smem + S::kSlots + (f % kStages) * S::kSlot;
         const float2* ld0 = lse_buf + (f % 2) * kQueries;
         const int y_end = nattn_min(key_strip.w_hi, tile.lo[R] + S::kLineRows - 1), tt = NA == 3 ? t : 0;
         int y = nattn_max(key_strip.w_lo, tile.lo[R]);
-        if (NATTN_SM90_STRIP_DKV_PIPELINE && HD >= 64) {  // lines in pairs: both lines' products first
-          for (; y + 1 <= y_end; y += 2) {
-            LineTiles sa, da, sb, db;
-            line_products(at0, y, sa, da);
-            line_products(at0, y + 1, sb, db);
-            line(rpb_tag, fixed_tag, sa, da, at0, ld0, h, tt, y, cp, fscale);
-            line(rpb_tag, fixed_tag, sb, db, at0, ld0, h, tt, y + 1, cp, fscale);
+        if (narrow) {  // (a narrow warp's columns are all in the first pass)
+          for (; y <= y_end; y += 2) {
+            LineTiles sc, dp;
+            const Step st = narrow_step(y, y_end);
+            products(at0, st, sc, dp);
+            finish_step(rpb_tag, fixed_tag, narrow_tag, sc, dp, at0, ld0, st, h, tt, cp, fscale);
           }
-        }
-        for (; y <= y_end; ++y) {
-          LineTiles sc, dp;
-          line_products(at0, y, sc, dp);
-          line(rpb_tag, fixed_tag, sc, dp, at0, ld0, h, tt, y, cp, fscale);
+        } else {
+          if (NATTN_SM90_STRIP_DKV_PIPELINE && HD >= 64) {  // lines in pairs: both lines' products first
+            for (; y + 1 <= y_end; y += 2) {
+              LineTiles sa, da, sb, db;
+              const Step s0 = wide_step(y), s1 = wide_step(y + 1);
+              products(at0, s0, sa, da);
+              products(at0, s1, sb, db);
+              finish_step(rpb_tag, fixed_tag, wide_tag, sa, da, at0, ld0, s0, h, tt, cp, fscale);
+              finish_step(rpb_tag, fixed_tag, wide_tag, sb, db, at0, ld0, s1, h, tt, cp, fscale);
+            }
+          }
+          for (; y <= y_end; ++y) {
+            LineTiles sc, dp;
+            const Step st = wide_step(y);
+            products(at0, st, sc, dp);
+            finish_step(rpb_tag, fixed_tag, wide_tag, sc, dp, at0, ld0, st, h, tt, cp, fscale);
+          }
         }
       }
       if (f + 1 < slabs) {  // slab f's slot and staging half are free, slab f + 1's LSE visible
@@ -345,7 +410,15 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   else if (has_rpb) walk(std::true_type{}, std::false_type{});  // (no fixed-point workspace)
   else walk(std::false_type{}, std::false_type{});
 
-  if (fixed) drpb_fixed_flush(p, hk, dbias, int64_t(p.groups) * table);  // (synchronises the block)
+  if (fixed) {  // the copies' sums into the int64 table
+    __syncthreads();
+    unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hk) * p.groups * table;
+    for (int i = threadIdx.x; i < p.groups * table; i += 128) {
+      int sum = 0;  // (the copies' terms of an entry are the single table's: below 2^31 together)
+      for (int c = 0; c < dl.copies; ++c) sum += dbias[c * dl.stride + i];
+      if (sum != 0) atomicAdd(dst + i, (unsigned long long)(long long)sum);  // two's complement: signed sums
+    }
+  }
   // dK times the scale and dV into the warp's own rows of the key and value tiles (only this
   // warp read them), then the box's rows out (forward.cuh's epilogue, dK's and dV's maps).
   const float scale[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};

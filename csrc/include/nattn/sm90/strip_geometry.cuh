@@ -13,6 +13,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/registry.h"
 #include "nattn/common/window.cuh"
 #include "nattn/sm90/forward_masks.cuh"
@@ -234,6 +235,12 @@ NATTN_HD int strip_query_token(const Params& p, const CtaTile& tile, int t, int 
   return tok;
 }
 
+// Whether the lane's keys walk narrow in the dK/dV pass: their inverse columns all lie in the
+// first 8 of the first column pass (where every lane of a warp does, its k16 steps pair two
+// lines' first 8 columns instead of one line's 16: backward_dkv_strips.cuh). Every lane does
+// wherever the columns axis' groups are at most 8 long (strip_problem_narrow).
+NATTN_HD bool strip_key_lane_narrow(const StripKeyLane& s) { return (s.cols & ~0x3u) == 0u; }
+
 // Whether score (j, e) of a lane's line (query row y, column pass cp) is kept: the line's row
 // is in key e / 2's inverse rows and the query column in its column's (the frame is the
 // slab's: in the warp's inverse frames, which the walk checks).
@@ -248,5 +255,29 @@ NATTN_HD int strip_key_bias(const StripKeyLane& s, const CtaTile& tile, int na_d
   const int qx = tile.lo[na_dim - 1] + kStripCols * cp + 8 * j + 2 * (lane % 4) + e % 2;
   return s.rpb_key[e / 2] - qx - y * s.row_mult - t * s.frame_mult;
 }
+
+// The strip dK/dV pass's fixed-point dRPB tables in shared memory, after the RPB tables
+// (`entries`: the query heads' entries of the KV head), then the sink of the masked scores'
+// adds (a lane adds every score it walks, without a branch: common/drpb_fixed.cuh). The adds
+// of one step fall on the table's diagonals (key column g4 against query column 2 t4: up to
+// four lanes on one address, which the atomic unit serialises), so where they fit in
+// kStripDrpbCopyBytes there are four copies, one per t4, `stride` ints apart with stride = 10
+// mod 32: a warp's 32 adds then fall in 32 distinct banks (csrc/tests/sm90_strips_dkv_check.cu
+// checks it). The flush sums the copies.
+struct StripDrpbLayout {
+  int copies, stride;
+  int bytes;  // the dRPB part of the shared memory (past the RPB tables)
+};
+constexpr int kStripDrpbCopyBytes = 4096;
+NATTN_HD StripDrpbLayout strip_drpb_layout(int entries) {
+  StripDrpbLayout l;
+  const int banked = entries <= 10 ? 10 : (entries - 10 + 31) / 32 * 32 + 10;
+  l.copies = 4 * banked * 4 <= kStripDrpbCopyBytes ? 4 : 1;
+  l.stride = l.copies == 4 ? banked : entries;
+  l.bytes = 4 * l.copies * l.stride + kDrpbSinkBytes;
+  return l;
+}
+// The most shared memory the dRPB part takes (copies only below kStripDrpbCopyBytes).
+constexpr int kStripDrpbMostBytes = 4 * kSmallRpbStageFloats + kStripDrpbCopyBytes + kDrpbSinkBytes;
 
 }  }  // namespace nattn::sm90

@@ -51,6 +51,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
     for (int64_t i = threadIdx.x; i < smem_len; i += blockDim.x) bias_smem[i] = src[i] * kLog2e;
   }
   if (stage_rpb) drpb_stage_begin(drpb_smem, smem_len);
+  // the staged dRPB's sink (past the bias copy where there is one; kDrpbSinkBytes at launch)
+  int* const drpb_sink = drpb_sink_at(reinterpret_cast<int*>(drpb_smem) + smem_len * (stage_bias ? 2 : 1));
   int g[3], L[3], first[3];
   // no early return: the block meets again at the dRPB flush
   if (warp_box<NA>(p, p.box, int64_t(blockIdx.x) * W + warp, g, L, first)) {
@@ -93,6 +95,8 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       // dRPB there too (a staged bias implies a staged dRPB), from per-head bases.
       const float* const bias_head = bias_smem + hg * p.rpb_head_size;
       int* const fixed_head = reinterpret_cast<int*>(drpb_smem) + hg * p.rpb_head_size;
+      const int fixed_bank = smem_word(fixed_head);
+      const bool fixed_terms = rpb != nullptr && stage_rpb;  // dRPB added after the step's products
       const float fixed_scale = stage_rpb ? drpb_fixed_scale(p.drpb_max[h], dkv_fixed_bits<T, HD>()) : 0.f;
       const int bias_at = !rpb ? kNoBias : stage_bias ? kBiasShared : kBiasGlobal;
       DropKeys drop;  // the mask of query head h
@@ -126,6 +130,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
         }
         // P^T and dS^T in place of S^T and dP^T (bias_instanced: no bias loads or dRPB atomics
         // without RPB; the bias from shared memory where it is staged).
+        int terms[2][4];  // the staged dRPB's fixed-point terms
         bias_instanced(bias_at, [&](auto at) {
           constexpr bool kRpb = decltype(at)::value != kNoBias;
           constexpr bool kShared = decltype(at)::value == kBiasShared;
@@ -147,13 +152,20 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
             s[nt][e] = kDrop && !kept(keep, r, q) ? 0.f : pr;  // dV takes the masked P (1 / (1 - p) at the store)
             dp[nt][e] = ds;
             if constexpr (kRpb) {
-              if (ok) {  // one address space per branch: no generic atomics
-                if (kShared || stage_rpb) atomicAdd(fixed_head + ridx, __float2int_rn(ds * fixed_scale));  // native: no CAS loop
-                else atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
-              }
+              if (kShared || stage_rpb) terms[nt][e] = __float2int_rn(ds * fixed_scale);  // (added below)
+              else if (ok) atomicAdd(p.drpb + int64_t(h) * p.rpb_head_size + ridx, ds);
             }
           });
         });
+        // The staged dRPB's adds after the step's bias reads (a read after an atomic waits for
+        // its operands: each score's bias read waited for the score before), one per score,
+        // without a branch (common/drpb_fixed.cuh); native integer atomics.
+        if (fixed_terms) {
+          for_each_score([&](int nt, int e, int r, int q) {
+            drpb_add_or_sink(rw.ok[r] && cl.ok[r][q], fixed_head, drpb_sink, fixed_bank,
+                             rpb_index<true>(rrow[r], cl.rpb[q]), terms[nt][e]);
+          });
+        }
         unsigned pa[Lt::AREGS], dsa[Lt::AREGS];
         pack_a<T>(pa, s);
         pack_a<T>(dsa, dp);

@@ -162,13 +162,14 @@ void launch_dkv_pass(const Params& problem, int64_t rpb_bytes, cudaStream_t stre
   const unsigned blocks = unsigned((warps + W - 1) / W);
   static std::atomic<uint64_t> opted{0};
   once_per_device(opted, [] {
-    return allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_smem_max<T, HD>() + dkv_bias_room<T, HD>());
+    return allow_smem(backward_dkv_kernel<T, NA, HD, kDrop>, dkv_smem_max<T, HD>() + dkv_bias_room<T, HD>() + kDrpbSinkBytes);
   });
   // dRPB staged when its table fits (rpb_in_smem 1), and the bias table beside it (2) when
   // that fits too.
   const bool bias_fits = rpb_bytes > 0 && rpb_bytes <= int64_t(dkv_bias_room<T, HD>());
   p.rpb_in_smem = rpb_bytes > 0 ? (bias_fits ? 2 : 1) : 0;
-  const size_t dkv_smem = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(rpb_bytes) * size_t(p.rpb_in_smem);
+  const size_t dkv_smem = size_t(W) * dkv_warp_bytes<T, HD>() + size_t(rpb_bytes) * size_t(p.rpb_in_smem) +
+                          (rpb_bytes > 0 ? size_t(kDrpbSinkBytes) : 0);  // (the staged dRPB's sink)
   backward_dkv_kernel<T, NA, HD, kDrop><<<dim3(blocks, p.heads_kv, p.batch), W * 32, dkv_smem, stream>>>(p);
 }
 
