@@ -235,18 +235,21 @@ def test_head_dims_above_128_train_on_sm90_at_any_window():
     assert families(5, rpb=False, dim=192, backward=True) == {"forward": "sm90", "dkv": "sm90"}
 
 
-def test_strip_dkv_pass_with_rpb_by_head_dim(monkeypatch):
-    """With an RPB the strip pairs' backward runs its own dK/dV pass at head dim 32 and the
-    tensor-core family's at 64 (strip_dkv_own: where each measured faster), both after the
-    strip dQ pass; the gradients agree with the reference."""
+def test_strip_dkv_pass_with_rpb_by_table_size(monkeypatch):
+    """With an RPB the strip pairs' backward runs its own dK/dV pass at head dims 32 and 64
+    wherever the KV head's query heads' tables fit what it stages (4096 entries), else the
+    tensor-core family's (strip_dkv_own), both after the strip dQ pass; the gradients agree
+    with the float64 reference."""
     monkeypatch.setenv("NATTN_FAMILY", "sm90")
     monkeypatch.setenv("NATTN_SM90_TILE", "q8x8_k14x16")  # the 2-D strip pair
     monkeypatch.delenv("NATTN_SM90_STRIP_DKV", raising=False)
-    for dim, own in ((32, True), (64, False)):
-        q, k, v = (torch.randn(2, 24, 20, 2, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                   for _ in range(3))
-        bias = torch.randn(2, 13, 13, device="cuda", requires_grad=True)
-        g = torch.randn(2, 24, 20, 2, dim, device="cuda", dtype=torch.bfloat16)
+    # (25 query heads of one KV head: 25 x 169 = 4225 entries)
+    for dim, heads, heads_kv, own in ((32, 2, 2, True), (64, 2, 2, True), (32, 25, 1, False)):
+        q = torch.randn(2, 24, 20, heads, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(2, 24, 20, heads_kv, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(2))
+        bias = torch.randn(heads, 13, 13, device="cuda", requires_grad=True)
+        g = torch.randn(2, 24, 20, heads, dim, device="cuda", dtype=torch.bfloat16)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             nattn.na2d(q, k, v, 7, rpb=bias, backend="cuda").backward(g)
             torch.cuda.synchronize()
@@ -257,7 +260,7 @@ def test_strip_dkv_pass_with_rpb_by_head_dim(monkeypatch):
         leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v, bias)]
         nattn.na2d(*leaves[:3], 7, rpb=leaves[3], backend="reference").backward(g.double())
         for name, got, ref in zip(("dq", "dk", "dv", "drpb"), (q, k, v, bias), leaves):
-            check(f"head dim {dim}, {name}", got.grad, ref.grad, 2e-2)
+            check(f"head dim {dim}, {heads} query heads a KV head, {name}", got.grad, ref.grad, 2e-2)
 
 
 def test_strip_pairs_run_by_default(monkeypatch):

@@ -219,8 +219,9 @@ def test_sm90_strip_backward(case, mode, monkeypatch):
 
 
 # With an RPB the strip pairs run their own dK/dV pass (dRPB summed in fixed point, an integer
-# atomic per kept score) by default only at head dim 32, the tensor-core family's at 64;
-# NATTN_SM90_STRIP_DKV=own forces theirs: the sweep's cases with an RPB on it.
+# atomic per score) by default wherever the KV head's tables fit what it stages (4096
+# entries: every case of the sweep), so the sweep above runs it; NATTN_SM90_STRIP_DKV=own
+# forces it on the sweep's cases with an RPB once more, with the default's other settings.
 STRIP_BWD_RPB = [c for c in STRIP_BWD if c.rpb]
 
 
@@ -250,7 +251,7 @@ def test_sm90_strip_backward_against_float64(case, monkeypatch):
 def test_sm90_strip_backward_is_deterministic(rpb, dkv, monkeypatch):
     """The strip pairs' backward is bitwise repeatable (dQ rows written once; each key's
     gradients one CTA's; dRPB in fixed point from the dQ pass's largest |dS|), with an RPB
-    through their own dK/dV pass (the default at head dim 32) and through the tensor-core one."""
+    through their own dK/dV pass (the default) and through the tensor-core one."""
     monkeypatch.setenv("NATTN_SM90_TILE", STRIP_PAIRS[2])
     if dkv:
         monkeypatch.setenv("NATTN_SM90_STRIP_DKV", dkv)

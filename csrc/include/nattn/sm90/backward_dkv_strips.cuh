@@ -221,43 +221,40 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   int* const drpb_copy = dbias + (dl.copies == 4 ? t4 : 0) * dl.stride;
   const int copy_bank = smem_word(drpb_copy);
   int* const drpb_sink = drpb_sink_at(dbias + dl.copies * dl.stride);
-  // A k16 step: its two n8 tiles of 8 queries each, in the slot at `at0` (its first line),
-  // their LSE / delta at `ld0`, and the rows 8-15 of the transposed reads. Wide: line y's 16
-  // columns (tile j: columns 8 j ..). Narrow: the first 8 columns of lines y (tile 0) and
-  // y + 1 (tile 1; line y again, masked, past the warp's last line). Byte and float2 offsets.
+  // A k16 step: its two n8 tiles of 8 queries each. Wide: line y's 16 columns (tile j:
+  // columns 8 j ..). Narrow: the first 8 columns of lines y (tile 0) and y + 1 (tile 1; l1
+  // is its line in the slab: line y again, masked, past the warp's last line).
   struct Step {
-    int y;
-    int tile_at[2], trans_at, ld[2];
+    int y, l1;
   };
-  auto wide_step = [&](int y) {
-    const int li = y - tile.lo[R];
-    return Step{y, {li * kStripCols * kRowBytes, (li * kStripCols + 8) * kRowBytes}, li * kStripCols * kRowBytes,
-                {li * kStripCols + 2 * t4, li * kStripCols + 8 + 2 * t4}};
+  // Slab rows (16 a line) of tile j's queries: its first row; of the transposed reads (the
+  // step's 16 queries): the row their lanes' qt_lane rows start from (narrow: the lanes
+  // that read rows 8-15 step back 8 rows into line l1; the swizzle repeats every 8 rows).
+  auto tile_row = [&](auto narrow_tag, const Step& st, int j) {
+    const int l0 = st.y - tile.lo[R];
+    return decltype(narrow_tag)::value ? (j ? st.l1 : l0) * kStripCols : l0 * kStripCols + 8 * j;
   };
-  auto narrow_step = [&](int y, int y_end) {
-    const int l0 = y - tile.lo[R], l1 = nattn_min(y + 1, y_end) - tile.lo[R];
-    // (rows 16 l1 .. of the second tile: the transposed reads' lanes 8-15 and 24-31 address
-    // rows 8-15 of the step, qt_lane, so they step back 8 rows; the swizzle repeats every 8)
-    return Step{y, {l0 * kStripCols * kRowBytes, l1 * kStripCols * kRowBytes},
-                ((lane / 8) % 2 ? l1 * kStripCols - 8 : l0 * kStripCols) * kRowBytes,
-                {l0 * kStripCols + 2 * t4, l1 * kStripCols + 2 * t4}};
+  auto trans_row = [&](auto narrow_tag, const Step& st) {
+    const int l0 = st.y - tile.lo[R];
+    return decltype(narrow_tag)::value && (lane / 8) % 2 ? st.l1 * kStripCols - 8 : l0 * kStripCols;
   };
   // A step's products S^T and dP^T (products), then the rest of it (finish_step), for frame
   // t, column pass cp, head h. kRpb: with the RPB; kFixed: dRPB in the fixed-point table
   // (else float atomics into dRPB); kNarrow: a narrow step.
   using LineTiles = float[2][4];
-  auto products = [&](const unsigned char* at0, const Step& st, LineTiles& sc, LineTiles& dp) {
+  auto products = [&](auto narrow_tag, const unsigned char* at0, const Step& st, LineTiles& sc, LineTiles& dp) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
+      const unsigned char* at = at0 + tile_row(narrow_tag, st, j) * kRowBytes;
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[j][e] = dp[j][e] = 0.f;
 #pragma unroll
       for (int x = 0; x < HD / 32; ++x) {
         uint32_t qb[4], db[4];
-        tc::ldmatrix_x4(qb, at0 + st.tile_at[j] + q_lane[x]);
+        tc::ldmatrix_x4(qb, at + q_lane[x]);
         M::run(sc[j], ka[2 * x], qb);
         M::run(sc[j], ka[2 * x + 1], qb + 2);
-        tc::ldmatrix_x4(db, at0 + st.tile_at[j] + Cq::kBytes + q_lane[x]);
+        tc::ldmatrix_x4(db, at + Cq::kBytes + q_lane[x]);
         M::run(dp[j], va[2 * x], db);
         M::run(dp[j], va[2 * x + 1], db + 2);
       }
@@ -283,7 +280,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float2 v = ld0[st.ld[j] + e];
+        const float2 v = ld0[tile_row(narrow_tag, st, j) + 2 * t4 + e];
         lse2[j][e] = v.x;
         dlt[j][e] = v.y;
       }
@@ -333,6 +330,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         for (int e = 0; e < 4; ++e) drpb_add_or_sink(in_window(j, e), drpb_copy, drpb_sink, copy_bank, at_table(j, e), terms[j][e]);
     }
     // dV += P^T dO, dK += dS^T Q: the step's 16 queries are the k16 step
+    const unsigned char* at_t = at0 + trans_row(narrow_tag, st) * kRowBytes;
     const uint32_t pa[4] = {M::pack(sc[0][0], sc[0][1]), M::pack(sc[0][2], sc[0][3]), M::pack(sc[1][0], sc[1][1]),
                             M::pack(sc[1][2], sc[1][3])};
     const uint32_t da[4] = {M::pack(dp[0][0], dp[0][1]), M::pack(dp[0][2], dp[0][3]), M::pack(dp[1][0], dp[1][1]),
@@ -340,10 +338,10 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
 #pragma unroll
     for (int x = 0; x < HD / 16; ++x) {
       uint32_t ob[4], qb[4];
-      tc::ldmatrix_x4_trans(ob, at0 + st.trans_at + Cq::kBytes + qt_lane[x]);
+      tc::ldmatrix_x4_trans(ob, at_t + Cq::kBytes + qt_lane[x]);
       M::run(dv[2 * x], pa, ob);
       M::run(dv[2 * x + 1], pa, ob + 2);
-      tc::ldmatrix_x4_trans(qb, at0 + st.trans_at + qt_lane[x]);
+      tc::ldmatrix_x4_trans(qb, at_t + qt_lane[x]);
       M::run(dk[2 * x], da, qb);
       M::run(dk[2 * x + 1], da, qb + 2);
     }
@@ -354,9 +352,10 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   const bool narrow = NATTN_SM90_STRIP_NARROW && __all_sync(0xffffffffu, strip_key_lane_narrow(key_strip));
   // The slabs in step: each warp walks its lines of the slabs of its frames; a slot is
   // refilled once every warp is done with it (named barrier 2).
-  auto walk = [&](auto rpb_tag, auto fixed_tag) {
-    constexpr std::false_type wide_tag{};
-    constexpr std::true_type narrow_tag{};
+  // (kNarrow: the warp's steps; an instance each, so that neither loop's registers and
+  // predicates are the other's: one loop nest with both cost the wide loop 5% more instructions)
+  auto walk = [&](auto rpb_tag, auto fixed_tag, auto narrow_tag) {
+    constexpr bool kNarrow = decltype(narrow_tag)::value;
     float fscale = 0.f;
     if (slabs > 0) {  // (fetch(0) went out before the keys' wait)
       stash(0);
@@ -368,34 +367,34 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       if (decltype(fixed_tag)::value && within == 0) fscale = drpb_fixed_scale(p.drpb_max[h], kStripDrpbBits);
       if (f + 1 < slabs) fetch(f + 1);  // (waited for at the stash, after this slab's lines)
       mbar_wait(full + f % kStages, (f / kStages) & 1);
-      if ((NA == 2 || (t >= key_strip.t_lo && t <= key_strip.t_hi)) && !(narrow && cp > 0)) {
+      if ((NA == 2 || (t >= key_strip.t_lo && t <= key_strip.t_hi)) && !(kNarrow && cp > 0)) {
         const unsigned char* at0 = smem + S::kSlots + (f % kStages) * S::kSlot;
         const float2* ld0 = lse_buf + (f % 2) * kQueries;
         const int y_end = nattn_min(key_strip.w_hi, tile.lo[R] + S::kLineRows - 1), tt = NA == 3 ? t : 0;
         int y = nattn_max(key_strip.w_lo, tile.lo[R]);
-        if (narrow) {  // (a narrow warp's columns are all in the first pass)
+        if constexpr (kNarrow) {  // (a narrow warp's columns are all in the first pass)
           for (; y <= y_end; y += 2) {
             LineTiles sc, dp;
-            const Step st = narrow_step(y, y_end);
-            products(at0, st, sc, dp);
+            const Step st{y, nattn_min(y + 1, y_end) - tile.lo[R]};
+            products(narrow_tag, at0, st, sc, dp);
             finish_step(rpb_tag, fixed_tag, narrow_tag, sc, dp, at0, ld0, st, h, tt, cp, fscale);
           }
         } else {
           if (NATTN_SM90_STRIP_DKV_PIPELINE && HD >= 64) {  // lines in pairs: both lines' products first
             for (; y + 1 <= y_end; y += 2) {
               LineTiles sa, da, sb, db;
-              const Step s0 = wide_step(y), s1 = wide_step(y + 1);
-              products(at0, s0, sa, da);
-              products(at0, s1, sb, db);
-              finish_step(rpb_tag, fixed_tag, wide_tag, sa, da, at0, ld0, s0, h, tt, cp, fscale);
-              finish_step(rpb_tag, fixed_tag, wide_tag, sb, db, at0, ld0, s1, h, tt, cp, fscale);
+              const Step s0{y, 0}, s1{y + 1, 0};
+              products(narrow_tag, at0, s0, sa, da);
+              products(narrow_tag, at0, s1, sb, db);
+              finish_step(rpb_tag, fixed_tag, narrow_tag, sa, da, at0, ld0, s0, h, tt, cp, fscale);
+              finish_step(rpb_tag, fixed_tag, narrow_tag, sb, db, at0, ld0, s1, h, tt, cp, fscale);
             }
           }
           for (; y <= y_end; ++y) {
             LineTiles sc, dp;
-            const Step st = wide_step(y);
-            products(at0, st, sc, dp);
-            finish_step(rpb_tag, fixed_tag, wide_tag, sc, dp, at0, ld0, st, h, tt, cp, fscale);
+            const Step st{y, 0};
+            products(narrow_tag, at0, st, sc, dp);
+            finish_step(rpb_tag, fixed_tag, narrow_tag, sc, dp, at0, ld0, st, h, tt, cp, fscale);
           }
         }
       }
@@ -406,9 +405,13 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       }
     }
   };
-  if (fixed) walk(std::true_type{}, std::true_type{});
-  else if (has_rpb) walk(std::true_type{}, std::false_type{});  // (no fixed-point workspace)
-  else walk(std::false_type{}, std::false_type{});
+  auto walk_as = [&](auto rpb_tag, auto fixed_tag) {
+    if (narrow) walk(rpb_tag, fixed_tag, std::true_type{});
+    else walk(rpb_tag, fixed_tag, std::false_type{});
+  };
+  if (fixed) walk_as(std::true_type{}, std::true_type{});
+  else if (has_rpb) walk_as(std::true_type{}, std::false_type{});  // (no fixed-point workspace)
+  else walk_as(std::false_type{}, std::false_type{});
 
   if (fixed) {  // the copies' sums into the int64 table
     __syncthreads();

@@ -206,19 +206,18 @@ struct StripBackwardLaunch {
 static_assert(sizeof(StripBackwardLaunch) <= kPrepareBytes, "workspace too small");
 
 // Whether a strip pair's backward runs its own dK/dV pass (backward_dkv_strips.cuh), else
-// the tensor-core family's: its own without an RPB, and with one at head dim 32; tc's with an
-// RPB at head dim 64, where the strip pass's shared-memory atomics per kept score cost it
-// its lead. Forward + backward with an RPB, GPU ms, own vs tc's (H100, four rounds in the
-// fifty-first and fifty-second sessions): dinat-s1 (D32) 0.300 vs 0.329, 16x32x32 5x7x7
-// D32 0.817 vs 0.886, 28x28 7x7 B128 D32 0.366 vs 0.362, video-3d (D64) 1.283 vs 1.257.
-// NATTN_SM90_STRIP_DKV=tc / =own (read on every call) picks one; own needs the KV head's
-// query heads' RPB tables within what it stages (4096 entries).
+// the tensor-core family's: its own wherever the KV head's query heads' RPB tables fit what
+// it stages (4096 entries). Until its dRPB adds lost their branch per score, tc's ran with an
+// RPB at head dim 64 (video-3d f+b 1.257 vs 1.283 ms, H100); since then the strip pass leads
+// there too (H100, GPU ms, f+b with an RPB, own vs tc's: video-3d 1.167 vs 1.211, 28x28 7x7
+// dilation 4 B32 D64 0.156 vs 0.157; PERF.md fifty-seventh session).
+// NATTN_SM90_STRIP_DKV=tc / =own (read on every call) picks one.
 inline bool strip_dkv_own(const Params& p) {
   const char* pick = getenv("NATTN_SM90_STRIP_DKV");
   const bool fits = p.rpb == nullptr || int64_t(p.groups) * p.rpb_head_size <= kSmallRpbStageFloats;
   if (pick && !strcmp(pick, "tc")) return false;
   if (pick && !strcmp(pick, "own")) return fits;
-  return p.rpb == nullptr || (p.dim <= 32 && fits);
+  return fits;
 }
 
 // A strip pair's backward: its own dQ pass (backward_dq_strips.cuh) and dK/dV pass
