@@ -76,7 +76,6 @@ using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows, kS
 // through one query each (the entry is the relative position), kWgRows terms at most.
 constexpr int kStripDrpbBits = fixed_bits(kWgRows);
 
-
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     backward_dkv_strips_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
@@ -300,7 +299,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     auto at_table = [&](int j, int e) {  // (outside the table if masked)
       return line_bias[e / 2] - (kNarrow ? j * key_strip.row_mult : 8 * j) - e % 2;
     };
-    int terms[2][4];  // the fixed-point dRPB terms, added after the line's products
+    int terms[2][4];  // the fixed-point dRPB terms, added after the step's bias reads
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -346,9 +345,9 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       M::run(dk[2 * x + 1], da, qb + 2);
     }
   };
-  // A warp walks narrow where each of its lanes does (strip_key_lane_narrow): the pair of
-  // lines a step halves the steps on DiNAT's whole-group layers, whose query columns are the
-  // first 8 of one pass.
+  // A warp walks narrow where each of its lanes does (strip_key_lane_narrow): two lines a
+  // step halve the steps on DiNAT's whole-group layers, whose query columns are the first 8
+  // of one pass.
   const bool narrow = NATTN_SM90_STRIP_NARROW && __all_sync(0xffffffffu, strip_key_lane_narrow(key_strip));
   // The slabs in step: each warp walks its lines of the slabs of its frames; a slot is
   // refilled once every warp is done with it (named barrier 2).
