@@ -403,24 +403,23 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         if (threadIdx.x == 0 && f + kStages < slabs) load_slab(f + kStages);
       }
     }
-  };
-  auto walk_as = [&](auto rpb_tag, auto fixed_tag) {
-    if (narrow) walk(rpb_tag, fixed_tag, std::true_type{});
-    else walk(rpb_tag, fixed_tag, std::false_type{});
-  };
-  if (fixed) walk_as(std::true_type{}, std::true_type{});
-  else if (has_rpb) walk_as(std::true_type{}, std::false_type{});  // (no fixed-point workspace)
-  else walk_as(std::false_type{}, std::false_type{});
-
-  if (fixed) {  // the copies' sums into the int64 table
-    __syncthreads();
-    unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hk) * p.groups * table;
-    for (int i = threadIdx.x; i < p.groups * table; i += 128) {
-      int sum = 0;  // (the copies' terms of an entry are the single table's: below 2^31 together)
-      for (int c = 0; c < dl.copies; ++c) sum += dbias[c * dl.stride + i];
-      if (sum != 0) atomicAdd(dst + i, (unsigned long long)(long long)sum);  // two's complement: signed sums
+    // The copies' sums into copy 0, then into the int64 table (each thread adds the entries it
+    // summed). Here rather than after the walk: the layout is then not live in the other
+    // instances' loops (it cost the wide loop without an RPB two instructions and its
+    // schedule at 128 registers).
+    if constexpr (decltype(fixed_tag)::value) {
+      __syncthreads();
+      const int n = p.groups * table;
+      for (int i = threadIdx.x; i < n; i += 128)
+        for (int c = 1; c < dl.copies; ++c) dbias[i] += dbias[c * dl.stride + i];  // (below 2^31: one table's terms)
+      drpb_fixed_add(p, hk, dbias, n, threadIdx.x, 128);
     }
-  }
+  };
+  if (fixed) instanced(narrow, [&](auto narrow_tag) { walk(std::true_type{}, std::true_type{}, narrow_tag); });
+  else if (has_rpb)  // (no fixed-point workspace)
+    instanced(narrow, [&](auto narrow_tag) { walk(std::true_type{}, std::false_type{}, narrow_tag); });
+  else instanced(narrow, [&](auto narrow_tag) { walk(std::false_type{}, std::false_type{}, narrow_tag); });
+
   // dK times the scale and dV into the warp's own rows of the key and value tiles (only this
   // warp read them), then the box's rows out (forward.cuh's epilogue, dK's and dV's maps).
   const float scale[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};

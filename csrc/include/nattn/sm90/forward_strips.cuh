@@ -174,21 +174,26 @@ __device__ __forceinline__ void strip_walk_slabs(int slabs, const StripLane& lan
   }
 }
 
+// Runs f(std::true_type{}) where `cond` holds, else f(std::false_type{}): an instance each,
+// chosen by a branch uniform per warp, not per score.
+template <class F>
+__device__ __forceinline__ void instanced(bool cond, F&& f) {
+  if (cond) f(std::true_type{});
+  else f(std::false_type{});
+}
+
 // Runs walk(rpb_tag, step_tag) for the call's RPB (std::true_type / std::false_type) and the
 // warp's walk (step 2: narrow where every lane's windows allow, strip_lane_narrow; else 1):
-// four instances, chosen by branches uniform per warp, not per score.
+// four instances.
 template <class Walk>
 __device__ __forceinline__ void strip_walk_instances(bool has_rpb, const StripLane& lane_strip, Walk&& walk) {
   using Wide = std::integral_constant<int, 1>;
   using Narrow = std::integral_constant<int, 2>;
   const bool narrow = NATTN_SM90_STRIP_NARROW && __all_sync(0xffffffffu, strip_lane_narrow(lane_strip));
-  if (has_rpb) {
-    if (narrow) walk(std::true_type{}, Narrow{});
-    else walk(std::true_type{}, Wide{});
-  } else {
-    if (narrow) walk(std::false_type{}, Narrow{});
-    else walk(std::false_type{}, Wide{});
-  }
+  instanced(has_rpb, [&](auto rpb_tag) {
+    if (narrow) walk(rpb_tag, Narrow{});
+    else walk(rpb_tag, Wide{});
+  });
 }
 
 template <typename T, int NA, int HD, class Tl>

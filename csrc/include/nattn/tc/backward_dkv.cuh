@@ -96,7 +96,6 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       const float* const bias_head = bias_smem + hg * p.rpb_head_size;
       int* const fixed_head = reinterpret_cast<int*>(drpb_smem) + hg * p.rpb_head_size;
       const int fixed_bank = smem_word(fixed_head);
-      const bool fixed_terms = rpb != nullptr && stage_rpb;  // dRPB added after the step's bias reads
       const float fixed_scale = stage_rpb ? drpb_fixed_scale(p.drpb_max[h], dkv_fixed_bits<T, HD>()) : 0.f;
       const int bias_at = !rpb ? kNoBias : stage_bias ? kBiasShared : kBiasGlobal;
       DropKeys drop;  // the mask of query head h
@@ -160,7 +159,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
         // The staged dRPB's adds after the step's bias reads (a read after an atomic waits for
         // its operands: each score's bias read waited for the score before), one per score,
         // without a branch (common/drpb_fixed.cuh); native integer atomics.
-        if (fixed_terms) {
+        if (stage_rpb) {  // (a staged dRPB implies an RPB)
           for_each_score([&](int nt, int e, int r, int q) {
             drpb_add_or_sink(rw.ok[r] && cl.ok[r][q], fixed_head, drpb_sink, fixed_bank,
                              rpb_index<true>(rrow[r], cl.rpb[q]), terms[nt][e]);
