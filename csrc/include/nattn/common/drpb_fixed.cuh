@@ -79,13 +79,22 @@ __device__ __forceinline__ void drpb_max_arrive(unsigned* blk, unsigned m, unsig
 // would have had, so it takes no bank the kept scores' adds do not. The sink sits at the
 // first bank-0 address at or past the table's end: kDrpbSinkBytes of shared memory.
 constexpr int kDrpbSinkBytes = 256;
-__device__ __forceinline__ int smem_word(const void* p) {
-  return int(static_cast<unsigned>(__cvta_generic_to_shared(p)) / 4u);
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ int* drpb_sink_at(int* end) { return end + (32 - smem_word(end) % 32) % 32; }
-// (bank: smem_word(table); the add of a score with table index idx, kept or not)
+__device__ __forceinline__ int* drpb_sink_at(int* end) { return end + (32 - smem_addr(end) / 4u % 32u) % 32u; }
+// (the add of a score with table index idx, kept or not; bank: smem_addr(table) / 4)
 __device__ __forceinline__ void drpb_add_or_sink(bool kept, int* table, int* sink, int bank, int idx, int term) {
   atomicAdd(kept ? table + idx : sink + ((bank + idx) & 31), term);
+}
+// The same with 32-bit shared-memory addresses (smem_addr) for table and sink: a generic
+// pointer takes two registers, and the strip dK/dV pass's fixed-point loops run at their
+// register cap (3-D head dim 64: 25 fewer instructions a step, cuobjdump). In the tensor-core
+// pass this form spilled 16 bytes more than the pointer form.
+__device__ __forceinline__ void drpb_add_or_sink(bool kept, uint32_t table, uint32_t sink, int idx, int term) {
+  const uint32_t at = table + 4u * static_cast<uint32_t>(idx);
+  const uint32_t to = kept ? at : sink + at % 128u;  // (the same bank)
+  asm volatile("red.shared.add.s32 [%0], %1;" ::"r"(to), "r"(term) : "memory");
 }
 
 // Adds a block's staged table (32-bit entries, or the SIMT family's 64-bit ones) to the int64

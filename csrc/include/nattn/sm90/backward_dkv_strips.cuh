@@ -216,10 +216,10 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   const float scale_log2 = p.scale_log2;
 
   float* drpb_kv = has_rpb ? p.drpb + int64_t(hk) * p.groups * table : nullptr;  // (without the fixed point)
-  // The lane's copy of the fixed-point tables, its bank and the sink (StripDrpbLayout).
-  int* const drpb_copy = dbias + (dl.copies == 4 ? t4 : 0) * dl.stride;
-  const int copy_bank = smem_word(drpb_copy);
-  int* const drpb_sink = drpb_sink_at(dbias + dl.copies * dl.stride);
+  // The lane's copy of the fixed-point tables and the sink (StripDrpbLayout), as 32-bit
+  // shared-memory addresses.
+  const uint32_t drpb_copy = smem_addr(dbias + (dl.copies == 4 ? t4 : 0) * dl.stride);
+  const uint32_t drpb_sink = smem_addr(drpb_sink_at(dbias + dl.copies * dl.stride));
   // A k16 step: its two n8 tiles of 8 queries each. Wide: line y's 16 columns (tile j:
   // columns 8 j ..). Narrow: the first 8 columns of lines y (tile 0) and y + 1 (tile 1; l1
   // is its line in the slab: line y again, masked, past the warp's last line).
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) drpb_add_or_sink(in_window(j, e), drpb_copy, drpb_sink, copy_bank, at_table(j, e), terms[j][e]);
+        for (int e = 0; e < 4; ++e) drpb_add_or_sink(in_window(j, e), drpb_copy, drpb_sink, at_table(j, e), terms[j][e]);
     }
     // dV += P^T dO, dK += dS^T Q: the step's 16 queries are the k16 step
     const unsigned char* at_t = at0 + trans_row(narrow_tag, st) * kRowBytes;
@@ -403,22 +403,24 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         if (threadIdx.x == 0 && f + kStages < slabs) load_slab(f + kStages);
       }
     }
-    // The copies' sums into copy 0, then into the int64 table (each thread adds the entries it
-    // summed). Here rather than after the walk: the layout is then not live in the other
-    // instances' loops (it cost the wide loop without an RPB two instructions and its
-    // schedule at 128 registers).
-    if constexpr (decltype(fixed_tag)::value) {
-      __syncthreads();
-      const int n = p.groups * table;
-      for (int i = threadIdx.x; i < n; i += 128)
-        for (int c = 1; c < dl.copies; ++c) dbias[i] += dbias[c * dl.stride + i];  // (below 2^31: one table's terms)
-      drpb_fixed_add(p, hk, dbias, n, threadIdx.x, 128);
-    }
   };
-  if (fixed) instanced(narrow, [&](auto narrow_tag) { walk(std::true_type{}, std::true_type{}, narrow_tag); });
-  else if (has_rpb)  // (no fixed-point workspace)
+  if (fixed) {
+    instanced(narrow, [&](auto narrow_tag) { walk(std::true_type{}, std::true_type{}, narrow_tag); });
+    // The copies' sums into copy 0, then into the int64 table (each thread adds the entries
+    // it summed). In this branch, not after the three: the layout is then not live in the
+    // other instances' loops (it cost the wide loop without an RPB two instructions).
+    __syncthreads();
+    unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hk) * p.groups * table;
+    for (int i = threadIdx.x; i < p.groups * table; i += 128) {
+      int sum = 0;  // (the copies' terms of an entry are the single table's: below 2^31 together)
+      for (int c = 0; c < dl.copies; ++c) sum += dbias[c * dl.stride + i];
+      if (sum != 0) atomicAdd(dst + i, (unsigned long long)(long long)sum);  // two's complement: signed sums
+    }
+  } else if (has_rpb) {  // (no fixed-point workspace)
     instanced(narrow, [&](auto narrow_tag) { walk(std::true_type{}, std::false_type{}, narrow_tag); });
-  else instanced(narrow, [&](auto narrow_tag) { walk(std::false_type{}, std::false_type{}, narrow_tag); });
+  } else {
+    instanced(narrow, [&](auto narrow_tag) { walk(std::false_type{}, std::false_type{}, narrow_tag); });
+  }
 
   // dK times the scale and dV into the warp's own rows of the key and value tiles (only this
   // warp read them), then the box's rows out (forward.cuh's epilogue, dK's and dV's maps).

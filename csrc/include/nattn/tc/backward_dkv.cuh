@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(block_warps<T, HD>() * 32, dkv_blocks_as<T, NA
       // dRPB there too (a staged bias implies a staged dRPB), from per-head bases.
       const float* const bias_head = bias_smem + hg * p.rpb_head_size;
       int* const fixed_head = reinterpret_cast<int*>(drpb_smem) + hg * p.rpb_head_size;
-      const int fixed_bank = smem_word(fixed_head);
+      const int fixed_bank = int(smem_addr(fixed_head) / 4u);
       const float fixed_scale = stage_rpb ? drpb_fixed_scale(p.drpb_max[h], dkv_fixed_bits<T, HD>()) : 0.f;
       const int bias_at = !rpb ? kNoBias : stage_bias ? kBiasShared : kBiasGlobal;
       DropKeys drop;  // the mask of query head h
