@@ -406,9 +406,9 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   };
   if (fixed) {
     instanced(narrow, [&](auto narrow_tag) { walk(std::true_type{}, std::true_type{}, narrow_tag); });
-    // The copies' sums into copy 0, then into the int64 table (each thread adds the entries
-    // it summed). In this branch, not after the three: the layout is then not live in the
-    // other instances' loops (it cost the wide loop without an RPB two instructions).
+    // Each entry's sum over the copies into the int64 table. Summed in registers: summing
+    // into copy 0 for drpb_fixed_add cost the fixed-point loops 7-18 instructions a step at
+    // their register cap (ptxas's allocation; PERF.md fifty-eighth session).
     __syncthreads();
     unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hk) * p.groups * table;
     for (int i = threadIdx.x; i < p.groups * table; i += 128) {
