@@ -89,7 +89,7 @@ __device__ __forceinline__ void drpb_add_or_sink(bool kept, int* table, int* sin
 }
 // The same with 32-bit shared-memory addresses (smem_addr) for table and sink: a generic
 // pointer takes two registers, and the strip dK/dV pass's fixed-point loops run at their
-// register cap (3-D head dim 64: 25 fewer instructions a step, cuobjdump). In the tensor-core
+// register cap (3-D head dim 64: 29 fewer instructions a line pair, cuobjdump). In the tensor-core
 // pass this form spilled 16 bytes more than the pointer form.
 __device__ __forceinline__ void drpb_add_or_sink(bool kept, uint32_t table, uint32_t sink, int idx, int term) {
   const uint32_t at = table + 4u * static_cast<uint32_t>(idx);
