@@ -37,10 +37,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NVCC = os.environ.get("CUDACXX") or shutil.which("nvcc")
 
 
-def _build_and_run(tmp_path, name):
+def _build_and_run(tmp_path, name, *flags):
     exe = tmp_path / name
     subprocess.run(
-        [NVCC, "-std=c++17", "-O2", "-I", os.path.join(ROOT, "csrc", "include"), "-o", str(exe),
+        [NVCC, "-std=c++17", "-O2", *flags, "-I", os.path.join(ROOT, "csrc", "include"), "-o", str(exe),
          os.path.join(ROOT, "csrc", "tests", f"{name}.cu")],
         check=True, capture_output=True, text=True, timeout=300,
     )
@@ -59,4 +59,11 @@ CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_ch
 @pytest.mark.parametrize("name", CHECKS)
 def test_host_check_passes(tmp_path, name):
     run = _build_and_run(tmp_path, name)
+    assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")
+def test_strip_dkv_guard_layout_passes(tmp_path):
+    """The strip dK/dV pass's guard form (a build switch) lays its tables out as it assumes."""
+    run = _build_and_run(tmp_path, "sm90_strips_dkv_check", "-DNATTN_SM90_STRIP_DKV_GUARD=1")
     assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr

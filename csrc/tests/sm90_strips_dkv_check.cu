@@ -16,7 +16,10 @@
 // row for the second line, and the line past the warp's last is masked in every lane.
 // The fixed-point dRPB's adds (StripDrpbLayout): with four table copies, the 32 lanes of a
 // step add at 32 distinct banks (a kept score at its copy's entry, a masked one at the sink's
-// slot of the same bank), and the layout's strides and sizes hold what the kernel assumes.
+// slot of the same bank, or in the guard form at its own index: the same bank), every
+// score's index (masked ones too) lies within kStripDkvGuard entries of its head's table,
+// and the layout's strides and sizes hold what the kernel assumes (built with
+// -DNATTN_SM90_STRIP_DKV_GUARD=1 too: tests/test_cuda_window_math.py).
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 #include <string.h>
@@ -41,7 +44,8 @@ static int fail(const char* what, const Params& p, long long cta, int warp, int 
 }
 
 // The banks of a warp's fixed-point dRPB adds, step by step, with four table copies (the
-// stride strip_drpb_layout gives them; the kernel's address forms): 1 if two lanes share one.
+// stride strip_drpb_layout gives them; the kernel's address forms): 1 if two lanes share one,
+// 2 if a score's index lies past the guards.
 template <int NA>
 static int check_drpb_banks(const Params& p, const CtaTile& tile, int warp, int passes, long long& checks) {
   constexpr int R = NA - 2;
@@ -63,6 +67,7 @@ static int check_drpb_banks(const Params& p, const CtaTile& tile, int warp, int 
             const int at = strip_key_bias(s[lane], tile, NA, t, y, cp, 0, 2 * (e / 2), lane) - 8 * j - e % 2;
             const bool kept = strip_key_kept(s[lane], y, cp, j, e);
             if (kept && (at < 0 || at >= entries)) return 1;
+            if (at < -kStripDkvGuard || at >= entries + kStripDkvGuard) return 2;  // (the guards hold it)
             const int word = kept ? copy + at : 1 << 20 | ((copy + at) & 31);  // (the sink: bank 0 based)
             banks |= 1u << (word & 31);
           }
@@ -106,6 +111,8 @@ static int check_narrow_steps(const Params& p, const CtaTile& tile, int warp, lo
             if (kept != strip_key_kept(s[lane], yj, 0, 0, e) || (kept && yj > y_end)) return 1;
             const int at = strip_key_bias(s[lane], tile, NA, t, y, 0, 0, 2 * r, lane) - j * s[lane].row_mult - e % 2;
             if (kept && at != strip_key_bias(s[lane], tile, NA, t, yj, 0, 0, e, lane)) return 1;
+            const int entries = p.rpb_size[0] * p.rpb_size[1] * p.rpb_size[2];
+            if (at < -kStripDkvGuard || at >= entries + kStripDkvGuard) return 1;  // (the guards hold it)
             kept_narrow += kept;
           }
       if (kept_narrow != kept_wide) return 1;
@@ -120,8 +127,10 @@ static int check_drpb_layout(long long& checks) {
     const StripDrpbLayout l = strip_drpb_layout(entries);
     ++checks;
     if (l.stride < entries || (l.copies != 4 && l.copies != 1) || (l.copies == 4 && l.stride % 32 != 10) ||
-        (l.copies == 4 && 4 * 4 * l.stride > kStripDrpbCopyBytes) || l.bytes != 4 * l.copies * l.stride + kDrpbSinkBytes ||
-        4 * entries + l.bytes > 4 * kSmallRpbStageFloats + kStripDrpbMostBytes) {
+        (l.copies == 4 && 4 * 4 * l.stride > kStripDrpbCopyBytes) ||
+        l.lead != (NATTN_SM90_STRIP_DKV_GUARD ? kStripDkvGuard : 0) || l.gap != l.lead ||
+        l.bytes != 4 * (l.lead + entries + l.gap + l.copies * l.stride) + kStripDrpbTailBytes ||
+        l.bytes > kStripDrpbMostBytes) {
       printf("FAIL the dRPB layout of %d entries\n", entries);
       return 1;
     }
@@ -215,8 +224,8 @@ static int check_problems(int count, long long& checks) {
             }
           }
         }
-        if (tile.tiles > 0 && check_drpb_banks<NA>(p, tile, warp, passes, checks))
-          return fail("dRPB adds of one step share a bank", p, cta, warp, 0);
+        if (const int why = tile.tiles > 0 ? check_drpb_banks<NA>(p, tile, warp, passes, checks) : 0)
+          return fail(why == 2 ? "an RPB index past the guards" : "dRPB adds of one step share a bank", p, cta, warp, 0);
         if (tile.tiles > 0 && check_narrow_steps<NA>(p, tile, warp, checks))
           return fail("the narrow steps", p, cta, warp, 0);
         // every query of the range whose window holds the key, once

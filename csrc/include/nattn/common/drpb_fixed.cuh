@@ -91,10 +91,12 @@ __device__ __forceinline__ void drpb_add_or_sink(bool kept, int* table, int* sin
 // pointer takes two registers, and the strip dK/dV pass's fixed-point loops run at their
 // register cap (3-D head dim 64: 29 fewer instructions a line pair, cuobjdump). In the tensor-core
 // pass this form spilled 16 bytes more than the pointer form.
+__device__ __forceinline__ void red_add_shared(uint32_t addr, int v) {
+  asm volatile("red.shared.add.s32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
 __device__ __forceinline__ void drpb_add_or_sink(bool kept, uint32_t table, uint32_t sink, int idx, int term) {
   const uint32_t at = table + 4u * static_cast<uint32_t>(idx);
-  const uint32_t to = kept ? at : sink + at % 128u;  // (the same bank)
-  asm volatile("red.shared.add.s32 [%0], %1;" ::"r"(to), "r"(term) : "memory");
+  red_add_shared(kept ? at : sink + at % 128u, term);  // (the sink's slot: the same bank)
 }
 
 // Adds a block's staged table (32-bit entries, or the SIMT family's 64-bit ones) to the int64

@@ -178,8 +178,9 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   // The query heads' RPB tables times log2(e), and their fixed-point dRPB tables zeroed.
   const bool has_rpb = p.rpb != nullptr;
   const int table = int(p.rpb_head_size);
-  float* bias = reinterpret_cast<float*>(smem + S::kBytes);
-  int* dbias = reinterpret_cast<int*>(bias + p.groups * table);
+  constexpr int kGuard = NATTN_SM90_STRIP_DKV_GUARD ? kStripDkvGuard : 0;  // (StripDrpbLayout's lead and gap)
+  float* bias = reinterpret_cast<float*>(smem + S::kBytes) + kGuard;
+  int* dbias = reinterpret_cast<int*>(bias + p.groups * table) + kGuard;
   const bool fixed = has_rpb && p.drpb_fixed != nullptr;
   const StripDrpbLayout dl = strip_drpb_layout(p.groups * table);
   if (has_rpb) {
@@ -306,13 +307,14 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       for (int e = 0; e < 4; ++e) {
         const bool in = in_window(j, e);
         float x = sc[j][e] * scale_log2;
-        const int at_bias = in ? at_table(j, e) : 0;
+        // (the guard form reads a masked score's bias at its own index: inside the guards)
+        const int at_bias = NATTN_SM90_STRIP_DKV_GUARD || in ? at_table(j, e) : 0;
         if constexpr (kRpb) x += bias[at_bias];
         // (computed, then selected at head dim 32: 2% faster on dinat-s1; at 64 the
         // predicated form was 4-6% faster, PERF.md forty-seventh session)
         const float pr = HD <= 32 ? kept(in, fast_exp2(x - lse2[j][e % 2])) : in ? fast_exp2(x - lse2[j][e % 2]) : 0.f;
         const float ds = pr * (dp[j][e] - dlt[j][e % 2]);
-        if constexpr (kFixed) terms[j][e] = __float2int_rn(ds * fscale);
+        if constexpr (kFixed) terms[j][e] = NATTN_SM90_STRIP_DKV_GUARD && !in ? 0 : __float2int_rn(ds * fscale);
         else if constexpr (kRpb) {
           if (in) atomicAdd(drpb_kv + at_bias, ds);
         }
@@ -326,7 +328,11 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) drpb_add_or_sink(in_window(j, e), drpb_copy, drpb_sink, at_table(j, e), terms[j][e]);
+        for (int e = 0; e < 4; ++e) {
+          // (the guard form: a masked score's zero term at its own index, the sink's bank)
+          if (NATTN_SM90_STRIP_DKV_GUARD) red_add_shared(drpb_copy + 4u * uint32_t(at_table(j, e)), terms[j][e]);
+          else drpb_add_or_sink(in_window(j, e), drpb_copy, drpb_sink, at_table(j, e), terms[j][e]);
+        }
     }
     // dV += P^T dO, dK += dS^T Q: the step's 16 queries are the k16 step
     const unsigned char* at_t = at0 + trans_row(narrow_tag, st) * kRowBytes;
