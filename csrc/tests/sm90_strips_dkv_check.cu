@@ -92,6 +92,7 @@ static int check_narrow_steps(const Params& p, const CtaTile& tile, int warp, lo
   if (strip_problem_narrow(p) && !narrow) return 1;
   if (!narrow) return 0;
   ++narrow_warps;
+  const int entries = p.rpb_size[0] * p.rpb_size[1] * p.rpb_size[2];
   for (int t = NA == 3 ? tile.lo[0] : 0; t < (NA == 3 ? tile.lo[0] + tile.nk[0] : 1); ++t) {
     if (NA == 3 && (t < s[0].t_lo || t > s[0].t_hi)) continue;
     const int y_end = nattn_min(s[0].w_hi, tile.lo[R] + kStripDkvRows - 1);
@@ -111,7 +112,6 @@ static int check_narrow_steps(const Params& p, const CtaTile& tile, int warp, lo
             if (kept != strip_key_kept(s[lane], yj, 0, 0, e) || (kept && yj > y_end)) return 1;
             const int at = strip_key_bias(s[lane], tile, NA, t, y, 0, 0, 2 * r, lane) - j * s[lane].row_mult - e % 2;
             if (kept && at != strip_key_bias(s[lane], tile, NA, t, yj, 0, 0, e, lane)) return 1;
-            const int entries = p.rpb_size[0] * p.rpb_size[1] * p.rpb_size[2];
             if (at < -kStripDkvGuard || at >= entries + kStripDkvGuard) return 1;  // (the guards hold it)
             kept_narrow += kept;
           }
@@ -128,8 +128,7 @@ static int check_drpb_layout(long long& checks) {
     ++checks;
     if (l.stride < entries || (l.copies != 4 && l.copies != 1) || (l.copies == 4 && l.stride % 32 != 10) ||
         (l.copies == 4 && 4 * 4 * l.stride > kStripDrpbCopyBytes) ||
-        l.lead != (NATTN_SM90_STRIP_DKV_GUARD ? kStripDkvGuard : 0) || l.gap != l.lead ||
-        l.bytes != 4 * (l.lead + entries + l.gap + l.copies * l.stride) + kStripDrpbTailBytes ||
+        l.bytes != 4 * (2 * kStripDrpbLead + entries + l.copies * l.stride) + kStripDrpbTailBytes ||
         l.bytes > kStripDrpbMostBytes) {
       printf("FAIL the dRPB layout of %d entries\n", entries);
       return 1;

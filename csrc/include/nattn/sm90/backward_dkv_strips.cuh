@@ -178,9 +178,8 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   // The query heads' RPB tables times log2(e), and their fixed-point dRPB tables zeroed.
   const bool has_rpb = p.rpb != nullptr;
   const int table = int(p.rpb_head_size);
-  constexpr int kGuard = NATTN_SM90_STRIP_DKV_GUARD ? kStripDkvGuard : 0;  // (StripDrpbLayout's lead and gap)
-  float* bias = reinterpret_cast<float*>(smem + S::kBytes) + kGuard;
-  int* dbias = reinterpret_cast<int*>(bias + p.groups * table) + kGuard;
+  float* bias = reinterpret_cast<float*>(smem + S::kBytes) + kStripDrpbLead;
+  int* dbias = reinterpret_cast<int*>(bias + p.groups * table) + kStripDrpbLead;
   const bool fixed = has_rpb && p.drpb_fixed != nullptr;
   const StripDrpbLayout dl = strip_drpb_layout(p.groups * table);
   if (has_rpb) {

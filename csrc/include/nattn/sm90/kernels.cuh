@@ -216,8 +216,7 @@ inline bool strip_dkv_own(const Params& p) {
   const char* pick = getenv("NATTN_SM90_STRIP_DKV");
   const bool fits = p.rpb == nullptr || int64_t(p.groups) * p.rpb_head_size <= kSmallRpbStageFloats;
   if (pick && !strcmp(pick, "tc")) return false;
-  if (pick && !strcmp(pick, "own")) return fits;
-  return fits;
+  return fits;  // (=own: the default)
 }
 
 // A strip pair's backward: its own dQ pass (backward_dq_strips.cuh) and dK/dV pass

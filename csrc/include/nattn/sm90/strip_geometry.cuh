@@ -267,19 +267,21 @@ NATTN_HD int strip_key_bias(const StripKeyLane& s, const CtaTile& tile, int na_d
 // A masked score's index lies at most 36 entries before its head's table and 24 past it
 // (csrc/tests/sm90_strips_dkv_check.cu asserts this bound over the wide and narrow walks).
 constexpr int kStripDkvGuard = 64;
+// What precedes the RPB tables and, again, the dRPB tables (StripDrpbLayout): a guard in the
+// guard form, nothing in the sink form.
+constexpr int kStripDrpbLead = NATTN_SM90_STRIP_DKV_GUARD ? kStripDkvGuard : 0;
 
 // The strip dK/dV pass's RPB tables and fixed-point dRPB tables in shared memory (`entries`:
-// the query heads' entries of the KV head): `lead` floats, the RPB tables, `gap` ints, the
-// dRPB tables, then the sink of the masked scores' adds (a lane adds every score it walks,
-// without a branch: common/drpb_fixed.cuh) or, in the guard form, a guard (lead and gap are
-// guards there, 0 in the sink form). The adds of one step fall on the table's diagonals (key
+// the query heads' entries of the KV head): kStripDrpbLead floats, the RPB tables,
+// kStripDrpbLead ints, the dRPB tables, then the sink of the masked scores' adds (a lane
+// adds every score it walks, without a branch: common/drpb_fixed.cuh) or, in the guard
+// form, a guard. The adds of one step fall on the table's diagonals (key
 // column g4 against query column 2 t4: up to four lanes on one address, which the atomic unit
 // serialises), so where they fit in kStripDrpbCopyBytes there are four copies, one per t4,
 // `stride` ints apart with stride = 10 mod 32: a warp's 32 adds then fall in 32 distinct banks
 // (csrc/tests/sm90_strips_dkv_check.cu checks it). The flush sums the copies.
 struct StripDrpbLayout {
   int copies, stride;
-  int lead, gap;
   int bytes;  // the whole part: both tables and what surrounds them
 };
 constexpr int kStripDrpbCopyBytes = 4096;
@@ -289,13 +291,12 @@ NATTN_HD StripDrpbLayout strip_drpb_layout(int entries) {
   const int banked = entries <= 10 ? 10 : (entries - 10 + 31) / 32 * 32 + 10;
   l.copies = 4 * banked * 4 <= kStripDrpbCopyBytes ? 4 : 1;
   l.stride = l.copies == 4 ? banked : entries;
-  l.lead = l.gap = NATTN_SM90_STRIP_DKV_GUARD ? kStripDkvGuard : 0;
-  l.bytes = 4 * (l.lead + entries + l.gap + l.copies * l.stride) + kStripDrpbTailBytes;
+  l.bytes = 4 * (2 * kStripDrpbLead + entries + l.copies * l.stride) + kStripDrpbTailBytes;
   return l;
 }
 // The most shared memory the part takes (up to kSmallRpbStageFloats entries; copies only
 // below kStripDrpbCopyBytes).
-constexpr int kStripDrpbMostBytes = 8 * kSmallRpbStageFloats + kStripDrpbCopyBytes +
-                                    8 * kStripDkvGuard * NATTN_SM90_STRIP_DKV_GUARD + kStripDrpbTailBytes;
+constexpr int kStripDrpbMostBytes =
+    8 * kSmallRpbStageFloats + kStripDrpbCopyBytes + 8 * kStripDrpbLead + kStripDrpbTailBytes;
 
 }  }  // namespace nattn::sm90
