@@ -18,7 +18,8 @@
 // Where a warp's keys' inverse columns are all in the first 8 of the first pass (DiNAT's
 // whole-group layers), a k16 step pairs two lines' first 8 columns instead (narrow steps).
 // With an RPB, dRPB sums in fixed point in shared memory (one integer atomic per score,
-// without a branch, into four table copies where they fit: StripDrpbLayout; each head's
+// without a branch, into four table copies where they fit; a masked score's zero term goes
+// to its own index between guards in 2-D, to a sink in 3-D: StripDrpbLayout; each head's
 // scale from the dQ pass's largest |dS|: common/drpb_fixed.cuh), then one add per entry into
 // the int64 table; without the workspace, float atomics into dRPB. At the end dK
 // times the scale and dV go through the key and value tiles and out in bulk tensor stores
@@ -178,10 +179,10 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   // The query heads' RPB tables times log2(e), and their fixed-point dRPB tables zeroed.
   const bool has_rpb = p.rpb != nullptr;
   const int table = int(p.rpb_head_size);
-  float* bias = reinterpret_cast<float*>(smem + S::kBytes) + kStripDrpbLead;
-  int* dbias = reinterpret_cast<int*>(bias + p.groups * table) + kStripDrpbLead;
+  float* bias = reinterpret_cast<float*>(smem + S::kBytes) + kStripDrpbLead<NA>;
+  int* dbias = reinterpret_cast<int*>(bias + p.groups * table) + kStripDrpbLead<NA>;
   const bool fixed = has_rpb && p.drpb_fixed != nullptr;
-  const StripDrpbLayout dl = strip_drpb_layout(p.groups * table);
+  const StripDrpbLayout dl = strip_drpb_layout<NA>(p.groups * table);
   if (has_rpb) {
     const float* src = p.rpb + int64_t(hk) * p.groups * table;
     for (int i = threadIdx.x; i < p.groups * table; i += 128) bias[i] = __ldg(src + i) * kLog2e;
@@ -216,8 +217,8 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   const float scale_log2 = p.scale_log2;
 
   float* drpb_kv = has_rpb ? p.drpb + int64_t(hk) * p.groups * table : nullptr;  // (without the fixed point)
-  // The lane's copy of the fixed-point tables and the sink (StripDrpbLayout), as 32-bit
-  // shared-memory addresses.
+  // The lane's copy of the fixed-point tables and the sink (StripDrpbLayout; the guard form
+  // has none), as 32-bit shared-memory addresses.
   const uint32_t drpb_copy = smem_addr(dbias + (dl.copies == 4 ? t4 : 0) * dl.stride);
   const uint32_t drpb_sink = smem_addr(drpb_sink_at(dbias + dl.copies * dl.stride));
   // A k16 step: its two n8 tiles of 8 queries each. Wide: line y's 16 columns (tile j:
@@ -307,13 +308,13 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         const bool in = in_window(j, e);
         float x = sc[j][e] * scale_log2;
         // (the guard form reads a masked score's bias at its own index: inside the guards)
-        const int at_bias = NATTN_SM90_STRIP_DKV_GUARD || in ? at_table(j, e) : 0;
+        const int at_bias = kStripDkvGuarded<NA> || in ? at_table(j, e) : 0;
         if constexpr (kRpb) x += bias[at_bias];
         // (computed, then selected at head dim 32: 2% faster on dinat-s1; at 64 the
         // predicated form was 4-6% faster, PERF.md forty-seventh session)
         const float pr = HD <= 32 ? kept(in, fast_exp2(x - lse2[j][e % 2])) : in ? fast_exp2(x - lse2[j][e % 2]) : 0.f;
         const float ds = pr * (dp[j][e] - dlt[j][e % 2]);
-        if constexpr (kFixed) terms[j][e] = NATTN_SM90_STRIP_DKV_GUARD && !in ? 0 : __float2int_rn(ds * fscale);
+        if constexpr (kFixed) terms[j][e] = kStripDkvGuarded<NA> && !in ? 0 : __float2int_rn(ds * fscale);
         else if constexpr (kRpb) {
           if (in) atomicAdd(drpb_kv + at_bias, ds);
         }
@@ -329,7 +330,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           // (the guard form: a masked score's zero term at its own index, the sink's bank)
-          if (NATTN_SM90_STRIP_DKV_GUARD) red_add_shared(drpb_copy + 4u * uint32_t(at_table(j, e)), terms[j][e]);
+          if constexpr (kStripDkvGuarded<NA>) red_add_shared(drpb_copy + 4u * uint32_t(at_table(j, e)), terms[j][e]);
           else drpb_add_or_sink(in_window(j, e), drpb_copy, drpb_sink, at_table(j, e), terms[j][e]);
         }
     }

@@ -256,20 +256,28 @@ NATTN_HD int strip_key_bias(const StripKeyLane& s, const CtaTile& tile, int na_d
   return s.rpb_key[e / 2] - qx - y * s.row_mult - t * s.frame_mult;
 }
 
-// Build switch for A/B runs (0, the default, until a GPU run has timed it): 1 stages the strip
-// dK/dV pass's RPB and fixed-point dRPB tables between guards of kStripDkvGuard entries, so
-// that a masked score reads its bias and adds its (zero) term at its own index, without the
-// selects of the sink form (a select and an LEA per score for the read, the kept-or-sink
-// select for the add: ~45 of the fixed-point step's 197 instructions at 2-D D32).
+// The strip dK/dV pass's RPB and fixed-point dRPB tables in the guard form: between guards of
+// kStripDkvGuard entries, so that a masked score reads its bias and adds its (zero) term at
+// its own index, without the selects of the sink form (a select and an LEA per score for the
+// read, the kept-or-sink select for the add: ~45 of the fixed-point step's 197 instructions
+// at 2-D D32; 169 in the guard form). It is the 2-D pass's: H100, batch 128, D32, with an
+// RPB, forward + backward 3.5-5% faster on undilated 7x7 layers, ~1% on dilated ones. The
+// 3-D pass keeps the sink form: there the guard form was 2.6-4% slower (video-3d 1.088 ->
+// 1.128 ms) although its line-pair loop is shorter (474 -> 379). Build switch for A/B runs:
+// NATTN_SM90_STRIP_DKV_GUARD=0 the sink form everywhere, 1 the guard form everywhere, 2 (the
+// default) the guard form in 2-D.
 #ifndef NATTN_SM90_STRIP_DKV_GUARD
-#define NATTN_SM90_STRIP_DKV_GUARD 0
+#define NATTN_SM90_STRIP_DKV_GUARD 2
 #endif
+template <int NA>
+constexpr bool kStripDkvGuarded = NATTN_SM90_STRIP_DKV_GUARD == 2 ? NA == 2 : NATTN_SM90_STRIP_DKV_GUARD != 0;
 // A masked score's index lies at most 36 entries before its head's table and 24 past it
 // (csrc/tests/sm90_strips_dkv_check.cu asserts this bound over the wide and narrow walks).
 constexpr int kStripDkvGuard = 64;
 // What precedes the RPB tables and, again, the dRPB tables (StripDrpbLayout): a guard in the
 // guard form, nothing in the sink form.
-constexpr int kStripDrpbLead = NATTN_SM90_STRIP_DKV_GUARD ? kStripDkvGuard : 0;
+template <int NA>
+constexpr int kStripDrpbLead = kStripDkvGuarded<NA> ? kStripDkvGuard : 0;
 
 // The strip dK/dV pass's RPB tables and fixed-point dRPB tables in shared memory (`entries`:
 // the query heads' entries of the KV head): kStripDrpbLead floats, the RPB tables,
@@ -285,18 +293,21 @@ struct StripDrpbLayout {
   int bytes;  // the whole part: both tables and what surrounds them
 };
 constexpr int kStripDrpbCopyBytes = 4096;
-constexpr int kStripDrpbTailBytes = NATTN_SM90_STRIP_DKV_GUARD ? 4 * kStripDkvGuard : kDrpbSinkBytes;
+template <int NA>
+constexpr int kStripDrpbTailBytes = kStripDkvGuarded<NA> ? 4 * kStripDkvGuard : kDrpbSinkBytes;
+template <int NA>
 NATTN_HD StripDrpbLayout strip_drpb_layout(int entries) {
   StripDrpbLayout l;
   const int banked = entries <= 10 ? 10 : (entries - 10 + 31) / 32 * 32 + 10;
   l.copies = 4 * banked * 4 <= kStripDrpbCopyBytes ? 4 : 1;
   l.stride = l.copies == 4 ? banked : entries;
-  l.bytes = 4 * (2 * kStripDrpbLead + entries + l.copies * l.stride) + kStripDrpbTailBytes;
+  l.bytes = 4 * (2 * kStripDrpbLead<NA> + entries + l.copies * l.stride) + kStripDrpbTailBytes<NA>;
   return l;
 }
 // The most shared memory the part takes (up to kSmallRpbStageFloats entries; copies only
 // below kStripDrpbCopyBytes).
+template <int NA>
 constexpr int kStripDrpbMostBytes =
-    8 * kSmallRpbStageFloats + kStripDrpbCopyBytes + 8 * kStripDrpbLead + kStripDrpbTailBytes;
+    8 * kSmallRpbStageFloats + kStripDrpbCopyBytes + 8 * kStripDrpbLead<NA> + kStripDrpbTailBytes<NA>;
 
 }  }  // namespace nattn::sm90
