@@ -77,7 +77,12 @@ using StripLineBox = typename std::conditional<NA == 3, Box<1, kStripDkvRows, kS
 // through one query each (the entry is the relative position), kWgRows terms at most.
 constexpr int kStripDrpbBits = fixed_bits(kWgRows);
 
-template <typename T, int NA, int HD, class Tl>
+// kRpb: the instance for calls with an RPB (p.rpb set), else the one without. They are two
+// kernels because ptxas allocates registers for a whole kernel: with the fixed-point walk in
+// the same kernel (3-D head dim 64: 242 registers), the no-RPB line-pair loop lost its overlap
+// of the two lines' products (4 of 8 LDSM ahead of the HMMAs, 10 NOPs a pair against 2); on
+// its own it takes 228 registers and the schedule of before the fixed-point walk's change.
+template <typename T, int NA, int HD, class Tl, bool kRpb>
 __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     backward_dkv_strips_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
                                const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
@@ -177,13 +182,13 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   if (slabs > 0) fetch(0);
 
   // The query heads' RPB tables times log2(e), and their fixed-point dRPB tables zeroed.
-  const bool has_rpb = p.rpb != nullptr;
+  constexpr bool has_rpb = kRpb;  // (the launcher's choice: p.rpb != nullptr)
   const int table = int(p.rpb_head_size);
   float* bias = reinterpret_cast<float*>(smem + S::kBytes) + kStripDrpbLead<NA>;
   int* dbias = reinterpret_cast<int*>(bias + p.groups * table) + kStripDrpbLead<NA>;
   const bool fixed = has_rpb && p.drpb_fixed != nullptr;
   const StripDrpbLayout dl = strip_drpb_layout<NA>(p.groups * table);
-  if (has_rpb) {
+  if constexpr (has_rpb) {
     const float* src = p.rpb + int64_t(hk) * p.groups * table;
     for (int i = threadIdx.x; i < p.groups * table; i += 128) bias[i] = __ldg(src + i) * kLog2e;
     for (int i = threadIdx.x; i < dl.copies * dl.stride; i += 128) dbias[i] = 0;
@@ -410,7 +415,9 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       }
     }
   };
-  if (fixed) {
+  if constexpr (!has_rpb) {
+    instanced(narrow, [&](auto narrow_tag) { walk(std::false_type{}, std::false_type{}, narrow_tag); });
+  } else if (fixed) {
     instanced(narrow, [&](auto narrow_tag) { walk(std::true_type{}, std::true_type{}, narrow_tag); });
     // Each entry's sum over the copies into the int64 table. Summed in registers: summing
     // into copy 0 for drpb_fixed_add cost the fixed-point loops 7-18 instructions a step at
@@ -422,10 +429,8 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
       for (int c = 0; c < dl.copies; ++c) sum += dbias[c * dl.stride + i];
       if (sum != 0) atomicAdd(dst + i, (unsigned long long)(long long)sum);  // two's complement: signed sums
     }
-  } else if (has_rpb) {  // (no fixed-point workspace)
+  } else {  // (no fixed-point workspace)
     instanced(narrow, [&](auto narrow_tag) { walk(std::true_type{}, std::false_type{}, narrow_tag); });
-  } else {
-    instanced(narrow, [&](auto narrow_tag) { walk(std::false_type{}, std::false_type{}, narrow_tag); });
   }
 
   // dK times the scale and dV into the warp's own rows of the key and value tiles (only this

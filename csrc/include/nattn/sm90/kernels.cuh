@@ -468,7 +468,8 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
   once_per_device(opted, [] {
     return allow_smem(backward_dq_strips_kernel<T, NA, HD, Tl>, most) &
-           allow_smem(backward_dkv_strips_kernel<T, NA, HD, Tl>, most_dkv);
+           allow_smem(backward_dkv_strips_kernel<T, NA, HD, Tl, true>, most_dkv) &
+           allow_smem(backward_dkv_strips_kernel<T, NA, HD, Tl, false>, Sk::kAlloc);
   });
   const bool own = strip_dkv_own(p);
   // A staged dRPB sums in fixed point (common/drpb_fixed.cuh) where its workspace can be had.
@@ -493,8 +494,8 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
     const int entries = int(p.groups * p.rpb_head_size);
     const int tables = p.rpb ? strip_drpb_layout<NA>(entries).bytes : 0;
     const dim3 kgrid(unsigned(num_key_ctas<StripDkvKeyBox<NA>>(p)), unsigned(p.heads_kv), unsigned(p.batch));
-    backward_dkv_strips_kernel<T, NA, HD, Tl><<<kgrid, 128, Sk::kAlloc + tables, stream>>>(
-        pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk, l->dv);
+    auto dkv = p.rpb ? backward_dkv_strips_kernel<T, NA, HD, Tl, true> : backward_dkv_strips_kernel<T, NA, HD, Tl, false>;
+    dkv<<<kgrid, 128, Sk::kAlloc + tables, stream>>>(pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk, l->dv);
     if (fixed) drpb_fixed_end(p, kStripDrpbBits, stream);
     return;
   }
