@@ -81,7 +81,7 @@ constexpr int kStripDrpbBits = fixed_bits(kWgRows);
 // kernels because ptxas allocates registers for a whole kernel: with the fixed-point walk in
 // the same kernel (3-D head dim 64: 242 registers), the no-RPB line-pair loop lost its overlap
 // of the two lines' products (4 of 8 LDSM ahead of the HMMAs, 10 NOPs a pair against 2); on
-// its own it takes 228 registers and the schedule of before the fixed-point walk's change.
+// its own it takes 236 registers and the schedule of before the fixed-point walk's change.
 template <typename T, int NA, int HD, class Tl, bool kRpb>
 __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     backward_dkv_strips_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
