@@ -18,9 +18,9 @@
 // step add at 32 distinct banks (a kept score at its copy's entry, a masked one at the sink's
 // slot of the same bank, or in the guard form at its own index: the same bank), every
 // score's index (masked ones too) lies within kStripDkvGuard entries of its head's table,
-// and the layout's strides and sizes hold what the kernel assumes (the default build lays 2-D
-// tables out in the guard form and 3-D ones in the sink form; built with
-// -DNATTN_SM90_STRIP_DKV_GUARD=0 and =1 too: tests/test_cuda_window_math.py).
+// and the layout's strides and sizes hold what the kernel assumes (the default build lays the
+// tables out in the guard form; built with -DNATTN_SM90_STRIP_DKV_GUARD=0 too, the sink form:
+// tests/test_cuda_window_math.py).
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 #include <string.h>

@@ -260,17 +260,16 @@ NATTN_HD int strip_key_bias(const StripKeyLane& s, const CtaTile& tile, int na_d
 // kStripDkvGuard entries, so that a masked score reads its bias and adds its (zero) term at
 // its own index, without the selects of the sink form (a select and an LEA per score for the
 // read, the kept-or-sink select for the add: ~45 of the fixed-point step's 197 instructions
-// at 2-D D32; 169 in the guard form). It is the 2-D pass's: H100, batch 128, D32, with an
-// RPB, forward + backward 3.5-5% faster on undilated 7x7 layers, ~1% on dilated ones. The
-// 3-D pass keeps the sink form: there the guard form was 2.6-4% slower (video-3d 1.088 ->
-// 1.128 ms) although its line-pair loop is shorter (474 -> 379). Build switch for A/B runs:
-// NATTN_SM90_STRIP_DKV_GUARD=0 the sink form everywhere, 1 the guard form everywhere, 2 (the
-// default) the guard form in 2-D.
+// at 2-D D32; 169 in the guard form). H100, with an RPB, forward + backward: 2-D (batch 128,
+// D32) 3.5-5% faster on undilated 7x7 layers, ~1% on dilated ones; 3-D (video-3d, D64)
+// 1.5-2% faster since the pass is two kernels (kRpb; before that split it was 2.6-4% slower
+// there). Build switch for A/B runs: NATTN_SM90_STRIP_DKV_GUARD=0 the sink form, 1 (the
+// default) the guard form.
 #ifndef NATTN_SM90_STRIP_DKV_GUARD
-#define NATTN_SM90_STRIP_DKV_GUARD 2
+#define NATTN_SM90_STRIP_DKV_GUARD 1
 #endif
 template <int NA>
-constexpr bool kStripDkvGuarded = NATTN_SM90_STRIP_DKV_GUARD == 2 ? NA == 2 : NATTN_SM90_STRIP_DKV_GUARD != 0;
+constexpr bool kStripDkvGuarded = NATTN_SM90_STRIP_DKV_GUARD != 0;
 // A masked score's index lies at most 36 entries before its head's table and 24 past it
 // (csrc/tests/sm90_strips_dkv_check.cu asserts this bound over the wide and narrow walks).
 constexpr int kStripDkvGuard = 64;
