@@ -262,7 +262,7 @@ NATTN_HD int strip_key_bias(const StripKeyLane& s, const CtaTile& tile, int na_d
 // read, the kept-or-sink select for the add: ~45 of the fixed-point step's 197 instructions
 // at 2-D D32; 169 in the guard form). H100, with an RPB, forward + backward: 2-D (batch 128,
 // D32) 3.5-5% faster on undilated 7x7 layers, ~1% on dilated ones; 3-D (video-3d, D64)
-// 1.5-2% faster since the pass is two kernels (kRpb; before that split it was 2.6-4% slower
+// 1.2-2% faster since the pass is two kernels (kRpb; before that split it was 2.6-4% slower
 // there). Build switch for A/B runs: NATTN_SM90_STRIP_DKV_GUARD=0 the sink form, 1 (the
 // default) the guard form.
 #ifndef NATTN_SM90_STRIP_DKV_GUARD
