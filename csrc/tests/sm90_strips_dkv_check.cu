@@ -51,7 +51,7 @@ template <int NA>
 static int check_drpb_banks(const Params& p, const CtaTile& tile, int warp, int passes, long long& checks) {
   constexpr int R = NA - 2;
   const int entries = p.rpb_size[0] * p.rpb_size[1] * p.rpb_size[2];
-  const int stride = strip_drpb_layout<NA>(1).stride + (entries + 31) / 32 * 32;  // = 10 mod 32, >= entries
+  const int stride = strip_drpb_layout(1).stride + (entries + 31) / 32 * 32;  // = 10 mod 32, >= entries
   StripKeyLane s[32];
   for (int lane = 0; lane < 32; ++lane) strip_key_lane<NA, StripDkvKeyBox<NA>>(p, tile, warp, lane, s[lane]);
   for (int f = 0; f < passes * (NA == 3 ? tile.nk[0] : 1); ++f) {
@@ -123,16 +123,15 @@ static int check_narrow_steps(const Params& p, const CtaTile& tile, int warp, lo
 }
 
 // StripDrpbLayout's invariants over the table sizes a KV head's query heads stage.
-template <int NA>
 static int check_drpb_layout(long long& checks) {
   for (int entries = 1; entries <= kSmallRpbStageFloats; ++entries) {
-    const StripDrpbLayout l = strip_drpb_layout<NA>(entries);
+    const StripDrpbLayout l = strip_drpb_layout(entries);
     ++checks;
     if (l.stride < entries || (l.copies != 4 && l.copies != 1) || (l.copies == 4 && l.stride % 32 != 10) ||
         (l.copies == 4 && 4 * 4 * l.stride > kStripDrpbCopyBytes) ||
-        l.bytes != 4 * (2 * kStripDrpbLead<NA> + entries + l.copies * l.stride) + kStripDrpbTailBytes<NA> ||
-        l.bytes > kStripDrpbMostBytes<NA>) {
-      printf("FAIL the %d-D dRPB layout of %d entries\n", NA, entries);
+        l.bytes != 4 * (2 * kStripDrpbLead + entries + l.copies * l.stride) + kStripDrpbTailBytes ||
+        l.bytes > kStripDrpbMostBytes) {
+      printf("FAIL the dRPB layout of %d entries\n", entries);
       return 1;
     }
   }
@@ -260,7 +259,7 @@ static int check_problems(int count, long long& checks) {
 
 int main() {
   long long checks = 0;
-  if (check_drpb_layout<2>(checks) || check_drpb_layout<3>(checks) || check_problems<2>(3000, checks) || check_problems<3>(300, checks)) return 1;
+  if (check_drpb_layout(checks) || check_problems<2>(3000, checks) || check_problems<3>(300, checks)) return 1;
   if (narrow_warps == 0) {
     printf("FAIL no problem drawn has narrow warps\n");
     return 1;

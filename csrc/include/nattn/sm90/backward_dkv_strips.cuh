@@ -19,7 +19,7 @@
 // whole-group layers), a k16 step pairs two lines' first 8 columns instead (narrow steps).
 // With an RPB, dRPB sums in fixed point in shared memory (one integer atomic per score,
 // without a branch, into four table copies where they fit; a masked score's zero term goes
-// to its own index between guards in 2-D, to a sink in 3-D: StripDrpbLayout; each head's
+// to its own index, between guards: StripDrpbLayout; each head's
 // scale from the dQ pass's largest |dS|: common/drpb_fixed.cuh), then one add per entry into
 // the int64 table; without the workspace, float atomics into dRPB. At the end dK
 // times the scale and dV go through the key and value tiles and out in bulk tensor stores
@@ -184,10 +184,10 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   // The query heads' RPB tables times log2(e), and their fixed-point dRPB tables zeroed.
   constexpr bool has_rpb = kRpb;  // (the launcher's choice: p.rpb != nullptr)
   const int table = int(p.rpb_head_size);
-  float* bias = reinterpret_cast<float*>(smem + S::kBytes) + kStripDrpbLead<NA>;
-  int* dbias = reinterpret_cast<int*>(bias + p.groups * table) + kStripDrpbLead<NA>;
+  float* bias = reinterpret_cast<float*>(smem + S::kBytes) + kStripDrpbLead;
+  int* dbias = reinterpret_cast<int*>(bias + p.groups * table) + kStripDrpbLead;
   const bool fixed = has_rpb && p.drpb_fixed != nullptr;
-  const StripDrpbLayout dl = strip_drpb_layout<NA>(p.groups * table);
+  const StripDrpbLayout dl = strip_drpb_layout(p.groups * table);
   if constexpr (has_rpb) {
     const float* src = p.rpb + int64_t(hk) * p.groups * table;
     for (int i = threadIdx.x; i < p.groups * table; i += 128) bias[i] = __ldg(src + i) * kLog2e;
@@ -313,13 +313,13 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         const bool in = in_window(j, e);
         float x = sc[j][e] * scale_log2;
         // (the guard form reads a masked score's bias at its own index: inside the guards)
-        const int at_bias = kStripDkvGuarded<NA> || in ? at_table(j, e) : 0;
+        const int at_bias = kStripDkvGuarded || in ? at_table(j, e) : 0;
         if constexpr (kRpb) x += bias[at_bias];
         // (computed, then selected at head dim 32: 2% faster on dinat-s1; at 64 the
         // predicated form was 4-6% faster, PERF.md forty-seventh session)
         const float pr = HD <= 32 ? kept(in, fast_exp2(x - lse2[j][e % 2])) : in ? fast_exp2(x - lse2[j][e % 2]) : 0.f;
         const float ds = pr * (dp[j][e] - dlt[j][e % 2]);
-        if constexpr (kFixed) terms[j][e] = kStripDkvGuarded<NA> && !in ? 0 : __float2int_rn(ds * fscale);
+        if constexpr (kFixed) terms[j][e] = kStripDkvGuarded && !in ? 0 : __float2int_rn(ds * fscale);
         else if constexpr (kRpb) {
           if (in) atomicAdd(drpb_kv + at_bias, ds);
         }
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           // (the guard form: a masked score's zero term at its own index, the sink's bank)
-          if constexpr (kStripDkvGuarded<NA>) red_add_shared(drpb_copy + 4u * uint32_t(at_table(j, e)), terms[j][e]);
+          if constexpr (kStripDkvGuarded) red_add_shared(drpb_copy + 4u * uint32_t(at_table(j, e)), terms[j][e]);
           else drpb_add_or_sink(in_window(j, e), drpb_copy, drpb_sink, at_table(j, e), terms[j][e]);
         }
     }

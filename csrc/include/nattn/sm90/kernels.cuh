@@ -464,7 +464,7 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
   using S = StripSmem<Tl, HD, 2>;
   using Sk = StripDkvSmem<NA, HD>;
   constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
-  constexpr int most_dkv = Sk::kAlloc + kStripDrpbMostBytes<NA>;
+  constexpr int most_dkv = Sk::kAlloc + kStripDrpbMostBytes;
   static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
   once_per_device(opted, [] {
     return allow_smem(backward_dq_strips_kernel<T, NA, HD, Tl>, most) &
@@ -492,7 +492,7 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
     pk.out_map = l->dkv_maps;
     // the query heads' RPB tables and their dRPB tables in shared memory
     const int entries = int(p.groups * p.rpb_head_size);
-    const int tables = p.rpb ? strip_drpb_layout<NA>(entries).bytes : 0;
+    const int tables = p.rpb ? strip_drpb_layout(entries).bytes : 0;
     const dim3 kgrid(unsigned(num_key_ctas<StripDkvKeyBox<NA>>(p)), unsigned(p.heads_kv), unsigned(p.batch));
     auto dkv = p.rpb ? backward_dkv_strips_kernel<T, NA, HD, Tl, true> : backward_dkv_strips_kernel<T, NA, HD, Tl, false>;
     dkv<<<kgrid, 128, Sk::kAlloc + tables, stream>>>(pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk, l->dv);

@@ -268,15 +268,13 @@ NATTN_HD int strip_key_bias(const StripKeyLane& s, const CtaTile& tile, int na_d
 #ifndef NATTN_SM90_STRIP_DKV_GUARD
 #define NATTN_SM90_STRIP_DKV_GUARD 1
 #endif
-template <int NA>
 constexpr bool kStripDkvGuarded = NATTN_SM90_STRIP_DKV_GUARD != 0;
 // A masked score's index lies at most 36 entries before its head's table and 24 past it
 // (csrc/tests/sm90_strips_dkv_check.cu asserts this bound over the wide and narrow walks).
 constexpr int kStripDkvGuard = 64;
 // What precedes the RPB tables and, again, the dRPB tables (StripDrpbLayout): a guard in the
 // guard form, nothing in the sink form.
-template <int NA>
-constexpr int kStripDrpbLead = kStripDkvGuarded<NA> ? kStripDkvGuard : 0;
+constexpr int kStripDrpbLead = kStripDkvGuarded ? kStripDkvGuard : 0;
 
 // The strip dK/dV pass's RPB tables and fixed-point dRPB tables in shared memory (`entries`:
 // the query heads' entries of the KV head): kStripDrpbLead floats, the RPB tables,
@@ -292,21 +290,18 @@ struct StripDrpbLayout {
   int bytes;  // the whole part: both tables and what surrounds them
 };
 constexpr int kStripDrpbCopyBytes = 4096;
-template <int NA>
-constexpr int kStripDrpbTailBytes = kStripDkvGuarded<NA> ? 4 * kStripDkvGuard : kDrpbSinkBytes;
-template <int NA>
+constexpr int kStripDrpbTailBytes = kStripDkvGuarded ? 4 * kStripDkvGuard : kDrpbSinkBytes;
 NATTN_HD StripDrpbLayout strip_drpb_layout(int entries) {
   StripDrpbLayout l;
   const int banked = entries <= 10 ? 10 : (entries - 10 + 31) / 32 * 32 + 10;
   l.copies = 4 * banked * 4 <= kStripDrpbCopyBytes ? 4 : 1;
   l.stride = l.copies == 4 ? banked : entries;
-  l.bytes = 4 * (2 * kStripDrpbLead<NA> + entries + l.copies * l.stride) + kStripDrpbTailBytes<NA>;
+  l.bytes = 4 * (2 * kStripDrpbLead + entries + l.copies * l.stride) + kStripDrpbTailBytes;
   return l;
 }
 // The most shared memory the part takes (up to kSmallRpbStageFloats entries; copies only
 // below kStripDrpbCopyBytes).
-template <int NA>
 constexpr int kStripDrpbMostBytes =
-    8 * kSmallRpbStageFloats + kStripDrpbCopyBytes + 8 * kStripDrpbLead<NA> + kStripDrpbTailBytes<NA>;
+    8 * kSmallRpbStageFloats + kStripDrpbCopyBytes + 8 * kStripDrpbLead + kStripDrpbTailBytes;
 
 }  }  // namespace nattn::sm90
