@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     }
   };
   auto finish_step = [&](auto rpb_tag, auto fixed_tag, auto narrow_tag, LineTiles& sc, LineTiles& dp,
-                         const unsigned char* at0, const float2* ld0, const Step& st, int h, int t, int cp, float fscale) {
+                         const unsigned char* at0, const float2* ld0, const Step& st, int h, int t, int cp, unsigned cols, float fscale) {
     constexpr bool kRpb = decltype(rpb_tag)::value, kFixed = decltype(fixed_tag)::value;
     constexpr bool kNarrow = decltype(narrow_tag)::value;
     const int y = st.y;
@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
         line_bias[r] = (h - hk * p.groups) * table + strip_key_bias(key_strip, tile, NA, t, y, cp, 0, 2 * r, lane);
     }
     auto in_window = [&](int j, int e) {
-      return row_in[j][e / 2] && ((key_strip.cols >> (kNarrow ? e % 2 : 4 * cp + 2 * j + e % 2)) & 1u);
+      return row_in[j][e / 2] && ((cols >> (kNarrow ? e % 2 : 2 * j + e % 2)) & 1u);
     };
     auto at_table = [&](int j, int e) {  // (outside the table if masked)
       return line_bias[e / 2] - (kNarrow ? j * key_strip.row_mult : 8 * j) - e % 2;
@@ -374,6 +374,9 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     for (int f = 0; f < slabs; ++f) {
       const int h = hk * p.groups + f / per_head, within = f % per_head;
       const int cp = within / frames, t = tile.lo[0] + within % frames;
+      // the lane's column bits of pass cp (narrow: 0), shifted once a slab: shifted in each
+      // step by 4 cp + 2 j + e % 2, they cost 3-D D64's single-line loop 7 instructions a line
+      const unsigned cols = kNarrow ? key_strip.cols : key_strip.cols >> (4 * cp);
       if (decltype(fixed_tag)::value && within == 0) fscale = drpb_fixed_scale(p.drpb_max[h], kStripDrpbBits);
       if (f + 1 < slabs) fetch(f + 1);  // (waited for at the stash, after this slab's lines)
       mbar_wait(full + f % kStages, (f / kStages) & 1);
@@ -387,7 +390,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
             LineTiles sc, dp;
             const Step st{y, nattn_min(y + 1, y_end) - tile.lo[R]};
             products(narrow_tag, at0, st, sc, dp);
-            finish_step(rpb_tag, fixed_tag, narrow_tag, sc, dp, at0, ld0, st, h, tt, cp, fscale);
+            finish_step(rpb_tag, fixed_tag, narrow_tag, sc, dp, at0, ld0, st, h, tt, cp, cols, fscale);
           }
         } else {
           if (NATTN_SM90_STRIP_DKV_PIPELINE && HD >= 64) {  // lines in pairs: both lines' products first
@@ -396,15 +399,15 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
               const Step s0{y, 0}, s1{y + 1, 0};
               products(narrow_tag, at0, s0, sa, da);
               products(narrow_tag, at0, s1, sb, db);
-              finish_step(rpb_tag, fixed_tag, narrow_tag, sa, da, at0, ld0, s0, h, tt, cp, fscale);
-              finish_step(rpb_tag, fixed_tag, narrow_tag, sb, db, at0, ld0, s1, h, tt, cp, fscale);
+              finish_step(rpb_tag, fixed_tag, narrow_tag, sa, da, at0, ld0, s0, h, tt, cp, cols, fscale);
+              finish_step(rpb_tag, fixed_tag, narrow_tag, sb, db, at0, ld0, s1, h, tt, cp, cols, fscale);
             }
           }
           for (; y <= y_end; ++y) {
             LineTiles sc, dp;
             const Step st{y, 0};
             products(narrow_tag, at0, st, sc, dp);
-            finish_step(rpb_tag, fixed_tag, narrow_tag, sc, dp, at0, ld0, st, h, tt, cp, fscale);
+            finish_step(rpb_tag, fixed_tag, narrow_tag, sc, dp, at0, ld0, st, h, tt, cp, cols, fscale);
           }
         }
       }
