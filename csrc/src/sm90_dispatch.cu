@@ -249,6 +249,13 @@ constexpr double kSm90SmallQueryCost2dSmallHead = 0.6;
 // 49.0 vs 46.9 with 4% fewer keys; 12x40x40 9x15x15 1.55 vs 1.37).
 constexpr double kSm90DeepBoxCost = 0.85;
 constexpr int64_t kSm90DeepBoxMaxWindow = 4096;
+// 2-D 16x4 query boxes (with 7x16 key boxes: 4 boxes for a 13x13 window's 28x16 union)
+// count 0.85x. Sixty-first session (PERF.md, H100, forward ms, bf16, each pair forced): they
+// beat 8x8 / 4x24 by 9-38% on windows of 10 to 13, more than their key counts say (128x128
+// 13x13 D64: 0.218 vs 0.239 with 7% fewer keys; 56x56 11x11 D32: 0.133 vs 0.162 with 6%
+// more; 28x28 11x11 D32: 0.065 vs 0.103): four 112-key steps where 8x8 / 4x24 runs five of
+// 96, and less padding on small maps.
+constexpr double kSm90TallBoxCost = 0.85;
 // Query rows a pair's boxes cover per real query (>= 1): per axis, each dilation group's
 // queries rounded up to whole query boxes. Thirtieth session (PERF.md call 1): 28x28 with
 // dilation 4 (7x7 groups) at head dim 64 ran the 8x16 pair, whose boxes cover 2.6 rows a
@@ -292,6 +299,7 @@ double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
     qbox_size *= e.qbox[a];
   }
   if (kbox_size <= 64) keys *= 1.15;
+  if (p.na_dim == 2 && e.qbox[0] == 16 && e.qbox[1] == 4) keys *= kSm90TallBoxCost;
   // Key boxes copied in pieces (1-D, box x dilation above 256: tensor_map_spec.h) ran the
   // forward at half speed (twenty-eighth session, PERF.md call 3: 32768 tokens w2048 D128,
   // 0.52 ms at dilation 1 and 2, 1.09 at 4 with 128-key boxes in two pieces, with the same

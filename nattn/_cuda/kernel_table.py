@@ -64,9 +64,10 @@ class Family:
 # The Hopper family's (query box, key box) pairs. 128 queries (even along axis 0, one half
 # per consumer warpgroup) with 64 or 128 keys for large windows; 64 queries (one consumer
 # warpgroup, several CTAs per SM) with key boxes shaped to small windows' unions (an 8 x 8
-# query box with a 7 x 7 window needs 14 x 14 keys: two 7 x 16 boxes). The library picks
-# one per problem by the keys its boxes walk per query (src/sm90_dispatch.cu, sm90_tile_cost); the
-# first pair of an NA dim is its default; measured in docs/dev/PERF.md.
+# query box with a 7 x 7 window needs 14 x 14 keys: two 7 x 16 boxes; a 16 x 4 box with a
+# 13 x 13 window 28 x 16 keys: four). The library picks one per problem by the keys its
+# boxes walk per query (src/sm90_dispatch.cu, sm90_tile_cost); the first pair of an NA dim
+# is its default; measured in docs/dev/PERF.md.
 SM90_TILES = (
     (1, ((128,), (128,))),
     (2, ((8, 16), (8, 16))), (2, ((8, 16), (4, 16))), (2, ((8, 16), (8, 8))),
@@ -79,13 +80,13 @@ SM90_TILES = (
     (3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))),
     (2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))),
     (2, ((16, 8), (4, 24))),
-    (2, ((16, 4), (7, 16))), (2, ((16, 4), (4, 16))),
+    (2, ((16, 4), (7, 16))),
 )
 # The 64-query pairs (one consumer warpgroup, two CTAs per SM: <= 168 registers a thread)
 # hold their accumulators without spilling only at these head dims.
 SM90_TILE_HEAD_DIMS = (
     (((64,), (128,)), (32, 64)), (((8, 8), (7, 16)), (32, 64)), (((8, 8), (4, 24)), (32, 64)),
-    (((2, 4, 8), (1, 5, 16)), (32, 64)), (((16, 4), (7, 16)), (32, 64)), (((16, 4), (4, 16)), (32, 64)),
+    (((2, 4, 8), (1, 5, 16)), (32, 64)), (((16, 4), (7, 16)), (32, 64)),
     # The backward pair with 96-token column boxes (S / dP accumulators of 64 x 96 beside dQ's
     # or dK's and dV's): head dims up to 64.
     (((16, 8), (4, 24)), (32, 64)),
@@ -125,9 +126,7 @@ SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
 # the tuner and `nattn.bench --optimize` leave them out (unverified_tile_names) until a GPU
 # session has run those and emptied this; a call or NATTN_SM90_TILE may still name them.
 # Their forwards run only when named, so that no default choice takes a pair before a GPU has.
-# The 16x4 query boxes (2-D windows of 11 to 13: a 28 x 16 union, 448 keys a query against
-# 8x8 / 4x24's 480) wait for their first GPU run and A/B against 8x8 / 4x24.
-SM90_UNVERIFIED_TILES = ((2, ((16, 4), (7, 16))), (2, ((16, 4), (4, 16))))
+SM90_UNVERIFIED_TILES = ()  # (16x4 / 7x16 passed its GPU tests in the sixty-first session)
 SM90_NAMED_FORWARD_TILES = tuple(
     (n, t) for i, (n, t) in enumerate(SM90_BACKWARD_TILES)
     if any(m == n for m, _ in SM90_BACKWARD_TILES[:i])) + SM90_STRIP_TILES + SM90_UNVERIFIED_TILES
