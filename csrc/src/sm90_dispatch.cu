@@ -251,7 +251,7 @@ constexpr double kSm90DeepBoxCost = 0.85;
 constexpr int64_t kSm90DeepBoxMaxWindow = 4096;
 // 2-D 16x4 query boxes (with 7x16 key boxes: 4 boxes for a 13x13 window's 28x16 union)
 // count 0.85x. Sixty-first session (PERF.md, H100, forward ms, bf16, each pair forced): they
-// beat 8x8 / 4x24 by 9-38% on windows of 10 to 13, more than their key counts say (128x128
+// beat 8x8 / 4x24 by 7-39% on windows of 10 to 13, more than their key counts say (128x128
 // 13x13 D64: 0.218 vs 0.239 with 7% fewer keys; 56x56 11x11 D32: 0.133 vs 0.162 with 6%
 // more; 28x28 11x11 D32: 0.065 vs 0.103): four 112-key steps where 8x8 / 4x24 runs five of
 // 96, and less padding on small maps.
