@@ -54,8 +54,8 @@ def query_range():
 
 def small_pairs():
     # The 64-query pairs (several CTAs per SM, the RPB table staged in shared memory) on
-    # hundreds of query boxes: one walking its key boxes one after the other (112 keys), one
-    # pipelined (96-key boxes, S of a box beside P of the previous one).
+    # hundreds of query boxes: two walking their key boxes one after the other (112 keys, 8x8
+    # and 16x4 queries), one pipelined (96-key boxes, S of a box beside P of the previous one).
     q, k, v = (torch.randn(8, 40, 40, 2, 32, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     rpb = torch.randn(2, 13, 13, device="cuda")
     for tile in ("q8x8_k7x16", "q8x8_k4x24", "q16x4_k7x16"):
