@@ -5,10 +5,12 @@ the borders, per dilation group, with stride and causal axes:
 
 - backward (the dQ pass: 128-query boxes halved along axis 0, one half per consumer
   warpgroup, walking 64-key boxes; a half computes only the boxes its own windows reach
-  along axis 0, `seen_steps`): the measure libnattn picks a backward pair by
-  (`backward_steps` in src/sm90_dispatch.cu); and the dK/dV pass's walk, counted apart
-  (`--passes`): 128-key boxes halved along axis 0 walking the 64-query boxes of their
-  inverse neighbourhood. The two differ where boxes are deep along axis 0 or grids small:
+  along axis 0, `seen_steps`; `--own-walk`: each half walks its own union from where it
+  starts, as the split CTAs of head dims up to 64 do with the build switch
+  NATTN_SM90_SPLIT_OWN_WALK, `narrow_to_half`): the measure libnattn picks a backward pair
+  by (`backward_steps` in src/sm90_dispatch.cu, without --own-walk); and the dK/dV pass's
+  walk, counted apart (`--passes`): 128-key boxes halved along axis 0 walking the 64-query
+  boxes of their inverse neighbourhood. The two differ where boxes are deep along axis 0 or grids small:
   8x2x8 / 2x4x8 on video-3d walks 0.70x the first pair's dQ steps but 0.90x its dK/dV steps
   (4x4x8 / 2x4x8: 0.83x both), and its dK/dV pass ran slower; 16x8 / 8x8 at 25x25 on 64x64
   0.91x and 1.16x (PERF.md, thirty-seventh session);
@@ -52,69 +54,73 @@ def group_inverse(length: int, kernel: int, stride: int, causal: bool):
 
 
 def axis_steps(length: int, kernel: int, stride: int, dilation: int, causal: bool, qb: int, kb: int,
-               halves: bool) -> int:
+               halves: bool, own: bool = False) -> int:
     """Key boxes of extent kb walked along one axis, summed over its query boxes of extent qb
     (every dilation group); with ``halves`` per half of each query box, counting only the
-    boxes of the box's walk that the half's windows reach."""
+    boxes of the box's walk that the half's windows reach (``own``: the half walks its own
+    union from its start, as the split CTAs at head dims up to 64 do)."""
     total = 0
     for g in range(dilation):
         n = (length - g + dilation - 1) // dilation
         first, last = group_bounds(n, kernel, stride, causal)
         parts = 2 if halves else 1
         for q0 in range(0, n, qb):
-            start = first[q0]  # the walk starts at the box's union
             for h in range(parts):
                 a, b = q0 + h * qb // parts, min(q0 + (h + 1) * qb // parts, n) - 1
                 if a > b:  # a half past the group's end (whole boxes always hold a query)
                     continue
+                start = first[a] if own else first[q0]  # where the walk starts
                 total += (last[b] - start) // kb - (first[a] - start) // kb + 1
     return total
 
 
 def axis_dkv_steps(length: int, kernel: int, stride: int, dilation: int, causal: bool, kb: int, qb: int,
-                   halves: bool) -> int:
+                   halves: bool, own: bool = False) -> int:
     """The dK/dV pass along one axis: query boxes of extent qb walked from each key box of
     extent kb (every dilation group), starting at the key box's inverse neighbourhood; with
     ``halves`` per half of the key box, counting only the query boxes whose queries see the
-    half's keys."""
+    half's keys (``own``: from the half's own inverse union, as axis_steps)."""
     total = 0
     for g in range(dilation):
         n = (length - g + dilation - 1) // dilation
         _, _, inv_lo, inv_hi = group_inverse(n, kernel, stride, causal)
         parts = 2 if halves else 1
         for j0 in range(0, n, kb):
-            start = inv_lo[j0]  # the walk starts at the box's inverse union
             for h in range(parts):
                 a, b = j0 + h * kb // parts, min(j0 + (h + 1) * kb // parts, n) - 1
+                start = inv_lo[a] if own and a < n else inv_lo[j0]  # where the walk starts
                 if a <= b and inv_hi[b] >= inv_lo[a]:
                     total += (inv_hi[b] - start) // qb - (inv_lo[a] - start) // qb + 1
     return total
 
 
 def dkv_walk_ratio(spatial: Sequence[int], kernel: Sequence[int], qbox: Sequence[int], kbox: Sequence[int],
-                   stride=None, dilation=None, causal=None) -> float:
+                   stride=None, dilation=None, causal=None, own_walk: bool = False) -> float:
     """The dK/dV pass's computed key-query pairs over the windows': the pair's 128-token box
-    (``qbox``) holds a CTA's keys, halved along axis 0 (one half per consumer warpgroup),
-    walking 64-token boxes (``kbox``) of queries; the per-axis sums multiply."""
+    (``qbox``) holds a CTA's keys, halved along axis 0 (one half per consumer warpgroup;
+    ``own_walk``: each from its own start), walking 64-token boxes (``kbox``) of queries; the
+    per-axis sums multiply."""
     nd = len(spatial)
     stride, dilation, causal = stride or (1,) * nd, dilation or (1,) * nd, causal or (False,) * nd
     steps = 1
     for a in range(nd):
-        steps *= axis_dkv_steps(spatial[a], kernel[a], stride[a], dilation[a], causal[a], qbox[a], kbox[a], a == 0)
+        steps *= axis_dkv_steps(spatial[a], kernel[a], stride[a], dilation[a], causal[a], qbox[a], kbox[a], a == 0,
+                                own=a == 0 and own_walk)
     return steps * (math.prod(qbox) // 2) * math.prod(kbox) / (math.prod(spatial) * math.prod(kernel))
 
 
 def walk_ratio(spatial: Sequence[int], kernel: Sequence[int], qbox: Sequence[int], kbox: Sequence[int],
-               stride=None, dilation=None, causal=None, backward: bool = True) -> float:
+               stride=None, dilation=None, causal=None, backward: bool = True, own_walk: bool = False) -> float:
     """Query-key pairs a pair's steps compute over those of the windows: the per-axis sums
     multiply (the walk is a product of per-axis ranges). Backward: 64-query warpgroup steps
-    (axis 0 halved); forward: the CTA's query box against every key box of its walk."""
+    (axis 0 halved; ``own_walk``: each half from its own start); forward: the CTA's query box
+    against every key box of its walk."""
     nd = len(spatial)
     stride, dilation, causal = stride or (1,) * nd, dilation or (1,) * nd, causal or (False,) * nd
     steps = 1
     for a in range(nd):
         steps *= axis_steps(spatial[a], kernel[a], stride[a], dilation[a], causal[a], qbox[a], kbox[a],
-                            halves=backward and a == 0)
+                            halves=backward and a == 0, own=backward and a == 0 and own_walk)
     rows = math.prod(qbox) // 2 if backward else math.prod(qbox)
     return steps * rows * math.prod(kbox) / (math.prod(spatial) * math.prod(kernel))
 
@@ -133,6 +139,8 @@ def main(argv=None):
     ap.add_argument("--causal", type=int, nargs="+", help="0 / 1 per axis")
     ap.add_argument("--pairs", nargs="+", help="QUERYBOX/KEYBOX, e.g. 4x4x8/2x4x8 (default: the table's backward pairs)")
     ap.add_argument("--forward", action="store_true", help="count the forward's walk instead of the backward's")
+    ap.add_argument("--own-walk", action="store_true",
+                    help="backward: each half of a box walks its own union from its start (NATTN_SM90_SPLIT_OWN_WALK)")
     ap.add_argument("--passes", action="store_true",
                     help="backward: also the dK/dV pass's walk (the library's choice counts the dQ pass's)")
     args = ap.parse_args(argv)
@@ -141,9 +149,10 @@ def main(argv=None):
     if len(args.kernel) != nd or any(len(q) != nd or len(k) != nd for q, k in pairs):
         sys.exit("--kernel and every pair need one extent per axis of --spatial")
     causal = tuple(bool(c) for c in args.causal) if args.causal else None
-    ratios = [walk_ratio(args.spatial, args.kernel, q, k, args.stride, args.dilation, causal, not args.forward)
-              for q, k in pairs]
-    dkv = ([dkv_walk_ratio(args.spatial, args.kernel, q, k, args.stride, args.dilation, causal) for q, k in pairs]
+    ratios = [walk_ratio(args.spatial, args.kernel, q, k, args.stride, args.dilation, causal, not args.forward,
+                         args.own_walk) for q, k in pairs]
+    dkv = ([dkv_walk_ratio(args.spatial, args.kernel, q, k, args.stride, args.dilation, causal, args.own_walk)
+            for q, k in pairs]
            if args.passes and not args.forward else None)
     for i, ((q, k), r) in enumerate(zip(pairs, ratios)):
         name = "x".join(map(str, q)) + "/" + "x".join(map(str, k))

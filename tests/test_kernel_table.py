@@ -59,9 +59,9 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         assert first.tile == default
     fam = kt.FAMILY_BY_NAME["sm90"]
     assert fam.backward and fam.prepare and fam.only_archs == ("9.0",)
-    # a backward pair per NA dim (2-D: three, 3-D: two), each also a forward pair; only those
+    # a backward pair per NA dim (2-D: four, 3-D: two), each also a forward pair; only those
     # and the strip pairs get one
-    assert sorted(n for n, _ in kt.SM90_BACKWARD_TILES) == [1, 2, 2, 2, 3, 3]
+    assert sorted(n for n, _ in kt.SM90_BACKWARD_TILES) == [1, 2, 2, 2, 2, 3, 3]
     assert set(kt.SM90_BACKWARD_TILES) <= set(kt.SM90_TILES)
     sm90 = [i for i in insts if i.family == "sm90"]
     assert {(i.na_dim, i.tile) for i in sm90 if i.has_backward} == set(kt.SM90_BACKWARD_TILES) | set(kt.SM90_STRIP_TILES)
@@ -70,9 +70,10 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         assert ("launch_backward" in src) == i.has_backward == ("prepare_backward" in src)
         q, k = i.tile
         if i.has_backward and (i.na_dim, i.tile) not in kt.SM90_STRIP_TILES:
-            # a 128-token box and a 64-token box (the two passes swap them), or a 96-token
-            # one at head dims up to 64 (S / dP of 64 x 96 beside dQ, or dK and dV)
-            assert math.prod(q) == 128 and (math.prod(k) == 64 or (math.prod(k) == 96 and i.head_dim <= 64))
+            # a 128-token box and a 64-token box (the two passes swap them), or a 96- or
+            # 112-token one at head dims up to 64 (S / dP of 64 x 96 or 64 x 112 beside dQ, or
+            # dK and dV)
+            assert math.prod(q) == 128 and (math.prod(k) == 64 or (math.prod(k) in (96, 112) and i.head_dim <= 64))
     # forwards only when named: the backward pairs after each NA dim's first (built for the
     # backward's walk: 2-D's 16x8 / 8x8 and 16x8 / 4x24, 3-D's 4x4x8 / 2x4x8) and the strip
     # pairs (their own rule), and the pairs no GPU has run yet, flagged in the table's rows
@@ -80,8 +81,13 @@ def test_sm90_is_16_bit_with_exact_head_dims():
     later |= set(kt.SM90_UNVERIFIED_TILES)
     assert set(kt.SM90_NAMED_FORWARD_TILES) == later
     assert {(i.na_dim, i.tile) for i in sm90 if i.forward_named_only} == later
-    named = next(i for i in sm90 if i.forward_named_only)
-    assert kt.table_source([named]).rstrip().count(", true},") == 1
+    named = next(i for i in sm90 if i.forward_named_only and not i.unverified)
+    assert kt.table_source([named]).rstrip().count(", true, false},") == 1
+    # an unverified pair's row says so: its backward too runs only when named
+    assert {(i.na_dim, i.tile) for i in sm90 if i.unverified} == set(kt.SM90_UNVERIFIED_TILES)
+    for i in sm90:
+        if i.unverified:
+            assert kt.table_source([i]).rstrip().count(", true, true},") == 1
 
 
 def test_arch_specific_families_only_when_their_arch_is_built():
@@ -116,14 +122,14 @@ def test_generated_table_names_every_family(tmp_path):
         assert f'#include "nattn/{fam}/launch.h"' in table
     args = "nattn::bf16_t, 1, 32"
     assert (f'{{"tc", 2, 1, 32, &tc::launch_forward<{args}>, &tc::launch_backward<{args}>, nullptr, nullptr, '
-            '{0, 0, 0}, {0, 0, 0}, false}' in table)
+            '{0, 0, 0}, {0, 0, 0}, false, false}' in table)
     hargs = f"{args}, nattn::sm90::Tile<128, 1, 1, 128, 1, 1>"
     assert (f'{{"sm90", 2, 1, 32, &sm90::launch_forward<{hargs}>, nullptr, &sm90::prepare_forward<{hargs}>, '
-            'nullptr, {128, 1, 1}, {128, 1, 1}, false}' in table)
+            'nullptr, {128, 1, 1}, {128, 1, 1}, false, false}' in table)
     bargs = f"{args}, nattn::sm90::Tile<128, 1, 1, 64, 1, 1>"
     assert (f'{{"sm90", 2, 1, 32, &sm90::launch_forward<{bargs}>, &sm90::launch_backward<{bargs}>, '
             f'&sm90::prepare_forward<{bargs}>, &sm90::prepare_backward<{bargs}>, {{128, 1, 1}}, {{64, 1, 1}}, '
-            'false}' in table)
+            'false, false}' in table)
     inst = (tmp_path / "tc_bfloat16_na1d_hd32.cu").read_text()
     assert '#include "nattn/tc/kernels.cuh"' in inst and "namespace tc" in inst
     hopper = (tmp_path / "sm90_bfloat16_na1d_hd32_q128_k128.cu").read_text()

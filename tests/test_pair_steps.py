@@ -20,9 +20,10 @@ pair_steps = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pair_steps)
 
 
-def direct_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox, backward):
+def direct_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox, backward, own=False):
     """The same walk counted CTA by CTA: each query's N-D window (per-axis windows, their
-    valid keys, in group coordinates), a half's union as the bounds of its queries' keys."""
+    valid keys, in group coordinates), a half's union as the bounds of its queries' keys
+    (``own``: along axis 0 walked from the half's first query's window, as the split CTAs)."""
     nd = len(spatial)
     axes = [axis_window(spatial[a], kernel[a], stride[a], dilation[a], causal[a]) for a in range(nd)]
 
@@ -48,17 +49,21 @@ def direct_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox, backward
                     for a in range(nd):
                         ks = keys_of(a, q[a] * dilation[a] + group[a])
                         lo[a], hi[a] = min(lo[a], min(ks)), max(hi[a], max(ks))
-                steps += math.prod((hi[a] - start[a]) // kbox[a] - (lo[a] - start[a]) // kbox[a] + 1
+                walk = list(start)
+                if own:
+                    walk[0] = min(keys_of(0, first[0] * dilation[0] + group[0]))
+                steps += math.prod((hi[a] - walk[a]) // kbox[a] - (lo[a] - walk[a]) // kbox[a] + 1
                                    for a in range(nd))
     rows = math.prod(qbox) // 2 if backward else math.prod(qbox)
     return steps * rows * math.prod(kbox) / (math.prod(spatial) * math.prod(kernel))
 
 
-def direct_dkv_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox):
+def direct_dkv_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox, own=False):
     """The dK/dV pass counted CTA by CTA: per key box (the pair's 128-token box) and
     warpgroup half along axis 0, the queries that see any of its keys found by scanning every
     query's window (a query sees a box of keys iff along each axis its window meets the
-    box's extent), walked in query boxes of kbox from the queries that see the box's first key."""
+    box's extent), walked in query boxes of kbox from the queries that see the box's first key
+    (``own``: along axis 0 the half's first key)."""
     nd = len(spatial)
     axes = [axis_window(spatial[a], kernel[a], stride[a], dilation[a], causal[a]) for a in range(nd)]
 
@@ -86,7 +91,10 @@ def direct_dkv_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox):
                     continue
                 seen = [sees(a, group[a], lens[a], first[a], last[a]) for a in range(nd)]
                 if all(seen):
-                    steps += math.prod((max(seen[a]) - start[a]) // kbox[a] - (min(seen[a]) - start[a]) // kbox[a] + 1
+                    walk = list(start)
+                    if own:
+                        walk[0] = min(sees(0, group[0], lens[0], first[0], first[0]))
+                    steps += math.prod((max(seen[a]) - walk[a]) // kbox[a] - (min(seen[a]) - walk[a]) // kbox[a] + 1
                                        for a in range(nd))
     return steps * (math.prod(qbox) // 2) * math.prod(kbox) / (math.prod(spatial) * math.prod(kernel))
 
@@ -102,13 +110,15 @@ def test_per_axis_product_matches_a_direct_count(nd):
     causal = [rng.random() < 0.3 for _ in range(nd)]
     qbox = [rng.choice([2, 4]) for _ in range(nd)]
     kbox = [rng.choice([1, 2, 4]) for _ in range(nd)]
-    for backward in (True, False):
-        got = pair_steps.walk_ratio(spatial, kernel, qbox, kbox, stride, dilation, causal, backward)
-        want = direct_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox, backward)
-        assert got == pytest.approx(want), (seed, spatial, kernel, stride, dilation, causal, qbox, kbox, backward)
-    got = pair_steps.dkv_walk_ratio(spatial, kernel, qbox, kbox, stride, dilation, causal)
-    want = direct_dkv_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox)
-    assert got == pytest.approx(want), ("dK/dV", seed, spatial, kernel, stride, dilation, causal, qbox, kbox)
+    # own: each half of the box walks from its own start (the split CTAs' own walks)
+    for backward, own in ((True, False), (True, True), (False, False)):
+        got = pair_steps.walk_ratio(spatial, kernel, qbox, kbox, stride, dilation, causal, backward, own)
+        want = direct_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox, backward, own=own)
+        assert got == pytest.approx(want), (seed, spatial, kernel, stride, dilation, causal, qbox, kbox, backward, own)
+    for own in (False, True):
+        got = pair_steps.dkv_walk_ratio(spatial, kernel, qbox, kbox, stride, dilation, causal, own)
+        want = direct_dkv_ratio(spatial, kernel, stride, dilation, causal, qbox, kbox, own=own)
+        assert got == pytest.approx(want), ("dK/dV", seed, spatial, kernel, stride, dilation, causal, qbox, kbox, own)
 
 
 def test_counts_behind_the_backward_pair_choice():
@@ -141,3 +151,19 @@ def test_cli_prints_the_table_pairs(capsys):
     assert "2x8x8/1x8x8" in out and "4x4x8/2x4x8" in out and "1.000x the first" in out
     pair_steps.main(["--spatial", "64", "64", "--kernel", "25", "25", "--passes"])
     assert "dK/dV pass   2.074   1.157x the first" in capsys.readouterr().out
+
+
+def test_split_halves_walk_from_their_own_start():
+    """With NATTN_SM90_SPLIT_OWN_WALK each half of a backward box (a CTA of its own at head
+    dims up to 64) walks its own union from its start (narrow_to_half in
+    nattn/sm90/tiles.cuh): with 7-row boxes a 16-row half
+    of a 32x4 box walks a 13x13 window's 28 rows in four boxes (448 keys a query inside the
+    grid) where from the box's start the second half straddled five; where the box extent
+    divides the half's (8x8 boxes, 8-row halves) the counts agree."""
+    s, k = (128, 128), (13, 13)
+    tall = ((32, 4), (7, 16))
+    assert pair_steps.walk_ratio(s, k, *tall, own_walk=True) == pytest.approx(2.651, abs=1e-3)
+    assert pair_steps.walk_ratio(s, k, *tall) == pytest.approx(2.899, abs=1e-3)
+    assert pair_steps.walk_ratio((512, 512), k, *tall, own_walk=True) < 448 / 169 * 1.01
+    square = ((16, 8), (8, 8))
+    assert pair_steps.walk_ratio(s, k, *square, own_walk=True) == pytest.approx(pair_steps.walk_ratio(s, k, *square))

@@ -450,12 +450,17 @@ const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char*
 }
 
 // Keys walked by the dQ pass's warpgroups with a backward pair (a 128-query box halved along
-// axis 0, one half per consumer warpgroup, walking 64- or 96-key boxes): its steps times the
-// key box's size, over the whole problem (a 96-key step is 1.5 64-key ones: the products
-// scale with the keys, the per-step waits amortize over more of them). Per axis
+// axis 0, one half per consumer warpgroup, walking 64-, 96- or 112-key boxes): its steps
+// times the key box's size, over the whole problem (a 96-key step is 1.5 64-key ones: the
+// products scale with the keys, the per-step waits amortize over more of them). Per axis
 // and dilation group, each query box's union in key boxes (exact at the borders, with stride
 // and causality: query_window); along axis 0 per half, the boxes of the CTA's walk that the
-// half sees (the others it only releases: seen_steps). The walk is a product of per-axis
+// half sees (the others it only releases: seen_steps). At head dims up to 64, where each
+// half is a CTA of its own, a half walks its own union from where it starts (narrow_to_half,
+// sm90/tiles.cuh), which this count does not follow: the pairs were chosen by it as
+// measured, and the own walk's gain in the dQ pass may come with none in the dK/dV pass
+// (8x64x64 3x11x11: 4x4x8 / 2x4x8 at 0.94x the first pair's dQ steps, 1.21x its dK/dV
+// steps; benchmarks/pair_steps.py). The walk is a product of per-axis
 // ranges, so the per-axis sums multiply. The dK/dV pass walks the same boxes with the roles
 // swapped; its count differs where boxes are deep along axis 0 or grids small (8x2x8 / 2x4x8
 // on 16x32x32 5x7x7: 0.70x the first pair's dQ steps, 0.90x its dK/dV steps; benchmarks/
@@ -523,6 +528,7 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
     // The strip pairs' backward (backward_dq_strips.cuh, backward_dkv_strips.cuh) runs when
     // named or by their own rule (strips_by_default, above).
     if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox)) continue;
+    if (e.unverified) continue;  // (kernel_table.SM90_UNVERIFIED_TILES: named only, above)
     if (n < 8) pairs[n++] = &e;
   }
   if (n == 0) {

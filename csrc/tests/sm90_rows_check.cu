@@ -13,6 +13,10 @@
 // And with a query range (a halo rank's own queries): the launched boxes still hold every
 // query of the range, each once, and the dK/dV pass's clipped walk every query of the range
 // that sees one of its keys.
+// And the split CTAs' own walks (narrow_to_half: a half of the box along axis 0 walking its
+// own union from where it starts): no more boxes than the box's walk, and along axis 0 holding
+// every key a valid row of the half sees (the dK/dV pass: every query of the range that
+// sees one of the half's keys).
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +164,58 @@ static int check_inverse_range(long long& checks) {
   return 0;
 }
 
+// The split CTAs' walks (narrow_to_half) on a random problem, with a random query range
+// every other time (the dK/dV pass clips its walk to it).
+template <int NA, class RB, class B>
+static int check_own_halves(long long& checks, bool ranged) {
+  Params p = random_problem<NA>();
+  for (int a = 0; ranged && a < NA; ++a) {
+    p.q_lo[a] = rnd(0, p.spatial[a] - 1);
+    p.q_hi[a] = rnd(p.q_lo[a] + 1, p.spatial[a]);
+  }
+  set_query_boxes<RB>(p);
+  for (int inverse = 0; inverse < 2; ++inverse) {
+    const int64_t boxes = inverse ? num_key_ctas<RB>(p) : num_cta_tiles<RB>(p);
+    for (int64_t box = 0; box < boxes; ++box) {
+      CtaTile whole;
+      if (!(inverse ? cta_tile_inverse<NA, RB, B>(p, box, whole) : cta_tile<NA, RB, B>(p, box, whole))) continue;
+      for (int half = 0; half < 2; ++half) {
+        const int first = whole.q0[0] + half * (RB::extent(0) / 2);
+        if (first >= whole.len[0]) continue;  // (the kernels return: no CTA)
+        CtaTile t = whole;
+        if (inverse) narrow_to_half<NA, RB, B, true>(p, t, half);
+        else narrow_to_half<NA, RB, B, false>(p, t, half);
+        ++checks;
+        // (its last box may reach past the box's walk: what lies there is outside every window
+        // of the half, masked like any other element outside them)
+        bool ok = t.nk[0] == 0 || (t.lo[0] >= whole.lo[0] && t.nk[0] <= whole.nk[0]);
+        for (int a = 1; a < NA; ++a) ok = ok && t.lo[a] == whole.lo[a] && t.nk[a] == whole.nk[a];
+        int per_row = 1;
+        for (int a = 1; a < NA; ++a) per_row *= t.nk[a];
+        ok = ok && t.tiles == t.nk[0] * per_row;
+        const int d = p.dilation[0], g = t.g[0];
+        for (int x = first; ok && x < nattn_min(first + RB::extent(0) / 2, t.len[0]); ++x) {
+          const AxisRange r = inverse ? key_inverse(x, t.len[0], p.kernel[0], p.stride[0], p.causal[0] != 0)
+                                      : query_window(x, t.len[0], p.kernel[0], p.stride[0], p.causal[0] != 0);
+          for (int j = r.start; ok && j < r.start + r.count; ++j) {
+            if (inverse && (g + d * j < p.q_lo[0] || g + d * j >= p.q_hi[0])) continue;  // (not a query of the range)
+            ++checks;
+            ok = t.nk[0] > 0 && j >= t.lo[0] && j < t.lo[0] + t.nk[0] * B::extent(0);
+          }
+        }
+        if (!ok) {
+          printf("%s pass: half %d's own walk (%d + %d boxes, %d steps) starts before the box's (%d + %d) or misses "
+                 "what its rows see (na %d, spatial %d,%d,%d, kernel %d,%d,%d, box %d)\n", inverse ? "dK/dV" : "dQ",
+                 half, t.lo[0], t.nk[0], t.tiles, whole.lo[0], whole.nk[0], NA, p.spatial[0], p.spatial[1],
+                 p.spatial[2], p.kernel[0], p.kernel[1], p.kernel[2], int(box));
+          return 1;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
 // The backward's pairs (128-token box RB, 64-token box B): both passes of a random problem.
 template <int NA, class RB, class B>
 static int check_skips(long long& checks) {
@@ -229,7 +285,8 @@ int main() {
     if (check<1, Box<128, 1, 1>>(checks) || check<1, Box<64, 1, 1>>(checks) ||
         check<2, Box<8, 16, 1>>(checks) || check<2, Box<8, 8, 1>>(checks) ||
         check<3, Box<2, 8, 8>>(checks) || check<3, Box<4, 4, 8>>(checks) || check<3, Box<4, 8, 4>>(checks) ||
-        check<3, Box<2, 4, 8>>(checks) || check<2, Box<16, 8, 1>>(checks))
+        check<3, Box<2, 4, 8>>(checks) || check<2, Box<16, 8, 1>>(checks) || check<2, Box<16, 4, 1>>(checks) ||
+        check<2, Box<32, 4, 1>>(checks))
       return 1;
     if (check<1, Box<128, 1, 1>>(checks, true) || check<1, Box<64, 1, 1>>(checks, true) ||
         check<2, Box<8, 16, 1>>(checks, true) || check<2, Box<8, 8, 1>>(checks, true) ||
@@ -238,11 +295,20 @@ int main() {
     if (check_walk<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) || check_walk<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
         check_walk<2, Box<8, 8, 1>, Box<7, 16, 1>>(checks) || check_walk<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks) ||
         check_walk<3, Box<4, 4, 8>, Box<2, 4, 16>>(checks) || check_walk<3, Box<2, 4, 8>, Box<1, 5, 16>>(checks) ||
-        check_walk<3, Box<4, 4, 8>, Box<2, 4, 8>>(checks) || check_walk<2, Box<16, 8, 1>, Box<8, 8, 1>>(checks))
+        check_walk<3, Box<4, 4, 8>, Box<2, 4, 8>>(checks) || check_walk<2, Box<16, 8, 1>, Box<8, 8, 1>>(checks) ||
+        check_walk<2, Box<32, 4, 1>, Box<7, 16, 1>>(checks))
       return 1;
     if (check_skips<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) || check_skips<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||
         check_skips<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks) || check_skips<3, Box<4, 4, 8>, Box<2, 4, 8>>(checks) ||
-        check_skips<2, Box<16, 8, 1>, Box<8, 8, 1>>(checks))
+        check_skips<2, Box<16, 8, 1>, Box<8, 8, 1>>(checks) || check_skips<2, Box<32, 4, 1>, Box<7, 16, 1>>(checks))
+      return 1;
+    const bool ranged = it % 2;
+    if (check_own_halves<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks, ranged) ||
+        check_own_halves<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks, ranged) ||
+        check_own_halves<2, Box<16, 8, 1>, Box<4, 24, 1>>(checks, ranged) ||
+        check_own_halves<2, Box<32, 4, 1>, Box<7, 16, 1>>(checks, ranged) ||
+        check_own_halves<3, Box<2, 8, 8>, Box<1, 8, 8>>(checks, ranged) ||
+        check_own_halves<3, Box<4, 4, 8>, Box<2, 4, 8>>(checks, ranged))
       return 1;
     if (check_inverse_range<1, Box<128, 1, 1>, Box<64, 1, 1>>(checks) ||
         check_inverse_range<2, Box<8, 16, 1>, Box<4, 16, 1>>(checks) ||

@@ -81,15 +81,16 @@ SM90_TILES = (
     (2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))),
     (2, ((16, 8), (4, 24))),
     (2, ((16, 4), (7, 16))),
+    (2, ((32, 4), (7, 16))),
 )
 # The 64-query pairs (one consumer warpgroup, two CTAs per SM: <= 168 registers a thread)
 # hold their accumulators without spilling only at these head dims.
 SM90_TILE_HEAD_DIMS = (
     (((64,), (128,)), (32, 64)), (((8, 8), (7, 16)), (32, 64)), (((8, 8), (4, 24)), (32, 64)),
     (((2, 4, 8), (1, 5, 16)), (32, 64)), (((16, 4), (7, 16)), (32, 64)),
-    # The backward pair with 96-token column boxes (S / dP accumulators of 64 x 96 beside dQ's
-    # or dK's and dV's): head dims up to 64.
-    (((16, 8), (4, 24)), (32, 64)),
+    # The backward pairs with 96- and 112-token column boxes (S / dP accumulators of 64 x 96
+    # or 64 x 112 beside dQ's or dK's and dV's): head dims up to 64.
+    (((16, 8), (4, 24)), (32, 64)), (((32, 4), (7, 16)), (32, 64)),
     # The strip pairs (forward_strips.cuh: a 64-query box whose key box is its window union,
     # up to 7 x 9 or 7 x 7 x 9; mma.sync on each warp's two query rows).
     (((8, 8), (14, 16)), (32, 64)), (((2, 4, 8), (8, 10, 16)), (32, 64)),
@@ -106,10 +107,14 @@ SM90_TILE_HEAD_DIMS = (
 # The first pair of an NA dim is its default; another runs where it walks fewer steps
 # (src/sm90_dispatch.cu, backward_steps): in 3-D each warpgroup's 2x4x8 half of a 4x4x8
 # box sees fewer 2x4x8 boxes than a 1x8x8 half sees 1x8x8 ones; in 2-D an 8x8 half of a
-# 16x8 box fewer 8x8 boxes than a 4x16 half 4x16 ones on large square windows.
+# 16x8 box fewer 8x8 boxes than a 4x16 half 4x16 ones on large square windows; on windows of
+# 10 to 13 a 16x4 half of a 32x4 box walks a 13x13 window's 28x16 union in four 7x16 boxes
+# (448 tokens) where an 8x8 half of 16x8 walks five 4x24 ones (480), as the forward's 16x4 /
+# 7x16 pair does.
 SM90_BACKWARD_TILES = (
     (1, ((128,), (64,))), (2, ((8, 16), (4, 16))), (3, ((2, 8, 8), (1, 8, 8))),
     (3, ((4, 4, 8), (2, 4, 8))), (2, ((16, 8), (8, 8))), (2, ((16, 8), (4, 24))),
+    (2, ((32, 4), (7, 16))),
 )
 # The backward pairs after each NA dim's first were built for the backward's walk: their
 # forward runs only when named (NATTN_SM90_TILE, or a call's tile pair), not timed against
@@ -125,8 +130,9 @@ SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
 # Pairs built but not yet run on a GPU (their GPU tests and sanitizer sections are written):
 # the tuner and `nattn.bench --optimize` leave them out (unverified_tile_names) until a GPU
 # session has run those and emptied this; a call or NATTN_SM90_TILE may still name them.
-# Their forwards run only when named, so that no default choice takes a pair before a GPU has.
-SM90_UNVERIFIED_TILES = ()  # (16x4 / 7x16 passed its GPU tests in the sixty-first session)
+# Their forwards and backwards run only when named (KernelEntry::unverified), so that no
+# default choice takes a pair before a GPU has run it.
+SM90_UNVERIFIED_TILES = ((2, ((32, 4), (7, 16))),)
 SM90_NAMED_FORWARD_TILES = tuple(
     (n, t) for i, (n, t) in enumerate(SM90_BACKWARD_TILES)
     if any(m == n for m, _ in SM90_BACKWARD_TILES[:i])) + SM90_STRIP_TILES + SM90_UNVERIFIED_TILES
@@ -287,6 +293,11 @@ class Instance:
         return (self.na_dim, self.tile) in FAMILY_BY_NAME[self.family].named_forward_tiles
 
     @property
+    def unverified(self) -> bool:
+        """Whether no GPU has run this tile pair yet: its backward too runs only when named."""
+        return self.family == "sm90" and (self.na_dim, self.tile) in SM90_UNVERIFIED_TILES
+
+    @property
     def tile_name(self) -> str:
         """"q8x16_k4x32" (empty for untiled families)."""
         if not self.tile:
@@ -428,11 +439,12 @@ def table_source(insts: Sequence[Instance]) -> str:
         prepare_bwd = f"&{ns}prepare_backward<{args}>" if fam.prepare and i.has_backward else "nullptr"
         q, k = (("{" + ", ".join(map(str, _pad3(b))) + "}") for b in (i.tile or ((0, 0, 0), (0, 0, 0))))
         named = "true" if i.forward_named_only else "false"
+        unverified = "true" if i.unverified else "false"
         lines.append(
             f'  {{"{i.family}", {code}, {i.na_dim}, {i.head_dim}, '
-            f"&{ns}launch_forward<{args}>, {backward}, {prepare}, {prepare_bwd}, {q}, {k}, {named}}},")
+            f"&{ns}launch_forward<{args}>, {backward}, {prepare}, {prepare_bwd}, {q}, {k}, {named}, {unverified}}},")
     if not insts:
-        lines.append("  {nullptr, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, {0, 0, 0}, {0, 0, 0}, false},")
+        lines.append("  {nullptr, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, {0, 0, 0}, {0, 0, 0}, false, false},")
     lines += ["};", f"const int kNumKernels = {len(insts)};", "}  // namespace nattn", ""]
     return "\n".join(lines)
 

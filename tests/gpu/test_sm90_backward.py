@@ -132,10 +132,11 @@ def test_sm90_backward_is_deterministic(rpb):
     assert_deterministic(spatial=(40, 56), kernel=(33, 33), dim=64, rpb=rpb, seed=31)
 
 
-def test_sm90_backward_96_key_boxes_is_deterministic(monkeypatch):
-    """The same on the pair with 96-token column boxes (q16x8_k4x24, forced here; the default
-    backward of a 13x13 window at head dim 64)."""
-    monkeypatch.setenv("NATTN_SM90_TILE", "q16x8_k4x24")
+@pytest.mark.parametrize("pair", ["q16x8_k4x24", "q32x4_k7x16"])
+def test_sm90_backward_wide_key_boxes_is_deterministic(pair, monkeypatch):
+    """The same on the pairs with 96- and 112-token column boxes (forced here; the first is
+    the default backward of a 13x13 window at head dim 64)."""
+    monkeypatch.setenv("NATTN_SM90_TILE", pair)
     assert_deterministic(spatial=(64, 48), kernel=(13, 13), dim=64, rpb=False, seed=37)
 
 

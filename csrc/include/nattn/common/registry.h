@@ -102,6 +102,7 @@ struct KernelEntry {
   PrepareFn prepare_backward;  // the same for the backward (nullptr: no prepare step)
   int qbox[3], kbox[3];  // tiled families (sm90): query and key box extents; else zeros
   bool forward_named_only;  // the forward runs only when a call names the pair (never the default)
+  bool unverified;  // no GPU has run the pair yet: its backward too runs only when named
 };
 
 extern const KernelEntry kKernels[];

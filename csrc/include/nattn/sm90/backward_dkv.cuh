@@ -300,6 +300,7 @@ __global__ void __launch_bounds__(DkvCta<T, NA, Tl, HD, DQ_ATOMIC>::kThreads, Dk
   // kSplit: the CTA's half of the key box (none past the dilation group's end)
   const int half = kSplit ? int(blockIdx.x % 2) : 0;
   if (kSplit && tile.q0[0] + half * Cta::Half::extent(0) >= tile.len[0]) return;
+  if (kSplit && NATTN_SM90_SPLIT_OWN_WALK) narrow_to_half<NA, RB, CB, true>(p, tile, half);
   const int h_kv = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warpgroup_index();

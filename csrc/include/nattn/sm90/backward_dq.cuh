@@ -130,6 +130,7 @@ __global__ void __launch_bounds__(DqCta<Tl, HD>::kThreads, DqCta<Tl, HD>::kMinBl
   // kSplit: the CTA's half of the box (none past the dilation group's end)
   const int half = kSplit ? int(blockIdx.x % 2) : 0;
   if (kSplit && tile.q0[0] + half * Cta::Half::extent(0) >= tile.len[0]) return;
+  if (kSplit && NATTN_SM90_SPLIT_OWN_WALK) narrow_to_half<NA, QB, KB, false>(p, tile, half);
   const int h = blockIdx.y, b = blockIdx.z;
   const int h_kv = kv_head(p, h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

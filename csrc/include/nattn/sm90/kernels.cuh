@@ -262,14 +262,14 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
 }
 
 // The backward pairs' (a 128-token box and a 64-token box, or at head dims up to 64 a
-// 96-token one: backward_dq.cuh, backward_dkv.cuh).
+// 96- or 112-token one: backward_dq.cuh, backward_dkv.cuh).
 template <typename T, int NA, int HD, class Tl>
 const char* prepare_backward_boxes(const Params& p, void* workspace) {
   if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32, 64, 128 or 256)";
-  static_assert(Tl::Q::kSize == kQueryRows && (Tl::K::kSize == 64 || (Tl::K::kSize == 96 && HD <= 64)),
-                "the backward pairs a 128-token box with a 64-token box (or a 96-token one at head dims <= 64)");
-  // 96-token column boxes: no RPB paths (with them the dK/dV pass spilled; backward_dkv.cuh).
-  if (Tl::K::kSize > kWgRows && p.rpb) return "this tile pair's backward takes no RPB (96-token column boxes)";
+  static_assert(Tl::Q::kSize == kQueryRows && (Tl::K::kSize == 64 || ((Tl::K::kSize == 96 || Tl::K::kSize == 112) && HD <= 64)),
+                "the backward pairs a 128-token box with a 64-token box (or a 96- or 112-token one at head dims <= 64)");
+  // 96- and 112-token column boxes: no RPB paths (with them the dK/dV pass spilled; backward_dkv.cuh).
+  if (Tl::K::kSize > kWgRows && p.rpb) return "this tile pair's backward takes no RPB (96- or 112-token column boxes)";
   // Head dim 256 (backward_wide.cuh) uses the 64-token box on both sides of both passes.
   constexpr bool kWide = HD == kWideHeadDim;
   if (kWide && p.rpb && int64_t(p.groups) * p.rpb_head_size * 4 > DkvWideSmem::kDrpbRoom) {

@@ -13,6 +13,13 @@
 #include "nattn/common/registry.h"
 #include "nattn/common/window.cuh"
 
+// Build switch for A/B runs (benchmarks/build_variants.sh): 1 walks each split backward CTA's
+// half from its own union's start (narrow_to_half) instead of its box's walk (seen_steps).
+// Off until a GPU has run it (docs/dev/STATUS.md).
+#ifndef NATTN_SM90_SPLIT_OWN_WALK
+#define NATTN_SM90_SPLIT_OWN_WALK 0
+#endif
+
 namespace nattn { namespace sm90 {
 
 constexpr int kQueryRows = 128;  // queries per CTA (64-query boxes: kWgRows)
@@ -310,6 +317,32 @@ NATTN_HD void seen_steps(const Params& p, const CtaTile& tile, int cw, int& firs
   const int d = unseen_edge<RB, kInverse>(p, tile, cw) - tile.lo[0];  // the edge, from the walk's start
   if (cw == 0) last = d < 0 ? 0 : nattn_min(tile.tiles, (d / B::extent(0) + 1) * per_row);
   else first = d < 0 ? 0 : nattn_min(tile.tiles, d / B::extent(0) * per_row);
+}
+
+// A split CTA's walk (the backward passes at head dims up to 64: a CTA per half of the box
+// along axis 0, DqCta / DkvCta): along axis 0 the half's own union, from where it starts,
+// instead of the box's walk less the boxes the half does not see (seen_steps, which then
+// finds every step seen). The two agree where the other side's box extent divides the
+// half's; with 7-row boxes a 16-row half of a 32x4 box walks a 13-row window's 28-row union
+// in four boxes, where from the box's start the second half straddled five.
+template <int NA, class RB, class B, bool kInverse>
+NATTN_HD void narrow_to_half(const Params& p, CtaTile& t, int half) {
+  const int first = t.q0[0] + half * (RB::extent(0) / 2);
+  const int last = nattn_min(first + RB::extent(0) / 2 - 1, t.len[0] - 1);
+  const AxisRange rf = axis_range<kInverse>(p, 0, first, t.len[0]);
+  const AxisRange rl = axis_range<kInverse>(p, 0, last, t.len[0]);
+  int lo = rf.start, hi = rl.start + rl.count - 1;
+  if (kInverse && axis_has_query_range(p, 0)) {  // the range's queries only, as cta_tile_inverse
+    const int d = p.dilation[0], g = t.g[0], top = p.q_hi[0] - 1 - g;
+    lo = nattn_max(lo, (p.q_lo[0] - g + d - 1) / d);
+    hi = nattn_min(hi, top < 0 ? -1 : top / d);
+  }
+  int per_row = 1;  // boxes per axis-0 row of the walk
+#pragma unroll
+  for (int a = 1; a < NA; ++a) per_row *= t.nk[a];
+  t.lo[0] = lo;
+  t.nk[0] = hi >= lo ? (hi - lo + B::extent(0)) / B::extent(0) : 0;
+  t.tiles = t.nk[0] * per_row;
 }
 
 }  }  // namespace nattn::sm90
