@@ -77,7 +77,8 @@ def test_sm90_is_16_bit_with_exact_head_dims():
     # forwards only when named: the backward pairs after each NA dim's first (built for the
     # backward's walk: 2-D's 16x8 / 8x8 and 16x8 / 4x24, 3-D's 4x4x8 / 2x4x8) and the strip
     # pairs (their own rule), and the pairs no GPU has run yet, flagged in the table's rows
-    later = {(2, ((16, 8), (8, 8))), (2, ((16, 8), (4, 24))), (3, ((4, 4, 8), (2, 4, 8)))} | set(kt.SM90_STRIP_TILES)
+    later = {(2, ((16, 8), (8, 8))), (2, ((16, 8), (4, 24))), (2, ((32, 4), (7, 16))),
+             (3, ((4, 4, 8), (2, 4, 8)))} | set(kt.SM90_STRIP_TILES)
     later |= set(kt.SM90_UNVERIFIED_TILES)
     assert set(kt.SM90_NAMED_FORWARD_TILES) == later
     assert {(i.na_dim, i.tile) for i in sm90 if i.forward_named_only} == later

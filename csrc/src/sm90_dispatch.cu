@@ -98,7 +98,8 @@ int64_t tc_rpb_max_window(int na_dim, int64_t head_dim) {
 // at head dim 32 only where each window spans its whole dilation group, so no key is masked
 // (DiNAT's dilated layers: 28x28 7x7 dilation 4 0.055 vs 0.058, 56x56 dilation 8 0.194 vs
 // 0.208), and not on masked windows of any ratio (56x56 13x13 at 2.8 0.233 vs 0.212, 11x11
-// at 4.0 0.234 vs 0.178, 7x7 dilation 4 at 6.0 0.149 vs 0.124).
+// at 4.0 0.234 vs 0.178, 7x7 dilation 4 at 6.0 0.149 vs 0.124). Sixty-second session (H100,
+// the 16x4 / 7x16 boxes, ratio 4.2): 28x28 11x11 at head dim 64, B32 H8, 0.113 vs 0.134.
 constexpr double kSm90MaxWalkRatioRpb2d = 5.0;  // head dims 33-64
 // The backward with an RPB (call 4, forward + backward, bf16, ms, tc vs the default's sm90
 // backward): 2-D D64 13x13 1.53 vs 2.90, 17x17 2.53 vs 3.99, 21x21 3.07 vs 5.43, D32 21x21
@@ -457,15 +458,18 @@ const nattn::KernelEntry* find_sm90(const nattn::Params& p, int dim, const char*
 // and causality: query_window); along axis 0 per half, the boxes of the CTA's walk that the
 // half sees (the others it only releases: seen_steps). At head dims up to 64, where each
 // half is a CTA of its own, a half walks its own union from where it starts (narrow_to_half,
-// sm90/tiles.cuh), which this count does not follow: the pairs were chosen by it as
-// measured, and the own walk's gain in the dQ pass may come with none in the dK/dV pass
-// (8x64x64 3x11x11: 4x4x8 / 2x4x8 at 0.94x the first pair's dQ steps, 1.21x its dK/dV
-// steps; benchmarks/pair_steps.py). The walk is a product of per-axis
+// sm90/tiles.cuh): counted so in 2-D, where it is what makes 32x4 / 7x16 the pair of windows
+// of 10 to 13 (mid-2d: 2.65x the window against 16x8 / 4x24's 2.77x; from the box's start
+// 2.90x); not in 3-D, where the 3-D pairs were chosen by the box's walk as measured and the
+// own walk's gain in the dQ pass can come with none in the dK/dV pass (8x64x64 3x11x11:
+// 4x4x8 / 2x4x8 at 0.94x the first pair's dQ steps, 1.21x its dK/dV steps;
+// benchmarks/pair_steps.py --own-walk). The walk is a product of per-axis
 // ranges, so the per-axis sums multiply. The dK/dV pass walks the same boxes with the roles
 // swapped; its count differs where boxes are deep along axis 0 or grids small (8x2x8 / 2x4x8
 // on 16x32x32 5x7x7: 0.70x the first pair's dQ steps, 0.90x its dK/dV steps; benchmarks/
 // pair_steps.py --passes counts both).
-double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e) {
+double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e, int head_dim) {
+  const bool own_halves = NATTN_SM90_SPLIT_OWN_WALK && head_dim <= 64 && p.na_dim == 2;
   double steps = 1;
   for (int a = 0; a < p.na_dim; ++a) {
     const int d = p.dilation[a], k = p.kernel[a], s = p.stride[a], qb = e.qbox[a], kb = e.kbox[a];
@@ -481,7 +485,8 @@ double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e) {
           const int first = q0 + h * qb / parts, last = nattn_min(first + qb / parts, len) - 1;
           if (first > last) continue;
           const AxisRange wf = query_window(first, len, k, s, c), wl = query_window(last, len, k, s, c);
-          sum += (wl.start + wl.count - 1 - lo) / kb - (wf.start - lo) / kb + 1;
+          const int start = own_halves && a == 0 ? wf.start : lo;  // where the half's walk starts
+          sum += (wl.start + wl.count - 1 - start) / kb - (wf.start - start) / kb + 1;
         }
       }
     }
@@ -538,11 +543,11 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   // (1-D: no count, whatever the sequence's length; head dim 256's wide passes walk the
   // 64-token box on both sides, which the count does not model: the first pair there)
   if (n == 1 || dim > kTcMaxHeadDim) return pairs[0];
-  const double first_steps = backward_steps(p, *pairs[0]);
+  const double first_steps = backward_steps(p, *pairs[0], dim);
   const nattn::KernelEntry* best = pairs[0];
   double best_steps = first_steps;
   for (int i = 1; i < n; ++i) {
-    const double steps = backward_steps(p, *pairs[i]);
+    const double steps = backward_steps(p, *pairs[i], dim);
     if (steps < best_steps) best = pairs[i], best_steps = steps;
   }
   return best_steps <= kSm90BackwardTileGain[p.na_dim - 1] * first_steps ? best : pairs[0];

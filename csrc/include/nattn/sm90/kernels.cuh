@@ -261,24 +261,6 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
   return nullptr;
 }
 
-// The pair whose boxes the dK/dV pass of pair Tl's backward walks: Tl's own, or with the
-// build switch NATTN_SM90_TALL_MIXED_DKV the 32x4 / 7x16 pair's dQ pass beside 16x8 /
-// 4x24's dK/dV pass (at the borders 4 key columns' inverse neighbourhoods reach past one
-// 16-column box: 2.98x the window on mid-2d against 4x24's 2.84x, pair_steps.py --passes).
-#ifndef NATTN_SM90_TALL_MIXED_DKV
-#define NATTN_SM90_TALL_MIXED_DKV 0
-#endif
-template <class Tl>
-struct DkvPairOf {
-  using type = Tl;
-};
-#if NATTN_SM90_TALL_MIXED_DKV
-template <>
-struct DkvPairOf<Tile<32, 4, 1, 7, 16, 1>> {
-  using type = Tile<16, 8, 1, 4, 24, 1>;
-};
-#endif
-
 // The backward pairs' (a 128-token box and a 64-token box, or at head dims up to 64 a
 // 96- or 112-token one: backward_dq.cuh, backward_dkv.cuh).
 template <typename T, int NA, int HD, class Tl>
@@ -304,14 +286,12 @@ const char* prepare_backward_boxes(const Params& p, void* workspace) {
       if (p.spatial[a] > 32767) return "3-D axes above 32767 tokens";
   // dq_rows / kv_rows: what one copy of a dQ pass CTA holds of Q and dO, of a dK/dV pass
   // CTA of K and V (half the 128-token box where those CTAs split it: DqCta, DkvCta)
-  using Tk = typename DkvPairOf<Tl>::type;  // the dK/dV pass's boxes
-  int big[3], small[3], dq_rows[3], kv_rows[3], kv_small[3];
+  int big[3], small[3], dq_rows[3], kv_rows[3];
   for (int a = 0; a < 3; ++a) {
     big[a] = kWide ? Tl::K::extent(a) : Tl::Q::extent(a);
     small[a] = Tl::K::extent(a);
     dq_rows[a] = kWide ? big[a] : DqCta<Tl, HD>::Half::extent(a);
-    kv_rows[a] = kWide ? big[a] : DkvCta<T, NA, Tk, HD, false>::Half::extent(a);
-    kv_small[a] = Tk::K::extent(a);
+    kv_rows[a] = kWide ? big[a] : DkvCta<T, NA, Tl, HD, false>::Half::extent(a);
   }
   BackwardLaunch* l = static_cast<BackwardLaunch*>(workspace);
   const MapRequest maps[] = {
@@ -321,14 +301,13 @@ const char* prepare_backward_boxes(const Params& p, void* workspace) {
       {"v", kRowsV, &l->dq_v, p.v_s, p.v, p.heads_kv, small},
       {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, kv_rows},
       {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, kv_rows},
-      {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, kv_small},
-      {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, kv_small},
+      {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, small},
+      {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, small},
   };
   l->heads_outer = 0;
   using CtaBox = typename std::conditional<kWide, typename Tl::K, typename Tl::Q>::type;
-  using KeyBox = typename std::conditional<kWide, typename Tl::K, typename Tk::Q>::type;
   // (split CTAs: two a box; head dim 256 never splits)
-  if (num_key_ctas<KeyBox>(p) * (DkvCta<T, NA, Tk, HD, false>::kSplit ? 2 : 1) > 0x7fffffff ||
+  if (num_key_ctas<CtaBox>(p) * (DkvCta<T, NA, Tl, HD, false>::kSplit ? 2 : 1) > 0x7fffffff ||
       num_cta_tiles<CtaBox>(p) * (DqCta<Tl, HD>::kSplit ? 2 : 1) > 0x7fffffff)
     return "too many query or key boxes for the grid";
   if (int64_t(p.batch) * p.tokens * p.heads * (HD / 8) / kDeltaThreads >= 0x7fffffff) return "too many rows for the grid";
@@ -396,18 +375,17 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   Params p = problem;
   p.map_heads_outer = l->heads_outer;
   set_query_boxes<typename Tl::Q>(p);  // the dQ pass's decode
-  using Tk = typename DkvPairOf<Tl>::type;  // the dK/dV pass's boxes
   using DqC = DqCta<Tl, HD>;
   using Dq = DqSmem<HD, Tl::K::kSize, DqC::kRows>;
-  using DkvC = DkvCta<T, NA, Tk, HD, false>;
-  using Dkv = DkvSmem<HD, Tk::K::kSize, false, DkvC::kRows>;
-  using DkvAtomic = DkvSmem<HD, Tk::K::kSize, true>;
+  using DkvC = DkvCta<T, NA, Tl, HD, false>;
+  using Dkv = DkvSmem<HD, Tl::K::kSize, false, DkvC::kRows>;
+  using DkvAtomic = DkvSmem<HD, Tl::K::kSize, true>;
   static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
   once_per_device(opted, [] {
     bool ok = allow_smem(backward_dq_kernel<T, NA, HD, Tl>, Dq::kAlloc) &
-              allow_smem(backward_dkv_kernel<T, NA, HD, Tk, false>, Dkv::kAllocFixed + Dkv::kDrpbRoom);
-    if constexpr (kHasAtomicDq<Tk>)
-      ok &= allow_smem(backward_dkv_kernel<T, NA, HD, Tk, true>, DkvAtomic::kAllocFixed + DkvAtomic::kDrpbRoom);
+              allow_smem(backward_dkv_kernel<T, NA, HD, Tl, false>, Dkv::kAllocFixed + Dkv::kDrpbRoom);
+    if constexpr (kHasAtomicDq<Tl>)
+      ok &= allow_smem(backward_dkv_kernel<T, NA, HD, Tl, true>, DkvAtomic::kAllocFixed + DkvAtomic::kDrpbRoom);
     return ok;
   });
   const int64_t rows = int64_t(problem.batch) * problem.tokens * problem.heads;
@@ -415,12 +393,12 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   // the dQ pass: the query range's boxes (kSplit: a CTA per half box)
   const unsigned ctas = unsigned(num_cta_tiles<typename Tl::Q>(problem) * (DqC::kSplit ? 2 : 1));
   const int64_t rpb_bytes = drpb_stage_bytes(p);
-  const unsigned key_ctas = unsigned(num_key_ctas<typename Tk::Q>(problem));  // every key box
+  const unsigned key_ctas = unsigned(num_key_ctas<typename Tl::Q>(problem));  // every key box
   const dim3 dkv_grid(key_ctas, p.heads_kv, p.batch);
   const dim3 dkv_split_grid(key_ctas * (DkvC::kSplit ? 2 : 1), p.heads_kv, p.batch);
   p.dq_accum = nullptr;
   const size_t accum_bytes = size_t(rows) * HD * sizeof(float);
-  if constexpr (kHasAtomicDq<Tk>) {
+  if constexpr (kHasAtomicDq<Tl>) {
     if (dq_atomic_requested(problem) && cudaMallocAsync(reinterpret_cast<void**>(&p.dq_accum), accum_bytes, stream) == cudaSuccess) {
       // The fp32 sums' tensor map ([B, *spatial, H, D], packed): one query box of half a
       // warpgroup's channels per reduction.
@@ -433,7 +411,7 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
       }
       s[0] = stride;
       int box[3];
-      for (int a = 0; a < 3; ++a) box[a] = Tk::K::extent(a);
+      for (int a = 0; a < 3; ++a) box[a] = Tl::K::extent(a);
       MapSpec spec;
       CUtensorMap map_dq;
       const char* why = map_spec(p, s, p.heads, HD, box, spec, 4, DqStage<HD>::kInner, false);
@@ -443,7 +421,7 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
         const size_t smem = DkvAtomic::kAllocFixed + size_t(p.rpb_in_smem ? rpb_bytes : 0);
         launch_delta<T, HD>(problem, stream);
         cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream);
-        backward_dkv_kernel<T, NA, HD, Tk, true><<<dkv_grid, kThreads, smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q,
+        backward_dkv_kernel<T, NA, HD, Tl, true><<<dkv_grid, kThreads, smem, stream>>>(p, l->kv_k, l->kv_v, l->kv_q,
                                                                                        l->kv_do, map_dq);
         dq_convert_kernel<T, HD><<<row_blocks, kDeltaThreads, 0, stream>>>(p);
         cudaFreeAsync(p.dq_accum, stream);
@@ -466,7 +444,7 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   p.rpb_in_smem = fixed;
   backward_dq_kernel<T, NA, HD, Tl><<<dim3(ctas, problem.heads, problem.batch), DqC::kThreads, Dq::kAlloc, stream>>>(
       p, l->dq_q, l->dq_do, l->dq_k, l->dq_v);
-  backward_dkv_kernel<T, NA, HD, Tk, false><<<dkv_split_grid, DkvC::kThreads, Dkv::kAllocFixed + size_t(fixed ? rpb_bytes : 0),
+  backward_dkv_kernel<T, NA, HD, Tl, false><<<dkv_split_grid, DkvC::kThreads, Dkv::kAllocFixed + size_t(fixed ? rpb_bytes : 0),
                                               stream>>>(p, l->kv_k, l->kv_v, l->kv_q, l->kv_do, l->kv_q);
   if (fixed) drpb_fixed_end(p, kDrpbFixedBits, stream);
 }

@@ -13,11 +13,10 @@
 #include "nattn/common/registry.h"
 #include "nattn/common/window.cuh"
 
-// Build switch for A/B runs (benchmarks/build_variants.sh): 1 walks each split backward CTA's
-// half from its own union's start (narrow_to_half) instead of its box's walk (seen_steps).
-// Off until a GPU has run it (docs/dev/STATUS.md).
+// Build switch for A/B runs (benchmarks/build_variants.sh): 0 walks each split backward CTA's
+// half from its box's walk (seen_steps) instead of its own union's start (narrow_to_half).
 #ifndef NATTN_SM90_SPLIT_OWN_WALK
-#define NATTN_SM90_SPLIT_OWN_WALK 0
+#define NATTN_SM90_SPLIT_OWN_WALK 1
 #endif
 
 namespace nattn { namespace sm90 {
