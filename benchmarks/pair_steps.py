@@ -6,9 +6,9 @@ the borders, per dilation group, with stride and causal axes:
 - backward (the dQ pass: 128-query boxes halved along axis 0, one half per consumer
   warpgroup, walking 64-key boxes; a half computes only the boxes its own windows reach
   along axis 0, `seen_steps`; `--own-walk`: each half walks its own union from where it
-  starts, as the split CTAs of head dims up to 64 do with the build switch
-  NATTN_SM90_SPLIT_OWN_WALK, `narrow_to_half`): the measure libnattn picks a backward pair
-  by (`backward_steps` in src/sm90_dispatch.cu, without --own-walk); and the dK/dV pass's
+  starts, as the split CTAs of head dims up to 64 do, `narrow_to_half`): the measure
+  libnattn picks a backward pair by (`backward_steps` in src/sm90_dispatch.cu: with
+  --own-walk in 2-D at head dims up to 64, without it elsewhere); and the dK/dV pass's
   walk, counted apart (`--passes`): 128-key boxes halved along axis 0 walking the 64-query
   boxes of their inverse neighbourhood. The two differ where boxes are deep along axis 0 or grids small:
   8x2x8 / 2x4x8 on video-3d walks 0.70x the first pair's dQ steps but 0.90x its dK/dV steps
@@ -88,8 +88,8 @@ def axis_dkv_steps(length: int, kernel: int, stride: int, dilation: int, causal:
         for j0 in range(0, n, kb):
             for h in range(parts):
                 a, b = j0 + h * kb // parts, min(j0 + (h + 1) * kb // parts, n) - 1
-                start = inv_lo[a] if own and a < n else inv_lo[j0]  # where the walk starts
                 if a <= b and inv_hi[b] >= inv_lo[a]:
+                    start = inv_lo[a] if own else inv_lo[j0]  # where the walk starts
                     total += (inv_hi[b] - start) // qb - (inv_lo[a] - start) // qb + 1
     return total
 
@@ -140,7 +140,7 @@ def main(argv=None):
     ap.add_argument("--pairs", nargs="+", help="QUERYBOX/KEYBOX, e.g. 4x4x8/2x4x8 (default: the table's backward pairs)")
     ap.add_argument("--forward", action="store_true", help="count the forward's walk instead of the backward's")
     ap.add_argument("--own-walk", action="store_true",
-                    help="backward: each half of a box walks its own union from its start (NATTN_SM90_SPLIT_OWN_WALK)")
+                    help="backward: each half of a box walks its own union from its start (the split CTAs at head dims <= 64)")
     ap.add_argument("--passes", action="store_true",
                     help="backward: also the dK/dV pass's walk (the library's choice counts the dQ pass's)")
     args = ap.parse_args(argv)

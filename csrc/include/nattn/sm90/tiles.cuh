@@ -160,6 +160,16 @@ NATTN_HD bool cta_tile(const Params& p, unsigned index, CtaTile& t) {
 // no division (~25 instructions a thread in every CTA's setup).
 NATTN_HD int kv_head(const Params& p, int h) { return p.groups == 1 ? h : h / p.groups; }
 
+// Clips [lo, hi] (group coordinates of group g along axis a) to the call's query range
+// there: group coordinates ceil((q_lo - g) / d) to floor((q_hi - 1 - g) / d) (hi -1: none).
+// No divisions without a range.
+NATTN_HD void clip_to_query_range(const Params& p, int a, int g, int& lo, int& hi) {
+  if (!axis_has_query_range(p, a)) return;
+  const int d = p.dilation[a], top = p.q_hi[a] - 1 - g;
+  lo = nattn_max(lo, (p.q_lo[a] - g + d - 1) / d);
+  hi = nattn_min(hi, top < 0 ? -1 : top / d);
+}
+
 // The dK/dV pass's CTAs: every key box of the grid, whatever the query range.
 template <class RB>
 NATTN_HD int64_t num_key_ctas(const Params& p) {
@@ -197,13 +207,7 @@ NATTN_HD bool cta_tile_inverse(const Params& p, unsigned index, CtaTile& t) {
     const AxisRange last_inv = key_inverse(last, t.len[a], p.kernel[a], p.stride[a], c);
     t.lo[a] = first_inv.start;
     int hi = last_inv.start + last_inv.count - 1;
-    if (axis_has_query_range(p, a)) {  // no divisions otherwise
-      // its queries of group g: group coordinates ceil((q_lo - g) / d) to
-      // floor((q_hi - 1 - g) / d) (-1: none)
-      const int g = t.g[a], top = p.q_hi[a] - 1 - g;
-      t.lo[a] = nattn_max(t.lo[a], (p.q_lo[a] - g + d - 1) / d);
-      hi = nattn_min(hi, top < 0 ? -1 : top / d);
-    }
+    clip_to_query_range(p, a, t.g[a], t.lo[a], hi);
     if (GRID) t.lo[a] = t.lo[a] / CB::extent(a) * CB::extent(a);
     t.nk[a] = hi >= t.lo[a] ? (hi - t.lo[a] + CB::extent(a)) / CB::extent(a) : 0;
     t.tiles *= t.nk[a];
@@ -331,11 +335,7 @@ NATTN_HD void narrow_to_half(const Params& p, CtaTile& t, int half) {
   const AxisRange rf = axis_range<kInverse>(p, 0, first, t.len[0]);
   const AxisRange rl = axis_range<kInverse>(p, 0, last, t.len[0]);
   int lo = rf.start, hi = rl.start + rl.count - 1;
-  if (kInverse && axis_has_query_range(p, 0)) {  // the range's queries only, as cta_tile_inverse
-    const int d = p.dilation[0], g = t.g[0], top = p.q_hi[0] - 1 - g;
-    lo = nattn_max(lo, (p.q_lo[0] - g + d - 1) / d);
-    hi = nattn_min(hi, top < 0 ? -1 : top / d);
-  }
+  if (kInverse) clip_to_query_range(p, 0, t.g[0], lo, hi);  // the range's queries only
   int per_row = 1;  // boxes per axis-0 row of the walk
 #pragma unroll
   for (int a = 1; a < NA; ++a) per_row *= t.nk[a];
