@@ -116,7 +116,9 @@ def test_sm90_configs_list_the_tile_pairs():
     assert {c["name"] for c in configs} <= names and configs
     strips = {kernel_table.Instance("sm90", dt, n, hd, t).tile_name for n, t in kernel_table.SM90_STRIP_TILES}
     assert sum(c["default"] for c in configs) == 1 and all(c["keys"] > 0 for c in configs)
-    assert all(not c["declined"] if c["name"] not in strips else "up to 7 x 9" in c["declined"] for c in configs)
+    squares = {kernel_table.Instance("sm90", dt, n, hd, t).tile_name for n, t in kernel_table.SM90_SQUARE_TILES}
+    limits = {**{n: "up to 7 x 9" for n in strips}, **{n: "up to 13 x 13" for n in squares}}
+    assert all(not c["declined"] if c["name"] not in limits else limits[c["name"]] in c["declined"] for c in configs)
     backward = {kernel_table.Instance("sm90", dt, nd, hd, t).tile_name
                 for n, t in kernel_table.SM90_BACKWARD_TILES + kernel_table.SM90_STRIP_TILES if n == nd}
     assert {c["name"] for c in configs if c["backward"]} <= backward

@@ -20,7 +20,9 @@ checks that an ordered KV-parallel dQ's key CTAs, walking the query-box grid, ca
 rank of every box once, in blockIdx order (a gap would hang the waiting CTAs);
 csrc/tests/sm90_strips_check.cu checks the strip CTA's walk: each lane's scores are the keys
 its fragments read, its mask bits exactly its rows' windows, its RPB indices exact (and
-inside the table's guards where masked); csrc/tests/sm90_strips_dkv_check.cu checks the strip
+inside the table's guards where masked); csrc/tests/sm90_squares_check.cu checks the square CTA's
+walk the same way, and the K / V fragment addresses it forms per walk-row parity against the
+swizzled tiles' offsets; csrc/tests/sm90_strips_dkv_check.cu checks the strip
 dK/dV pass's walk the other way round: the key box's union fits its slabs, each lane's masks
 are exactly its keys' inverse neighbourhoods (each query of the range once), its RPB indices
 and staged LSE slots (and their tokens) exact, its narrow steps (two lines' first 8 columns)
@@ -49,10 +51,11 @@ def _build_and_run(tmp_path, name, *flags):
 
 # window math, the tensor-core walk, the unfused window ops, the Hopper query boxes' rows and
 # window masks, the fixed-point dRPB's scale, the Hopper tensor maps' addressing, the padded
-# copies, the ordered KV-parallel dQ's grid and ranks, the strip CTA's walk, the strip dK/dV walk
+# copies, the ordered KV-parallel dQ's grid and ranks, the strip CTA's walk, the square CTA's
+# walk, the strip dK/dV walk
 CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_check", "sm90_box_mask_check",
           "drpb_fixed_check", "sm90_map_spec_check", "sm90_pad_copy_check", "sm90_ordered_dq_check",
-          "sm90_strips_check", "sm90_strips_dkv_check"]
+          "sm90_strips_check", "sm90_squares_check", "sm90_strips_dkv_check"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")

@@ -36,6 +36,8 @@ def test_sm90_is_16_bit_with_exact_head_dims():
         if (i.na_dim, i.tile) in kt.SM90_STRIP_TILES:  # four strips of 2 x 8 queries, 16 key columns
             assert q == ((8, 8) if i.na_dim == 2 else (2, 4, 8)) and k[-1] == 16 and math.prod(k) > 160
             assert i.has_backward and i.forward_named_only
+        elif (i.na_dim, i.tile) in kt.SM90_SQUARE_TILES:  # four squares of 4 x 4 queries, a 20 x 20 union
+            assert q == (8, 8) and k == (20, 20) and not i.has_backward and i.forward_named_only
         else:
             assert math.prod(k) % 16 == 0 and 64 <= math.prod(k) <= 160 and k[-1] % 8 == 0
         if math.prod(q) == 64:  # one consumer warpgroup: registers for head dims up to 64
@@ -78,7 +80,7 @@ def test_sm90_is_16_bit_with_exact_head_dims():
     # backward's walk: 2-D's 16x8 / 8x8 and 16x8 / 4x24, 3-D's 4x4x8 / 2x4x8) and the strip
     # pairs (their own rule), and the pairs no GPU has run yet, flagged in the table's rows
     later = {(2, ((16, 8), (8, 8))), (2, ((16, 8), (4, 24))), (2, ((32, 4), (7, 16))),
-             (3, ((4, 4, 8), (2, 4, 8)))} | set(kt.SM90_STRIP_TILES)
+             (3, ((4, 4, 8), (2, 4, 8)))} | set(kt.SM90_STRIP_TILES) | set(kt.SM90_SQUARE_TILES)
     later |= set(kt.SM90_UNVERIFIED_TILES)
     assert set(kt.SM90_NAMED_FORWARD_TILES) == later
     assert {(i.na_dim, i.tile) for i in sm90 if i.forward_named_only} == later

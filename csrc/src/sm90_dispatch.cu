@@ -7,6 +7,7 @@
 
 #include "lookup.h"
 #include "nattn/sm90/tensor_map_spec.h"
+#include "nattn/sm90/square_geometry.cuh"
 #include "nattn/sm90/strip_geometry.cuh"
 #include "nattn/sm90/tiles.cuh"
 #include "nattn/problem.h"
@@ -273,9 +274,11 @@ double query_box_padding(const nattn::Params& p, const nattn::KernelEntry& e) {
 }
 
 // Keys a pair's boxes walk per query: per axis, the union of a query box's windows rounded
-// up to whole key boxes (a strip pair: its warps' strips' walks, strip_geometry.cuh).
+// up to whole key boxes (a strip pair: its warps' strips' walks, strip_geometry.cuh; the
+// square pair: its squares' walks, square_geometry.cuh).
 double walked_keys(const nattn::Params& p, const nattn::KernelEntry& e) {
   if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox)) return nattn::sm90::strip_walked_keys(p);  // per strip
+  if (nattn::sm90::is_square_pair(p.na_dim, e.qbox, e.kbox)) return nattn::sm90::square_walked_keys(p);
   double keys = 1;
   for (int a = 0; a < p.na_dim; ++a) {
     const int d = p.dilation[a], s = p.stride[a], k = p.kernel[a];
@@ -290,8 +293,9 @@ double walked_keys(const nattn::Params& p, const nattn::KernelEntry& e) {
 
 double sm90_tile_cost(const nattn::Params& p, const nattn::KernelEntry& e) {
   double keys = walked_keys(p, e) * query_box_padding(p, e);
-  // Strip pairs (named only: not timed against the others yet) count their strips' keys.
-  if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox)) return keys;
+  // Strip and square pairs (named only: their own rules) count their warps' keys.
+  if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox) || nattn::sm90::is_square_pair(p.na_dim, e.qbox, e.kbox))
+    return keys;
   int kbox_size = 1, qbox_size = 1;
   if (p.na_dim == 3 && e.head_dim <= 64 && e.qbox[0] >= 4 && window_keys(p) < kSm90DeepBoxMaxWindow)
     keys *= kSm90DeepBoxCost;
@@ -699,6 +703,8 @@ const char* sm90_pair_declines(const nattn::Params& p, const nattn::KernelEntry&
     if (const char* why = nattn::sm90::strip_declines(p, e.qbox, e.kbox)) return why;
     nattn::sm90::strip_key_map_box(p.na_dim, kbox);
   }
+  if (nattn::sm90::is_square_pair(p.na_dim, e.qbox, e.kbox))
+    if (const char* why = nattn::sm90::square_declines(p)) return why;
   if (!sm90_pair_fits(p, e)) return "an RPB table above 4096 entries per head needs a 128-query tile pair";
   nattn::sm90::MapSpec m;
   const char* why = nattn::sm90::map_spec(p, p.q_s, p.heads, e.head_dim, e.qbox, m);

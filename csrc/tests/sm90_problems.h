@@ -1,6 +1,7 @@
 // The Hopper host checks' random problems: 1-3 axes, every kernel size up to 40 (1-D) or 9,
 // dilation 1-4, any stride, causal axes, every query (no query range); and the strip pairs'
-// (2-D / 3-D, stride 1, windows up to 7 x 9 / 7 x 7 x 9, RPB sizes set). Include after
+// (2-D / 3-D, stride 1, windows up to 7 x 9 / 7 x 7 x 9, RPB sizes set) and the square pair's
+// (2-D, stride 1, windows up to 13 x 13, RPB sizes set). Include after
 // host_rng.h (rnd) and nattn/sm90/tiles.cuh (Params).
 #pragma once
 
@@ -37,6 +38,28 @@ static nattn::Params strip_problem() {
     p.kernel[a] = rnd(1, a == NA - 1 ? 9 : 7);
     p.dilation[a] = rnd(0, 2) ? 1 : rnd(2, 4);
     p.spatial[a] = p.kernel[a] * p.dilation[a] + rnd(0, rnd(0, 1) ? 6 : NA == 2 ? 40 : 20);
+    p.causal[a] = rnd(0, 3) == 0;
+    p.rpb_size[a] = 2 * p.kernel[a] - 1;
+    p.tokens *= p.spatial[a];
+  }
+  for (int a = 0; a < 3; ++a) {
+    p.q_lo[a] = 0;
+    p.q_hi[a] = p.spatial[a];
+  }
+  return p;
+}
+
+// Within the square pair's limits (forward_squares.cuh): 2-D, stride 1, windows up to 13 x 13
+// (half of them 10 to 13), dilation 1-4, grids ending in partial boxes, causal axes.
+static nattn::Params square_problem() {
+  nattn::Params p = {};
+  p.na_dim = 2;
+  p.tokens = 1;
+  for (int a = 0; a < 3; ++a) p.spatial[a] = p.kernel[a] = p.stride[a] = p.dilation[a] = p.rpb_size[a] = 1;
+  for (int a = 0; a < 2; ++a) {
+    p.kernel[a] = rnd(0, 1) ? rnd(10, 13) : rnd(1, 13);
+    p.dilation[a] = rnd(0, 2) ? 1 : rnd(2, 4);
+    p.spatial[a] = p.kernel[a] * p.dilation[a] + rnd(0, rnd(0, 1) ? 6 : 40);
     p.causal[a] = rnd(0, 3) == 0;
     p.rpb_size[a] = 2 * p.kernel[a] - 1;
     p.tokens *= p.spatial[a];

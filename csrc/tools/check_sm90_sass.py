@@ -1,6 +1,7 @@
 """Checks the Hopper family's machine code in a built libnattn: every sm90 attention kernel
 (forward, dQ and dK/dV passes) must use the warpgroup MMA (HGMMA; the strip pairs' forward
-and dQ pass, forward_strips.cuh and backward_dq_strips.cuh, the warp MMA, HMMA) and the bulk
+and dQ pass, forward_strips.cuh and backward_dq_strips.cuh, and the square pair's forward,
+forward_squares.cuh, the warp MMA, HMMA) and the bulk
 tensor copy engine (UTMALDG), no sm90
 kernel (the backward's delta and dQ-conversion helpers, the split-KV merge and the
 zero-padded head dims' copies, src/sm90_padded.cu, included) may touch local memory (LDL/STL:
@@ -87,7 +88,8 @@ def check(sass: str):
         helpers = ("delta_kernel", "delta_packed_kernel", "dq_convert_kernel", "split_kv_merge_kernel",
                    "pad_copy_kernel")  # no products
         helper = any(h in name for h in helpers)
-        strips = "_strips_kernel" in name  # the strip pairs' forward and dQ pass: mma.sync on each warp's strip
+        # the strip pairs' forward and dQ pass, the square pair's forward: mma.sync on each warp's queries
+        strips = "_strips_kernel" in name or "_squares_kernel" in name
         for op in (STRIP_REQUIRED if strips else REQUIRED) if not helper else ():
             if op not in ops:
                 problems.append(f"{name}: no {op}")
@@ -117,7 +119,7 @@ def main(argv):
     for p in problems:
         print("ERROR:", p)
     if not problems:
-        print(f"   sm90 SASS: {n} kernels use {' and '.join(REQUIRED)} (the strip pairs' HMMA), none "
+        print(f"   sm90 SASS: {n} kernels use {' and '.join(REQUIRED)} (the strip and square pairs' HMMA), none "
               "touches local memory or serializes its HGMMA")
     return 1 if problems else 0
 

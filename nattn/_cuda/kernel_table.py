@@ -82,6 +82,7 @@ SM90_TILES = (
     (2, ((16, 8), (4, 24))),
     (2, ((16, 4), (7, 16))),
     (2, ((32, 4), (7, 16))),
+    (2, ((8, 8), (20, 20))),
 )
 # The 64-query pairs (one consumer warpgroup, two CTAs per SM: <= 168 registers a thread)
 # hold their accumulators without spilling only at these head dims.
@@ -94,6 +95,9 @@ SM90_TILE_HEAD_DIMS = (
     # The strip pairs (forward_strips.cuh: a 64-query box whose key box is its window union,
     # up to 7 x 9 or 7 x 7 x 9; mma.sync on each warp's two query rows).
     (((8, 8), (14, 16)), (32, 64)), (((2, 4, 8), (8, 10, 16)), (32, 64)),
+    # The square pair (forward_squares.cuh: 8 x 8 queries, the 20 x 20 union of windows up to
+    # 13 x 13; mma.sync on each warp's 4 x 4 queries): its tiles fit two CTAs an SM at 64.
+    (((8, 8), (20, 20)), (32, 64)),
     # Head dim 256 (O alone is 128 registers a thread) only with 64-key boxes, whose CTAs run
     # their boxes one after the other (forward.cuh); the pairs with larger key boxes stop at 128.
     (((128,), (128,)), (32, 64, 128)), (((8, 16), (8, 16)), (32, 64, 128)),
@@ -125,6 +129,8 @@ SM90_BACKWARD_TILES = (
 # strips_by_default: wherever they take a problem, unless dilated 4 or more where some walk
 # is not narrow).
 SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
+# The square pair (2-D windows of up to 13 x 13, stride 1; forward only): named only too.
+SM90_SQUARE_TILES = ((2, ((8, 8), (20, 20))),)
 # The strip pairs have a backward too (named only, like their forward): their own dQ and dK/dV
 # passes (backward_dq_strips.cuh, backward_dkv_strips.cuh).
 # Pairs built but not yet run on a GPU (their GPU tests and sanitizer sections are written):
@@ -132,10 +138,10 @@ SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
 # session has run those and emptied this; a call or NATTN_SM90_TILE may still name them.
 # Their forwards and backwards run only when named (KernelEntry::unverified), so that no
 # default choice takes a pair before a GPU has run it.
-SM90_UNVERIFIED_TILES = ()  # (32x4 / 7x16 passed its GPU tests in the sixty-second session)
+SM90_UNVERIFIED_TILES = SM90_SQUARE_TILES
 SM90_NAMED_FORWARD_TILES = tuple(
     (n, t) for i, (n, t) in enumerate(SM90_BACKWARD_TILES)
-    if any(m == n for m, _ in SM90_BACKWARD_TILES[:i])) + SM90_STRIP_TILES + SM90_UNVERIFIED_TILES
+    if any(m == n for m, _ in SM90_BACKWARD_TILES[:i])) + SM90_STRIP_TILES + SM90_SQUARE_TILES + SM90_UNVERIFIED_TILES
 
 
 def unverified_tile_names() -> set:

@@ -212,8 +212,33 @@ def strips():
         os.environ.pop("NATTN_SM90_TILE", None)
 
 
+def squares():
+    # The square pair's forward (forward_squares.cuh) on random problems within its limits
+    # (windows up to 13 x 13: RPB, GQA, dilation, causal axes, layouts, grids ending in partial
+    # boxes), every other case with per-lane output stores; a forward's backward runs on the
+    # default pair (the square pair has none), so these are forwards only.
+    from sm90_cases import SQUARE_PAIR, square_sweep
+    stores = os.environ.get("NATTN_SM90_OUT_STORES")  # set by the caller (initcheck): kept for every case
+    try:
+        os.environ["NATTN_SM90_TILE"] = SQUARE_PAIR
+        for i, case in enumerate(square_sweep(16, seed=92)):
+            t, _ = make_inputs(case)
+            if i % 2 and stores is None:
+                os.environ["NATTN_SM90_OUT_STORES"] = "lanes"
+            try:
+                with torch.no_grad():
+                    out, lse = functional_call(case, t, 0.0)
+                torch.cuda.synchronize()
+            finally:
+                if stores is None:
+                    os.environ.pop("NATTN_SM90_OUT_STORES", None)
+            assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
+    finally:
+        os.environ.pop("NATTN_SM90_TILE", None)
+
+
 SECTIONS = ("sweep", "heads_first", "query_range", "small_pairs", "split_kv", "padded", "pieces", "head_dim_256",
-            "backward_pairs", "strips")
+            "backward_pairs", "strips", "squares")
 
 
 def main(count=int(os.environ.get("NATTN_SANITIZE_CASES", "12"))):

@@ -66,6 +66,10 @@ def dilated_1d_sweep(count: int, seed: int, dims=SM90_DIMS):
 # windows up to 7 x 9 / 7 x 7 x 9 (the query box's union must fit the key box), head dims 32 / 64.
 STRIP_PAIRS = {2: "q8x8_k14x16", 3: "q2x4x8_k8x10x16"}
 STRIP_MAX_KERNEL = {2: (7, 9), 3: (7, 7, 9)}
+# The square pair's (csrc/include/nattn/sm90/forward_squares.cuh): 2-D, stride 1, windows up
+# to 13 x 13, head dims 32 / 64.
+SQUARE_PAIR = "q8x8_k20x20"
+SQUARE_MAX_KERNEL = 13
 
 
 def strip_takes(case: GpuCase) -> bool:
@@ -137,3 +141,26 @@ WHOLE_GROUP_LAYERS = [
     _layer((7, 7), (7, 7), (1, 1), 16, 32, True, torch.bfloat16, "plain", 34),
     _layer((6, 14, 14), (3, 7, 7), (2, 2, 2), 2, 64, True, torch.bfloat16, "plain", 35),
 ]
+
+
+def square_takes(case: GpuCase) -> bool:
+    return (len(case.spatial) == 2 and case.dim in (32, 64) and all(s == 1 for s in case.stride)
+            and all(k <= SQUARE_MAX_KERNEL for k in case.kernel))
+
+
+def square_sweep(count: int, seed: int):
+    """Random 2-D problems within the square pair's limits (every other feature at random; half
+    of them with windows of 10 to 13 per axis, the ones it is built for, where the grid allows)."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        c = random_sm90_case(rng, 2, wide=rng.random() < 0.5, dims=(32, 64))
+        groups = [s // d for s, d in zip(c.spatial, c.dilation)]
+        if rng.random() < 0.5 and all(g >= 10 for g in groups):
+            kernel = tuple(rng.randint(10, min(13, g)) for g in groups)
+        else:  # smaller than drawn: still within the grid
+            kernel = tuple(min(k, SQUARE_MAX_KERNEL) for k in c.kernel)
+        kernel = tuple(k - (c.rpb and k % 2 == 0) for k in kernel)  # (an RPB keeps odd kernels)
+        out.append(dataclasses.replace(c, kernel=kernel, stride=(1, 1)))
+    return out
+

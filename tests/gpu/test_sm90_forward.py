@@ -3,6 +3,7 @@ fresh random problems it must take. Run with NATTN_FAMILY=sm90 (tests/gpu/run_de
 does), which makes libnattn fail any forward the Hopper family declines instead of
 running another family, so a pass means the sm90 kernels computed every case."""
 
+import dataclasses
 import os
 import sys
 
@@ -13,8 +14,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from gpu_cases import TOL, GpuCase, make_inputs, rel_err  # noqa: E402
-from sm90_cases import (SM90_FORWARD_DIMS, STRIP_PAIRS, VIDEO_STRIPS, WHOLE_GROUP_LAYERS,  # noqa: E402
-                        dilated_1d_sweep, narrow_strip_sweep, sm90_sweep, strip_sweep, strip_takes)
+from sm90_cases import (SM90_FORWARD_DIMS, SQUARE_PAIR, STRIP_PAIRS, VIDEO_STRIPS, WHOLE_GROUP_LAYERS,  # noqa: E402
+                        dilated_1d_sweep, narrow_strip_sweep, sm90_sweep, square_sweep, square_takes, strip_sweep,
+                        strip_takes)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -34,11 +36,11 @@ SMALL_RPB_STAGE = 4096
 
 def pair_takes(tile, case):
     """Whether a forced pair is built for the case's head dim and can take its RPB table (the
-    strip pair: its windows too)."""
+    strip and square pairs: their windows too)."""
     if not FAMILY_BY_NAME["sm90"].tile_has_head_dim(tile, case.dim):
         return False
-    if Instance("sm90", "bfloat16", len(case.spatial), 64, tile).tile_name in STRIP_PAIRS.values() and \
-            not strip_takes(case):
+    name = Instance("sm90", "bfloat16", len(case.spatial), 64, tile).tile_name
+    if (name in STRIP_PAIRS.values() and not strip_takes(case)) or (name == SQUARE_PAIR and not square_takes(case)):
         return False
     queries = 1
     for x in tile[0]:
@@ -160,6 +162,33 @@ def test_sm90_strip_pair_declines_what_it_cannot_take(monkeypatch):
     q = torch.randn(1, 12, 16, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(Exception, match="up to 7 x 7 x 9"):
         nattn.na3d(q, q, q, (3, 9, 7), backend="cuda")
+
+
+# The square pair (forward_squares.cuh) on its own sweep, with both output stores, and on a
+# problem with thousands of boxes (two to four CTAs an SM, the RPB table staged).
+SQUARES = (square_sweep(int(os.environ.get("NATTN_SM90_SQUARE_CASES", "300")), seed=7272)
+           + [dataclasses.replace(MANY_BOXES[0], kernel=(13, 13), dim=64, dim_v=64),
+              dataclasses.replace(MANY_BOXES[0], kernel=(11, 11), rpb=False, batch=2, heads=8, heads_kv=2)])
+
+
+@pytest.mark.parametrize("stores", ["bulk", "lanes"])
+@pytest.mark.parametrize("case", SQUARES, ids=[f"square{i}-{c}" for i, c in enumerate(SQUARES)])
+def test_sm90_square_pair(case, stores, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    if stores == "lanes":
+        monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
+    compare(case)
+
+
+def test_sm90_square_pair_declines_what_it_cannot_take(monkeypatch):
+    """Forced on a window or stride beyond its limits, the square pair declines with the reason
+    (NATTN_FAMILY=sm90 turns the decline into the error)."""
+    monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    q = torch.randn(1, 32, 32, 2, 32, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(Exception, match="up to 13 x 13"):
+        nattn.na2d(q, q, q, (15, 7), backend="cuda")
+    with pytest.raises(Exception, match="stride 1 only"):
+        nattn.na2d(q, q, q, (11, 11), stride=(2, 1), backend="cuda")
 
 
 LARGE_PAIRS = {1: "q128_k128", 2: "q8x16_k8x16", 3: "q2x8x8_k2x8x8"}

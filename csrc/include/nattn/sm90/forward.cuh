@@ -204,16 +204,17 @@ __device__ __forceinline__ void online_max_step(float (&m)[2], float (&l)[2], co
   }
 }
 
-// O / l of a lane's two accumulator rows (query box rows qr and qr + 8) into the query tile
-// `stage` (layout R): element 4 n + 2 r + e of o is row r, channel 8 n + 2 t4 + e (the m16n8
+// O / l of a lane's two accumulator rows (query box rows qr and qr + kRowStep: the square
+// CTAs' second row is two square rows on, forward_squares.cuh) into the query tile `stage`
+// (layout R): element 4 n + 2 r + e of o is row r, channel 8 n + 2 t4 + e (the m16n8
 // accumulator layout of wgmma and mma.sync alike).
-template <typename T, int HD, class R>
+template <typename T, int HD, class R, int kRowStep = 8>
 __device__ __forceinline__ void stage_output(unsigned char* stage, const float* o, const float (&inv)[2], int qr,
                                              int t4) {
 #pragma unroll
   for (int i = 0; i < HD / 2; i += 2) {
     const int r = (i / 2) % 2;
-    *reinterpret_cast<uint32_t*>(stage + R::offset(qr + 8 * r, 8 * (i / 4) + 2 * t4)) =
+    *reinterpret_cast<uint32_t*>(stage + R::offset(qr + kRowStep * r, 8 * (i / 4) + 2 * t4)) =
         pack2<T>(o[i] * inv[r], o[i + 1] * inv[r]);
   }
 }

@@ -18,6 +18,7 @@
 #include "nattn/sm90/backward_dq_strips.cuh"
 #include "nattn/sm90/backward_wide.cuh"
 #include "nattn/sm90/forward.cuh"
+#include "nattn/sm90/forward_squares.cuh"
 #include "nattn/sm90/forward_strips.cuh"
 #include "nattn/sm90/launch.h"
 #include "nattn/sm90/split_kv_merge.cuh"
@@ -65,6 +66,9 @@ const char* prepare_forward(const Params& p, void* workspace) {
     if (const char* why = strip_declines(p, qbox, kbox)) return why;
     strip_key_map_box(NA, kbox);
   }
+  if constexpr (Tl::kSquares) {  // forward_squares.cuh: the same, windows up to 13 x 13
+    if (const char* why = square_declines(p)) return why;
+  }
   MapSpec mq, mk, mv;
   const char* why = map_spec(p, p.q_s, p.heads, HD, qbox, mq);
   if (!why) why = map_spec(p, p.k_s, p.heads_kv, HD, kbox, mk);
@@ -107,6 +111,19 @@ void launch_forward_strips(const Params& p, const ForwardLaunch* l, cudaStream_t
   const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
   const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
   forward_strips_kernel<T, NA, HD, Tl><<<grid, StripCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->k, l->v, l->o);
+}
+
+// The square pair's forward (forward_squares.cuh): one CTA of four warps per query box.
+template <typename T, int NA, int HD, class Tl>
+void launch_forward_squares(const Params& p, const ForwardLaunch* l, cudaStream_t stream) {
+  using S = SquareSmem<Tl, HD>;
+  constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] { return allow_smem(forward_squares_kernel<T, NA, HD, Tl>, most); });
+  const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * SquareCta<Tl, HD>::kRpbGuard : 0;
+  const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
+  const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
+  forward_squares_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->k, l->v, l->o);
 }
 
 // The forward of the other pairs (forward.cuh).
@@ -153,6 +170,8 @@ void launch_forward(const Params& problem, cudaStream_t stream) {
   set_query_boxes<typename Tl::Q>(p);
   if constexpr (Tl::kStrips) {
     launch_forward_strips<T, NA, HD, Tl>(p, l, stream);
+  } else if constexpr (Tl::kSquares) {
+    launch_forward_squares<T, NA, HD, Tl>(p, l, stream);
   } else {
     launch_forward_boxes<T, NA, HD, Tl>(p, l, stream);
   }

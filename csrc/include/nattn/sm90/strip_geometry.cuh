@@ -28,10 +28,11 @@ constexpr int kStripSlabRows = 10;  // 3-D: a frame's rows of the union (4 query
 
 // Whether a (query box, key box) pair is a strip pair (Tile::kStrips in tiles.cuh), from its
 // extents (host: the kernel table's rows): 64 queries, 2-D or 3-D, a key box above 160 keys
-// (the union's extents, which the key boxes of the other pairs never are).
+// (the union's extents, which the key boxes of the other pairs never are) of kStripCols
+// columns (the square pair's, square_geometry.cuh, has 20).
 NATTN_HD bool is_strip_pair(int na_dim, const int* qbox, const int* kbox) {
   return na_dim >= 2 && qbox[0] * qbox[1] * (na_dim > 2 ? qbox[2] : 1) == kWgRows &&
-         kbox[0] * kbox[1] * (na_dim > 2 ? kbox[2] : 1) > 160;
+         kbox[0] * kbox[1] * (na_dim > 2 ? kbox[2] : 1) > 160 && kbox[na_dim - 1] == kStripCols;
 }
 
 // Why a strip pair (query box qbox, key box kbox) cannot take a problem, or null: its box's

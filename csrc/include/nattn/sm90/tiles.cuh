@@ -51,17 +51,20 @@ struct Box {
 // A 64-query pair whose key box is a larger one (8 x 8 queries with 14 x 16 keys, 2 x 4 x 8
 // with 8 x 10 x 16) is a strip pair: its key box holds the union of the box's windows (up to
 // 7 x 9, 7 x 7 x 9), and its warps compute with mma.sync on their own strips of it
-// (forward_strips.cuh; forward only).
+// (forward_strips.cuh). The 8 x 8 query box with a 20 x 20 key box is the square pair: its
+// key box holds the union of windows up to 13 x 13, and each warp computes with mma.sync on
+// its own 4 x 4 square of queries (forward_squares.cuh; forward only).
 template <int QX, int QY, int QZ, int KX, int KY, int KZ>
 struct Tile {
   using Q = Box<QX, QY, QZ>;
   using K = Box<KX, KY, KZ>;
   static constexpr int kConsumers = Q::kSize / kWgRows;  // consumer warpgroups
-  static constexpr bool kStrips = Q::kSize == kWgRows && QY > 1 && K::kSize > 160;
+  static constexpr bool kSquares = QX == 8 && QY == 8 && QZ == 1 && KX == 20 && KY == 20 && KZ == 1;
+  static constexpr bool kStrips = Q::kSize == kWgRows && QY > 1 && K::kSize > 160 && !kSquares;
   static_assert((Q::kSize == kQueryRows && QX % 2 == 0) || Q::kSize == kWgRows,
                 "query boxes are 128 tokens (even along axis 0) or 64");
-  static_assert(K::kSize % 16 == 0 && K::kSize >= 64 && (K::kSize <= 160 || kStrips),
-                "key boxes are 64 to 160 tokens, whole 16s (or a strip pair's union)");
+  static_assert(K::kSize % 16 == 0 && K::kSize >= 64 && (K::kSize <= 160 || kStrips || kSquares),
+                "key boxes are 64 to 160 tokens, whole 16s (or a strip or square pair's union)");
 };
 
 // The CTA's place: its dilation group, first query and group length per axis, and the

@@ -1,0 +1,257 @@
+// Hopper (sm_90a) forward for 2-D windows of up to 13 x 13: the square CTA.
+//
+// A 64-query wgmma box walks the union of all its queries' windows: the 16 x 4 box with a
+// 13 x 13 window walks 28 x 16 keys a query, 2.65x the window's 169. The strip CTAs
+// (forward_strips.cuh) cut that with mma.sync on each warp's own strip of two query rows,
+// which suits windows up to 7 x 9; on a 13 x 13 window a strip of 2 x 8 queries would still
+// walk 14 x 20 keys. Here each of the four warps owns a square of 4 x 4 queries of the CTA's
+// 8 x 8 box, whose windows span at most 16 x 16 keys (1.5x a 13 x 13 window): thread 0 loads
+// the box and its whole window union (a 20 x 20 key box: one bulk tensor copy each for Q, K
+// and V), and each warp walks its square's 16 columns in chunks of four key rows (64 keys,
+// square_geometry.cuh), as the strips do: S = Q K^T with ldmatrix fragments from the
+// swizzled tiles, the window mask (a bit test per score), the RPB from the head's table in
+// shared memory, online softmax, O += P V with P from the score fragments. Epilogue as the
+// strips' (O / l through the query tile, one bulk tensor store or per-lane stores).
+//
+// A key box row is 20 keys, 4 mod the swizzle's 8 rows, so the fragments' swizzle phase
+// alternates with the walk row: each lane keeps one K and one V offset per parity.
+// Stride 1, windows up to 13 x 13 (square_declines), head dims 32 and 64.
+#pragma once
+#include <cuda.h>
+#include <math.h>
+
+#include "nattn/common/registry.h"
+#include "nattn/common/softmax.cuh"
+#include "nattn/common/window.cuh"
+#include "nattn/sm90/forward.cuh"
+#include "nattn/sm90/forward_strips.cuh"
+#include "nattn/sm90/square_geometry.cuh"
+#include "nattn/tc/mma.cuh"
+
+namespace nattn { namespace sm90 {
+
+template <class Tl, int HD>
+struct SquareCta {
+  static constexpr int kThreads = 128;  // four warps, one square of 16 queries each
+  // Shared memory bounds the CTAs per SM: at head dim 64 the tiles take 108 KB (two CTAs);
+  // at 32, 54 KB (four, with <= 128 registers a thread).
+  static constexpr int kMinBlocks = HD <= 32 ? 4 : 2;
+  static_assert(Tl::Q::extent(0) == 8 && Tl::Q::extent(1) == 8 && Tl::Q::extent(2) == 1 &&
+                    Tl::K::extent(0) == kSquareKeyBox && Tl::K::extent(1) == kSquareKeyBox,
+                "the square pair: 8 x 8 queries, a 20 x 20 key box");
+  // The RPB table sits between guards: a masked key of a square's walk lies at most 3 key
+  // rows and 3 columns outside its row's window (rows of at most 25 entries: an index up
+  // to 3 x 25 + 3 before the table or past its end; csrc/tests/sm90_squares_check.cu).
+  static constexpr int kRpbGuard = 128;
+};
+
+template <class Tl, int HD>
+struct SquareSmem {
+  using Cta = SquareCta<Tl, HD>;
+  using Rows = TileSmem<HD, Tl::Q::kSize>;
+  using Cols = TileSmem<HD, Tl::K::kSize>;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + Rows::kBytes;
+  static constexpr int kV = kK + Cols::kBytes;
+  static constexpr int kBars = kV + Cols::kBytes;  // rows_full, keys_full
+  static constexpr int kBytes = kBars + 16;
+  static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
+  static constexpr int kRpbFloats = kSmallRpbStageFloats + 2 * Cta::kRpbGuard;
+  static_assert(Cta::kMinBlocks * (kAlloc + kSmemReservedPerCta) <= kSmemPerSm, "the CTAs per SM");
+};
+
+template <typename T, int NA, int HD, class Tl>
+__global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>::kMinBlocks)
+    forward_squares_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
+                           const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
+                           const __grid_constant__ CUtensorMap map_o) {
+#if NATTN_SM90_ENABLED
+  static_assert(NA == 2, "the square pair is 2-D");
+  using QB = typename Tl::Q;
+  using KB = typename Tl::K;
+  using Cta = SquareCta<Tl, HD>;
+  using S = SquareSmem<Tl, HD>;
+  using R = typename S::Rows;
+  using C = typename S::Cols;
+  using M = tc::Mma<T>;
+  constexpr int kRowBytes = C::kRowBytes;
+  constexpr int kKeyRowBytes = kSquareKeyBox * kRowBytes;  // a key box row's keys
+  unsigned char* smem = aligned_smem();
+  uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  uint64_t* keys_full = rows_full + 1;
+
+  CtaTile tile;
+  if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int h_kv = kv_head(p, h);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g4 = lane / 4, t4 = lane % 4;
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&map_q);
+    prefetch_tensor_map(&map_k);
+    prefetch_tensor_map(&map_v);
+    mbar_init(rows_full, 1);
+    mbar_init(keys_full, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // the query box, then the union's keys and values
+    int c[5];
+    mbar_expect_tx(rows_full, R::kBytes);
+    load_box_blocks<NA, QB, R>(p, tile, tile.q0, head_coords<HD>(p, kRowsQ, p.heads, h, b), smem + S::kQ, &map_q,
+                               rows_full, c);
+    mbar_expect_tx(keys_full, 2 * C::kBytes);
+    load_box_blocks<NA, KB, C>(p, tile, tile.lo, head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b), smem + S::kK,
+                               &map_k, keys_full, c);
+    load_box_blocks<NA, KB, C>(p, tile, tile.lo, head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b), smem + S::kV,
+                               &map_v, keys_full, c);
+  }
+  // The head's RPB table times log2(e), between guards (behind the copies).
+  const bool has_rpb = p.rpb != nullptr;
+  float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;
+  stage_strip_rpb<Cta>(p, h, bias);
+
+  // The lane's rows, their windows and mask words, the square's walk (square_geometry.cuh).
+  SquareLane sq;
+  square_lane<QB>(p, tile, warp, lane, sq);
+  const int chunks = sq.chunks, row_mult = sq.row_mult;
+
+  // ldmatrix addresses: the square's first key, plus a tile's first key, plus the lane's
+  // offset for the tile's walk-row parity (K: n8 tiles of eight keys, 32 channels an x4; V
+  // transposed: sixteen keys, 16 channels an x4). The offsets hold the swizzle of the lane's
+  // row at that parity's phase (square_phase), less the phase.
+  const unsigned char* keys_at = smem + S::kK + (sq.sy * kSquareKeyBox + sq.sx) * kRowBytes;
+  int k_off[2][HD / 32], v_off[2][HD / 16];
+#pragma unroll
+  for (int odd = 0; odd < 2; ++odd) {
+    const int ph = square_phase(sq.sy, sq.sx, odd);
+#pragma unroll
+    for (int x = 0; x < HD / 32; ++x) k_off[odd][x] = C::offset(ph + lane % 8, 8 * (lane / 8) + 32 * x) - ph * kRowBytes;
+#pragma unroll
+    for (int x = 0; x < HD / 16; ++x)
+      v_off[odd][x] = C::kBytes + C::offset(ph + lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x) -
+                      ph * kRowBytes;
+  }
+
+  uint32_t qa[HD / 16][4];
+  mbar_wait(rows_full, 0);
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk)
+    tc::ldmatrix_x4(qa[kk], smem + S::kQ + R::offset(square_query_row(warp, lane % 16), 16 * kk + 8 * (lane / 16)));
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // Without RPB (and with a positive scale) the scores stay raw: the max is taken on them and
+  // the scale folds into the exponent (as forward.cuh).
+  const bool fold = !has_rpb && p.scale_log2 > 0.f;
+  const float mul = fold ? p.scale_log2 : 1.f;
+  using Scores = float[2 * kStripChunkRows][4];
+  // Chunk ch's scores S = Q K^T (score tile j: walk row 4 ch + j / 2, columns 8 (j % 2) ..).
+  auto scores = [&](int ch, Scores& sc) {
+    const unsigned char* chunk_at = keys_at + kStripChunkRows * ch * kKeyRowBytes;
+#pragma unroll
+    for (int j = 0; j < 2 * kStripChunkRows; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
+      const unsigned char* at = chunk_at + (j / 2) * kKeyRowBytes + 8 * (j % 2) * kRowBytes;
+#pragma unroll
+      for (int x = 0; x < HD / 32; ++x) {
+        uint32_t kb[4];
+        tc::ldmatrix_x4(kb, at + k_off[(j / 2) % 2][x]);
+        M::run(sc[j], qa[2 * x], kb);
+        M::run(sc[j], qa[2 * x + 1], kb + 2);
+      }
+    }
+  };
+  // Then the mask, the RPB, online softmax and O += P V (`first`: no O to rescale).
+  auto consume = [&](auto rpb_tag, Scores& sc, int ch, bool first) {
+    constexpr bool kRpb = decltype(rpb_tag)::value;
+    if (!kRpb && !fold) {
+#pragma unroll
+      for (int j = 0; j < 2 * kStripChunkRows; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[j][e] *= p.scale_log2;
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+    const uint32_t w[2] = {square_chunk_word(sq.word[0], ch), square_chunk_word(sq.word[1], ch)};
+    const int bias_at[2] = {sq.bias_at[0] + strip_chunk_bias(row_mult, ch), sq.bias_at[1] + strip_chunk_bias(row_mult, ch)};
+#pragma unroll
+    for (int j = 0; j < 2 * kStripChunkRows; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        float x = sc[j][e];
+        if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
+          x = fmaf(x, p.scale_log2, bias[bias_at[r] + strip_bias_offset(row_mult, j, e)]);
+        x = strip_kept(w[r], j, e) ? x : -INFINITY;
+        sc[j][e] = x;
+        mx[r] = fmaxf(mx[r], x);
+      }
+    float m_use[2], alpha[2];
+    online_max_step(m, l, mx, mul, m_use, alpha);
+    if (!first) {
+#pragma unroll
+      for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+    }
+#pragma unroll
+    for (int j = 0; j < 2 * kStripChunkRows; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[j][e] = fast_exp2(fmaf(sc[j][e], mul, -m_use[e / 2]));
+        l[e / 2] += sc[j][e];
+      }
+    const unsigned char* chunk_at = keys_at + kStripChunkRows * ch * kKeyRowBytes;
+#pragma unroll
+    for (int i = 0; i < kStripChunkRows; ++i) {  // tiles 2 i and 2 i + 1 (walk row 4 ch + i): a k16 step of P V
+      const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
+                              M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
+                              M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
+      const unsigned char* at = chunk_at + i * kKeyRowBytes;
+#pragma unroll
+      for (int x = 0; x < HD / 16; ++x) {
+        uint32_t vb[4];
+        tc::ldmatrix_x4_trans(vb, at + v_off[i % 2][x]);
+        M::run(o[2 * x], pa, vb);
+        M::run(o[2 * x + 1], pa, vb + 2);
+      }
+    }
+  };
+  mbar_wait(keys_full, 0);
+  instanced(has_rpb, [&](auto rpb_tag) {
+    for (int ch = 0; ch < chunks; ++ch) {
+      Scores sc;
+      scores(ch, sc);
+      consume(rpb_tag, sc, ch, ch == 0);
+    }
+  });
+
+  // O / l into the warp's own rows of the query tile (only this warp read them), the LSE
+  // from the lanes holding column 0, then the box's rows out (forward.cuh's epilogue).
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] = quad_sum(l[r]);
+    inv[r] = inv_row_sum(l[r]);
+  }
+  unsigned char* stage = smem + S::kQ;
+  const int row0 = square_query_row(warp, g4);  // (the lane's second row: two square rows on)
+  __syncwarp();  // every lane's Q fragments are read
+  stage_output<T, HD, R, 2 * 8>(stage, &o[0][0], inv, row0, t4);
+  if (t4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (sq.row_ok[r]) p.lse[lse_row<NA, QB>(p, tile, row0 + 16 * r, b, h)] = row_lse(m[r], l[r]);
+  }
+  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_o, stage, 0, QB::extent(0), h, b,
+                                            RowsOut{p.out, p.out_s, p.heads, kRowsOut});  // (forward.cuh)
+#endif
+}
+
+}  }  // namespace nattn::sm90
