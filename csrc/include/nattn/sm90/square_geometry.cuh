@@ -115,12 +115,10 @@ NATTN_HD void square_lane(const Params& p, const CtaTile& tile, int warp, int la
       const int kx = first_col + 8 * (q / 2) + 2 * t4 + q % 2;
       cols |= uint64_t(kx >= s.row[r].lo[1] && kx <= s.row[r].hi[1]) << q;
     }
-    uint64_t word = 0;
-    for (int i = 0; i < kSquareWalk; ++i) {
-      const int ky = first_row + i;
-      if (ky >= s.row[r].lo[0] && ky <= s.row[r].hi[0]) word |= cols << (4 * i);
-    }
-    s.word[r] = word;
+    // walk rows lo .. hi of the row's window (inside the walk: the square's span holds it)
+    const int a = s.row[r].lo[0] - first_row, b = s.row[r].hi[0] - first_row;
+    const uint64_t rows = (b >= kSquareWalk - 1 ? ~0ull : (1ull << (4 * b + 4)) - 1ull) & ~((1ull << (4 * a)) - 1ull);
+    s.word[r] = rows & (cols * 0x1111111111111111ull);
     s.bias_at[r] = s.row[r].rpb + first_row * s.row_mult + first_col + 2 * t4;
   }
 }
