@@ -703,8 +703,10 @@ const char* sm90_pair_declines(const nattn::Params& p, const nattn::KernelEntry&
     if (const char* why = nattn::sm90::strip_declines(p, e.qbox, e.kbox)) return why;
     nattn::sm90::strip_key_map_box(p.na_dim, kbox);
   }
-  if (nattn::sm90::is_square_pair(p.na_dim, e.qbox, e.kbox))
+  if (nattn::sm90::is_square_pair(p.na_dim, e.qbox, e.kbox)) {
     if (const char* why = nattn::sm90::square_declines(p)) return why;
+    nattn::sm90::square_key_map_box(kbox);
+  }
   if (!sm90_pair_fits(p, e)) return "an RPB table above 4096 entries per head needs a 128-query tile pair";
   nattn::sm90::MapSpec m;
   const char* why = nattn::sm90::map_spec(p, p.q_s, p.heads, e.head_dim, e.qbox, m);

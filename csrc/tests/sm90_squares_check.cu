@@ -4,7 +4,8 @@
 // ending in partial boxes), every CTA, warp, lane, walk chunk and score (j, e):
 //   - the warps' m16 rows cover the 8 x 8 query box once, and the output's staged rows are
 //     the rows the lane's Q fragments and mask words are of;
-//   - the square's walk stays inside the 20 x 20 key box;
+//   - the square's walk stays inside the 20 x 20 key box, and the parts a chunk waits for
+//     hold its rows (the parts' copies land where one copy of the whole box would);
 //   - the K and V fragment addresses the kernel forms (the square's first key, the tile's
 //     first key, the lane's offset for the walk row's parity) are the swizzled tile's
 //     offsets of the keys the scores are of;
@@ -89,6 +90,12 @@ static int check_problems(int count, long long& checks) {
           if (s.sy < 0 || s.sy + kStripChunkRows * s.chunks > kSquareKeyBox || s.sx < 0 ||
               s.sx + kSquareWalk > kSquareKeyBox || s.chunks < 1)
             return fail("the square's walk leaves the key box", p, box, warp, lane);
+          for (int ch = 0; ch < s.chunks; ++ch) {
+            const int a = square_first_part(s.sy, ch), z = square_last_part(s.sy, ch);
+            if (a < 0 || z >= kSquareParts || z - a > 1 || kSquarePartRows * a > s.sy + kStripChunkRows * ch ||
+                kSquarePartRows * (z + 1) < s.sy + kStripChunkRows * (ch + 1))
+              return fail("a chunk's parts", p, box, warp, lane);
+          }
           if (check_addresses<32>(s, lane, checks) || check_addresses<64>(s, lane, checks))
             return fail("fragment address", p, box, warp, lane);
           const int row0 = square_query_row(warp, lane / 4);
@@ -140,8 +147,24 @@ static int check_problems(int count, long long& checks) {
   return 0;
 }
 
+// A part's copy lands at i x its bytes, where the whole box's copy puts its first key; its
+// bytes are whole swizzle atoms (8 rows), so the copy engine swizzles it the same way.
+template <int HD>
+static int check_parts() {
+  using C = TileSmem<HD, KB::kSize>;
+  using P = TileSmem<HD, kSquarePartRows * kSquareKeyBox>;
+  for (int i = 0; i < kSquareParts; ++i)
+    if (i * P::kBytes != C::offset(i * kSquarePartRows * kSquareKeyBox, 0) || P::kBytes % (8 * P::kRowBytes) ||
+        kSquareParts * P::kBytes != C::kBytes) {
+      printf("FAIL part %d's place at head dim %d\n", i, HD);
+      return 1;
+    }
+  return 0;
+}
+
 int main() {
   long long checks = 0;
+  if (check_parts<32>() || check_parts<64>()) return 1;
   if (check_problems(2000, checks)) return 1;
   printf("ok %lld\n", checks);
   return 0;

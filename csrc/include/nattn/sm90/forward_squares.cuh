@@ -6,8 +6,8 @@
 // which suits windows up to 7 x 9; on a 13 x 13 window a strip of 2 x 8 queries would still
 // walk 14 x 20 keys. Here each of the four warps owns a square of 4 x 4 queries of the CTA's
 // 8 x 8 box, whose windows span at most 16 x 16 keys (1.5x a 13 x 13 window): thread 0 loads
-// the box and its whole window union (a 20 x 20 key box: one bulk tensor copy each for Q, K
-// and V), and each warp walks its square's 16 columns in chunks of four key rows (64 keys,
+// the box and its whole window union (a 20 x 20 key box, in five parts of four key rows that
+// complete on their own mbarriers: a warp waits for its chunk's parts only), and each warp walks its square's 16 columns in chunks of four key rows (64 keys,
 // square_geometry.cuh), as the strips do: S = Q K^T with ldmatrix fragments from the
 // swizzled tiles, the window mask (a bit test per score), the RPB from the head's table in
 // shared memory, online softmax, O += P V with P from the score fragments. Epilogue as the
@@ -53,8 +53,9 @@ struct SquareSmem {
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + Rows::kBytes;
   static constexpr int kV = kK + Cols::kBytes;
-  static constexpr int kBars = kV + Cols::kBytes;  // rows_full, keys_full
-  static constexpr int kBytes = kBars + 16;
+  using Part = TileSmem<HD, kSquarePartRows * kSquareKeyBox>;  // a part of K or V
+  static constexpr int kBars = kV + Cols::kBytes;  // rows_full, parts_full[kSquareParts]
+  static constexpr int kBytes = kBars + 8 * (1 + kSquareParts);
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
   static constexpr int kRpbFloats = kSmallRpbStageFloats + 2 * Cta::kRpbGuard;
   static_assert(Cta::kMinBlocks * (kAlloc + kSmemReservedPerCta) <= kSmemPerSm, "the CTAs per SM");
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   constexpr int kKeyRowBytes = kSquareKeyBox * kRowBytes;  // a key box row's keys
   unsigned char* smem = aligned_smem();
   uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
-  uint64_t* keys_full = rows_full + 1;
+  uint64_t* parts_full = rows_full + 1;
 
   CtaTile tile;
   if (!cta_tile<NA, QB, KB>(p, blockIdx.x, tile)) return;  // uniform
@@ -92,20 +93,25 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
     prefetch_tensor_map(&map_k);
     prefetch_tensor_map(&map_v);
     mbar_init(rows_full, 1);
-    mbar_init(keys_full, 1);
+    for (int i = 0; i < kSquareParts; ++i) mbar_init(parts_full + i, 1);
     fence_barrier_init();
   }
   __syncthreads();
-  if (threadIdx.x == 0) {  // the query box, then the union's keys and values
+  if (threadIdx.x == 0) {  // the query box, then the union's keys and values, part by part
+    using PartBox = Box<kSquarePartRows, kSquareKeyBox, 1>;
+    using P = typename S::Part;
     int c[5];
     mbar_expect_tx(rows_full, R::kBytes);
     load_box_blocks<NA, QB, R>(p, tile, tile.q0, head_coords<HD>(p, kRowsQ, p.heads, h, b), smem + S::kQ, &map_q,
                                rows_full, c);
-    mbar_expect_tx(keys_full, 2 * C::kBytes);
-    load_box_blocks<NA, KB, C>(p, tile, tile.lo, head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b), smem + S::kK,
-                               &map_k, keys_full, c);
-    load_box_blocks<NA, KB, C>(p, tile, tile.lo, head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b), smem + S::kV,
-                               &map_v, keys_full, c);
+    const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
+    const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
+    for (int i = 0; i < kSquareParts; ++i) {
+      const int origin[3] = {tile.lo[0] + kSquarePartRows * i, tile.lo[1], 0};
+      mbar_expect_tx(parts_full + i, 2 * P::kBytes);
+      load_box_blocks<NA, PartBox, P>(p, tile, origin, hk, smem + S::kK + i * P::kBytes, &map_k, parts_full + i, c);
+      load_box_blocks<NA, PartBox, P>(p, tile, origin, hv, smem + S::kV + i * P::kBytes, &map_v, parts_full + i, c);
+    }
   }
   // The head's RPB table times log2(e), between guards (behind the copies).
   const bool has_rpb = p.rpb != nullptr;
@@ -223,9 +229,10 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
       }
     }
   };
-  mbar_wait(keys_full, 0);
   instanced(has_rpb, [&](auto rpb_tag) {
     for (int ch = 0; ch < chunks; ++ch) {
+      mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);  // (the chunk's rows: one or two parts)
+      mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
       Scores sc;
       scores(ch, sc);
       consume(rpb_tag, sc, ch, ch == 0);

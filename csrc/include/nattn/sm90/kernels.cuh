@@ -68,6 +68,7 @@ const char* prepare_forward(const Params& p, void* workspace) {
   }
   if constexpr (Tl::kSquares) {  // forward_squares.cuh: the same, windows up to 13 x 13
     if (const char* why = square_declines(p)) return why;
+    square_key_map_box(kbox);
   }
   MapSpec mq, mk, mv;
   const char* why = map_spec(p, p.q_s, p.heads, HD, qbox, mq);

@@ -26,6 +26,18 @@ constexpr int kSquareSide = 4;      // a warp's queries per axis
 constexpr int kSquareKeyBox = 20;   // the key box's rows and columns: 8 queries + 13 - 1
 constexpr int kSquareWalk = 16;     // key rows and columns a square walks at most: 4 + 13 - 1
 constexpr int kSquareMaxKernel = kSquareKeyBox - 8 + 1;
+// The key box arrives in parts of four key rows (80 keys: whole 1024-byte swizzle atoms at
+// head dims 32 and 64), each completing on its own mbarrier, so that a warp starts on its
+// first chunk's rows while the rest are in flight.
+constexpr int kSquarePartRows = 4;
+constexpr int kSquareParts = kSquareKeyBox / kSquarePartRows;
+
+// The box of the square pair's key and value tensor maps (kbox, in place): one part.
+NATTN_HD void square_key_map_box(int* kbox) { kbox[0] = kSquarePartRows; }
+
+// The parts holding walk rows 4 ch .. 4 ch + 3 of a square from key row sy: first and last.
+NATTN_HD int square_first_part(int sy, int ch) { return (sy + kStripChunkRows * ch) / kSquarePartRows; }
+NATTN_HD int square_last_part(int sy, int ch) { return (sy + kStripChunkRows * ch + kStripChunkRows - 1) / kSquarePartRows; }
 
 // Whether a (query box, key box) pair is the square pair (Tile::kSquares in tiles.cuh).
 NATTN_HD bool is_square_pair(int na_dim, const int* qbox, const int* kbox) {
