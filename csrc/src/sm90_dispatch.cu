@@ -392,12 +392,37 @@ const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim) {
   return nullptr;
 }
 
+// The square pair (forward_squares.cuh) runs the forward by default where it takes the
+// problem, the strips do not, and both window axes span at least kSquareMinKernel keys
+// (a pair no GPU has run, KernelEntry::unverified, never does). NATTN_SM90_SQUARES=0 (read
+// on every call) turns the rule off.
+constexpr int kSquareMinKernel = 8;
+bool squares_by_default() {
+  const char* s = getenv("NATTN_SM90_SQUARES");
+  return !(s && !strcmp(s, "0"));
+}
+
+const nattn::KernelEntry* square_pair_for(const nattn::Params& p, int dim) {
+  if (p.na_dim != 2 || p.kernel[0] < kSquareMinKernel || p.kernel[1] < kSquareMinKernel) return nullptr;
+  const Sm90Entries all = sm90_entries();
+  for (int i = 0; i < all.n; ++i) {
+    const nattn::KernelEntry& e = *all.e[i];
+    if (sm90_entry_for(e, p, dim) && !e.unverified && nattn::sm90::is_square_pair(p.na_dim, e.qbox, e.kbox) &&
+        !sm90_pair_declines(p, e))
+      return &e;
+  }
+  return nullptr;
+}
+
 // The pair a problem runs by default: the one walking the fewest keys (sm90_tile_cost)
 // among those that fit it, unless the table's first pair of the NA dim is within
-// kSm90TileGain of it (or the strip pair: strips_by_default).
+// kSm90TileGain of it (or the strip pair: strips_by_default; the square pair:
+// squares_by_default).
 const nattn::KernelEntry* default_sm90(const nattn::Params& p, int dim) {
   if (strips_by_default())
     if (const nattn::KernelEntry* e = strip_pair_for(p, dim)) return e;
+  if (squares_by_default())
+    if (const nattn::KernelEntry* e = square_pair_for(p, dim)) return e;
   const nattn::KernelEntry* best = nullptr;
   const nattn::KernelEntry* first = nullptr;
   double best_cost = 0;
