@@ -392,11 +392,18 @@ const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim) {
   return nullptr;
 }
 
-// The square pair (forward_squares.cuh) runs the forward by default where it takes the
-// problem, the strips do not, and both window axes span at least kSquareMinKernel keys
-// (a pair no GPU has run, KernelEntry::unverified, never does). NATTN_SM90_SQUARES=0 (read
-// on every call) turns the rule off.
-constexpr int kSquareMinKernel = 8;
+// The square pair (forward_squares.cuh) runs the forward by default, ahead of the tensor-core
+// family and the other pairs, where it takes the problem, the strips do not, and both window
+// axes span at least kSquareMinKernel keys (a pair no GPU has run, KernelEntry::unverified,
+// never does). Measured (H100, bf16, GPU ms, forward, square vs the previous default; PERF.md
+// sixty-third session): 128x128 B4 H8 D64 13x13 0.194 vs 0.222, 11x11 0.194 vs 0.208, 9x9
+// 0.168 vs 0.173, 13x13 dilation 2 0.207 vs 0.232; D32 64x64 13x13 0.063 vs 0.092, 56x56
+// 11x11 0.092 vs 0.134, 9x9 0.079 vs 0.104 (tc 0.128); ties at D64 on 56x56 9x9 (0.132 vs
+// 0.131) and 64x64 11x11 (0.103 vs 0.104). With an RPB against tc and the other pairs:
+// mid-2d 0.253 vs 0.301, D32 56x56 9x9 0.100 vs 0.134 (tc), 28x28 13x13 0.083 vs 0.103,
+// 96x96 13x13 0.096 vs 0.142, D64 64x64 11x11 0.119 vs 0.144. NATTN_SM90_SQUARES=0 (read on
+// every call) turns the rule off.
+constexpr int kSquareMinKernel = 9;
 bool squares_by_default() {
   const char* s = getenv("NATTN_SM90_SQUARES");
   return !(s && !strcmp(s, "0"));
@@ -694,6 +701,7 @@ bool sm90_preferred_wide(const nattn::Params& p, int64_t window, int head_dim, b
 
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   if (strips_by_default() && strip_pair_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
+  if (!backward && squares_by_default() && square_pair_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
   const int64_t window = window_keys(p);
   if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;

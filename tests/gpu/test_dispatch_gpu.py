@@ -31,9 +31,10 @@ if _LIB is None or not _LIB.kernels.get(("sm90", "bfloat16", 2)) or not _LIB.ker
 @pytest.fixture(autouse=True)
 def _rules_behind_the_strips(monkeypatch):
     """The rules below were measured between the tensor-core family and the box pairs: checked
-    with the strip pairs' own rule off (NATTN_SM90_STRIPS=0, read by libnattn on every call);
-    the strip test turns it back on."""
+    with the strip and square pairs' own rules off (NATTN_SM90_STRIPS=0, NATTN_SM90_SQUARES=0,
+    read by libnattn on every call); their own tests turn them back on."""
     monkeypatch.setenv("NATTN_SM90_STRIPS", "0")
+    monkeypatch.setenv("NATTN_SM90_SQUARES", "0")
 
 
 def families(kernel, rpb: bool, dilation=1, spatial=(28, 28), dim=32, heads=4, batch=8, backward=False):
@@ -54,7 +55,8 @@ def families(kernel, rpb: bool, dilation=1, spatial=(28, 28), dim=32, heads=4, b
     assert torch.isfinite(out).all()
     found = {}
     # (the strip pairs' forward_strips_kernel / backward_dkv_strips_kernel; the wide passes' _wide_kernel)
-    for step, kernel_names in (("forward", ("forward_kernel", "forward_strips_kernel")), ("dkv", ("backward_dkv",))):
+    for step, kernel_names in (("forward", ("forward_kernel", "forward_strips_kernel", "forward_squares_kernel")),
+                               ("dkv", ("backward_dkv",))):
         names = [e.key for e in prof.key_averages() if any(n in e.key for n in kernel_names)]
         fams = {f for f in ("tc", "sm90") if any(f"nattn::{f}::" in n for n in names)}
         assert len(fams) <= 1, names
@@ -299,6 +301,40 @@ def test_strip_pairs_run_by_default(monkeypatch):
     for a, b, c in zip(strips, with_tc, default):
         assert torch.isfinite(a).all() and torch.isfinite(b).all()
         assert ((a - c).norm() / c.norm()).item() < 2e-2 and ((b - c).norm() / c.norm()).item() < 2e-2
+
+
+def test_square_pair_runs_the_forward_of_windows_from_9x9_to_13x13(monkeypatch):
+    """By default (its own rule) 2-D windows of 9 to 13 per axis at stride 1 run the square
+    pair's forward, with or without an RPB, at head dims 32 and 64 (sixty-third session, H100:
+    faster than the tensor-core family and the other pairs on every one measured), its
+    backward the default pair's; 7 x 7 (the strips) and 13 x 7 do not; NATTN_SM90_SQUARES=0
+    turns the rule off. The results and gradients agree with the reference."""
+    monkeypatch.delenv("NATTN_SM90_STRIPS", raising=False)
+    for kernel, rpb, dim, squares in ((13, True, 32, True), (9, False, 64, True), (11, True, 64, True),
+                                      (7, True, 32, False), ((13, 7), False, 32, False)):
+        for rule in (True, False):
+            if rule:
+                monkeypatch.delenv("NATTN_SM90_SQUARES", raising=False)
+            else:
+                monkeypatch.setenv("NATTN_SM90_SQUARES", "0")
+            torch.manual_seed(9)
+            ks = (kernel, kernel) if isinstance(kernel, int) else kernel
+            q, k, v = (torch.randn(2, 30, 27, 2, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            bias = torch.randn(2, *(2 * w - 1 for w in ks), device="cuda", requires_grad=True) if rpb else None
+            g = torch.randn(2, 30, 27, 2, dim, device="cuda", dtype=torch.bfloat16)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                out = nattn.na2d(q, k, v, ks, rpb=bias, backend="cuda")
+                out.backward(g)
+                torch.cuda.synchronize()
+            names = " ".join(e.key for e in prof.key_averages())
+            assert ("forward_squares_kernel" in names) == (squares and rule), (kernel, rpb, dim, rule, names)
+            leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v) + ((bias,) if rpb else ())]
+            ref = nattn.na2d(*leaves[:3], ks, rpb=leaves[3] if rpb else None, backend="reference")
+            ref.backward(g.double())
+            check(f"{kernel} rpb {rpb} D{dim}, out", out, ref, 2e-2)
+            for name, got, want in zip(("dq", "dk", "dv", "drpb"), (q, k, v, bias), leaves):
+                check(f"{kernel} rpb {rpb} D{dim}, {name}", got.grad, want.grad, 2e-2)
 
 
 def test_strips_take_narrow_walks_at_any_dilation(monkeypatch):
