@@ -28,6 +28,10 @@
 #include "nattn/sm90/square_geometry.cuh"
 #include "nattn/tc/mma.cuh"
 
+#ifndef NATTN_SM90_SQUARE_PIPELINED
+#define NATTN_SM90_SQUARE_PIPELINED 1
+#endif
+
 namespace nattn { namespace sm90 {
 
 template <class Tl, int HD>
@@ -36,6 +40,10 @@ struct SquareCta {
   // Shared memory bounds the CTAs per SM: at head dim 64 the tiles take 108 KB (two CTAs);
   // at 32, 54 KB (four, with <= 128 registers a thread).
   static constexpr int kMinBlocks = HD <= 32 ? 4 : 2;
+  // Two CTAs per SM at head dim 64 leave registers for a chunk's scores beside the next
+  // chunk's (their products issued before this chunk's softmax); at 32 the four CTAs' 128
+  // registers do not. Build switch NATTN_SM90_SQUARE_PIPELINED=0: one chunk at a time.
+  static constexpr bool kPipelined = NATTN_SM90_SQUARE_PIPELINED && HD == 64;
   static_assert(Tl::Q::extent(0) == 8 && Tl::Q::extent(1) == 8 && Tl::Q::extent(2) == 1 &&
                     Tl::K::extent(0) == kSquareKeyBox && Tl::K::extent(1) == kSquareKeyBox,
                 "the square pair: 8 x 8 queries, a 20 x 20 key box");
@@ -229,13 +237,36 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
       }
     }
   };
+  auto wait_parts = [&](int ch) {  // the chunk's rows: one or two parts
+    mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);
+    mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
+  };
   instanced(has_rpb, [&](auto rpb_tag) {
-    for (int ch = 0; ch < chunks; ++ch) {
-      mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);  // (the chunk's rows: one or two parts)
-      mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
-      Scores sc;
-      scores(ch, sc);
-      consume(rpb_tag, sc, ch, ch == 0);
+    if constexpr (Cta::kPipelined) {  // chunk ch + 1's S = Q K^T issued before chunk ch's softmax
+      Scores sc[2];
+      wait_parts(0);
+      scores(0, sc[0]);
+      for (int ch = 0; ch < chunks; ch += 2) {
+        if (ch + 1 < chunks) {
+          wait_parts(ch + 1);
+          scores(ch + 1, sc[1]);
+        }
+        consume(rpb_tag, sc[0], ch, ch == 0);
+        if (ch + 1 < chunks) {
+          if (ch + 2 < chunks) {
+            wait_parts(ch + 2);
+            scores(ch + 2, sc[0]);
+          }
+          consume(rpb_tag, sc[1], ch + 1, false);
+        }
+      }
+    } else {
+      for (int ch = 0; ch < chunks; ++ch) {
+        wait_parts(ch);
+        Scores sc;
+        scores(ch, sc);
+        consume(rpb_tag, sc, ch, ch == 0);
+      }
     }
   });
 
