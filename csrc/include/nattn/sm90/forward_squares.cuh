@@ -29,7 +29,7 @@
 #include "nattn/tc/mma.cuh"
 
 #ifndef NATTN_SM90_SQUARE_PIPELINED
-#define NATTN_SM90_SQUARE_PIPELINED 1
+#define NATTN_SM90_SQUARE_PIPELINED 0
 #endif
 
 namespace nattn { namespace sm90 {
@@ -42,7 +42,8 @@ struct SquareCta {
   static constexpr int kMinBlocks = HD <= 32 ? 4 : 2;
   // Two CTAs per SM at head dim 64 leave registers for a chunk's scores beside the next
   // chunk's (their products issued before this chunk's softmax); at 32 the four CTAs' 128
-  // registers do not. Build switch NATTN_SM90_SQUARE_PIPELINED=0: one chunk at a time.
+  // registers do not. Build switch NATTN_SM90_SQUARE_PIPELINED=1 (off by default until a GPU
+  // has run and timed it): one chunk at a time without it.
   static constexpr bool kPipelined = NATTN_SM90_SQUARE_PIPELINED && HD == 64;
   static_assert(Tl::Q::extent(0) == 8 && Tl::Q::extent(1) == 8 && Tl::Q::extent(2) == 1 &&
                     Tl::K::extent(0) == kSquareKeyBox && Tl::K::extent(1) == kSquareKeyBox,
