@@ -183,45 +183,12 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
       }
     }
   };
-  // Then the mask, the RPB, online softmax and O += P V (`first`: no O to rescale).
+  // Then the mask, the RPB and online softmax (the strips' chunk softmax), O += P V.
   auto consume = [&](auto rpb_tag, Scores& sc, int ch, bool first) {
     constexpr bool kRpb = decltype(rpb_tag)::value;
-    if (!kRpb && !fold) {
-#pragma unroll
-      for (int j = 0; j < 2 * kStripChunkRows; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[j][e] *= p.scale_log2;
-    }
-    float mx[2] = {-INFINITY, -INFINITY};
     const uint32_t w[2] = {square_chunk_word(sq.word[0], ch), square_chunk_word(sq.word[1], ch)};
     const int bias_at[2] = {sq.bias_at[0] + strip_chunk_bias(row_mult, ch), sq.bias_at[1] + strip_chunk_bias(row_mult, ch)};
-#pragma unroll
-    for (int j = 0; j < 2 * kStripChunkRows; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        float x = sc[j][e];
-        if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
-          x = fmaf(x, p.scale_log2, bias[bias_at[r] + strip_bias_offset(row_mult, j, e)]);
-        x = strip_kept(w[r], j, e) ? x : -INFINITY;
-        sc[j][e] = x;
-        mx[r] = fmaxf(mx[r], x);
-      }
-    float m_use[2], alpha[2];
-    online_max_step(m, l, mx, mul, m_use, alpha);
-    if (!first) {
-#pragma unroll
-      for (int n = 0; n < HD / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
-    }
-#pragma unroll
-    for (int j = 0; j < 2 * kStripChunkRows; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[j][e] = fast_exp2(fmaf(sc[j][e], mul, -m_use[e / 2]));
-        l[e / 2] += sc[j][e];
-      }
+    strip_chunk_softmax<kRpb, 1, HD>(sc, w, bias_at, bias, row_mult, p.scale_log2, fold, mul, m, l, o, first);  // (forward_strips.cuh)
     const unsigned char* chunk_at = keys_at + kStripChunkRows * ch * kKeyRowBytes;
 #pragma unroll
     for (int i = 0; i < kStripChunkRows; ++i) {  // tiles 2 i and 2 i + 1 (walk row 4 ch + i): a k16 step of P V

@@ -196,6 +196,52 @@ __device__ __forceinline__ void strip_walk_instances(bool has_rpb, const StripLa
   });
 }
 
+// The softmax of a walk chunk's scores sc (eight n8 tiles; the strips' walks and the square
+// CTAs', forward_squares.cuh): the scale unless it folds into the exponent (fold, mul: the
+// kernel's), the mask words w and, with kRpb, the bias from the head's table at bias_at plus
+// the score's offset (tile j numbered kStep j), then the online softmax of the lane's two
+// rows: O rescaled unless `first`; sc holds P after it.
+template <bool kRpb, int kStep, int HD>
+__device__ __forceinline__ void strip_chunk_softmax(float (&sc)[2 * kStripChunkRows][4], const uint32_t (&w)[2],
+                                                    const int (&bias_at)[2], const float* bias, int row_mult,
+                                                    float scale_log2, bool fold, float mul, float (&m)[2],
+                                                    float (&l)[2], float (&o)[HD / 8][4], bool first) {
+  if (!kRpb && !fold) {
+#pragma unroll
+    for (int j = 0; j < 2 * kStripChunkRows; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[j][e] *= scale_log2;
+  }
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < 2 * kStripChunkRows; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e / 2;
+      float x = sc[j][e];
+      if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
+        x = fmaf(x, scale_log2, bias[bias_at[r] + strip_bias_offset(row_mult, kStep * j, e)]);
+      x = strip_kept(w[r], kStep * j, e) ? x : -INFINITY;
+      sc[j][e] = x;
+      mx[r] = fmaxf(mx[r], x);
+    }
+  float m_use[2], alpha[2];
+  online_max_step(m, l, mx, mul, m_use, alpha);
+  if (!first) {
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+  }
+#pragma unroll
+  for (int j = 0; j < 2 * kStripChunkRows; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sc[j][e] = fast_exp2(fmaf(sc[j][e], mul, -m_use[e / 2]));
+      l[e / 2] += sc[j][e];
+    }
+}
+
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::kMinBlocks)
     forward_strips_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
@@ -312,43 +358,10 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, StripCta<Tl, HD>::
                      bool first) {
     constexpr bool kRpb = decltype(rpb_tag)::value;
     constexpr int kStep = decltype(step_tag)::value;
-    if (!kRpb && !fold) {
-#pragma unroll
-      for (int j = 0; j < 2 * kStripChunkRows; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[j][e] *= p.scale_log2;
-    }
-    float mx[2] = {-INFINITY, -INFINITY};
     const uint32_t w[2] = {strip_chunk_word(lane_strip.word[0], ch), strip_chunk_word(lane_strip.word[1], ch)};
     const int bias_at[2] = {lane_strip.bias_at[0] + frame_bias + strip_chunk_bias(row_mult, ch),
                             lane_strip.bias_at[1] + frame_bias + strip_chunk_bias(row_mult, ch)};
-#pragma unroll
-    for (int j = 0; j < 2 * kStripChunkRows; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        float x = sc[j][e];
-        if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
-          x = fmaf(x, p.scale_log2, bias[bias_at[r] + strip_bias_offset(row_mult, kStep * j, e)]);
-        x = strip_kept(w[r], kStep * j, e) ? x : -INFINITY;
-        sc[j][e] = x;
-        mx[r] = fmaxf(mx[r], x);
-      }
-    float m_use[2], alpha[2];
-    online_max_step(m, l, mx, mul, m_use, alpha);
-    if (!first) {
-#pragma unroll
-      for (int n = 0; n < HD / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
-    }
-#pragma unroll
-    for (int j = 0; j < 2 * kStripChunkRows; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[j][e] = fast_exp2(fmaf(sc[j][e], mul, -m_use[e / 2]));
-        l[e / 2] += sc[j][e];
-      }
+    strip_chunk_softmax<kRpb, kStep, HD>(sc, w, bias_at, bias, row_mult, p.scale_log2, fold, mul, m, l, o, first);
 #pragma unroll
     for (int i = 0; i < kStripChunkRows; ++i) {  // tiles 2 i and 2 i + 1: a k16 step of P V
       const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
