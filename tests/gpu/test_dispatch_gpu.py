@@ -307,8 +307,9 @@ def test_square_pair_runs_the_forward_of_windows_from_9x9_to_13x13(monkeypatch):
     """By default (its own rule) 2-D windows of 9 to 13 per axis at stride 1 run the square
     pair's forward, with or without an RPB, at head dims 32 and 64 (sixty-third session, H100:
     faster than the tensor-core family and the other pairs on every one measured), its
-    backward the default pair's; 7 x 7 (the strips) and 13 x 7 do not; NATTN_SM90_SQUARES=0
-    turns the rule off. The results and gradients agree with the reference."""
+    backward the default pair's; 7 x 7 (the strips) and 13 x 7 do not, nor does a small
+    problem's split-KV forward; NATTN_SM90_SQUARES=0 turns the rule off. The results and
+    gradients agree with the reference."""
     monkeypatch.delenv("NATTN_SM90_STRIPS", raising=False)
     for kernel, rpb, dim, squares in ((13, True, 32, True), (9, False, 64, True), (11, True, 64, True),
                                       (7, True, 32, False), ((13, 7), False, 32, False)):
@@ -319,10 +320,12 @@ def test_square_pair_runs_the_forward_of_windows_from_9x9_to_13x13(monkeypatch):
                 monkeypatch.setenv("NATTN_SM90_SQUARES", "0")
             torch.manual_seed(9)
             ks = (kernel, kernel) if isinstance(kernel, int) else kernel
-            q, k, v = (torch.randn(2, 30, 27, 2, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            # (batch 4, 4 heads: enough boxes that a 13x13 window does not run split-KV by
+            # default, which the square pair declines)
+            q, k, v = (torch.randn(4, 30, 27, 4, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
-            bias = torch.randn(2, *(2 * w - 1 for w in ks), device="cuda", requires_grad=True) if rpb else None
-            g = torch.randn(2, 30, 27, 2, dim, device="cuda", dtype=torch.bfloat16)
+            bias = torch.randn(4, *(2 * w - 1 for w in ks), device="cuda", requires_grad=True) if rpb else None
+            g = torch.randn(4, 30, 27, 4, dim, device="cuda", dtype=torch.bfloat16)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 out = nattn.na2d(q, k, v, ks, rpb=bias, backend="cuda")
                 out.backward(g)
@@ -335,6 +338,15 @@ def test_square_pair_runs_the_forward_of_windows_from_9x9_to_13x13(monkeypatch):
             check(f"{kernel} rpb {rpb} D{dim}, out", out, ref, 2e-2)
             for name, got, want in zip(("dq", "dk", "dv", "drpb"), (q, k, v, bias), leaves):
                 check(f"{kernel} rpb {rpb} D{dim}, {name}", got.grad, want.grad, 2e-2)
+    # a grid of a few boxes runs split-KV by default from 128 keys: not on the square pair
+    monkeypatch.delenv("NATTN_SM90_SQUARES", raising=False)
+    q = torch.randn(1, 24, 24, 2, 32, device="cuda", dtype=torch.bfloat16)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = nattn.na2d(q, q, q, 13, backend="cuda")
+        torch.cuda.synchronize()
+    names = " ".join(e.key for e in prof.key_averages())
+    assert "forward_squares_kernel" not in names and "split_kv_merge" in names, names
+    check("split-KV 13x13, out", out, nattn.na2d(*(q.double(),) * 3, 13, backend="reference"), 2e-2)
 
 
 def test_strips_take_narrow_walks_at_any_dilation(monkeypatch):
