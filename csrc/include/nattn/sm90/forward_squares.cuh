@@ -7,8 +7,9 @@
 // walk 14 x 20 keys. Here each of the four warps owns a square of 4 x 4 queries of the CTA's
 // 8 x 8 box, whose windows span at most 16 x 16 keys (1.5x a 13 x 13 window): thread 0 loads
 // the box and its whole window union (a 20 x 20 key box, in five parts of four key rows that
-// complete on their own mbarriers: a warp waits for its chunk's parts only), and each warp walks its square's 16 columns in chunks of four key rows (64 keys,
-// square_geometry.cuh), as the strips do: S = Q K^T with ldmatrix fragments from the
+// complete on their own mbarriers: a warp waits for its chunk's parts only), and each warp
+// walks its square's 16 columns in chunks of four key rows (64 keys, square_geometry.cuh),
+// as the strips do: S = Q K^T with ldmatrix fragments from the
 // swizzled tiles, the window mask (a bit test per score), the RPB from the head's table in
 // shared memory, online softmax, O += P V with P from the score fragments. Epilogue as the
 // strips' (O / l through the query tile, one bulk tensor store or per-lane stores).
