@@ -96,7 +96,6 @@ struct SquareLane {
 
 // The square's windows (warp-uniform): its first row's and column's start its walk, its
 // last's end it (windows move forward with the query).
-template <class QB>
 NATTN_HD void square_span(const Params& p, const CtaTile& tile, int warp, int& sy, int& sx, int& chunks) {
   int start[2], rows = 0;
   for (int a = 0; a < 2; ++a) {
@@ -117,7 +116,7 @@ NATTN_HD void square_lane(const Params& p, const CtaTile& tile, int warp, int la
   const int t4 = lane % 4;
   int rpb_mult[3] = {p.rpb_size[1], 1, 1};
   s.row_mult = rpb_mult[0];
-  square_span<QB>(p, tile, warp, s.sy, s.sx, s.chunks);
+  square_span(p, tile, warp, s.sy, s.sx, s.chunks);
   const int first_row = tile.lo[0] + s.sy, first_col = tile.lo[1] + s.sx;
   for (int r = 0; r < 2; ++r) {
     s.row[r].rpb = 0;
