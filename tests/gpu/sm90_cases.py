@@ -157,7 +157,7 @@ def square_sweep(count: int, seed: int):
         c = random_sm90_case(rng, 2, wide=rng.random() < 0.5, dims=(32, 64))
         groups = [s // d for s, d in zip(c.spatial, c.dilation)]
         if rng.random() < 0.5 and all(g >= 10 for g in groups):
-            kernel = tuple(rng.randint(10, min(13, g)) for g in groups)
+            kernel = tuple(rng.randint(10, min(SQUARE_MAX_KERNEL, g)) for g in groups)
         else:  # smaller than drawn: still within the grid
             kernel = tuple(min(k, SQUARE_MAX_KERNEL) for k in c.kernel)
         kernel = tuple(k - (c.rpb and k % 2 == 0) for k in kernel)  # (an RPB keeps odd kernels)
