@@ -37,7 +37,7 @@ def test_sm90_is_16_bit_with_exact_head_dims():
             assert q == ((8, 8) if i.na_dim == 2 else (2, 4, 8)) and k[-1] == 16 and math.prod(k) > 160
             assert i.has_backward and i.forward_named_only
         elif (i.na_dim, i.tile) in kt.SM90_SQUARE_TILES:  # four squares of 4 x 4 queries, a 20 x 20 union
-            assert q == (8, 8) and k == (20, 20) and not i.has_backward and i.forward_named_only
+            assert q == (8, 8) and k == (20, 20) and i.has_backward and i.forward_named_only
         else:
             assert math.prod(k) % 16 == 0 and 64 <= math.prod(k) <= 160 and k[-1] % 8 == 0
         if math.prod(q) == 64:  # one consumer warpgroup: registers for head dims up to 64
@@ -62,16 +62,17 @@ def test_sm90_is_16_bit_with_exact_head_dims():
     fam = kt.FAMILY_BY_NAME["sm90"]
     assert fam.backward and fam.prepare and fam.only_archs == ("9.0",)
     # a backward pair per NA dim (2-D: four, 3-D: two), each also a forward pair; only those
-    # and the strip pairs get one
+    # and the strip and square pairs get one
     assert sorted(n for n, _ in kt.SM90_BACKWARD_TILES) == [1, 2, 2, 2, 2, 3, 3]
     assert set(kt.SM90_BACKWARD_TILES) <= set(kt.SM90_TILES)
     sm90 = [i for i in insts if i.family == "sm90"]
-    assert {(i.na_dim, i.tile) for i in sm90 if i.has_backward} == set(kt.SM90_BACKWARD_TILES) | set(kt.SM90_STRIP_TILES)
+    assert {(i.na_dim, i.tile) for i in sm90 if i.has_backward} == (
+        set(kt.SM90_BACKWARD_TILES) | set(kt.SM90_STRIP_TILES) | set(kt.SM90_SQUARE_TILES))
     for i in sm90:
         src = kt.instance_source(i)
         assert ("launch_backward" in src) == i.has_backward == ("prepare_backward" in src)
         q, k = i.tile
-        if i.has_backward and (i.na_dim, i.tile) not in kt.SM90_STRIP_TILES:
+        if i.has_backward and (i.na_dim, i.tile) not in kt.SM90_STRIP_TILES + kt.SM90_SQUARE_TILES:
             # a 128-token box and a 64-token box (the two passes swap them), or a 96- or
             # 112-token one at head dims up to 64 (S / dP of 64 x 96 or 64 x 112 beside dQ, or
             # dK and dV)

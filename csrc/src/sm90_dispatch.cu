@@ -547,7 +547,8 @@ bool wide_column_box(int na_dim, const nattn::KernelEntry& e) {
 
 // The Hopper entry for a backward: the call's / NATTN_SM90_TILE's pair when it has a backward
 // (a forced forward-only pair leaves the backward on the default, so forcing a pair never
-// makes training fail; a strip pair runs its own, which declines what its forward declines),
+// makes training fail; a strip or square pair runs its own, which declines what its forward
+// declines),
 // else the first pair of SM90_BACKWARD_TILES for this NA dim, or another
 // that walks at least 3% (2-D) / 5% (3-D) fewer steps (backward_steps; head dims up to 128).
 const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, const char** why) {
@@ -567,8 +568,10 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
     // The strip pairs' backward (backward_dq_strips.cuh, backward_dkv_strips.cuh) runs when
-    // named or by their own rule (strips_by_default, above).
-    if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox)) continue;
+    // named or by their own rule (strips_by_default, above); the square pair's
+    // (backward_dq_squares.cuh and the tensor-core dK/dV pass) only when named.
+    if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox) || nattn::sm90::is_square_pair(p.na_dim, e.qbox, e.kbox))
+      continue;
     if (e.unverified) continue;  // (kernel_table.SM90_UNVERIFIED_TILES: named only, above)
     if (n < 8) pairs[n++] = &e;
   }

@@ -129,11 +129,13 @@ SM90_BACKWARD_TILES = (
 # strips_by_default: wherever they take a problem, unless dilated 4 or more where some walk
 # is not narrow).
 SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
-# The square pair (2-D windows of up to 13 x 13, stride 1; forward only): named only too
-# (the cost model never picks it; its own rule does: src/sm90_dispatch.cu, square_pair_for).
+# The square pair (2-D windows of up to 13 x 13, stride 1): named only too (the cost model
+# never picks it; its own rule does: src/sm90_dispatch.cu, square_pair_for). Its backward
+# (its own dQ pass, backward_dq_squares.cuh, then the tensor-core family's dK/dV pass) runs
+# only when named.
 SM90_SQUARE_TILES = ((2, ((8, 8), (20, 20))),)
 # The strip pairs have a backward too (named only, like their forward): their own dQ and dK/dV
-# passes (backward_dq_strips.cuh, backward_dkv_strips.cuh).
+# passes (backward_dq_strips.cuh, backward_dkv_strips.cuh). So has the square pair.
 # Pairs built but not yet run on a GPU (their GPU tests and sanitizer sections are written):
 # the tuner and `nattn.bench --optimize` leave them out (unverified_tile_names) until a GPU
 # session has run those and emptied this; a call or NATTN_SM90_TILE may still name them.
@@ -155,14 +157,14 @@ def unverified_tile_names() -> set:
 # fp32). sm90: Hopper (TMA + wgmma, sm_90a code), head dims
 # 32/64/128/256 exactly (D == D_v; 256: forward pairs with 64-key boxes, its backward the pairs'
 # 64-token box on both sides, sm90/backward_wide.cuh), forward with
-# every tile pair, backward with the pairs of SM90_BACKWARD_TILES and the strip pairs.
+# every tile pair, backward with the pairs of SM90_BACKWARD_TILES, the strip and square pairs.
 # libnattn picks the most specialised family that takes a problem at run time (src/api.cu)
 # and falls back to the next one otherwise.
 FAMILIES = (
     Family("simt", 50, DTYPES, HEAD_DIM_BUCKETS, NA_DIMS),
     Family("tc", 80, DTYPES, (16, 32, 64, 128), NA_DIMS),
     Family("sm90", 90, ("float16", "bfloat16"), (32, 64, 128, 256), NA_DIMS, only_archs=("9.0",),
-           prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES + SM90_STRIP_TILES,
+           prepare=True, tiles=SM90_TILES, backward_tiles=SM90_BACKWARD_TILES + SM90_STRIP_TILES + SM90_SQUARE_TILES,
            tile_head_dims=SM90_TILE_HEAD_DIMS, backward_head_dims=(32, 64, 128, 256),
            named_forward_tiles=SM90_NAMED_FORWARD_TILES),
 )

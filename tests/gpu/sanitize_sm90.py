@@ -213,26 +213,32 @@ def strips():
 
 
 def squares():
-    # The square pair's forward (forward_squares.cuh) on random problems within its limits
-    # (windows up to 13 x 13: RPB, GQA, dilation, causal axes, layouts, grids ending in partial
-    # boxes), every other case with per-lane output stores; a forward's backward runs on the
-    # default pair (the square pair has none), so these are forwards only.
+    # The square pair (forward_squares.cuh, backward_dq_squares.cuh) on random problems within
+    # its limits (windows up to 13 x 13: RPB, GQA, dilation, causal axes, layouts, grids ending
+    # in partial boxes), every other case with per-lane output stores; every other pair of
+    # cases with its backward too (the square dQ pass, then the tensor-core dK/dV pass).
     from sm90_cases import SQUARE_PAIR, square_sweep
     stores = os.environ.get("NATTN_SM90_OUT_STORES")  # set by the caller (initcheck): kept for every case
     try:
         os.environ["NATTN_SM90_TILE"] = SQUARE_PAIR
         for i, case in enumerate(square_sweep(16, seed=92)):
-            t, _ = make_inputs(case)
+            t, leaves = make_inputs(case)
             if i % 2 and stores is None:
                 os.environ["NATTN_SM90_OUT_STORES"] = "lanes"
             try:
-                with torch.no_grad():
+                if i % 4 < 2:
                     out, lse = functional_call(case, t, 0.0)
+                    grads = torch.autograd.grad((out, lse), leaves, (torch.randn_like(out), torch.randn_like(lse)))
+                else:
+                    with torch.no_grad():
+                        out, lse = functional_call(case, t, 0.0)
+                    grads = ()
                 torch.cuda.synchronize()
             finally:
                 if stores is None:
                     os.environ.pop("NATTN_SM90_OUT_STORES", None)
             assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
+            assert all(torch.isfinite(g).all() for g in grads), str(case)
     finally:
         os.environ.pop("NATTN_SM90_TILE", None)
 

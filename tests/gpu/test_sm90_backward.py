@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 import nattn  # noqa: E402
 from nattn._cuda.kernel_table import FAMILY_BY_NAME, SM90_BACKWARD_TILES, Instance  # noqa: E402
 from gpu_cases import TOL, GpuCase, check, compare_gradients, forward_backward  # noqa: E402
-from sm90_cases import (STRIP_PAIRS, VIDEO_STRIPS, WHOLE_GROUP_LAYERS, dilated_1d_sweep, fits_wide_rpb,  # noqa: E402
-                        narrow_strip_sweep, sm90_sweep, strip_sweep)
+from sm90_cases import (SQUARE_PAIR, STRIP_PAIRS, VIDEO_STRIPS, WHOLE_GROUP_LAYERS, dilated_1d_sweep,  # noqa: E402
+                        fits_wide_rpb, narrow_strip_sweep, sm90_sweep, square_sweep, strip_sweep)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -266,3 +266,47 @@ def test_sm90_strip_backward_declines_what_it_cannot_take(monkeypatch):
     q = torch.randn(1, 32, 32, 2, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     with pytest.raises(Exception, match="up to 7 x 9"):
         nattn.na2d(q, q, q, (9, 7), backend="cuda").sum().backward()
+
+
+# The square pair's backward (named only: its own dQ pass, backward_dq_squares.cuh, then the
+# tensor-core family's dK/dV pass), forced on its sweep with dQ written by the bulk tensor
+# store and per lane, on a problem with thousands of boxes, against float64 on small ones.
+SQUARE_BWD = square_sweep(int(os.environ.get("NATTN_SM90_SQUARE_BWD_CASES", "200")), seed=8383) + [
+    GpuCase(spatial=(96, 104), kernel=(13, 11), stride=(1, 1), dilation=(1, 1), causal=(False, False), batch=2,
+            heads=4, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=True, dtype=torch.bfloat16, layout="plain",
+            scale=None, seed=83)]
+
+
+@pytest.mark.parametrize("stores", ["bulk", "lanes"])
+@pytest.mark.parametrize("case", SQUARE_BWD, ids=[f"square{i}-{c}" for i, c in enumerate(SQUARE_BWD)])
+def test_sm90_square_backward(case, stores, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    if stores == "lanes":
+        monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
+    compare(case)
+
+
+SQUARE_SMALL = _small(square_sweep(80, seed=8484), 12)
+
+
+@pytest.mark.parametrize("case", SQUARE_SMALL, ids=[f"f64-square{i}-{c}" for i, c in enumerate(SQUARE_SMALL)])
+def test_sm90_square_backward_against_float64(case, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    test_sm90_backward_against_float64(case)
+
+
+@pytest.mark.parametrize("rpb", [False, True])
+def test_sm90_square_backward_is_deterministic(rpb, monkeypatch):
+    """The square pair's backward is bitwise repeatable (dQ rows written once; the tensor-core
+    dK/dV pass's keys each one warp's; dRPB in fixed point from the dQ pass's largest |dS|)."""
+    monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    assert_deterministic(spatial=(40, 56), kernel=(13, 11), dim=64, rpb=rpb, seed=43)
+
+
+def test_sm90_square_backward_declines_what_it_cannot_take(monkeypatch):
+    """Named on a window beyond its limits the square pair declines with the reason, the
+    forward's decline first (NATTN_FAMILY=sm90 turns the decline into the error)."""
+    monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    q = torch.randn(1, 32, 32, 2, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(Exception, match="up to 13 x 13"):
+        nattn.na2d(q, q, q, (15, 7), backend="cuda").sum().backward()

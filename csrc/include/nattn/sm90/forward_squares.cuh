@@ -71,6 +71,33 @@ struct SquareSmem {
   static_assert(Cta::kMinBlocks * (kAlloc + kSmemReservedPerCta) <= kSmemPerSm, "the CTAs per SM");
 };
 
+// Thread 0's copies (the barriers initialized): the query box's Q rows, then the union's keys
+// and values part by part, each part completing on its own barrier (the forward's and the dQ
+// pass's).
+template <int NA, int HD, class Tl>
+__device__ __forceinline__ void load_square_tiles(const Params& p, const CtaTile& tile, int h, int h_kv, int b,
+                                                  unsigned char* smem, const CUtensorMap* map_q,
+                                                  const CUtensorMap* map_k, const CUtensorMap* map_v) {
+  using S = SquareSmem<Tl, HD>;
+  using R = typename S::Rows;
+  using P = typename S::Part;
+  using PartBox = Box<kSquarePartRows, kSquareKeyBox, 1>;
+  uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  uint64_t* parts_full = rows_full + 1;
+  int c[5];
+  mbar_expect_tx(rows_full, R::kBytes);
+  load_box_blocks<NA, typename Tl::Q, R>(p, tile, tile.q0, head_coords<HD>(p, kRowsQ, p.heads, h, b), smem + S::kQ,
+                                         map_q, rows_full, c);
+  const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
+  const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
+  for (int i = 0; i < kSquareParts; ++i) {
+    const int origin[3] = {tile.lo[0] + kSquarePartRows * i, tile.lo[1], 0};
+    mbar_expect_tx(parts_full + i, 2 * P::kBytes);
+    load_box_blocks<NA, PartBox, P>(p, tile, origin, hk, smem + S::kK + i * P::kBytes, map_k, parts_full + i, c);
+    load_box_blocks<NA, PartBox, P>(p, tile, origin, hv, smem + S::kV + i * P::kBytes, map_v, parts_full + i, c);
+  }
+}
+
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>::kMinBlocks)
     forward_squares_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
@@ -107,22 +134,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
     fence_barrier_init();
   }
   __syncthreads();
-  if (threadIdx.x == 0) {  // the query box, then the union's keys and values, part by part
-    using PartBox = Box<kSquarePartRows, kSquareKeyBox, 1>;
-    using P = typename S::Part;
-    int c[5];
-    mbar_expect_tx(rows_full, R::kBytes);
-    load_box_blocks<NA, QB, R>(p, tile, tile.q0, head_coords<HD>(p, kRowsQ, p.heads, h, b), smem + S::kQ, &map_q,
-                               rows_full, c);
-    const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
-    const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
-    for (int i = 0; i < kSquareParts; ++i) {
-      const int origin[3] = {tile.lo[0] + kSquarePartRows * i, tile.lo[1], 0};
-      mbar_expect_tx(parts_full + i, 2 * P::kBytes);
-      load_box_blocks<NA, PartBox, P>(p, tile, origin, hk, smem + S::kK + i * P::kBytes, &map_k, parts_full + i, c);
-      load_box_blocks<NA, PartBox, P>(p, tile, origin, hv, smem + S::kV + i * P::kBytes, &map_v, parts_full + i, c);
-    }
-  }
+  if (threadIdx.x == 0) load_square_tiles<NA, HD, Tl>(p, tile, h, h_kv, b, smem, &map_q, &map_k, &map_v);
   // The head's RPB table times log2(e), between guards (behind the copies).
   const bool has_rpb = p.rpb != nullptr;
   float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;

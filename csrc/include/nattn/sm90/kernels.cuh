@@ -15,6 +15,7 @@
 #include "nattn/sm90/backward_dkv.cuh"
 #include "nattn/sm90/backward_dq.cuh"
 #include "nattn/sm90/backward_dkv_strips.cuh"
+#include "nattn/sm90/backward_dq_squares.cuh"
 #include "nattn/sm90/backward_dq_strips.cuh"
 #include "nattn/sm90/backward_wide.cuh"
 #include "nattn/sm90/forward.cuh"
@@ -281,6 +282,43 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
   return nullptr;
 }
 
+// What prepare_backward_squares leaves for launch_backward_squares: the square dQ pass's
+// maps (Q with the query box, K and V with a part of the union's box; dQ's for the bulk store
+// where it can be had, else per-lane stores).
+struct SquareBackwardLaunch {
+  CUtensorMap q, k, v, dq;
+  int heads_outer;  // Params::map_heads_outer of the maps
+  int dq_map;       // Params::out_map of the dQ pass: 1 when dQ's map is encoded
+};
+static_assert(sizeof(SquareBackwardLaunch) <= kPrepareBytes, "workspace too small");
+
+// The square pair's backward: its own dQ pass (backward_dq_squares.cuh), then the tensor-core
+// family's dK/dV pass. Declines what the square forward declines.
+template <typename T, int NA, int HD, class Tl>
+const char* prepare_backward_squares(const Params& p, void* workspace) {
+  if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32 or 64)";
+  if (const char* why = square_declines(p)) return why;
+  if (p.rpb && p.rpb_head_size > kSmallRpbStageFloats)
+    return "an RPB table above 4096 entries per head needs a 128-query tile pair (64-query pairs stage it in shared memory)";
+  if (num_cta_tiles<typename Tl::Q>(p) > 0x7fffffff) return "too many query boxes for the grid";
+  int qbox[3], kbox[3];
+  for (int a = 0; a < 3; ++a) {
+    qbox[a] = Tl::Q::extent(a);
+    kbox[a] = Tl::K::extent(a);
+  }
+  square_key_map_box(kbox);
+  SquareBackwardLaunch* l = static_cast<SquareBackwardLaunch*>(workspace);
+  const MapRequest maps[] = {
+      {"q", kRowsQ, &l->q, p.q_s, p.q, p.heads, qbox},
+      {"k", kRowsK, &l->k, p.k_s, p.k, p.heads_kv, kbox},
+      {"v", kRowsV, &l->v, p.v_s, p.v, p.heads_kv, kbox},
+  };
+  l->heads_outer = 0;
+  if (const char* why = encode_maps<HD, T>(p, maps, l->heads_outer)) return why;
+  l->dq_map = encode_store_map<HD, T>(p, p.dq_s, p.dq, p.heads, qbox, &l->dq, kRowsGradQ, l->heads_outer);
+  return nullptr;
+}
+
 // The backward pairs' (a 128-token box and a 64-token box, or at head dims up to 64 a
 // 96- or 112-token one: backward_dq.cuh, backward_dkv.cuh).
 template <typename T, int NA, int HD, class Tl>
@@ -338,6 +376,8 @@ template <typename T, int NA, int HD, class Tl>
 const char* prepare_backward(const Params& p, void* workspace) {
   if constexpr (Tl::kStrips) {
     return prepare_backward_strips<T, NA, HD, Tl>(p, workspace);
+  } else if constexpr (Tl::kSquares) {
+    return prepare_backward_squares<T, NA, HD, Tl>(p, workspace);
   } else {
     return prepare_backward_boxes<T, NA, HD, Tl>(p, workspace);
   }
@@ -523,11 +563,42 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
   if (fixed) drpb_fixed_end(p, tc::dkv_fixed_bits<T, HD>(), stream);
 }
 
+// The square pair's backward: the square dQ pass (which computes and writes its rows' delta
+// and, with a fixed-point dRPB, records each query head's largest |dS| first), then the
+// tensor-core family's dK/dV pass (instantiated in this translation unit: a build may leave
+// the tc family out) and dRPB's finish. Every step is deterministic.
+template <typename T, int NA, int HD, class Tl>
+void launch_backward_squares(const Params& problem, cudaStream_t stream) {
+  const SquareBackwardLaunch* l = static_cast<const SquareBackwardLaunch*>(problem.prepared);
+  Params p = problem;
+  p.map_heads_outer = l->heads_outer;
+  p.out_map = l->dq_map;
+  set_query_boxes<typename Tl::Q>(p);
+  using S = SquareSmem<Tl, HD>;
+  constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] { return allow_smem(backward_dq_squares_kernel<T, NA, HD, Tl>, most); });
+  const int64_t rpb_bytes = drpb_stage_bytes(p);
+  const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
+  const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * SquareCta<Tl, HD>::kRpbGuard : 0;
+  const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
+  const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
+  // With a query range the dK/dV pass reads the delta of rows no dQ CTA runs: the delta
+  // kernel writes every row first (launch_backward_strips says why).
+  if (has_query_range(p)) launch_delta<T, HD>(p, stream);
+  backward_dq_squares_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->k, l->v,
+                                                                                                  l->dq);
+  tc::launch_dkv_pass<T, NA, HD, false>(p, fixed ? rpb_bytes : 0, stream);
+  if (fixed) drpb_fixed_end(p, tc::dkv_fixed_bits<T, HD>(), stream);
+}
+
 // The backward's kernels on the caller's stream.
 template <typename T, int NA, int HD, class Tl>
 void launch_backward(const Params& problem, cudaStream_t stream) {
   if constexpr (Tl::kStrips) {
     launch_backward_strips<T, NA, HD, Tl>(problem, stream);
+  } else if constexpr (Tl::kSquares) {
+    launch_backward_squares<T, NA, HD, Tl>(problem, stream);
   } else if constexpr (HD == kWideHeadDim) {
     launch_backward_wide<T, NA, Tl>(problem, stream);
   } else {

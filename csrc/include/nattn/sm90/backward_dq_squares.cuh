@@ -1,0 +1,202 @@
+// Hopper (sm_90a) NA backward for the square pair, dQ pass: the square forward's CTA and walk
+// (forward_squares.cuh, square_geometry.cuh) with the dQ pass's products.
+//
+// Thread 0 loads the 8 x 8 query box's Q rows and the 20 x 20 union of its windows' keys and
+// values in the forward's five parts of four key rows (an mbarrier each). Each warp holds its
+// 4 x 4 square's Q and dO as m16 A fragments (dO read by the lanes from global memory, as O
+// is for delta: with a dO tile two CTAs would not fit an SM at head dim 64) and walks the
+// square's key rows in half-chunks of two key rows (32 keys, four n8 tiles):
+//   S = Q K^T, dP = dO V^T      (mma.sync m16n8k16; K and V read alike with ldmatrix)
+//   P = exp2(S scale log2e + bias - LSE log2e) where the key is in the row's window, else 0
+//   dS = P (dP - delta)         (delta = rowsum(dO O) - dLSE of the square's rows, written
+//                                for the dK/dV pass that runs next: strip_row_delta)
+//   dQ += dS K                  (dS from the score fragments; K read transposed, as the
+//                                forward reads V)
+// A half-chunk no lane of the warp keeps (the last rows of a window of 9 to 12 rows) is
+// skipped. At the end dQ * scale goes through the warp's rows of the query tile and out in one
+// bulk tensor store of the box (dQ's map) or per-lane stores. With an RPB the pass records
+// each query head's largest |dS| for the fixed-point dRPB of the dK/dV pass.
+#pragma once
+#include <cuda.h>
+#include <math.h>
+
+#include "nattn/common/drpb_fixed.cuh"
+#include "nattn/common/softmax.cuh"
+#include "nattn/sm90/backward_dq_strips.cuh"
+#include "nattn/sm90/forward_squares.cuh"
+#include "nattn/tc/mma.cuh"
+
+namespace nattn { namespace sm90 {
+
+template <typename T, int NA, int HD, class Tl>
+__global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>::kMinBlocks)
+    backward_dq_squares_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
+                               const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
+                               const __grid_constant__ CUtensorMap map_dq) {
+#if NATTN_SM90_ENABLED
+  static_assert(NA == 2, "the square pair is 2-D");
+  using QB = typename Tl::Q;
+  using Cta = SquareCta<Tl, HD>;
+  using S = SquareSmem<Tl, HD>;
+  using R = typename S::Rows;
+  using C = typename S::Cols;
+  using M = tc::Mma<T>;
+  constexpr int kRowBytes = C::kRowBytes;
+  constexpr int kKeyRowBytes = kSquareKeyBox * kRowBytes;
+  constexpr int kHalf = 4;  // n8 score tiles of a half-chunk: two key rows of 16 columns
+  constexpr int kSquareRowStep = 2 * 8;  // box rows from a lane's first row to its second
+  unsigned char* smem = aligned_smem();
+  uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  uint64_t* parts_full = rows_full + 1;
+
+  CtaTile tile;
+  if (!cta_tile<NA, QB, typename Tl::K>(p, blockIdx.x, tile)) return;  // uniform
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int h_kv = kv_head(p, h);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g4 = lane / 4, t4 = lane % 4;
+
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&map_q);
+    prefetch_tensor_map(&map_k);
+    prefetch_tensor_map(&map_v);
+    mbar_init(rows_full, 1);
+    for (int i = 0; i < kSquareParts; ++i) mbar_init(parts_full + i, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) load_square_tiles<NA, HD, Tl>(p, tile, h, h_kv, b, smem, &map_q, &map_k, &map_v);
+  const bool has_rpb = p.rpb != nullptr;
+  float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;
+  stage_strip_rpb<Cta>(p, h, bias);
+
+  SquareLane sq;
+  square_lane<QB>(p, tile, warp, lane, sq);
+  const int chunks = sq.chunks, row_mult = sq.row_mult;
+  const int row0 = square_query_row(warp, g4);  // (the lane's second row: kSquareRowStep on)
+  // The rows' LSE (+inf for a row past the grid: no probability), dO and O fragments: their
+  // loads are in flight while the tiles arrive.
+  float lse2[2];
+  int64_t row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool ok = sq.row_ok[r];
+    row[r] = ok ? lse_row<NA, QB>(p, tile, row0 + kSquareRowStep * r, b, h) : 0;
+    lse2[r] = ok ? __ldg(p.lse + row[r]) : INFINITY;
+  }
+  uint32_t oa[HD / 16][4], da[HD / 16][4];
+  load_row_fragments<T, NA, HD, QB, kSquareRowStep>(p, tile, p.out, p.out_s, row0, t4, b, h, oa);
+  load_row_fragments<T, NA, HD, QB, kSquareRowStep>(p, tile, p.grad_out, p.grad_out_s, row0, t4, b, h, da);
+  float dlt[2];
+  strip_row_delta<T, HD>(p, da, oa, sq.row_ok, row, t4, dlt);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) lse2[r] = lse_log2(lse2[r]);
+
+  // ldmatrix addresses (forward_squares.cuh): the square's first key plus a tile's first key
+  // plus the lane's offset for the tile's walk-row parity; K and V as the B operand of S and
+  // dP (n8 tiles: 32 channels an x4), K transposed as dQ's (sixteen keys, 16 channels an x4).
+  const unsigned char* keys_at = smem + S::kK + (sq.sy * kSquareKeyBox + sq.sx) * kRowBytes;
+  int k_off[2][HD / 32], kt_off[2][HD / 16];
+#pragma unroll
+  for (int odd = 0; odd < 2; ++odd) {
+    const int ph = square_phase(sq.sy, sq.sx, odd);
+#pragma unroll
+    for (int x = 0; x < HD / 32; ++x) k_off[odd][x] = C::offset(ph + lane % 8, 8 * (lane / 8) + 32 * x) - ph * kRowBytes;
+#pragma unroll
+    for (int x = 0; x < HD / 16; ++x)
+      kt_off[odd][x] = C::offset(ph + lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x) - ph * kRowBytes;
+  }
+
+  uint32_t qa[HD / 16][4];
+  mbar_wait(rows_full, 0);
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk)
+    tc::ldmatrix_x4(qa[kk], smem + S::kQ + R::offset(square_query_row(warp, lane % 16), 16 * kk + 8 * (lane / 16)));
+
+  float dq[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
+  unsigned ds_max = 0;  // with RPB: the lane's largest |dS|, as float bits
+
+  // Half-chunk `half` of chunk ch: walk rows 4 ch + 2 half and the next; score tile jj is
+  // the chunk's tile j = kHalf half + jj (walk row j / 2, columns 8 (j % 2) ..).
+  auto half_chunk = [&](auto rpb_tag, int ch, int half, const uint32_t (&w)[2], const int (&bias_at)[2]) {
+    constexpr bool kRpb = decltype(rpb_tag)::value;
+    const unsigned char* half_at = keys_at + (kStripChunkRows * ch + 2 * half) * kKeyRowBytes;
+    float sc[kHalf][4], dp[kHalf][4];
+#pragma unroll
+    for (int jj = 0; jj < kHalf; ++jj) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[jj][e] = dp[jj][e] = 0.f;
+      const unsigned char* at = half_at + (jj / 2) * kKeyRowBytes + 8 * (jj % 2) * kRowBytes;
+#pragma unroll
+      for (int x = 0; x < HD / 32; ++x) {  // (the walk row's parity is jj / 2's: 4 ch + 2 half is even)
+        uint32_t kb[4], vb[4];
+        tc::ldmatrix_x4(kb, at + k_off[jj / 2][x]);
+        M::run(sc[jj], qa[2 * x], kb);
+        M::run(sc[jj], qa[2 * x + 1], kb + 2);
+        tc::ldmatrix_x4(vb, at + C::kBytes + k_off[jj / 2][x]);
+        M::run(dp[jj], da[2 * x], vb);
+        M::run(dp[jj], da[2 * x + 1], vb + 2);
+      }
+    }
+#pragma unroll
+    for (int jj = 0; jj < kHalf; ++jj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, j = kHalf * half + jj;
+        float x = sc[jj][e] * p.scale_log2;
+        if constexpr (kRpb)  // (the guards keep a masked key's index inside shared memory)
+          x += bias[bias_at[r] + strip_bias_offset(row_mult, j, e)];
+        const float ds = kept(strip_kept(w[r], j, e), fast_exp2(x - lse2[r]) * (dp[jj][e] - dlt[r]));
+        if constexpr (kRpb) ds_max = drpb_abs_max(ds_max, ds);
+        sc[jj][e] = ds;
+      }
+#pragma unroll
+    for (int i = 0; i < kHalf / 2; ++i) {  // tiles 2 i and 2 i + 1 (one key row): a k16 step of dS K
+      const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
+                              M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
+                              M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
+      const unsigned char* at = half_at + i * kKeyRowBytes;
+#pragma unroll
+      for (int x = 0; x < HD / 16; ++x) {
+        uint32_t kb[4];
+        tc::ldmatrix_x4_trans(kb, at + kt_off[i][x]);
+        M::run(dq[2 * x], pa, kb);
+        M::run(dq[2 * x + 1], pa, kb + 2);
+      }
+    }
+  };
+  instanced(has_rpb, [&](auto rpb_tag) {
+    for (int ch = 0; ch < chunks; ++ch) {
+      mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);
+      mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
+      const uint32_t w[2] = {square_chunk_word(sq.word[0], ch), square_chunk_word(sq.word[1], ch)};
+      const int bias_at[2] = {sq.bias_at[0] + strip_chunk_bias(row_mult, ch), sq.bias_at[1] + strip_chunk_bias(row_mult, ch)};
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        constexpr uint32_t kHalfBits = (1u << (2 * kHalf)) - 1u;  // bits 2 j + e of the half's tiles
+        if (!__any_sync(0xffffffffu, ((w[0] | w[1]) >> (2 * kHalf * half)) & kHalfBits)) continue;
+        half_chunk(rpb_tag, ch, half, w, bias_at);
+      }
+    }
+  });
+
+  if (p.drpb_max) {  // every lane gets here
+    ds_max = __reduce_max_sync(0xffffffffu, ds_max);
+    if (lane == 0) atomicMax(p.drpb_max + h, ds_max);
+  }
+  // dQ * scale into the warp's own rows of the query tile (only this warp read them), then the
+  // box's rows out through dQ's map (Params::out_map) or per lane (forward.cuh's epilogue).
+  const float scale[2] = {p.scale, p.scale};
+  unsigned char* stage = smem + S::kQ;
+  __syncwarp();  // every lane's Q fragments are read
+  stage_output<T, HD, R, kSquareRowStep>(stage, &dq[0][0], scale, row0, t4);
+  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_dq, stage, 0, QB::extent(0), h, b,
+                                            RowsOut{p.dq, p.dq_s, p.heads, kRowsGradQ});
+#endif
+}
+
+}  }  // namespace nattn::sm90
