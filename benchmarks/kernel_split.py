@@ -3,18 +3,36 @@ which of libnattn's passes (forward, dQ, dK/dV) the time goes to, from torch.pro
 
     python benchmarks/kernel_split.py [--only dinat-s1-2d,video-3d] [--iters 20] [--rpb] [--strided-grad]
 
+--only takes anchor names and ad-hoc shapes written SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]
+(benchmarks/library_ab.py's), e.g. 64x64-k13x13-b8-h8-d32.
+
 --rpb adds a relative positional bias with its gradient (NAT / DiNAT layers have one).
 --strided-grad passes the output gradient as a view whose heads are 8 channels apart (not
 packed): the Hopper backward's delta preprocessing then takes its strided kernel.
 """
 
 import argparse
+import re
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import nattn
 from cuda_anchors import ANCHORS, FUNCS, LARGE
+
+AD_HOC = re.compile(r"(\d+(?:x\d+)*)-k(\d+(?:x\d+)*)-b(\d+)-h(\d+)-d(\d+)(?:-dil(\d+(?:x\d+)*))?")
+
+
+def ad_hoc(name):
+    """An anchor tuple from an ad-hoc shape's name."""
+    m = AD_HOC.fullmatch(name)
+    if m is None:
+        raise SystemExit(f"--only: {name!r} is neither an anchor ({', '.join(a[0] for a in ANCHORS)}) nor a shape "
+                         "written SPATIAL-kKERNEL-bB-hH-dD[-dilDIL]")
+    spatial = tuple(int(x) for x in m[1].split("x"))
+    kernel = tuple(int(x) for x in m[2].split("x"))
+    dil = tuple(int(x) for x in m[6].split("x")) if m[6] else (1,) * len(spatial)
+    return (name, spatial, int(m[3]), int(m[4]), int(m[5]), kernel, dil)
 
 
 def split(anchor, iters, with_rpb=False, strided_grad=False):
@@ -72,6 +90,8 @@ def main():
     for anchor in ANCHORS:
         if (not only and anchor[0] not in LARGE) or anchor[0] in only:
             split(anchor, args.iters, args.rpb, args.strided_grad)
+    for name in sorted(only - {a[0] for a in ANCHORS}):
+        split(ad_hoc(name), args.iters, args.rpb, args.strided_grad)
 
 
 if __name__ == "__main__":
