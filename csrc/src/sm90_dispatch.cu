@@ -540,9 +540,11 @@ double backward_steps(const nattn::Params& p, const nattn::KernelEntry& e, int h
 constexpr double kSm90BackwardTileGain[3] = {1.0, 0.97, 0.95};
 
 // A box pair with 96-token column boxes (16x8 / 4x24): its backward passes have no RPB paths
-// (sm90/kernels.cuh declines an RPB).
+// (sm90/kernels.cuh declines an RPB). (The strip and square pairs' key boxes are window
+// unions, with RPB paths.)
 bool wide_column_box(int na_dim, const nattn::KernelEntry& e) {
-  return !nattn::sm90::is_strip_pair(na_dim, e.qbox, e.kbox) && e.kbox[0] * e.kbox[1] * e.kbox[2] > 64;
+  return !nattn::sm90::is_strip_pair(na_dim, e.qbox, e.kbox) && !nattn::sm90::is_square_pair(na_dim, e.qbox, e.kbox) &&
+         e.kbox[0] * e.kbox[1] * e.kbox[2] > 64;
 }
 
 // The Hopper entry for a backward: the call's / NATTN_SM90_TILE's pair when it has a backward

@@ -2,14 +2,18 @@
 // (forward_squares.cuh, square_geometry.cuh) with the dQ pass's products.
 //
 // Thread 0 loads the 8 x 8 query box's Q rows and the 20 x 20 union of its windows' keys and
-// values in the forward's five parts of four key rows (an mbarrier each). Each warp holds its
-// 4 x 4 square's Q and dO as m16 A fragments (dO read by the lanes from global memory, as O
-// is for delta: with a dO tile two CTAs would not fit an SM at head dim 64) and walks the
-// square's key rows in half-chunks of two key rows (32 keys, four n8 tiles):
+// values in the forward's five parts of four key rows (an mbarrier each); once every warp
+// holds its 4 x 4 square's Q fragments, the box's dO rows replace Q's in the query tile (a
+// tile of their own would leave one CTA an SM at head dim 64, and dO's m16 fragments read
+// by the lanes from global memory took a quarter of the pass waiting on half-used sectors:
+// PERF.md sixty-fourth session), and the last parts follow them. Each warp holds its
+// square's Q and dO as m16 A fragments and walks the square's key rows in half-chunks of two
+// key rows (32 keys, four n8 tiles):
 //   S = Q K^T, dP = dO V^T      (mma.sync m16n8k16; K and V read alike with ldmatrix)
 //   P = exp2(S scale log2e + bias - LSE log2e) where the key is in the row's window, else 0
-//   dS = P (dP - delta)         (delta = rowsum(dO O) - dLSE of the square's rows, written
-//                                for the dK/dV pass that runs next: strip_row_delta)
+//   dS = P (dP - delta)         (delta = rowsum(dO O) - dLSE of the square's rows from the
+//                                dO tile and O's rows, read in 16-byte pieces; written for
+//                                the dK/dV pass that runs next: square_row_delta)
 //   dQ += dS K                  (dS from the score fragments; K read transposed, as the
 //                                forward reads V)
 // A half-chunk no lane of the warp keeps (the last rows of a window of 9 to 12 rows) is
@@ -28,11 +32,35 @@
 
 namespace nattn { namespace sm90 {
 
+// Parts of the union thread 0 loads before the dO rows (chunk 0 of every square: key rows up
+// to 4 + 3), the rest after them.
+constexpr int kSquareEarlyParts = 2;
+
+// delta = rowsum(dO O) - dLSE of a lane's two rows (box rows row0 and row0 + 16): channels
+// 8 t4 + 32 j .. + 7 of dO from the query tile and of O from o (the lane's 16-byte pieces of
+// the rows, zero past the grid); the quad's four lanes sum a row. Lane t4 = 0 writes the rows'
+// delta (Params::delta) for the dK/dV pass, which reads every query's.
+template <typename T, int HD, class R>
+__device__ __forceinline__ void square_row_delta(const Params& p, const unsigned char* tile_do, int row0, int t4,
+                                                 const uint4 (&o)[2][HD / 32], const bool (&ok)[2],
+                                                 const int64_t (&row)[2], float (&delta)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < HD / 32; ++j)
+      acc += piece_dot<T>(o[r][j], *reinterpret_cast<const uint4*>(tile_do + R::offset(row0 + 16 * r, 8 * t4 + 32 * j)));
+    const float sum = quad_sum(acc);  // (every lane: a shuffle)
+    delta[r] = ok[r] ? row_delta(p, row[r], sum) : 0.f;
+    if (ok[r] && t4 == 0) p.delta[row[r]] = delta[r];
+  }
+}
+
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>::kMinBlocks)
     backward_dq_squares_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
-                               const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
-                               const __grid_constant__ CUtensorMap map_dq) {
+                               const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
+                               const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_dq) {
 #if NATTN_SM90_ENABLED
   static_assert(NA == 2, "the square pair is 2-D");
   using QB = typename Tl::Q;
@@ -48,6 +76,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   unsigned char* smem = aligned_smem();
   uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* parts_full = rows_full + 1;
+  uint64_t* grad_full = parts_full + kSquareParts;
 
   CtaTile tile;
   if (!cta_tile<NA, QB, typename Tl::K>(p, blockIdx.x, tile)) return;  // uniform
@@ -58,14 +87,19 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&map_q);
+    prefetch_tensor_map(&map_do);
     prefetch_tensor_map(&map_k);
     prefetch_tensor_map(&map_v);
     mbar_init(rows_full, 1);
     for (int i = 0; i < kSquareParts; ++i) mbar_init(parts_full + i, 1);
+    mbar_init(grad_full, 1);
     fence_barrier_init();
   }
   __syncthreads();
-  if (threadIdx.x == 0) load_square_tiles<NA, HD, Tl>(p, tile, h, h_kv, b, smem, &map_q, &map_k, &map_v);
+  if (threadIdx.x == 0) {  // Q's rows and the first parts (forward_squares.cuh)
+    load_square_rows<NA, HD, Tl>(p, tile, kRowsQ, h, b, smem, &map_q, rows_full);
+    load_square_parts<NA, HD, Tl>(p, tile, h_kv, b, smem, &map_k, &map_v, 0, kSquareEarlyParts);
+  }
   const bool has_rpb = p.rpb != nullptr;
   float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;
   stage_strip_rpb<Cta>(p, h, bias);
@@ -74,23 +108,23 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   square_lane<QB>(p, tile, warp, lane, sq);
   const int chunks = sq.chunks, row_mult = sq.row_mult;
   const int row0 = square_query_row(warp, g4);  // (the lane's second row: kSquareRowStep on)
-  // The rows' LSE (+inf for a row past the grid: no probability), dO and O fragments: their
-  // loads are in flight while the tiles arrive.
+  // The rows' LSE (+inf for a row past the grid: no probability) and O's pieces for delta:
+  // their loads are in flight while the tiles arrive.
   float lse2[2];
   int64_t row[2];
+  uint4 o_rows[2][HD / 32];
+  const T* out = head_base<const T>(p.out, p.out_s, b, h) + 8 * t4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool ok = sq.row_ok[r];
     row[r] = ok ? lse_row<NA, QB>(p, tile, row0 + kSquareRowStep * r, b, h) : 0;
     lse2[r] = ok ? __ldg(p.lse + row[r]) : INFINITY;
-  }
-  uint32_t oa[HD / 16][4], da[HD / 16][4];
-  load_row_fragments<T, NA, HD, QB, kSquareRowStep>(p, tile, p.out, p.out_s, row0, t4, b, h, oa);
-  load_row_fragments<T, NA, HD, QB, kSquareRowStep>(p, tile, p.grad_out, p.grad_out_s, row0, t4, b, h, da);
-  float dlt[2];
-  strip_row_delta<T, HD>(p, da, oa, sq.row_ok, row, t4, dlt);
+    int64_t off;
+    const bool in = box_row_offset<NA, QB>(p, tile, tile.q0, row0 + kSquareRowStep * r, p.out_s, off);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) lse2[r] = lse_log2(lse2[r]);
+    for (int j = 0; j < HD / 32; ++j)
+      o_rows[r][j] = in ? __ldg(reinterpret_cast<const uint4*>(out + off + 32 * j)) : make_uint4(0u, 0u, 0u, 0u);
+  }
 
   // ldmatrix addresses (forward_squares.cuh): the square's first key plus a tile's first key
   // plus the lane's offset for the tile's walk-row parity; K and V as the B operand of S and
@@ -107,11 +141,25 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
       kt_off[odd][x] = C::offset(ph + lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x) - ph * kRowBytes;
   }
 
-  uint32_t qa[HD / 16][4];
+  uint32_t qa[HD / 16][4], da[HD / 16][4];
   mbar_wait(rows_full, 0);
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk)
     tc::ldmatrix_x4(qa[kk], smem + S::kQ + R::offset(square_query_row(warp, lane % 16), 16 * kk + 8 * (lane / 16)));
+  __syncthreads();  // every warp's Q fragments are read: dO's rows replace them
+  if (threadIdx.x == 0) {
+    fence_proxy_async_smem();  // (the tile's reads before the copy engine's writes)
+    load_square_rows<NA, HD, Tl>(p, tile, kRowsGradOut, h, b, smem, &map_do, grad_full);
+    load_square_parts<NA, HD, Tl>(p, tile, h_kv, b, smem, &map_k, &map_v, kSquareEarlyParts, kSquareParts);
+  }
+  mbar_wait(grad_full, 0);
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk)
+    tc::ldmatrix_x4(da[kk], smem + S::kQ + R::offset(square_query_row(warp, lane % 16), 16 * kk + 8 * (lane / 16)));
+  float dlt[2];
+  square_row_delta<T, HD, R>(p, smem + S::kQ, row0, t4, o_rows, sq.row_ok, row, dlt);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) lse2[r] = lse_log2(lse2[r]);
 
   float dq[HD / 8][4];
 #pragma unroll

@@ -29,10 +29,6 @@
 #include "nattn/sm90/square_geometry.cuh"
 #include "nattn/tc/mma.cuh"
 
-#ifndef NATTN_SM90_SQUARE_PIPELINED
-#define NATTN_SM90_SQUARE_PIPELINED 0
-#endif
-
 namespace nattn { namespace sm90 {
 
 template <class Tl, int HD>
@@ -41,11 +37,6 @@ struct SquareCta {
   // Shared memory bounds the CTAs per SM: at head dim 64 the tiles take 108 KB (two CTAs);
   // at 32, 54 KB (four, with <= 128 registers a thread).
   static constexpr int kMinBlocks = HD <= 32 ? 4 : 2;
-  // Two CTAs per SM at head dim 64 leave registers for a chunk's scores beside the next
-  // chunk's (their products issued before this chunk's softmax); at 32 the four CTAs' 128
-  // registers do not. Build switch NATTN_SM90_SQUARE_PIPELINED=1 (off by default until a GPU
-  // has run and timed it): one chunk at a time without it.
-  static constexpr bool kPipelined = NATTN_SM90_SQUARE_PIPELINED && HD == 64;
   static_assert(Tl::Q::extent(0) == 8 && Tl::Q::extent(1) == 8 && Tl::Q::extent(2) == 1 &&
                     Tl::K::extent(0) == kSquareKeyBox && Tl::K::extent(1) == kSquareKeyBox,
                 "the square pair: 8 x 8 queries, a 20 x 20 key box");
@@ -64,33 +55,40 @@ struct SquareSmem {
   static constexpr int kK = kQ + Rows::kBytes;
   static constexpr int kV = kK + Cols::kBytes;
   using Part = TileSmem<HD, kSquarePartRows * kSquareKeyBox>;  // a part of K or V
-  static constexpr int kBars = kV + Cols::kBytes;  // rows_full, parts_full[kSquareParts]
-  static constexpr int kBytes = kBars + 8 * (1 + kSquareParts);
+  // rows_full, parts_full[kSquareParts], grad_full (the dQ pass's dO rows, into Q's tile)
+  static constexpr int kBars = kV + Cols::kBytes;
+  static constexpr int kBytes = kBars + 8 * (2 + kSquareParts);
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
   static constexpr int kRpbFloats = kSmallRpbStageFloats + 2 * Cta::kRpbGuard;
   static_assert(Cta::kMinBlocks * (kAlloc + kSmemReservedPerCta) <= kSmemPerSm, "the CTAs per SM");
 };
 
-// Thread 0's copies (the barriers initialized): the query box's Q rows, then the union's keys
-// and values part by part, each part completing on its own barrier (the forward's and the dQ
-// pass's).
+// Thread 0's copies (the barriers initialized): the query box's rows of one tensor (Q: kRowsQ,
+// or dO) into Q's tile, completing on `bar`.
 template <int NA, int HD, class Tl>
-__device__ __forceinline__ void load_square_tiles(const Params& p, const CtaTile& tile, int h, int h_kv, int b,
-                                                  unsigned char* smem, const CUtensorMap* map_q,
-                                                  const CUtensorMap* map_k, const CUtensorMap* map_v) {
+__device__ __forceinline__ void load_square_rows(const Params& p, const CtaTile& tile, int rows, int h, int b,
+                                                 unsigned char* smem, const CUtensorMap* map, uint64_t* bar) {
+  using R = typename SquareSmem<Tl, HD>::Rows;
+  int c[5];
+  mbar_expect_tx(bar, R::kBytes);
+  load_box_blocks<NA, typename Tl::Q, R>(p, tile, tile.q0, head_coords<HD>(p, rows, p.heads, h, b),
+                                         smem + SquareSmem<Tl, HD>::kQ, map, bar, c);
+}
+
+// ... and parts first .. last - 1 of the union's keys and values, each completing on its own
+// barrier.
+template <int NA, int HD, class Tl>
+__device__ __forceinline__ void load_square_parts(const Params& p, const CtaTile& tile, int h_kv, int b,
+                                                  unsigned char* smem, const CUtensorMap* map_k,
+                                                  const CUtensorMap* map_v, int first, int last) {
   using S = SquareSmem<Tl, HD>;
-  using R = typename S::Rows;
   using P = typename S::Part;
   using PartBox = Box<kSquarePartRows, kSquareKeyBox, 1>;
-  uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
-  uint64_t* parts_full = rows_full + 1;
+  uint64_t* parts_full = reinterpret_cast<uint64_t*>(smem + S::kBars) + 1;
   int c[5];
-  mbar_expect_tx(rows_full, R::kBytes);
-  load_box_blocks<NA, typename Tl::Q, R>(p, tile, tile.q0, head_coords<HD>(p, kRowsQ, p.heads, h, b), smem + S::kQ,
-                                         map_q, rows_full, c);
   const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
   const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
-  for (int i = 0; i < kSquareParts; ++i) {
+  for (int i = first; i < last; ++i) {
     const int origin[3] = {tile.lo[0] + kSquarePartRows * i, tile.lo[1], 0};
     mbar_expect_tx(parts_full + i, 2 * P::kBytes);
     load_box_blocks<NA, PartBox, P>(p, tile, origin, hk, smem + S::kK + i * P::kBytes, map_k, parts_full + i, c);
@@ -134,7 +132,10 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
     fence_barrier_init();
   }
   __syncthreads();
-  if (threadIdx.x == 0) load_square_tiles<NA, HD, Tl>(p, tile, h, h_kv, b, smem, &map_q, &map_k, &map_v);
+  if (threadIdx.x == 0) {  // the query box, then the union's keys and values, part by part
+    load_square_rows<NA, HD, Tl>(p, tile, kRowsQ, h, b, smem, &map_q, rows_full);
+    load_square_parts<NA, HD, Tl>(p, tile, h_kv, b, smem, &map_k, &map_v, 0, kSquareParts);
+  }
   // The head's RPB table times log2(e), between guards (behind the copies).
   const bool has_rpb = p.rpb != nullptr;
   float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;
@@ -222,32 +223,14 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
     mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);
     mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
   };
+  // (Issuing chunk ch + 1's S = Q K^T before chunk ch's softmax at head dim 64, 220 registers,
+  // was slower: mid-2d 0.200 vs 0.193 ms, H100; PERF.md sixty-fourth session.)
   instanced(has_rpb, [&](auto rpb_tag) {
-    if constexpr (Cta::kPipelined) {  // chunk ch + 1's S = Q K^T issued before chunk ch's softmax
-      Scores sc[2];
-      wait_parts(0);
-      scores(0, sc[0]);
-      for (int ch = 0; ch < chunks; ch += 2) {
-        if (ch + 1 < chunks) {
-          wait_parts(ch + 1);
-          scores(ch + 1, sc[1]);
-        }
-        consume(rpb_tag, sc[0], ch, ch == 0);
-        if (ch + 1 < chunks) {
-          if (ch + 2 < chunks) {
-            wait_parts(ch + 2);
-            scores(ch + 2, sc[0]);
-          }
-          consume(rpb_tag, sc[1], ch + 1, false);
-        }
-      }
-    } else {
-      for (int ch = 0; ch < chunks; ++ch) {
-        wait_parts(ch);
-        Scores sc;
-        scores(ch, sc);
-        consume(rpb_tag, sc, ch, ch == 0);
-      }
+    for (int ch = 0; ch < chunks; ++ch) {
+      wait_parts(ch);
+      Scores sc;
+      scores(ch, sc);
+      consume(rpb_tag, sc, ch, ch == 0);
     }
   });
 

@@ -283,10 +283,10 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
 }
 
 // What prepare_backward_squares leaves for launch_backward_squares: the square dQ pass's
-// maps (Q with the query box, K and V with a part of the union's box; dQ's for the bulk store
-// where it can be had, else per-lane stores).
+// maps (Q and dO with the query box, K and V with a part of the union's box; dQ's for the
+// bulk store where it can be had, else per-lane stores).
 struct SquareBackwardLaunch {
-  CUtensorMap q, k, v, dq;
+  CUtensorMap q, grad_out, k, v, dq;
   int heads_outer;  // Params::map_heads_outer of the maps
   int dq_map;       // Params::out_map of the dQ pass: 1 when dQ's map is encoded
 };
@@ -310,6 +310,7 @@ const char* prepare_backward_squares(const Params& p, void* workspace) {
   SquareBackwardLaunch* l = static_cast<SquareBackwardLaunch*>(workspace);
   const MapRequest maps[] = {
       {"q", kRowsQ, &l->q, p.q_s, p.q, p.heads, qbox},
+      {"grad_out", kRowsGradOut, &l->grad_out, p.grad_out_s, p.grad_out, p.heads, qbox},
       {"k", kRowsK, &l->k, p.k_s, p.k, p.heads_kv, kbox},
       {"v", kRowsV, &l->v, p.v_s, p.v, p.heads_kv, kbox},
   };
@@ -586,8 +587,8 @@ void launch_backward_squares(const Params& problem, cudaStream_t stream) {
   // With a query range the dK/dV pass reads the delta of rows no dQ CTA runs: the delta
   // kernel writes every row first (launch_backward_strips says why).
   if (has_query_range(p)) launch_delta<T, HD>(p, stream);
-  backward_dq_squares_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->k, l->v,
-                                                                                                  l->dq);
+  backward_dq_squares_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->grad_out,
+                                                                                                  l->k, l->v, l->dq);
   tc::launch_dkv_pass<T, NA, HD, false>(p, fixed ? rpb_bytes : 0, stream);
   if (fixed) drpb_fixed_end(p, tc::dkv_fixed_bits<T, HD>(), stream);
 }
