@@ -204,10 +204,12 @@ def test_sm90_default_3d_pair(spatial, kernel, head_dim, pair):
     ((30, 48, 80), (18, 24, 24), 256, "q2x8x8_k1x8x8"),
     ((256, 256), (25, 25), 256, "q8x16_k4x16"),
 ])
-def test_sm90_backward_pair(spatial, kernel, head_dim, pair):
+def test_sm90_backward_pair(spatial, kernel, head_dim, pair, monkeypatch):
     """The backward's pair: the first of SM90_BACKWARD_TILES for the NA dim unless another
     walks at least 3% (2-D) / 5% (3-D) fewer warpgroup steps (sm90_dispatch.cu,
-    backward_steps); the later pairs' forwards run only when named (not timed as forwards)."""
+    backward_steps); the later pairs' forwards run only when named (not timed as forwards).
+    (The square pair's own rule is off here: test_sm90_square_backward_rule.)"""
+    monkeypatch.setenv("NATTN_SM90_SQUARES", "0")
     nd = len(spatial)
     later = [kernel_table.Instance("sm90", "bfloat16", nd, head_dim, t).tile_name
              for n, t in kernel_table.SM90_BACKWARD_TILES if n == nd][1:]
@@ -219,9 +221,10 @@ def test_sm90_backward_pair(spatial, kernel, head_dim, pair):
     assert not {c["name"] for c in configs if c["default"]} & set(later)
 
 
-def test_sm90_backward_pair_with_rpb_has_rpb_paths():
+def test_sm90_backward_pair_with_rpb_has_rpb_paths(monkeypatch):
     """The pairs with 96- and 112-token column boxes have no RPB paths: with an RPB the
     backward runs a pair that has them (the same problem without one runs q32x4_k7x16)."""
+    monkeypatch.setenv("NATTN_SM90_SQUARES", "0")
     if ("bfloat16", 2, 64) not in getattr(LIB, "sm90_backward", ()):
         pytest.skip("this build has no bf16 2-D sm90 backward at head dim 64")
     q = torch.empty(1, 128, 128, 2, 64, dtype=torch.bfloat16, device="meta")
@@ -229,6 +232,31 @@ def test_sm90_backward_pair_with_rpb_has_rpb_paths():
     for rpb, pair in ((False, "q32x4_k7x16"), (True, "q8x16_k4x16")):
         configs = LIB.sm90_configs(CUDA._shape_fields(q, q, q, params, rpb))
         assert [c["name"] for c in configs if c["backward_default"]] == [pair], rpb
+
+
+@pytest.mark.parametrize("spatial, kernel, head_dim, rpb, square", [
+    ((128, 128), (11, 11), 32, False, True),   # the square dQ pass, tc's dK/dV pass
+    ((56, 56), (9, 9), 32, True, True),
+    ((128, 128), (13, 13), 64, True, True),    # D64 with an RPB: tc's dQ pass before
+    ((128, 128), (13, 13), 64, False, False),  # D64 without: the box pairs' dK/dV pass wins
+    ((128, 128), (15, 15), 32, False, False),  # beyond the square pair's windows
+    ((128, 128), (13, 7), 32, False, False),   # an axis below 9
+])
+def test_sm90_square_backward_rule(spatial, kernel, head_dim, rpb, square, monkeypatch):
+    """The square pair runs the backward by default where it runs the forward, at head dim 32
+    and at 64 with an RPB (sm90_dispatch.cu, square_backward_for); NATTN_SM90_SQUARES=0
+    turns the rule off."""
+    if ("bfloat16", 2, head_dim) not in getattr(LIB, "sm90_backward", ()):
+        pytest.skip("this build has no bf16 2-D sm90 backward at this head dim")
+    q = torch.empty(1, *spatial, 2, head_dim, dtype=torch.bfloat16, device="meta")
+    params = normalize(q, q, q, 2, kernel)
+    configs = LIB.sm90_configs(CUDA._shape_fields(q, q, q, params, rpb))
+    chosen = [c["name"] for c in configs if c["backward_default"]]
+    assert (chosen == ["q8x8_k20x20"]) == square, chosen
+    assert (CUDA.sm90_preferred(q, q, q, params, rpb=rpb, backward=True) == "native") or not square
+    monkeypatch.setenv("NATTN_SM90_SQUARES", "0")
+    configs = LIB.sm90_configs(CUDA._shape_fields(q, q, q, params, rpb))
+    assert "q8x8_k20x20" not in [c["name"] for c in configs if c["backward_default"]]
 
 
 @pytest.mark.parametrize("spatial, kernel, dilation, head_dim, pair", [
@@ -333,7 +361,10 @@ _RULES = [
     # dilated from 121 keys since the split CTAs (forty-sixth session, H100)
     ((128, 128), (11, 11), 64, 3, False, True, 64, "native"),  # 0.891 vs 0.900 (H200 before: 0.930 vs 0.861)
     ((96, 96), (13, 13), 64, 2, False, True, 64, "native"),    # 0.478 vs 0.624
-    ((128, 128), (13, 13), 32, 1, False, True, 32, ""),        # 0.656 vs 0.643
+    ((128, 128), (13, 13), 32, 1, False, True, 32, "native"),  # the square backward (64x64 13x13: 0.333 vs 0.398)
+    ((56, 56), (9, 9), 32, 1, True, True, 32, "native"),       # with an RPB 0.454 vs 0.491
+    ((128, 128), (13, 13), 64, 1, True, True, 64, "native"),   # D64 with an RPB: the square dQ pass, tc's dK/dV
+    ((56, 56), (9, 9), 64, 2, True, True, 64, "native"),
     ((128, 128), (15, 15), 32, 1, False, True, 32, ""),        # 0.821 vs 0.763
     ((128, 128), (17, 17), 32, 1, False, True, 32, "native"),  # 0.413 vs 0.484
     # the 3-D backward by the backward pair's walk ratio (thirty-fifth session, call 4)

@@ -421,6 +421,20 @@ const nattn::KernelEntry* square_pair_for(const nattn::Params& p, int dim) {
   return nullptr;
 }
 
+// The square pair's backward (its dQ pass, backward_dq_squares.cuh, then the tensor-core
+// family's dK/dV pass) runs by default where its forward does (square_pair_for) at head dim
+// 32, and at 64 with an RPB: there its dQ pass replaces the tensor-core one, which ran
+// before. Measured (H100, bf16, GPU ms, forward + backward, square vs the previous default,
+// tc's backward; PERF.md sixty-fourth session): D32 56x56 11x11 B32 H4 0.417 vs 0.493, 9x9
+// 0.350 vs 0.406, 64x64 13x13 B8 H8 0.333 vs 0.398; with an RPB 0.535 vs 0.604, 0.454 vs
+// 0.491, 0.438 vs 0.503. At head dim 64 without an RPB the box pairs' backward stays: its
+// dK/dV pass (mid-2d 0.421 ms) beats the tensor-core one (0.556) by more than the square dQ
+// pass gains (0.258 vs 0.287).
+const nattn::KernelEntry* square_backward_for(const nattn::Params& p, int dim) {
+  if (!squares_by_default() || (dim > 32 && !p.rpb)) return nullptr;
+  return square_pair_for(p, dim);
+}
+
 // The pair a problem runs by default: the one walking the fewest keys (sm90_tile_cost)
 // among those that fit it, unless the table's first pair of the NA dim is within
 // kSm90TileGain of it (or the strip pair: strips_by_default; the square pair:
@@ -558,6 +572,8 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   if (tile_requested(p)) forced = nullptr;  // the call's pair decides (below)
   if (!tile_requested(p) && !(forced && *forced) && strips_by_default())
     if (const nattn::KernelEntry* e = strip_pair_for(p, dim)) return e;
+  if (!tile_requested(p) && !(forced && *forced))
+    if (const nattn::KernelEntry* e = square_backward_for(p, dim)) return e;
   const nattn::KernelEntry* pairs[8];
   int n = 0;
   const Sm90Entries all = sm90_entries();
@@ -569,9 +585,9 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
     if (p.rpb && wide_column_box(p.na_dim, e)) continue;
     if (tile_requested(p) && is_requested_tile(p, e)) return &e;
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
-    // The strip pairs' backward (backward_dq_strips.cuh, backward_dkv_strips.cuh) runs when
-    // named or by their own rule (strips_by_default, above); the square pair's
-    // (backward_dq_squares.cuh and the tensor-core dK/dV pass) only when named.
+    // The strip and square pairs' backward (backward_dq_strips.cuh, backward_dkv_strips.cuh;
+    // backward_dq_squares.cuh and the tensor-core dK/dV pass) runs when named or by their
+    // own rules (strips_by_default, square_backward_for, above).
     if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox) || nattn::sm90::is_square_pair(p.na_dim, e.qbox, e.kbox))
       continue;
     if (e.unverified) continue;  // (kernel_table.SM90_UNVERIFIED_TILES: named only, above)
@@ -707,6 +723,7 @@ bool sm90_preferred_wide(const nattn::Params& p, int64_t window, int head_dim, b
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   if (strips_by_default() && strip_pair_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
   if (!backward && squares_by_default() && square_pair_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
+  if (backward && square_backward_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
   const int64_t window = window_keys(p);
   if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;

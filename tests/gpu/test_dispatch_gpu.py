@@ -306,10 +306,11 @@ def test_strip_pairs_run_by_default(monkeypatch):
 def test_square_pair_runs_the_forward_of_windows_from_9x9_to_13x13(monkeypatch):
     """By default (its own rule) 2-D windows of 9 to 13 per axis at stride 1 run the square
     pair's forward, with or without an RPB, at head dims 32 and 64 (sixty-third session, H100:
-    faster than the tensor-core family and the other pairs on every one measured), its
-    backward the default pair's; 7 x 7 (the strips) and 13 x 7 do not, nor does a small
-    problem's split-KV forward; NATTN_SM90_SQUARES=0 turns the rule off. The results and
-    gradients agree with the reference."""
+    faster than the tensor-core family and the other pairs on every one measured), and its
+    backward (its dQ pass, tc's dK/dV pass) at head dim 32 and at 64 with an RPB (sixty-fourth
+    session); 7 x 7 (the strips) and 13 x 7 do not, nor does a small problem's split-KV
+    forward; NATTN_SM90_SQUARES=0 turns the rule off. The results and gradients agree with
+    the reference."""
     monkeypatch.delenv("NATTN_SM90_STRIPS", raising=False)
     for kernel, rpb, dim, squares in ((13, True, 32, True), (9, False, 64, True), (11, True, 64, True),
                                       (7, True, 32, False), ((13, 7), False, 32, False)):
@@ -332,6 +333,8 @@ def test_square_pair_runs_the_forward_of_windows_from_9x9_to_13x13(monkeypatch):
                 torch.cuda.synchronize()
             names = " ".join(e.key for e in prof.key_averages())
             assert ("forward_squares_kernel" in names) == (squares and rule), (kernel, rpb, dim, rule, names)
+            square_bwd = squares and rule and (dim == 32 or rpb)
+            assert ("backward_dq_squares_kernel" in names) == square_bwd, (kernel, rpb, dim, rule, names)
             leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v) + ((bias,) if rpb else ())]
             ref = nattn.na2d(*leaves[:3], ks, rpb=leaves[3] if rpb else None, backend="reference")
             ref.backward(g.double())
