@@ -120,7 +120,8 @@ def test_sm90_configs_list_the_tile_pairs():
     limits = {**{n: "up to 7 x 9" for n in strips}, **{n: "up to 13 x 13" for n in squares}}
     assert all(not c["declined"] if c["name"] not in limits else limits[c["name"]] in c["declined"] for c in configs)
     backward = {kernel_table.Instance("sm90", dt, nd, hd, t).tile_name
-                for n, t in kernel_table.SM90_BACKWARD_TILES + kernel_table.SM90_STRIP_TILES if n == nd}
+                for n, t in kernel_table.SM90_BACKWARD_TILES + kernel_table.SM90_STRIP_TILES
+                + kernel_table.SM90_SQUARE_TILES if n == nd}
     assert {c["name"] for c in configs if c["backward"]} <= backward
     big = torch.empty(1, *(s * 9 for s in spatial), 2, hd, dtype=q.dtype, device="meta")
     declined = CUDA.sm90_configs(big, big, big, normalize(big, big, big, nd, (3,) * nd, dilation=(9,) * nd))
@@ -238,14 +239,13 @@ def test_sm90_backward_pair_with_rpb_has_rpb_paths(monkeypatch):
     ((128, 128), (11, 11), 32, False, True),   # the square dQ pass, tc's dK/dV pass
     ((56, 56), (9, 9), 32, True, True),
     ((128, 128), (13, 13), 64, True, True),    # D64 with an RPB: tc's dQ pass before
-    ((128, 128), (13, 13), 64, False, False),  # D64 without: the box pairs' dK/dV pass wins
+    ((128, 128), (13, 13), 64, False, True),   # D64 without: the square dQ pass, 32x4 / 7x16's dK/dV pass
     ((128, 128), (15, 15), 32, False, False),  # beyond the square pair's windows
     ((128, 128), (13, 7), 32, False, False),   # an axis below 9
 ])
 def test_sm90_square_backward_rule(spatial, kernel, head_dim, rpb, square, monkeypatch):
-    """The square pair runs the backward by default where it runs the forward, at head dim 32
-    and at 64 with an RPB (sm90_dispatch.cu, square_backward_for); NATTN_SM90_SQUARES=0
-    turns the rule off."""
+    """The square pair runs the backward by default where it runs the forward
+    (sm90_dispatch.cu, square_backward_for); NATTN_SM90_SQUARES=0 turns the rule off."""
     if ("bfloat16", 2, head_dim) not in getattr(LIB, "sm90_backward", ()):
         pytest.skip("this build has no bf16 2-D sm90 backward at this head dim")
     q = torch.empty(1, *spatial, 2, head_dim, dtype=torch.bfloat16, device="meta")
@@ -357,7 +357,7 @@ _RULES = [
     # head dim 32 from 200 keys where that pair runs (H100), else 500 (H200: 15x15)
     ((128, 128), (9, 9), 64, 1, False, True, 64, "native"),    # 0.656 vs 0.697
     ((64, 64), (11, 11), 64, 1, False, True, 64, "native"),    # 0.393 vs 0.431
-    ((128, 128), (9, 9), 64, 2, False, True, 64, ""),          # 0.685 vs 0.668
+    ((128, 128), (9, 9), 64, 2, False, True, 64, "native"),    # the square backward (0.685 vs tc's 0.668 before)
     # dilated from 121 keys since the split CTAs (forty-sixth session, H100)
     ((128, 128), (11, 11), 64, 3, False, True, 64, "native"),  # 0.891 vs 0.900 (H200 before: 0.930 vs 0.861)
     ((96, 96), (13, 13), 64, 2, False, True, 64, "native"),    # 0.478 vs 0.624

@@ -421,18 +421,17 @@ const nattn::KernelEntry* square_pair_for(const nattn::Params& p, int dim) {
   return nullptr;
 }
 
-// The square pair's backward (its dQ pass, backward_dq_squares.cuh, then the tensor-core
-// family's dK/dV pass) runs by default where its forward does (square_pair_for) at head dim
-// 32, and at 64 with an RPB: there its dQ pass replaces the tensor-core one, which ran
-// before. Measured (H100, bf16, GPU ms, forward + backward, square vs the previous default,
-// tc's backward; PERF.md sixty-fourth session): D32 56x56 11x11 B32 H4 0.417 vs 0.493, 9x9
-// 0.350 vs 0.406, 64x64 13x13 B8 H8 0.333 vs 0.398; with an RPB 0.535 vs 0.604, 0.454 vs
-// 0.491, 0.438 vs 0.503. At head dim 64 without an RPB the box pairs' backward stays: its
-// dK/dV pass (mid-2d 0.421 ms) beats the tensor-core one (0.556) by more than the square dQ
-// pass gains (0.258 vs 0.287).
+// The square pair's backward (its dQ pass, backward_dq_squares.cuh, then a dK/dV pass: the
+// 32x4 / 7x16 box pair's at head dim 64 without an RPB, the tensor-core family's otherwise)
+// runs by default where its forward does (square_pair_for). Measured (H100, bf16, GPU ms,
+// forward + backward, the square forward with its backward vs with the previous default's;
+// PERF.md sixty-fourth session): D32 56x56 11x11 B32 H4 0.417 vs 0.493, 9x9 0.350 vs 0.406,
+// 64x64 13x13 B8 H8 0.333 vs 0.398 (tc's backward before); with an RPB 0.535 vs 0.604, 0.454
+// vs 0.491, 0.438 vs 0.503; D64 with an RPB, mid-2d's dQ pass 0.312 vs tc's 0.503 (f+b
+// 1.247, 1.489 with the square rule off); D64 without an RPB, mid-2d's dQ pass 0.258 vs
+// 32x4 / 7x16's 0.287, the same dK/dV pass after it.
 const nattn::KernelEntry* square_backward_for(const nattn::Params& p, int dim) {
-  if (!squares_by_default() || (dim > 32 && !p.rpb)) return nullptr;
-  return square_pair_for(p, dim);
+  return squares_by_default() ? square_pair_for(p, dim) : nullptr;
 }
 
 // The pair a problem runs by default: the one walking the fewest keys (sm90_tile_cost)

@@ -282,18 +282,29 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
   return nullptr;
 }
 
+// The box pair whose dK/dV pass (backward_dkv.cuh) follows the square dQ pass at head dim 64
+// without an RPB: there it beats the tensor-core one (mid-2d 0.421 vs 0.556 ms, H100; the
+// 32x4 / 7x16 pair, the default backward of 2-D windows of 10 to 13, has no RPB paths).
+using SquareDkvPair = Tile<32, 4, 1, 7, 16, 1>;
+template <int HD>
+constexpr bool kSquareBoxDkv = HD == 64;
+
 // What prepare_backward_squares leaves for launch_backward_squares: the square dQ pass's
 // maps (Q and dO with the query box, K and V with a part of the union's box; dQ's for the
-// bulk store where it can be had, else per-lane stores).
+// bulk store where it can be had, else per-lane stores), and where the box pair's dK/dV pass
+// follows it, that pass's (K and V with its CTA's key rows, Q and dO with its query box).
 struct SquareBackwardLaunch {
   CUtensorMap q, grad_out, k, v, dq;
+  CUtensorMap kv_k, kv_v, kv_q, kv_do;
   int heads_outer;  // Params::map_heads_outer of the maps
   int dq_map;       // Params::out_map of the dQ pass: 1 when dQ's map is encoded
+  int box_dkv;      // 1: the box pair's dK/dV pass, 0: the tensor-core one
 };
 static_assert(sizeof(SquareBackwardLaunch) <= kPrepareBytes, "workspace too small");
 
-// The square pair's backward: its own dQ pass (backward_dq_squares.cuh), then the tensor-core
-// family's dK/dV pass. Declines what the square forward declines.
+// The square pair's backward: its own dQ pass (backward_dq_squares.cuh), then the box pair's
+// dK/dV pass (head dim 64 without an RPB) or the tensor-core family's. Declines what the
+// square forward declines.
 template <typename T, int NA, int HD, class Tl>
 const char* prepare_backward_squares(const Params& p, void* workspace) {
   if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32 or 64)";
@@ -317,6 +328,29 @@ const char* prepare_backward_squares(const Params& p, void* workspace) {
   l->heads_outer = 0;
   if (const char* why = encode_maps<HD, T>(p, maps, l->heads_outer)) return why;
   l->dq_map = encode_store_map<HD, T>(p, p.dq_s, p.dq, p.heads, qbox, &l->dq, kRowsGradQ, l->heads_outer);
+  l->box_dkv = 0;
+  if constexpr (kSquareBoxDkv<HD>) {
+    using P = SquareDkvPair;
+    // (the box pair's limits: prepare_backward_boxes)
+    if (!p.rpb && p.tokens * p.heads <= 0x7fffffff &&
+        num_key_ctas<typename P::Q>(p) * (DkvCta<T, NA, P, HD, false>::kSplit ? 2 : 1) <= 0x7fffffff) {
+      int kv_rows[3], qrows[3];
+      for (int a = 0; a < 3; ++a) {
+        kv_rows[a] = DkvCta<T, NA, P, HD, false>::Half::extent(a);
+        qrows[a] = P::K::extent(a);
+      }
+      const MapRequest box_maps[] = {
+          {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, kv_rows},
+          {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, kv_rows},
+          {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, qrows},
+          {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, qrows},
+      };
+      // (the same tensors and strides: the launch's heads-outer bits must hold for these maps
+      // too, else the tensor-core pass runs)
+      int outer = l->heads_outer;
+      l->box_dkv = encode_maps<HD, T>(p, box_maps, outer) == nullptr && outer == l->heads_outer;
+    }
+  }
   return nullptr;
 }
 
@@ -565,9 +599,10 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
 }
 
 // The square pair's backward: the square dQ pass (which computes and writes its rows' delta
-// and, with a fixed-point dRPB, records each query head's largest |dS| first), then the
-// tensor-core family's dK/dV pass (instantiated in this translation unit: a build may leave
-// the tc family out) and dRPB's finish. Every step is deterministic.
+// and, with a fixed-point dRPB, records each query head's largest |dS| first), then the box
+// pair's dK/dV pass (SquareBackwardLaunch::box_dkv) or the tensor-core family's
+// (instantiated in this translation unit: a build may leave the tc family out) and dRPB's
+// finish. Every step is deterministic.
 template <typename T, int NA, int HD, class Tl>
 void launch_backward_squares(const Params& problem, cudaStream_t stream) {
   const SquareBackwardLaunch* l = static_cast<const SquareBackwardLaunch*>(problem.prepared);
@@ -589,6 +624,20 @@ void launch_backward_squares(const Params& problem, cudaStream_t stream) {
   if (has_query_range(p)) launch_delta<T, HD>(p, stream);
   backward_dq_squares_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->grad_out,
                                                                                                   l->k, l->v, l->dq);
+  if constexpr (kSquareBoxDkv<HD>) {
+    if (l->box_dkv) {  // (no RPB: nothing staged, no dRPB to finish)
+      using P = SquareDkvPair;
+      using DkvC = DkvCta<T, NA, P, HD, false>;
+      using Dkv = DkvSmem<HD, P::K::kSize, false, DkvC::kRows>;
+      static std::atomic<uint64_t> box_opted{0};
+      once_per_device(box_opted, [] { return allow_smem(backward_dkv_kernel<T, NA, HD, P, false>, Dkv::kAllocFixed); });
+      const dim3 kgrid(unsigned(num_key_ctas<typename P::Q>(p)) * (DkvC::kSplit ? 2 : 1), unsigned(p.heads_kv),
+                       unsigned(p.batch));
+      backward_dkv_kernel<T, NA, HD, P, false><<<kgrid, DkvC::kThreads, Dkv::kAllocFixed, stream>>>(
+          p, l->kv_k, l->kv_v, l->kv_q, l->kv_do, l->kv_q);
+      return;
+    }
+  }
   tc::launch_dkv_pass<T, NA, HD, false>(p, fixed ? rpb_bytes : 0, stream);
   if (fixed) drpb_fixed_end(p, tc::dkv_fixed_bits<T, HD>(), stream);
 }
