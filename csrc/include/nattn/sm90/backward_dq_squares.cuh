@@ -128,18 +128,10 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
 
   // ldmatrix addresses (forward_squares.cuh): the square's first key plus a tile's first key
   // plus the lane's offset for the tile's walk-row parity; K and V as the B operand of S and
-  // dP (n8 tiles: 32 channels an x4), K transposed as dQ's (sixteen keys, 16 channels an x4).
+  // dP, K transposed as dQ's.
   const unsigned char* keys_at = smem + S::kK + (sq.sy * kSquareKeyBox + sq.sx) * kRowBytes;
   int k_off[2][HD / 32], kt_off[2][HD / 16];
-#pragma unroll
-  for (int odd = 0; odd < 2; ++odd) {
-    const int ph = square_phase(sq.sy, sq.sx, odd);
-#pragma unroll
-    for (int x = 0; x < HD / 32; ++x) k_off[odd][x] = C::offset(ph + lane % 8, 8 * (lane / 8) + 32 * x) - ph * kRowBytes;
-#pragma unroll
-    for (int x = 0; x < HD / 16; ++x)
-      kt_off[odd][x] = C::offset(ph + lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x) - ph * kRowBytes;
-  }
+  square_fragment_offsets<C, HD>(sq.sy, sq.sx, lane, 0, k_off, kt_off);
 
   uint32_t qa[HD / 16][4], da[HD / 16][4];
   mbar_wait(rows_full, 0);
