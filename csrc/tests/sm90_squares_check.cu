@@ -5,10 +5,12 @@
 //   - the warps' m16 rows cover the 8 x 8 query box once, and the output's staged rows are
 //     the rows the lane's Q fragments and mask words are of;
 //   - the square's walk stays inside the 20 x 20 key box, and the parts a chunk waits for
-//     hold its rows (the parts' copies land where one copy of the whole box would);
-//   - the K and V fragment addresses the kernel forms (the square's first key, the tile's
-//     first key, the lane's offset for the walk row's parity) are the swizzled tile's
-//     offsets of the keys the scores are of;
+//     hold its rows (the parts' copies land where one copy of the whole box would); chunk 0's
+//     parts are among those the dQ pass loads before the dO rows (kSquareEarlyParts);
+//   - the K and V fragment addresses the kernels form (the square's first key, the tile's
+//     first key, the lane's offset for the walk row's parity: square_fragment_offsets) are
+//     the swizzled tile's offsets of the keys the scores are of (K transposed, as the dQ
+//     pass reads it, alike);
 //   - a score's mask bit is set exactly when its key is in the row's window (query_window),
 //     and the row's set bits cover its whole window (each key once);
 //   - its RPB index is (key - query + kernel - 1) per axis, row-major, where the bit is set,
@@ -38,13 +40,17 @@ static int fail(const char* what, const Params& p, long long box, int warp, int 
   return 1;
 }
 
-// The kernel's fragment addresses (forward_squares.cuh) against the tile's offsets.
+// The kernels' fragment addresses (square_fragment_offsets: forward_squares.cuh with V's
+// offsets from the V tile, backward_dq_squares.cuh with K's transposed from the K tile)
+// against the tile's offsets.
 template <int HD>
 static int check_addresses(const SquareLane& s, int lane, long long& checks) {
   using C = TileSmem<HD, KB::kSize>;
   constexpr int RB = C::kRowBytes, KR = kSquareKeyBox * RB;
+  int k_off[2][HD / 32], v_off[2][HD / 16], kt_off[2][HD / 16];
+  square_fragment_offsets<C, HD>(s.sy, s.sx, lane, C::kBytes, k_off, v_off);
+  square_fragment_offsets<C, HD>(s.sy, s.sx, lane, 0, k_off, kt_off);
   for (int odd = 0; odd < 2; ++odd) {
-    const int ph = square_phase(s.sy, s.sx, odd);
     for (int ch = 0; ch < s.chunks; ++ch)
       for (int j = 0; j < 2 * kStripChunkRows; ++j) {
         if ((j / 2) % 2 != odd) continue;
@@ -52,16 +58,16 @@ static int check_addresses(const SquareLane& s, int lane, long long& checks) {
         const int base = (s.sy * kSquareKeyBox + s.sx) * RB + kStripChunkRows * ch * KR;
         for (int x = 0; x < HD / 32; ++x) {
           ++checks;
-          const int k_off = C::offset(ph + lane % 8, 8 * (lane / 8) + 32 * x) - ph * RB;
-          if (base + (j / 2) * KR + 8 * (j % 2) * RB + k_off != C::offset(key + lane % 8, 8 * (lane / 8) + 32 * x))
+          if (base + (j / 2) * KR + 8 * (j % 2) * RB + k_off[odd][x] !=
+              C::offset(key + lane % 8, 8 * (lane / 8) + 32 * x))
             return 1;
         }
         if (j % 2) continue;
-        for (int x = 0; x < HD / 16; ++x) {  // P V: tiles j and j + 1, sixteen keys of walk row 4 ch + j / 2
+        for (int x = 0; x < HD / 16; ++x) {  // P V and dS K: tiles j and j + 1, sixteen keys of walk row 4 ch + j / 2
           ++checks;
           const int row = lane % 8 + 8 * ((lane / 8) % 2), c = 8 * (lane / 16) + 16 * x;
-          const int v_off = C::kBytes + C::offset(ph + row, c) - ph * RB;
-          if (base + (j / 2) * KR + v_off != C::kBytes + C::offset(key + row, c)) return 1;
+          if (base + (j / 2) * KR + v_off[odd][x] != C::kBytes + C::offset(key + row, c)) return 1;
+          if (base + (j / 2) * KR + kt_off[odd][x] != C::offset(key + row, c)) return 1;
         }
       }
   }
@@ -96,6 +102,7 @@ static int check_problems(int count, long long& checks) {
                 kSquarePartRows * (z + 1) < s.sy + kStripChunkRows * (ch + 1))
               return fail("a chunk's parts", p, box, warp, lane);
           }
+          if (square_last_part(s.sy, 0) >= kSquareEarlyParts) return fail("chunk 0 past the early parts", p, box, warp, lane);
           if (check_addresses<32>(s, lane, checks) || check_addresses<64>(s, lane, checks))
             return fail("fragment address", p, box, warp, lane);
           const int row0 = square_query_row(warp, lane / 4);

@@ -32,10 +32,6 @@
 
 namespace nattn { namespace sm90 {
 
-// Parts of the union thread 0 loads before the dO rows (chunk 0 of every square: key rows up
-// to 4 + 3), the rest after them.
-constexpr int kSquareEarlyParts = 2;
-
 // delta = rowsum(dO O) - dLSE of a lane's two rows (box rows row0 and row0 + 16): channels
 // 8 t4 + 32 j .. + 7 of dO from the query tile and of O from o (the lane's 16-byte pieces of
 // the rows, zero past the grid); the quad's four lanes sum a row. Lane t4 = 0 writes the rows'

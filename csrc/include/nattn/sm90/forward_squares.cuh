@@ -96,28 +96,6 @@ __device__ __forceinline__ void load_square_parts(const Params& p, const CtaTile
   }
 }
 
-// A lane's ldmatrix offsets into a 20 x 20 key tile (C, a TileSmem) for each walk-row parity,
-// added to the square's first key and a score tile's first key: k_off for K (or V) as the B
-// operand of S = Q K^T (n8 tiles of eight keys, 32 channels an x4), t_off for a tile read
-// transposed (sixteen keys, 16 channels an x4: V of O += P V, K of dQ += dS K), from t_base
-// (the tile's offset from K's). They hold the swizzle of the lane's row at that parity's
-// phase (square_phase), less the phase.
-template <class C, int HD>
-__device__ __forceinline__ void square_fragment_offsets(int sy, int sx, int lane, int t_base, int (&k_off)[2][HD / 32],
-                                                        int (&t_off)[2][HD / 16]) {
-#pragma unroll
-  for (int odd = 0; odd < 2; ++odd) {
-    const int ph = square_phase(sy, sx, odd);
-#pragma unroll
-    for (int x = 0; x < HD / 32; ++x)
-      k_off[odd][x] = C::offset(ph + lane % 8, 8 * (lane / 8) + 32 * x) - ph * C::kRowBytes;
-#pragma unroll
-    for (int x = 0; x < HD / 16; ++x)
-      t_off[odd][x] =
-          t_base + C::offset(ph + lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x) - ph * C::kRowBytes;
-  }
-}
-
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>::kMinBlocks)
     forward_squares_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,

@@ -35,6 +35,10 @@ constexpr int kSquareParts = kSquareKeyBox / kSquarePartRows;
 // The box of the square pair's key and value tensor maps (kbox, in place): one part.
 NATTN_HD void square_key_map_box(int* kbox) { kbox[0] = kSquarePartRows; }
 
+// Parts the dQ pass (backward_dq_squares.cuh) loads before the dO rows, the rest after
+// them: those of every square's chunk 0 (key rows up to 4 + 3).
+constexpr int kSquareEarlyParts = 2;
+
 // The parts holding walk rows 4 ch .. 4 ch + 3 of a square from key row sy: first and last.
 NATTN_HD int square_first_part(int sy, int ch) { return (sy + kStripChunkRows * ch) / kSquarePartRows; }
 NATTN_HD int square_last_part(int sy, int ch) { return (sy + kStripChunkRows * ch + kStripChunkRows - 1) / kSquarePartRows; }
@@ -79,6 +83,28 @@ NATTN_HD int square_tile_key(int sy, int sx, int ch, int j) {
 // is 20 keys (4 mod 8), so the phase of a square's tiles alternates with the row, and K / V
 // fragment addresses are a lane offset per parity plus the tile's first key.
 NATTN_HD int square_phase(int sy, int sx, int odd) { return ((sy + odd) * kSquareKeyBox + sx) & 7; }
+
+// A lane's ldmatrix offsets into a 20 x 20 key tile (C, a TileSmem) for each walk-row parity,
+// added to the square's first key and a score tile's first key: k_off for K (or V) as the B
+// operand of S = Q K^T (n8 tiles of eight keys, 32 channels an x4), t_off for a tile read
+// transposed (sixteen keys, 16 channels an x4: V of O += P V, K of dQ += dS K), from t_base
+// (the tile's offset from K's). They hold the swizzle of the lane's row at that parity's
+// phase (square_phase), less the phase.
+template <class C, int HD>
+NATTN_HD void square_fragment_offsets(int sy, int sx, int lane, int t_base, int (&k_off)[2][HD / 32],
+                                      int (&t_off)[2][HD / 16]) {
+#pragma unroll
+  for (int odd = 0; odd < 2; ++odd) {
+    const int ph = square_phase(sy, sx, odd);
+#pragma unroll
+    for (int x = 0; x < HD / 32; ++x)
+      k_off[odd][x] = C::offset(ph + lane % 8, 8 * (lane / 8) + 32 * x) - ph * C::kRowBytes;
+#pragma unroll
+    for (int x = 0; x < HD / 16; ++x)
+      t_off[odd][x] =
+          t_base + C::offset(ph + lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x) - ph * C::kRowBytes;
+  }
+}
 
 // A lane's part of its warp's square: its two query rows (box rows square_query_row(warp,
 // lane / 4) and (.., lane / 4 + 8)), their windows and validity; the square's first key row
