@@ -26,7 +26,8 @@
 
 #include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/softmax.cuh"
-#include "nattn/sm90/backward_dq_strips.cuh"
+#include "nattn/sm90/backward_delta.cuh"
+#include "nattn/sm90/box_mask.cuh"
 #include "nattn/sm90/forward_squares.cuh"
 #include "nattn/tc/mma.cuh"
 

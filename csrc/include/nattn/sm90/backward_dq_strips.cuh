@@ -39,32 +39,23 @@ constexpr int strip_dq_min_blocks() {
   return HD <= 32 ? 4 : NA == 3 && STAGES > 1 ? 2 : 3;
 }
 
-// A lane's m16k16 A fragments of an output-like tensor's rows (ptr, strides s: O, or dO where
-// a pass keeps no dO tile): query box rows qr and qr + kRowStep, frag[kk][e] row e % 2,
-// channels 16 kk + 8 (e / 2) + 2 t4 and the next; zero for a row past the grid. Issued before
-// the wait for the CTA's rows, so their latency overlaps it.
-template <typename T, int NA, int HD, class QB, int kRowStep = 8>
-__device__ __forceinline__ void load_row_fragments(const Params& p, const CtaTile& tile, const void* ptr,
-                                                   const int64_t* s, int qr, int t4, int b, int h,
-                                                   uint32_t (&frag)[HD / 16][4]) {
-  const T* base = head_base<const T>(ptr, s, b, h) + 2 * t4;
+// O's elements of a lane's dO fragments (query box rows qr and qr + 8; the m16k16 A layout:
+// o[kk][e] holds row e % 2, channels 16 kk + 8 (e / 2) + 2 t4 and the next), zero for a row
+// past the grid. Issued before the wait for the CTA's rows, so their latency overlaps it.
+template <typename T, int NA, int HD, class QB>
+__device__ __forceinline__ void load_out_fragments(const Params& p, const CtaTile& tile, int qr, int t4, int b, int h,
+                                                   uint32_t (&o)[HD / 16][4]) {
+  const T* base = head_base<const T>(p.out, p.out_s, b, h) + 2 * t4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     int64_t off;
-    const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, qr + kRowStep * r, s, off);
+    const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, qr + 8 * r, p.out_s, off);
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk)
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        frag[kk][r + 2 * c] = ok ? __ldg(reinterpret_cast<const unsigned*>(base + off + 16 * kk + 8 * c)) : 0u;
+        o[kk][r + 2 * c] = ok ? __ldg(reinterpret_cast<const unsigned*>(base + off + 16 * kk + 8 * c)) : 0u;
   }
-}
-
-// O's fragments of a lane's rows (load_row_fragments), for delta.
-template <typename T, int NA, int HD, class QB>
-__device__ __forceinline__ void load_out_fragments(const Params& p, const CtaTile& tile, int qr, int t4, int b, int h,
-                                                   uint32_t (&o)[HD / 16][4]) {
-  load_row_fragments<T, NA, HD, QB>(p, tile, p.out, p.out_s, qr, t4, b, h, o);
 }
 
 // delta = rowsum(dO O) - dLSE of a lane's two rows from its dO and O fragments (the quad's
