@@ -216,7 +216,8 @@ def squares():
     # The square pair (forward_squares.cuh, backward_dq_squares.cuh) on random problems within
     # its limits (windows up to 13 x 13: RPB, GQA, dilation, causal axes, layouts, grids ending
     # in partial boxes), every other case with per-lane output stores; every other pair of
-    # cases with its backward too (the square dQ pass, then the tensor-core dK/dV pass).
+    # cases with its backward too (the square dQ pass, then 32x4 / 7x16's dK/dV pass at head
+    # dim 64 without an RPB, the tensor-core one otherwise).
     from sm90_cases import SQUARE_PAIR, square_sweep
     stores = os.environ.get("NATTN_SM90_OUT_STORES")  # set by the caller (initcheck): kept for every case
     try:

@@ -268,9 +268,10 @@ def test_sm90_strip_backward_declines_what_it_cannot_take(monkeypatch):
         nattn.na2d(q, q, q, (9, 7), backend="cuda").sum().backward()
 
 
-# The square pair's backward (named only: its own dQ pass, backward_dq_squares.cuh, then the
-# tensor-core family's dK/dV pass), forced on its sweep with dQ written by the bulk tensor
-# store and per lane, on a problem with thousands of boxes, against float64 on small ones.
+# The square pair's backward (its own dQ pass, backward_dq_squares.cuh, then 32x4 / 7x16's
+# dK/dV pass at head dim 64 without an RPB, the tensor-core family's otherwise), forced on
+# its sweep with dQ written by the bulk tensor store and per lane, on a problem with
+# thousands of boxes, against float64 on small ones.
 SQUARE_BWD = square_sweep(int(os.environ.get("NATTN_SM90_SQUARE_BWD_CASES", "200")), seed=8383) + [
     GpuCase(spatial=(96, 104), kernel=(13, 11), stride=(1, 1), dilation=(1, 1), causal=(False, False), batch=2,
             heads=4, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=True, dtype=torch.bfloat16, layout="plain",
@@ -297,8 +298,9 @@ def test_sm90_square_backward_against_float64(case, monkeypatch):
 
 @pytest.mark.parametrize("rpb", [False, True])
 def test_sm90_square_backward_is_deterministic(rpb, monkeypatch):
-    """The square pair's backward is bitwise repeatable (dQ rows written once; the tensor-core
-    dK/dV pass's keys each one warp's; dRPB in fixed point from the dQ pass's largest |dS|)."""
+    """The square pair's backward is bitwise repeatable (dQ rows written once; each key's
+    gradients one CTA's in either dK/dV pass, the box pair's without an RPB, the tensor-core
+    one's with it; dRPB in fixed point from the dQ pass's largest |dS|)."""
     monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
     assert_deterministic(spatial=(40, 56), kernel=(13, 11), dim=64, rpb=rpb, seed=43)
 
