@@ -130,12 +130,12 @@ SM90_BACKWARD_TILES = (
 # is not narrow).
 SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
 # The square pair (2-D windows of up to 13 x 13, stride 1): named only too (the cost model
-# never picks it; its own rule does: src/sm90_dispatch.cu, square_pair_for). Its backward
-# (its own dQ pass, backward_dq_squares.cuh, then the tensor-core family's dK/dV pass) runs
-# only when named.
+# never picks it; its own rules do: src/sm90_dispatch.cu, square_pair_for and
+# square_backward_for). Its backward is its own dQ pass (backward_dq_squares.cuh), then
+# 32x4 / 7x16's dK/dV pass at head dim 64 without an RPB, the tensor-core family's otherwise.
 SM90_SQUARE_TILES = ((2, ((8, 8), (20, 20))),)
 # The strip pairs have a backward too (named only, like their forward): their own dQ and dK/dV
-# passes (backward_dq_strips.cuh, backward_dkv_strips.cuh). So has the square pair.
+# passes (backward_dq_strips.cuh, backward_dkv_strips.cuh).
 # Pairs built but not yet run on a GPU (their GPU tests and sanitizer sections are written):
 # the tuner and `nattn.bench --optimize` leave them out (unverified_tile_names) until a GPU
 # session has run those and emptied this; a call or NATTN_SM90_TILE may still name them.
