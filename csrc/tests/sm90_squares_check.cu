@@ -106,7 +106,7 @@ static int check_problems(int count, long long& checks) {
           if (check_addresses<32>(s, lane, checks) || check_addresses<64>(s, lane, checks))
             return fail("fragment address", p, box, warp, lane);
           const int row0 = square_query_row(warp, lane / 4);
-          if (square_query_row(warp, lane / 4 + 8) != row0 + 16) return fail("staged rows", p, box, warp, lane);
+          if (square_query_row(warp, lane / 4 + 8) != row0 + kSquareLaneRowStep) return fail("staged rows", p, box, warp, lane);
           for (int r = 0; r < 2; ++r) {
             const int qr = square_query_row(warp, lane / 4 + 8 * r);
             int cq[2];

@@ -33,10 +33,11 @@
 
 namespace nattn { namespace sm90 {
 
-// delta = rowsum(dO O) - dLSE of a lane's two rows (box rows row0 and row0 + 16): channels
-// 8 t4 + 32 j .. + 7 of dO from the query tile and of O from o (the lane's 16-byte pieces of
-// the rows, zero past the grid); the quad's four lanes sum a row. Lane t4 = 0 writes the rows'
-// delta (Params::delta) for the dK/dV pass, which reads every query's.
+// delta = rowsum(dO O) - dLSE of a lane's two rows (box rows row0 and row0 +
+// kSquareLaneRowStep): channels 8 t4 + 32 j .. + 7 of dO from the query tile and of O from o
+// (the lane's 16-byte pieces of the rows, zero past the grid); the quad's four lanes sum a
+// row. Lane t4 = 0 writes the rows' delta (Params::delta) for the dK/dV pass, which reads
+// every query's.
 template <typename T, int HD, class R>
 __device__ __forceinline__ void square_row_delta(const Params& p, const unsigned char* tile_do, int row0, int t4,
                                                  const uint4 (&o)[2][HD / 32], const bool (&ok)[2],
@@ -46,7 +47,8 @@ __device__ __forceinline__ void square_row_delta(const Params& p, const unsigned
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < HD / 32; ++j)
-      acc += piece_dot<T>(o[r][j], *reinterpret_cast<const uint4*>(tile_do + R::offset(row0 + 16 * r, 8 * t4 + 32 * j)));
+      acc += piece_dot<T>(
+          o[r][j], *reinterpret_cast<const uint4*>(tile_do + R::offset(row0 + kSquareLaneRowStep * r, 8 * t4 + 32 * j)));
     const float sum = quad_sum(acc);  // (every lane: a shuffle)
     delta[r] = ok[r] ? row_delta(p, row[r], sum) : 0.f;
     if (ok[r] && t4 == 0) p.delta[row[r]] = delta[r];
@@ -69,7 +71,6 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   constexpr int kRowBytes = C::kRowBytes;
   constexpr int kKeyRowBytes = kSquareKeyBox * kRowBytes;
   constexpr int kHalf = 4;  // n8 score tiles of a half-chunk: two key rows of 16 columns
-  constexpr int kSquareRowStep = 2 * 8;  // box rows from a lane's first row to its second
   unsigned char* smem = aligned_smem();
   uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* parts_full = rows_full + 1;
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   SquareLane sq;
   square_lane<QB>(p, tile, warp, lane, sq);
   const int chunks = sq.chunks, row_mult = sq.row_mult;
-  const int row0 = square_query_row(warp, g4);  // (the lane's second row: kSquareRowStep on)
+  const int row0 = square_query_row(warp, g4);  // (the lane's second row: kSquareLaneRowStep on)
   // The rows' LSE (+inf for a row past the grid: no probability) and O's pieces for delta:
   // their loads are in flight while the tiles arrive.
   float lse2[2];
@@ -114,10 +115,10 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool ok = sq.row_ok[r];
-    row[r] = ok ? lse_row<NA, QB>(p, tile, row0 + kSquareRowStep * r, b, h) : 0;
+    row[r] = ok ? lse_row<NA, QB>(p, tile, row0 + kSquareLaneRowStep * r, b, h) : 0;
     lse2[r] = ok ? __ldg(p.lse + row[r]) : INFINITY;
     int64_t off;
-    const bool in = box_row_offset<NA, QB>(p, tile, tile.q0, row0 + kSquareRowStep * r, p.out_s, off);
+    const bool in = box_row_offset<NA, QB>(p, tile, tile.q0, row0 + kSquareLaneRowStep * r, p.out_s, off);
 #pragma unroll
     for (int j = 0; j < HD / 32; ++j)
       o_rows[r][j] = in ? __ldg(reinterpret_cast<const uint4*>(out + off + 32 * j)) : make_uint4(0u, 0u, 0u, 0u);
@@ -230,7 +231,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   const float scale[2] = {p.scale, p.scale};
   unsigned char* stage = smem + S::kQ;
   __syncwarp();  // every lane's Q fragments are read
-  stage_output<T, HD, R, kSquareRowStep>(stage, &dq[0][0], scale, row0, t4);
+  stage_output<T, HD, R, kSquareLaneRowStep>(stage, &dq[0][0], scale, row0, t4);
   store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_dq, stage, 0, QB::extent(0), h, b,
                                             RowsOut{p.dq, p.dq_s, p.heads, kRowsGradQ});
 #endif

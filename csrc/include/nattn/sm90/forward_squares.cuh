@@ -234,11 +234,11 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   unsigned char* stage = smem + S::kQ;
   const int row0 = square_query_row(warp, g4);  // (the lane's second row: two square rows on)
   __syncwarp();  // every lane's Q fragments are read
-  stage_output<T, HD, R, 2 * 8>(stage, &o[0][0], inv, row0, t4);
+  stage_output<T, HD, R, kSquareLaneRowStep>(stage, &o[0][0], inv, row0, t4);
   if (t4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      if (sq.row_ok[r]) p.lse[lse_row<NA, QB>(p, tile, row0 + 16 * r, b, h)] = row_lse(m[r], l[r]);
+      if (sq.row_ok[r]) p.lse[lse_row<NA, QB>(p, tile, row0 + kSquareLaneRowStep * r, b, h)] = row_lse(m[r], l[r]);
   }
   store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_o, stage, 0, QB::extent(0), h, b,
                                             RowsOut{p.out, p.out_s, p.heads, kRowsOut});  // (forward.cuh)

@@ -60,6 +60,10 @@ inline const char* square_declines(const Params& p) {
   return nullptr;
 }
 
+// Box rows from a lane's first row (m16 row lane / 4) to its second (lane / 4 + 8): two
+// square rows of the 8-wide box.
+constexpr int kSquareLaneRowStep = 2 * 8;
+
 // The box row (row-major over the 8 x 8 box) of m16 row m of warp w's products.
 NATTN_HD int square_query_row(int warp, int m) {
   return (kSquareSide * (warp / 2) + m / kSquareSide) * 8 + kSquareSide * (warp % 2) + m % kSquareSide;
@@ -153,9 +157,9 @@ NATTN_HD void square_lane(const Params& p, const CtaTile& tile, int warp, int la
       cols |= uint64_t(kx >= s.row[r].lo[1] && kx <= s.row[r].hi[1]) << q;
     }
     // walk rows lo .. hi of the row's window (inside the walk: the square's span holds it)
-    const int a = s.row[r].lo[0] - first_row, b = s.row[r].hi[0] - first_row;
-    const uint64_t rows = (b >= kSquareWalk - 1 ? ~0ull : (1ull << (4 * b + 4)) - 1ull) & ~((1ull << (4 * a)) - 1ull);
-    s.word[r] = rows & (cols * 0x1111111111111111ull);
+    static_assert(kSquareWalk == 16, "a 64-bit mask word holds 16 walk rows");
+    s.word[r] = nibble_rows<uint64_t>(s.row[r].lo[0] - first_row, s.row[r].hi[0] - first_row) &
+                (cols * 0x1111111111111111ull);
     s.bias_at[r] = s.row[r].rpb + first_row * s.row_mult + first_col + 2 * t4;
   }
 }

@@ -64,10 +64,13 @@ NATTN_HD int strip_walked_keys(const Params& p) {
   return (p.na_dim > 2 ? p.kernel[0] : 1) * rows * kStripCols;
 }
 
-// Bits 4 a .. 4 b + 3 (key rows a..b of a walk, four column bits each); none when b < a.
-NATTN_HD uint32_t nibble_rows(int a, int b) {
-  const uint32_t hi = b >= 7 ? 0xffffffffu : (1u << (4 * b + 4)) - 1u;
-  return hi & ~((1u << (4 * a)) - 1u);
+// Bits 4 a .. 4 b + 3 (key rows a..b of a walk, four column bits each) of a W word (8 rows
+// in 32 bits, 16 in 64: the square walks'); none when b < a.
+template <typename W = uint32_t>
+NATTN_HD W nibble_rows(int a, int b) {
+  constexpr int kRows = 2 * int(sizeof(W));
+  const W hi = b >= kRows - 1 ? ~W(0) : (W(1) << (4 * b + 4)) - W(1);
+  return hi & ~((W(1) << (4 * a)) - W(1));
 }
 
 // A lane's part of its warp's strip: its two query rows (box rows 16 warp + lane / 4 and
