@@ -245,7 +245,8 @@ def test_sm90_backward_pair_with_rpb_has_rpb_paths(monkeypatch):
 ])
 def test_sm90_square_backward_rule(spatial, kernel, head_dim, rpb, square, monkeypatch):
     """The square pair runs the backward by default where it runs the forward
-    (sm90_dispatch.cu, square_backward_for); NATTN_SM90_SQUARES=0 turns the rule off."""
+    (sm90_dispatch.cu, squares_by_default / square_pair_for, the forward's rule);
+    NATTN_SM90_SQUARES=0 turns the rule off."""
     if ("bfloat16", 2, head_dim) not in getattr(LIB, "sm90_backward", ()):
         pytest.skip("this build has no bf16 2-D sm90 backward at this head dim")
     q = torch.empty(1, *spatial, 2, head_dim, dtype=torch.bfloat16, device="meta")

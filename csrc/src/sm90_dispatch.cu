@@ -401,8 +401,16 @@ const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim) {
 // 11x11 0.092 vs 0.134, 9x9 0.079 vs 0.104 (tc 0.128); ties at D64 on 56x56 9x9 (0.132 vs
 // 0.131) and 64x64 11x11 (0.103 vs 0.104). With an RPB against tc and the other pairs:
 // mid-2d 0.253 vs 0.301, D32 56x56 9x9 0.100 vs 0.134 (tc), 28x28 13x13 0.083 vs 0.103,
-// 96x96 13x13 0.096 vs 0.142, D64 64x64 11x11 0.119 vs 0.144. NATTN_SM90_SQUARES=0 (read on
-// every call) turns the rule off.
+// 96x96 13x13 0.096 vs 0.142, D64 64x64 11x11 0.119 vs 0.144.
+// Its backward (its dQ pass, backward_dq_squares.cuh, then a dK/dV pass: the 32x4 / 7x16 box
+// pair's at head dim 64 without an RPB, the tensor-core family's otherwise) runs by default
+// by the same rule. Measured (H100, bf16, GPU ms, forward + backward, the square forward
+// with its backward vs with the previous default's; PERF.md sixty-fourth session): D32 56x56
+// 11x11 B32 H4 0.417 vs 0.493, 9x9 0.350 vs 0.406, 64x64 13x13 B8 H8 0.333 vs 0.398 (tc's
+// backward before); with an RPB 0.535 vs 0.604, 0.454 vs 0.491, 0.438 vs 0.503; D64 with an
+// RPB, mid-2d's dQ pass 0.312 vs tc's 0.503 (f+b 1.247, 1.489 with the square rule off); D64
+// without an RPB, mid-2d's dQ pass 0.258 vs 32x4 / 7x16's 0.287, the same dK/dV pass after
+// it. NATTN_SM90_SQUARES=0 (read on every call) turns the rule off, forward and backward.
 constexpr int kSquareMinKernel = 9;
 bool squares_by_default() {
   const char* s = getenv("NATTN_SM90_SQUARES");
@@ -419,19 +427,6 @@ const nattn::KernelEntry* square_pair_for(const nattn::Params& p, int dim) {
       return &e;
   }
   return nullptr;
-}
-
-// The square pair's backward (its dQ pass, backward_dq_squares.cuh, then a dK/dV pass: the
-// 32x4 / 7x16 box pair's at head dim 64 without an RPB, the tensor-core family's otherwise)
-// runs by default where its forward does (square_pair_for). Measured (H100, bf16, GPU ms,
-// forward + backward, the square forward with its backward vs with the previous default's;
-// PERF.md sixty-fourth session): D32 56x56 11x11 B32 H4 0.417 vs 0.493, 9x9 0.350 vs 0.406,
-// 64x64 13x13 B8 H8 0.333 vs 0.398 (tc's backward before); with an RPB 0.535 vs 0.604, 0.454
-// vs 0.491, 0.438 vs 0.503; D64 with an RPB, mid-2d's dQ pass 0.312 vs tc's 0.503 (f+b
-// 1.247, 1.489 with the square rule off); D64 without an RPB, mid-2d's dQ pass 0.258 vs
-// 32x4 / 7x16's 0.287, the same dK/dV pass after it.
-const nattn::KernelEntry* square_backward_for(const nattn::Params& p, int dim) {
-  return squares_by_default() ? square_pair_for(p, dim) : nullptr;
 }
 
 // The pair a problem runs by default: the one walking the fewest keys (sm90_tile_cost)
@@ -571,8 +566,8 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
   if (tile_requested(p)) forced = nullptr;  // the call's pair decides (below)
   if (!tile_requested(p) && !(forced && *forced) && strips_by_default())
     if (const nattn::KernelEntry* e = strip_pair_for(p, dim)) return e;
-  if (!tile_requested(p) && !(forced && *forced))
-    if (const nattn::KernelEntry* e = square_backward_for(p, dim)) return e;
+  if (!tile_requested(p) && !(forced && *forced) && squares_by_default())
+    if (const nattn::KernelEntry* e = square_pair_for(p, dim)) return e;
   const nattn::KernelEntry* pairs[8];
   int n = 0;
   const Sm90Entries all = sm90_entries();
@@ -586,7 +581,7 @@ const nattn::KernelEntry* find_sm90_backward(const nattn::Params& p, int dim, co
     if (forced && *forced && is_forced_tile(e, p.na_dim, forced)) return &e;
     // The strip and square pairs' backward (backward_dq_strips.cuh, backward_dkv_strips.cuh;
     // backward_dq_squares.cuh and the tensor-core dK/dV pass) runs when named or by their
-    // own rules (strips_by_default, square_backward_for, above).
+    // own rules (strips_by_default, squares_by_default, above).
     if (nattn::sm90::is_strip_pair(p.na_dim, e.qbox, e.kbox) || nattn::sm90::is_square_pair(p.na_dim, e.qbox, e.kbox))
       continue;
     if (e.unverified) continue;  // (kernel_table.SM90_UNVERIFIED_TILES: named only, above)
@@ -721,8 +716,7 @@ bool sm90_preferred_wide(const nattn::Params& p, int64_t window, int head_dim, b
 
 bool sm90_preferred(const nattn::Params& p, bool backward) {
   if (strips_by_default() && strip_pair_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
-  if (!backward && squares_by_default() && square_pair_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
-  if (backward && square_backward_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
+  if (squares_by_default() && square_pair_for(p, p.dim > p.dim_v ? p.dim : p.dim_v)) return true;
   const int64_t window = window_keys(p);
   if (p.dim > kTcMaxHeadDim || p.dim_v > kTcMaxHeadDim) return true;
   const int64_t head_dim = p.dim > p.dim_v ? p.dim : p.dim_v;

@@ -130,8 +130,8 @@ SM90_BACKWARD_TILES = (
 # is not narrow).
 SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
 # The square pair (2-D windows of up to 13 x 13, stride 1): named only too (the cost model
-# never picks it; its own rules do: src/sm90_dispatch.cu, square_pair_for and
-# square_backward_for). Its backward is its own dQ pass (backward_dq_squares.cuh), then
+# never picks it; its own rule does, forward and backward: src/sm90_dispatch.cu,
+# square_pair_for). Its backward is its own dQ pass (backward_dq_squares.cuh), then
 # 32x4 / 7x16's dK/dV pass at head dim 64 without an RPB, the tensor-core family's otherwise.
 SM90_SQUARE_TILES = ((2, ((8, 8), (20, 20))),)
 # The strip pairs have a backward too (named only, like their forward): their own dQ and dK/dV
