@@ -27,7 +27,9 @@ dK/dV pass's walk the other way round: the key box's union fits its slabs, each 
 are exactly its keys' inverse neighbourhoods (each query of the range once), its RPB indices
 and staged LSE slots (and their tokens) exact, its narrow steps (two lines' first 8 columns)
 keeping exactly the wide walk's scores, and a step's fixed-point dRPB adds in 32 distinct
-shared-memory banks."""
+shared-memory banks; csrc/tests/sm90_squares_dkv_check.cu checks the square dK/dV pass's walk
+the same way (its slab width, each step's reads inside the tiles and its fragment addresses at
+the warp's swizzle phase, masks, staged slots and RPB indices; each query of the range once)."""
 
 import os
 import shutil
@@ -52,10 +54,10 @@ def _build_and_run(tmp_path, name, *flags):
 # window math, the tensor-core walk, the unfused window ops, the Hopper query boxes' rows and
 # window masks, the fixed-point dRPB's scale, the Hopper tensor maps' addressing, the padded
 # copies, the ordered KV-parallel dQ's grid and ranks, the strip CTA's walk, the square CTA's
-# walk, the strip dK/dV walk
+# walk, the strip dK/dV walk, the square dK/dV walk
 CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_check", "sm90_box_mask_check",
           "drpb_fixed_check", "sm90_map_spec_check", "sm90_pad_copy_check", "sm90_ordered_dq_check",
-          "sm90_strips_check", "sm90_squares_check", "sm90_strips_dkv_check"]
+          "sm90_strips_check", "sm90_squares_check", "sm90_strips_dkv_check", "sm90_squares_dkv_check"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")

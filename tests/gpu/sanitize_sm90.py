@@ -195,6 +195,7 @@ def strips():
                 os.environ["NATTN_SM90_STRIP_DKV"] = "tc"
             try:
                 if i % 4 < 2:
+                    os.environ["NATTN_SM90_SQUARE_DKV"] = "tc" if i % 8 == 1 else "own"
                     out, lse = functional_call(case, t, 0.0)
                     grads = torch.autograd.grad((out, lse), leaves, (torch.randn_like(out), torch.randn_like(lse)))
                 else:
@@ -216,8 +217,8 @@ def squares():
     # The square pair (forward_squares.cuh, backward_dq_squares.cuh) on random problems within
     # its limits (windows up to 13 x 13: RPB, GQA, dilation, causal axes, layouts, grids ending
     # in partial boxes), every other case with per-lane output stores; every other pair of
-    # cases with its backward too (the square dQ pass, then 32x4 / 7x16's dK/dV pass at head
-    # dim 64 without an RPB, the tensor-core one otherwise).
+    # cases with its backward too (the square dQ pass, then its own dK/dV pass, named at both
+    # head dims; every fourth backward through the tensor-core dK/dV pass instead).
     from sm90_cases import SQUARE_PAIR, square_sweep
     stores = os.environ.get("NATTN_SM90_OUT_STORES")  # set by the caller (initcheck): kept for every case
     try:
@@ -228,6 +229,7 @@ def squares():
                 os.environ["NATTN_SM90_OUT_STORES"] = "lanes"
             try:
                 if i % 4 < 2:
+                    os.environ["NATTN_SM90_SQUARE_DKV"] = "tc" if i % 8 == 1 else "own"
                     out, lse = functional_call(case, t, 0.0)
                     grads = torch.autograd.grad((out, lse), leaves, (torch.randn_like(out), torch.randn_like(lse)))
                 else:
@@ -238,6 +240,7 @@ def squares():
             finally:
                 if stores is None:
                     os.environ.pop("NATTN_SM90_OUT_STORES", None)
+                os.environ.pop("NATTN_SM90_SQUARE_DKV", None)
             assert torch.isfinite(out).all() and torch.isfinite(lse).all(), str(case)
             assert all(torch.isfinite(g).all() for g in grads), str(case)
     finally:

@@ -21,7 +21,7 @@ from nattn.backends import get as get_backend  # noqa: E402
 from nattn.distributed.halo import _RangedNA  # noqa: E402
 from nattn.params import NAParams  # noqa: E402
 from gpu_cases import make_inputs, rel_err  # noqa: E402
-from sm90_cases import fits_wide_rpb, sm90_sweep  # noqa: E402
+from sm90_cases import SQUARE_PAIR, fits_wide_rpb, sm90_sweep, square_sweep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -93,3 +93,15 @@ def test_sm90_query_range(case, monkeypatch):
     for name, a, b in zip(("dq", "dk", "dv", "drpb"), got, want):
         assert torch.isfinite(a).all(), name
         assert rel_err(a, b) <= ORDER_TOL[case.dtype], f"{name}: {rel_err(a, b):.2e}"
+
+
+# The square pair (its forward, dQ pass and own dK/dV pass clip their walks to the range).
+SQUARE_CASES = [dataclasses.replace(c, extra=0) for c in square_sweep(int(os.environ.get("NATTN_QRANGE_CASES", "150")) // 4,
+                                                                      seed=4345)]
+
+
+@pytest.mark.parametrize("case", SQUARE_CASES, ids=[f"square{i}-{c}" for i, c in enumerate(SQUARE_CASES)])
+def test_sm90_square_query_range(case, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    monkeypatch.setenv("NATTN_SM90_SQUARE_DKV", "own")
+    test_sm90_query_range(case, monkeypatch)

@@ -268,10 +268,11 @@ def test_sm90_strip_backward_declines_what_it_cannot_take(monkeypatch):
         nattn.na2d(q, q, q, (9, 7), backend="cuda").sum().backward()
 
 
-# The square pair's backward (its own dQ pass, backward_dq_squares.cuh, then 32x4 / 7x16's
-# dK/dV pass at head dim 64 without an RPB, the tensor-core family's otherwise), forced on
-# its sweep with dQ written by the bulk tensor store and per lane, on a problem with
-# thousands of boxes, against float64 on small ones.
+# The square pair's backward (its own dQ pass, backward_dq_squares.cuh, then its own dK/dV
+# pass, backward_dkv_squares.cuh, named at head dim 64 too: NATTN_SM90_SQUARE_DKV=own), forced
+# on its sweep with dQ, dK and dV written by the bulk tensor stores and per lane, on a problem
+# with thousands of boxes, against float64 on small ones; and through the other dK/dV passes
+# it can be given (32x4 / 7x16's at head dim 64 without an RPB, the tensor-core family's).
 SQUARE_BWD = square_sweep(int(os.environ.get("NATTN_SM90_SQUARE_BWD_CASES", "200")), seed=8383) + [
     GpuCase(spatial=(96, 104), kernel=(13, 11), stride=(1, 1), dilation=(1, 1), causal=(False, False), batch=2,
             heads=4, heads_kv=2, dim=64, dim_v=64, extra=0, rpb=True, dtype=torch.bfloat16, layout="plain",
@@ -282,8 +283,20 @@ SQUARE_BWD = square_sweep(int(os.environ.get("NATTN_SM90_SQUARE_BWD_CASES", "200
 @pytest.mark.parametrize("case", SQUARE_BWD, ids=[f"square{i}-{c}" for i, c in enumerate(SQUARE_BWD)])
 def test_sm90_square_backward(case, stores, monkeypatch):
     monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    monkeypatch.setenv("NATTN_SM90_SQUARE_DKV", "own")
     if stores == "lanes":
         monkeypatch.setenv("NATTN_SM90_OUT_STORES", "lanes")
+    compare(case)
+
+
+SQUARE_PARTNERS = square_sweep(int(os.environ.get("NATTN_SM90_SQUARE_BWD_CASES", "200")) // 5, seed=8585)
+
+
+@pytest.mark.parametrize("dkv", ["box", "tc"])
+@pytest.mark.parametrize("case", SQUARE_PARTNERS, ids=[f"square{i}-{c}" for i, c in enumerate(SQUARE_PARTNERS)])
+def test_sm90_square_backward_through_the_other_dkv_passes(case, dkv, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    monkeypatch.setenv("NATTN_SM90_SQUARE_DKV", dkv)
     compare(case)
 
 
@@ -293,15 +306,18 @@ SQUARE_SMALL = _small(square_sweep(80, seed=8484), 12)
 @pytest.mark.parametrize("case", SQUARE_SMALL, ids=[f"f64-square{i}-{c}" for i, c in enumerate(SQUARE_SMALL)])
 def test_sm90_square_backward_against_float64(case, monkeypatch):
     monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    monkeypatch.setenv("NATTN_SM90_SQUARE_DKV", "own")
     test_sm90_backward_against_float64(case)
 
 
+@pytest.mark.parametrize("dkv", ["own", "tc"])
 @pytest.mark.parametrize("rpb", [False, True])
-def test_sm90_square_backward_is_deterministic(rpb, monkeypatch):
+def test_sm90_square_backward_is_deterministic(rpb, dkv, monkeypatch):
     """The square pair's backward is bitwise repeatable (dQ rows written once; each key's
-    gradients one CTA's in either dK/dV pass, the box pair's without an RPB, the tensor-core
-    one's with it; dRPB in fixed point from the dQ pass's largest |dS|)."""
+    gradients one CTA's in either dK/dV pass; dRPB in fixed point from the dQ pass's largest
+    |dS|)."""
     monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    monkeypatch.setenv("NATTN_SM90_SQUARE_DKV", dkv)
     assert_deterministic(spatial=(40, 56), kernel=(13, 11), dim=64, rpb=rpb, seed=43)
 
 

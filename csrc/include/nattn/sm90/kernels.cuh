@@ -14,6 +14,7 @@
 #include "nattn/sm90/backward_dq_accum.cuh"
 #include "nattn/sm90/backward_dkv.cuh"
 #include "nattn/sm90/backward_dq.cuh"
+#include "nattn/sm90/backward_dkv_squares.cuh"
 #include "nattn/sm90/backward_dkv_strips.cuh"
 #include "nattn/sm90/backward_dq_squares.cuh"
 #include "nattn/sm90/backward_dq_strips.cuh"
@@ -282,29 +283,53 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
   return nullptr;
 }
 
-// The box pair whose dK/dV pass (backward_dkv.cuh) follows the square dQ pass at head dim 64
-// without an RPB: there it beats the tensor-core one (mid-2d 0.421 vs 0.556 ms, H100; the
-// 32x4 / 7x16 pair, the default backward of 2-D windows of 10 to 13, has no RPB paths).
+// The box pair whose dK/dV pass (backward_dkv.cuh) may follow the square dQ pass at head dim
+// 64 without an RPB (the 32x4 / 7x16 pair, the default backward of 2-D windows of 10 to 13
+// before the square pair's; no RPB paths).
 using SquareDkvPair = Tile<32, 4, 1, 7, 16, 1>;
 template <int HD>
 constexpr bool kSquareBoxDkv = HD == 64;
 
+// The dK/dV pass after the square dQ pass: its own (backward_dkv_squares.cuh) at head dim 32
+// wherever the KV head's query heads' RPB tables fit what it stages (4096 entries); at head
+// dim 64 the box pair's without an RPB and the tensor-core family's with it. H100, GPU ms,
+// forward + backward, own against the one it replaced (PERF.md sixty-fifth session):
+//   head dim 32: 64x64 13x13 B8 H8 0.259 vs 0.328 (tc), 56x56 11x11 B32 H4 0.362 vs 0.410;
+//     with an RPB 0.368 vs 0.433, 0.500 vs 0.534;
+//   head dim 64: mid-2d 0.890 vs 0.868 (box), 128x128 11x11 0.850 vs 0.827, but 56x56 9x9
+//     B32 H4 0.580 vs 0.618; with an RPB mid-2d 1.186 vs 1.248 (tc), 128x128 11x11 1.103 vs
+//     1.069, 56x56 9x9 0.715 vs 0.677.
+// At head dim 64 two CTAs fit an SM (223 registers): the pass waits on its steps' latency.
+// NATTN_SM90_SQUARE_DKV=own / box / tc (read on every call) picks one for A/B runs; box falls
+// back to tc where it cannot run (head dim 32, an RPB), own where the tables do not fit.
+enum SquareDkvPass { kSquareDkvTc = 0, kSquareDkvBox = 1, kSquareDkvOwn = 2 };
+inline SquareDkvPass square_dkv_pass(const Params& p) {
+  const char* pick = getenv("NATTN_SM90_SQUARE_DKV");
+  const bool fits = p.rpb == nullptr || int64_t(p.groups) * p.rpb_head_size <= kSmallRpbStageFloats;
+  if (pick && !strcmp(pick, "tc")) return kSquareDkvTc;
+  if (pick && !strcmp(pick, "box")) return kSquareDkvBox;
+  if (!(pick && !strcmp(pick, "own")) && p.dim > 32) return p.rpb ? kSquareDkvTc : kSquareDkvBox;
+  return fits ? kSquareDkvOwn : kSquareDkvTc;
+}
+
 // What prepare_backward_squares leaves for launch_backward_squares: the square dQ pass's
 // maps (Q and dO with the query box, K and V with a part of the union's box; dQ's for the
-// bulk store where it can be had, else per-lane stores), and where the box pair's dK/dV pass
-// follows it, that pass's (K and V with its CTA's key rows, Q and dO with its query box).
+// bulk store where it can be had, else per-lane stores), and the dK/dV pass's: its own (K and
+// V with its 8 x 8 key box, Q and dO with the slab box, dK's and dV's for the bulk stores) or
+// the box pair's (K and V with its CTA's key rows, Q and dO with its query box).
 struct SquareBackwardLaunch {
   CUtensorMap q, grad_out, k, v, dq;
-  CUtensorMap kv_k, kv_v, kv_q, kv_do;
+  CUtensorMap kv_k, kv_v, kv_q, kv_do, dk, dv;
   int heads_outer;  // Params::map_heads_outer of the maps
   int dq_map;       // Params::out_map of the dQ pass: 1 when dQ's map is encoded
-  int box_dkv;      // 1: the box pair's dK/dV pass, 0: the tensor-core one
+  int dkv;          // SquareDkvPass
+  int dkv_maps;     // own pass: Params::out_map (1 when dK's and dV's maps are encoded)
+  int slab_cols;    // own pass: the slab width (square_dkv_slab_cols)
 };
 static_assert(sizeof(SquareBackwardLaunch) <= kPrepareBytes, "workspace too small");
 
-// The square pair's backward: its own dQ pass (backward_dq_squares.cuh), then the box pair's
-// dK/dV pass (head dim 64 without an RPB) or the tensor-core family's. Declines what the
-// square forward declines.
+// The square pair's backward: its own dQ pass (backward_dq_squares.cuh), then a dK/dV pass
+// (square_dkv_pass). Declines what the square forward declines.
 template <typename T, int NA, int HD, class Tl>
 const char* prepare_backward_squares(const Params& p, void* workspace) {
   if (p.dim != HD || p.dim_v != HD) return "head dims must both equal the instance's (32 or 64)";
@@ -328,27 +353,52 @@ const char* prepare_backward_squares(const Params& p, void* workspace) {
   l->heads_outer = 0;
   if (const char* why = encode_maps<HD, T>(p, maps, l->heads_outer)) return why;
   l->dq_map = encode_store_map<HD, T>(p, p.dq_s, p.dq, p.heads, qbox, &l->dq, kRowsGradQ, l->heads_outer);
-  l->box_dkv = 0;
-  if constexpr (kSquareBoxDkv<HD>) {
-    using P = SquareDkvPair;
-    // (the box pair's limits: prepare_backward_boxes)
-    if (!p.rpb && p.tokens * p.heads <= 0x7fffffff &&
-        num_key_ctas<typename P::Q>(p) * (DkvCta<T, NA, P, HD, false>::kSplit ? 2 : 1) <= 0x7fffffff) {
-      int kv_rows[3], qrows[3];
-      for (int a = 0; a < 3; ++a) {
-        kv_rows[a] = DkvCta<T, NA, P, HD, false>::Half::extent(a);
-        qrows[a] = P::K::extent(a);
+  // (the own and box passes find a query's LSE / delta row in its batch entry as a 32-bit
+  // offset; the tensor-core pass takes larger problems)
+  l->dkv = p.tokens * p.heads <= 0x7fffffff ? square_dkv_pass(p) : kSquareDkvTc;
+  l->dkv_maps = 0;
+  l->slab_cols = 0;
+  // (the same tensors and strides: a pass runs where its maps encode with the launch's
+  // heads-outer bits, else the tensor-core pass)
+  int outer = l->heads_outer;
+  if (l->dkv == kSquareDkvOwn && num_key_ctas<SquareDkvKeyBox>(p) > 0x7fffffff) l->dkv = kSquareDkvTc;
+  if (l->dkv == kSquareDkvOwn) {
+    l->slab_cols = square_dkv_slab_cols(p);
+    const int keys[3] = {SquareDkvKeyBox::extent(0), SquareDkvKeyBox::extent(1), 1};
+    const int slab[3] = {square_dkv_slab_rows(l->slab_cols), l->slab_cols, 1};
+    const MapRequest own_maps[] = {
+        {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, slab},
+        {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, slab},
+        {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, keys},
+        {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, keys},
+    };
+    if (l->slab_cols > kSquareDkvMaxCols || encode_maps<HD, T>(p, own_maps, outer) != nullptr || outer != l->heads_outer) {
+      l->dkv = kSquareDkvTc;
+    } else {
+      const bool dk_map = encode_store_map<HD, T>(p, p.dk_s, p.dk, p.heads_kv, keys, &l->dk, kRowsGradK, l->heads_outer);
+      const bool dv_map = encode_store_map<HD, T>(p, p.dv_s, p.dv, p.heads_kv, keys, &l->dv, kRowsGradV, l->heads_outer);
+      l->dkv_maps = dk_map && dv_map;
+    }
+  }
+  if (l->dkv == kSquareDkvBox) {
+    l->dkv = kSquareDkvTc;
+    if constexpr (kSquareBoxDkv<HD>) {
+      using P = SquareDkvPair;
+      // (the box pair's limits: prepare_backward_boxes)
+      if (!p.rpb && num_key_ctas<typename P::Q>(p) * (DkvCta<T, NA, P, HD, false>::kSplit ? 2 : 1) <= 0x7fffffff) {
+        int kv_rows[3], qrows[3];
+        for (int a = 0; a < 3; ++a) {
+          kv_rows[a] = DkvCta<T, NA, P, HD, false>::Half::extent(a);
+          qrows[a] = P::K::extent(a);
+        }
+        const MapRequest box_maps[] = {
+            {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, kv_rows},
+            {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, kv_rows},
+            {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, qrows},
+            {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, qrows},
+        };
+        if (encode_maps<HD, T>(p, box_maps, outer) == nullptr && outer == l->heads_outer) l->dkv = kSquareDkvBox;
       }
-      const MapRequest box_maps[] = {
-          {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, kv_rows},
-          {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, kv_rows},
-          {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, qrows},
-          {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, qrows},
-      };
-      // (the same tensors and strides: the launch's heads-outer bits must hold for these maps
-      // too, else the tensor-core pass runs)
-      int outer = l->heads_outer;
-      l->box_dkv = encode_maps<HD, T>(p, box_maps, outer) == nullptr && outer == l->heads_outer;
     }
   }
   return nullptr;
@@ -599,10 +649,10 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
 }
 
 // The square pair's backward: the square dQ pass (which computes and writes its rows' delta
-// and, with a fixed-point dRPB, records each query head's largest |dS| first), then the box
-// pair's dK/dV pass (SquareBackwardLaunch::box_dkv) or the tensor-core family's
-// (instantiated in this translation unit: a build may leave the tc family out) and dRPB's
-// finish. Every step is deterministic.
+// and, with a fixed-point dRPB, records each query head's largest |dS| first), then the
+// dK/dV pass SquareBackwardLaunch::dkv names (the tensor-core one is instantiated in this
+// translation unit: a build may leave the tc family out) and dRPB's finish. Every step is
+// deterministic.
 template <typename T, int NA, int HD, class Tl>
 void launch_backward_squares(const Params& problem, cudaStream_t stream) {
   const SquareBackwardLaunch* l = static_cast<const SquareBackwardLaunch*>(problem.prepared);
@@ -611,11 +661,19 @@ void launch_backward_squares(const Params& problem, cudaStream_t stream) {
   p.out_map = l->dq_map;
   set_query_boxes<typename Tl::Q>(p);
   using S = SquareSmem<Tl, HD>;
+  using Sk = SquareDkvSmem<HD>;
   constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
+  constexpr int most_dkv = Sk::kAlloc + kStripDrpbMostBytes;
   static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
-  once_per_device(opted, [] { return allow_smem(backward_dq_squares_kernel<T, NA, HD, Tl>, most); });
+  once_per_device(opted, [] {
+    return allow_smem(backward_dq_squares_kernel<T, NA, HD, Tl>, most) &
+           allow_smem(backward_dkv_squares_kernel<T, HD, true>, most_dkv) &
+           allow_smem(backward_dkv_squares_kernel<T, HD, false>, Sk::kAlloc);
+  });
+  const bool own = l->dkv == kSquareDkvOwn;
+  // A staged dRPB sums in fixed point (common/drpb_fixed.cuh) where its workspace can be had.
   const int64_t rpb_bytes = drpb_stage_bytes(p);
-  const bool fixed = rpb_bytes > 0 && drpb_fixed_begin(p, stream);
+  const bool fixed = (own ? p.rpb != nullptr : rpb_bytes > 0) && drpb_fixed_begin(p, stream);
   const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * SquareCta<Tl, HD>::kRpbGuard : 0;
   const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
   const dim3 grid(unsigned(num_cta_tiles<typename Tl::Q>(p)), unsigned(p.heads), unsigned(p.batch));
@@ -624,8 +682,20 @@ void launch_backward_squares(const Params& problem, cudaStream_t stream) {
   if (has_query_range(p)) launch_delta<T, HD>(p, stream);
   backward_dq_squares_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->grad_out,
                                                                                                   l->k, l->v, l->dq);
+  if (own) {
+    Params pk = p;
+    pk.out_map = l->dkv_maps;
+    // the query heads' RPB tables and their dRPB tables in shared memory
+    const int tables = p.rpb ? strip_drpb_layout(int(p.groups * p.rpb_head_size)).bytes : 0;
+    const dim3 kgrid(unsigned(num_key_ctas<SquareDkvKeyBox>(p)), unsigned(p.heads_kv), unsigned(p.batch));
+    auto dkv = p.rpb ? backward_dkv_squares_kernel<T, HD, true> : backward_dkv_squares_kernel<T, HD, false>;
+    dkv<<<kgrid, 128, Sk::kAlloc + tables, stream>>>(pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk, l->dv,
+                                                     l->slab_cols);
+    if (fixed) drpb_fixed_end(p, kStripDrpbBits, stream);
+    return;
+  }
   if constexpr (kSquareBoxDkv<HD>) {
-    if (l->box_dkv) {  // (no RPB: nothing staged, no dRPB to finish)
+    if (l->dkv == kSquareDkvBox) {  // (no RPB: nothing staged, no dRPB to finish)
       using P = SquareDkvPair;
       using DkvC = DkvCta<T, NA, P, HD, false>;
       using Dkv = DkvSmem<HD, P::K::kSize, false, DkvC::kRows>;

@@ -88,26 +88,31 @@ NATTN_HD int square_tile_key(int sy, int sx, int ch, int j) {
 // fragment addresses are a lane offset per parity plus the tile's first key.
 NATTN_HD int square_phase(int sy, int sx, int odd) { return ((sy + odd) * kSquareKeyBox + sx) & 7; }
 
-// A lane's ldmatrix offsets into a 20 x 20 key tile (C, a TileSmem) for each walk-row parity,
-// added to the square's first key and a score tile's first key: k_off for K (or V) as the B
-// operand of S = Q K^T (n8 tiles of eight keys, 32 channels an x4), t_off for a tile read
-// transposed (sixteen keys, 16 channels an x4: V of O += P V, K of dQ += dS K), from t_base
-// (the tile's offset from K's). They hold the swizzle of the lane's row at that parity's
-// phase (square_phase), less the phase.
+// A lane's ldmatrix offsets into a swizzled tile (C, a TileSmem) for fragments whose first
+// row is at swizzle phase ph (row mod 8): k_off for rows as the B operand of a product over
+// the channels (n8 tiles of eight rows, 32 channels an x4), t_off for rows read transposed
+// (sixteen rows, 16 channels an x4), from t_base (the tile's offset from the first one's).
+// They hold the swizzle of the lane's row at that phase, less the phase: added to (first row)
+// x row bytes they address the fragment (the swizzle repeats every 8 rows).
+template <class C, int HD>
+NATTN_HD void phase_fragment_offsets(int ph, int lane, int t_base, int (&k_off)[HD / 32], int (&t_off)[HD / 16]) {
+#pragma unroll
+  for (int x = 0; x < HD / 32; ++x) k_off[x] = C::offset(ph + lane % 8, 8 * (lane / 8) + 32 * x) - ph * C::kRowBytes;
+#pragma unroll
+  for (int x = 0; x < HD / 16; ++x)
+    t_off[x] = t_base + C::offset(ph + lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x) - ph * C::kRowBytes;
+}
+
+// The same into a 20 x 20 key tile for each walk-row parity, added to the square's first key
+// and a score tile's first key: k_off for K (or V) as the B operand of S = Q K^T, t_off for a
+// tile read transposed (V of O += P V, K of dQ += dS K). A key box row is 20 keys (4 mod 8),
+// so the phase of a square's tiles alternates with the walk row (square_phase).
 template <class C, int HD>
 NATTN_HD void square_fragment_offsets(int sy, int sx, int lane, int t_base, int (&k_off)[2][HD / 32],
                                       int (&t_off)[2][HD / 16]) {
 #pragma unroll
-  for (int odd = 0; odd < 2; ++odd) {
-    const int ph = square_phase(sy, sx, odd);
-#pragma unroll
-    for (int x = 0; x < HD / 32; ++x)
-      k_off[odd][x] = C::offset(ph + lane % 8, 8 * (lane / 8) + 32 * x) - ph * C::kRowBytes;
-#pragma unroll
-    for (int x = 0; x < HD / 16; ++x)
-      t_off[odd][x] =
-          t_base + C::offset(ph + lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x) - ph * C::kRowBytes;
-  }
+  for (int odd = 0; odd < 2; ++odd)
+    phase_fragment_offsets<C, HD>(square_phase(sy, sx, odd), lane, t_base, k_off[odd], t_off[odd]);
 }
 
 // A lane's part of its warp's square: its two query rows (box rows square_query_row(warp,
@@ -166,5 +171,112 @@ NATTN_HD void square_lane(const Params& p, const CtaTile& tile, int warp, int la
 
 // A row's mask word for chunk ch (bit 2 j + e: score (j, e) of the chunk; strip_kept reads it).
 NATTN_HD uint32_t square_chunk_word(uint64_t word, int ch) { return uint32_t(word >> (4 * kStripChunkRows * ch)); }
+
+// ------------------------------------------------------------------ the square dK/dV pass
+// (backward_dkv_squares.cuh) A CTA owns an 8 x 8 key box of one (batch, KV head, dilation
+// group), split like the forward's query box: warp w the 4 x 4 key square whose m16 row m is
+// box row square_query_row(w, m), so a lane's two keys are rows g4 / 4 and 2 + g4 / 4 of the
+// square, both in column g4 % 4. It walks the union of its keys' inverse neighbourhoods
+// (cta_tile_inverse with unit query boxes: tile.lo / nk) in slabs of whole union rows,
+// `cols` queries wide from the union's first column (16, 24 or 32: the problem's widest
+// union, square_dkv_slab_cols) and kSquareDkvSlabTokens / cols rows. A warp walks the lines
+// of its keys' inverse rows, each in one or two k16 steps of 16 query columns from the first
+// inverse column of its keys (sx): a square's union spans up to 28 queries per axis (16 at a
+// 13 x 13 window away from the borders), counted over every grid up to 200 for windows up
+// to 13, causal or not. The slab width is a multiple of 8, so a warp's steps all start at
+// the same swizzle phase (sx mod 8). A second step may read up to 15 queries past its line
+// (into the next line, or past the slab into the tile's zeroed pad): masked there.
+// The top squares' lines start 4 rows before the bottom ones' (away from the borders), so a
+// slab of 10 rows gives the top warps 10 lines and the bottom ones 6 (the second the other
+// way round), and each slab waits for its slowest warp. An order of the rows that gave every
+// warp the same share of each slab (rows seen by the top squares only and by the bottom ones
+// only in turn, then the shared ones, copied a row a copy) was slower on an H100 (mid-2d's
+// pass 0.510 ms against 0.446; PERF.md sixty-fifth session).
+constexpr int kSquareDkvSlabTokens = 256;
+constexpr int kSquareDkvPad = 16;
+constexpr int kSquareDkvTileRows = kSquareDkvSlabTokens + kSquareDkvPad;  // the Q and dO tiles' rows
+constexpr int kSquareDkvMaxCols = 32;
+
+// Union rows a slab holds at width cols.
+NATTN_HD int square_dkv_slab_rows(int cols) { return kSquareDkvSlabTokens / cols; }
+
+// The slab width of a problem (stride 1): the widest union of an 8-key run's inverse columns
+// over the column axis' groups (two lengths at most), rounded up to a multiple of 8, at least
+// 16. Host only (a loop over the axis' key boxes).
+inline int square_dkv_slab_cols(const Params& p) {
+  const int d = p.dilation[1], causal = p.causal[1] != 0;
+  int widest = 1;
+  for (int g = 0; g < (d > 1 ? 2 : 1); ++g) {
+    const int len = group_len(p.spatial[1], g == 0 ? 0 : d - 1, d);
+    for (int k0 = 0; k0 < len; k0 += 8) {
+      const AxisRange first = key_inverse(k0, len, p.kernel[1], 1, causal);
+      const AxisRange last = key_inverse(nattn_min(k0 + 7, len - 1), len, p.kernel[1], 1, causal);
+      widest = nattn_max(widest, last.start + last.count - first.start);
+    }
+  }
+  return nattn_max(16, (widest + 7) / 8 * 8);
+}
+
+// The inverse range along axis a of the key box's keys kb .. kb + 3 (a square's row or
+// column of keys, group coordinates), clipped to the CTA's union (which a query range
+// narrows: the queries outside it add nothing); empty (lo > hi) where kb is past the grid.
+NATTN_HD void square_keys_inverse(const Params& p, const CtaTile& tile, int a, int kb, int& lo, int& hi) {
+  const bool c = p.causal[a] != 0;
+  const AxisRange first = key_inverse(nattn_min(kb, tile.len[a] - 1), tile.len[a], p.kernel[a], 1, c);
+  const AxisRange last = key_inverse(nattn_min(kb + kSquareSide - 1, tile.len[a] - 1), tile.len[a], p.kernel[a], 1, c);
+  lo = nattn_max(first.start, tile.lo[a]);
+  hi = kb < tile.len[a] ? nattn_min(last.start + last.count - 1, tile.lo[a] + tile.nk[a] - 1) : lo - 1;
+}
+
+// A lane's keys and their inverse ranges, and its warp's walk (all clipped to the CTA's
+// union, which a query range narrows: the queries outside it add nothing).
+struct SquareKeyLane {
+  int y_lo[2], y_hi[2];  // each key's inverse query rows (group coordinates, inclusive; empty past the grid)
+  int w_lo, w_hi;        // the warp's lines: its square's keys' inverse rows (warp-uniform; empty: none)
+  int sx, steps;         // its first query column from the union's, and k16 steps a line (1 or 2; warp-uniform)
+  uint32_t cols;         // bit 4 c + 2 j + e: query column tile.lo + sx + 16 c + 8 j + 2 (lane % 4) + e in the key column's inverse
+  int rpb_key[2];        // each key's RPB index at query (0, tile.lo + sx): (key + kernel - 1) per axis, row-major, less the column
+  int row_mult;
+};
+
+NATTN_HD void square_key_lane(const Params& p, const CtaTile& tile, int warp, int lane, SquareKeyLane& s) {
+  const int g4 = lane / 4, t4 = lane % 4;
+  s.row_mult = p.rpb_size[1];
+  // the square's first key per axis
+  const int k0[2] = {tile.q0[0] + kSquareSide * (warp / 2), tile.q0[1] + kSquareSide * (warp % 2)};
+  int lo[2], hi[2];
+  for (int a = 0; a < 2; ++a) square_keys_inverse(p, tile, a, k0[a], lo[a], hi[a]);
+  const bool any = hi[0] >= lo[0] && hi[1] >= lo[1];
+  s.w_lo = any ? lo[0] : 1;
+  s.w_hi = any ? hi[0] : 0;
+  s.sx = lo[1] - tile.lo[1];
+  s.steps = hi[1] - lo[1] + 1 > 16 ? 2 : 1;
+  const int kx = k0[1] + g4 % 4;
+  const bool x_ok = kx < tile.len[1];
+  const AxisRange ix = key_inverse(nattn_min(kx, tile.len[1] - 1), tile.len[1], p.kernel[1], 1, p.causal[1] != 0);
+  s.cols = 0;
+  for (int bit = 0; bit < 8; ++bit) {
+    const int qx = lo[1] + 16 * (bit / 4) + 8 * ((bit / 2) % 2) + 2 * t4 + bit % 2;
+    s.cols |= uint32_t(x_ok && qx >= ix.start && qx < ix.start + ix.count && qx <= hi[1]) << bit;
+  }
+  for (int r = 0; r < 2; ++r) {
+    const int ky = k0[0] + g4 / 4 + 2 * r;
+    const bool ok = ky < tile.len[0] && x_ok && any;
+    const AxisRange iy = key_inverse(nattn_min(ky, tile.len[0] - 1), tile.len[0], p.kernel[0], 1, p.causal[0] != 0);
+    s.y_lo[r] = ok ? nattn_max(iy.start, lo[0]) : 1;
+    s.y_hi[r] = ok ? nattn_min(iy.start + iy.count - 1, hi[0]) : 0;
+    s.rpb_key[r] = (ky + p.kernel[0] - 1) * s.row_mult + kx + p.kernel[1] - 1 - lo[1];
+  }
+}
+
+// Score (j, e) of step c of line y: whether it is kept (the line in key e / 2's inverse
+// rows, the query column in the key column's), and its RPB index where it is.
+NATTN_HD bool square_key_kept(const SquareKeyLane& s, int y, int c, int j, int e) {
+  const int r = e / 2;
+  return y >= s.y_lo[r] && y <= s.y_hi[r] && ((s.cols >> (4 * c + 2 * j + e % 2)) & 1u);
+}
+NATTN_HD int square_key_bias(const SquareKeyLane& s, int y, int c, int j, int e, int lane) {
+  return s.rpb_key[e / 2] - y * s.row_mult - (16 * c + 8 * j + 2 * (lane % 4) + e % 2);
+}
 
 }  }  // namespace nattn::sm90
