@@ -294,8 +294,9 @@ constexpr bool kSquareBoxDkv = HD == 64;
 // wherever the KV head's query heads' RPB tables fit what it stages (4096 entries); at head
 // dim 64 the box pair's without an RPB and the tensor-core family's with it. H100, GPU ms,
 // forward + backward, own against the one it replaced (PERF.md sixty-fifth session):
-//   head dim 32: 64x64 13x13 B8 H8 0.259 vs 0.328 (tc), 56x56 11x11 B32 H4 0.362 vs 0.410;
-//     with an RPB 0.368 vs 0.433, 0.500 vs 0.534;
+//   head dim 32: 64x64 13x13 B8 H8 0.263 vs 0.331 (tc), 56x56 11x11 B32 H4 0.359 vs 0.405,
+//     56x56 9x9 0.311 vs 0.350, 28x28 11x11 B32 H8 0.233 vs 0.245; with an RPB 0.375 vs
+//     0.433, 0.499 vs 0.528, 0.428 vs 0.453, 0.327 vs 0.321 (the one loss, 2%);
 //   head dim 64: mid-2d 0.890 vs 0.868 (box), 128x128 11x11 0.850 vs 0.827, but 56x56 9x9
 //     B32 H4 0.580 vs 0.618; with an RPB mid-2d 1.186 vs 1.248 (tc), 128x128 11x11 1.103 vs
 //     1.069, 56x56 9x9 0.715 vs 0.677.
