@@ -27,6 +27,7 @@
 
 #include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/softmax.cuh"
+#include "nattn/sm90/backward_dkv_common.cuh"
 #include "nattn/sm90/box_mask.cuh"
 #include "nattn/sm90/forward_squares.cuh"
 #include "nattn/sm90/strip_geometry.cuh"
@@ -177,12 +178,7 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
   int* dbias = reinterpret_cast<int*>(bias + p.groups * table) + kStripDrpbLead;
   const bool fixed = has_rpb && p.drpb_fixed != nullptr;
   const StripDrpbLayout dl = strip_drpb_layout(p.groups * table);
-  if constexpr (has_rpb) {
-    const float* src = p.rpb + int64_t(hk) * p.groups * table;
-    for (int i = threadIdx.x; i < p.groups * table; i += 128) bias[i] = __ldg(src + i) * kLog2e;
-    for (int i = threadIdx.x; i < dl.copies * dl.stride; i += 128) dbias[i] = 0;
-    __syncthreads();
-  }
+  if constexpr (has_rpb) stage_dkv_rpb(p, hk, table, bias, dbias, dl);
 
   SquareKeyLane ks;
   square_key_lane(p, tile, warp, lane, ks);
@@ -282,7 +278,9 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
 #pragma unroll
         for (int e = 0; e < 4; ++e) drpb_add_or_sink(in_window(j, e), drpb_copy, drpb_sink, at_table(j, e), terms[j][e]);
     }
-    // dV += P^T dO, dK += dS^T Q: the step's 16 queries are the k16 step
+    // dV += P^T dO, dK += dS^T Q: the step's 16 queries are the k16 step (written out here
+    // and in the strip pass: as a shared function it changed ptxas's allocation of both
+    // passes, the measured strip kernels' SASS included)
     const unsigned char* at_t = smem + S::kQ + st.q0 * kRowBytes;
     const uint32_t pa[4] = {M::pack(sc[0][0], sc[0][1]), M::pack(sc[0][2], sc[0][3]), M::pack(sc[1][0], sc[1][1]),
                             M::pack(sc[1][2], sc[1][3])};
@@ -352,14 +350,7 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
     walk(std::false_type{}, std::false_type{});
   } else if (fixed) {
     walk(std::true_type{}, std::true_type{});
-    // Each entry's sum over the copies into the int64 table (backward_dkv_strips.cuh).
-    __syncthreads();
-    unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hk) * p.groups * table;
-    for (int i = threadIdx.x; i < p.groups * table; i += 128) {
-      int sum = 0;
-      for (int c = 0; c < dl.copies; ++c) sum += dbias[c * dl.stride + i];
-      if (sum != 0) atomicAdd(dst + i, (unsigned long long)(long long)sum);  // two's complement: signed sums
-    }
+    flush_dkv_drpb(p, hk, table, dbias, dl);  // (each entry's sum over the copies)
   } else {  // (no fixed-point workspace)
     walk(std::true_type{}, std::false_type{});
   }

@@ -30,6 +30,7 @@
 
 #include "nattn/common/drpb_fixed.cuh"
 #include "nattn/common/softmax.cuh"
+#include "nattn/sm90/backward_dkv_common.cuh"
 #include "nattn/sm90/box_mask.cuh"
 #include "nattn/sm90/forward_strips.cuh"
 #include "nattn/tc/mma.cuh"
@@ -188,12 +189,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
   int* dbias = reinterpret_cast<int*>(bias + p.groups * table) + kStripDrpbLead;
   const bool fixed = has_rpb && p.drpb_fixed != nullptr;
   const StripDrpbLayout dl = strip_drpb_layout(p.groups * table);
-  if constexpr (has_rpb) {
-    const float* src = p.rpb + int64_t(hk) * p.groups * table;
-    for (int i = threadIdx.x; i < p.groups * table; i += 128) bias[i] = __ldg(src + i) * kLog2e;
-    for (int i = threadIdx.x; i < dl.copies * dl.stride; i += 128) dbias[i] = 0;
-    __syncthreads();
-  }
+  if constexpr (has_rpb) stage_dkv_rpb(p, hk, table, bias, dbias, dl);
 
   StripKeyLane key_strip;
   strip_key_lane<NA, KB>(p, tile, warp, lane, key_strip);
@@ -422,16 +418,7 @@ __global__ void __launch_bounds__(128, StripDkvSmem<NA, HD>::kMinBlocks)
     instanced(narrow, [&](auto narrow_tag) { walk(std::false_type{}, std::false_type{}, narrow_tag); });
   } else if (fixed) {
     instanced(narrow, [&](auto narrow_tag) { walk(std::true_type{}, std::true_type{}, narrow_tag); });
-    // Each entry's sum over the copies into the int64 table. Summed in registers: summing
-    // into copy 0 for drpb_fixed_add cost the fixed-point loops 7-18 instructions a step at
-    // their register cap (ptxas's allocation; PERF.md fifty-eighth session).
-    __syncthreads();
-    unsigned long long* dst = reinterpret_cast<unsigned long long*>(p.drpb_fixed) + int64_t(hk) * p.groups * table;
-    for (int i = threadIdx.x; i < p.groups * table; i += 128) {
-      int sum = 0;  // (the copies' terms of an entry are the single table's: below 2^31 together)
-      for (int c = 0; c < dl.copies; ++c) sum += dbias[c * dl.stride + i];
-      if (sum != 0) atomicAdd(dst + i, (unsigned long long)(long long)sum);  // two's complement: signed sums
-    }
+    flush_dkv_drpb(p, hk, table, dbias, dl);  // (each entry's sum over the copies)
   } else {  // (no fixed-point workspace)
     instanced(narrow, [&](auto narrow_tag) { walk(std::true_type{}, std::false_type{}, narrow_tag); });
   }
