@@ -1,8 +1,8 @@
 // The Hopper host checks' random problems: 1-3 axes, every kernel size up to 40 (1-D) or 9,
 // dilation 1-4, any stride, causal axes, every query (no query range); and the strip pairs'
 // (2-D / 3-D, stride 1, windows up to 7 x 9 / 7 x 7 x 9, RPB sizes set) and the square pair's
-// (2-D, stride 1, windows up to 13 x 13, RPB sizes set). Include after
-// host_rng.h (rnd) and nattn/sm90/tiles.cuh (Params).
+// (2-D, stride 1, windows up to 13 x 13, RPB sizes set); queries_seeing for the dK/dV
+// passes' checks. Include after host_rng.h (rnd) and nattn/sm90/tiles.cuh (Params, CtaTile).
 #pragma once
 
 template <int NA>
@@ -69,4 +69,16 @@ static nattn::Params square_problem() {
     p.q_hi[a] = p.spatial[a];
   }
   return p;
+}
+
+// Brute force: the queries of the call's range along axis a of the CTA's dilation group whose
+// stride-1 windows hold key k (group coordinates), for the dK/dV passes' checks.
+static int queries_seeing(const nattn::Params& p, const nattn::sm90::CtaTile& tile, int a, int k) {
+  int n = 0;
+  for (int qa = 0; qa < tile.len[a]; ++qa) {
+    const nattn::AxisRange w = nattn::query_window(qa, tile.len[a], p.kernel[a], 1, p.causal[a] != 0);
+    const int real = tile.g[a] + p.dilation[a] * qa;
+    n += k >= w.start && k < w.start + w.count && real >= p.q_lo[a] && real < p.q_hi[a];
+  }
+  return n;
 }

@@ -149,15 +149,7 @@ static int check_problems(int count, long long& checks, long long& two_steps) {
           const int kr = square_query_row(warp, m);
           const int k[2] = {tile.q0[0] + KB::offset(kr, 0), tile.q0[1] + KB::offset(kr, 1)};
           int want = k[0] < tile.len[0] && k[1] < tile.len[1];
-          for (int a = 0; a < 2 && want; ++a) {
-            int n = 0;
-            for (int qa = 0; qa < tile.len[a]; ++qa) {
-              const AxisRange w = query_window(qa, tile.len[a], p.kernel[a], 1, p.causal[a] != 0);
-              const int real = tile.g[a] + p.dilation[a] * qa;
-              n += k[a] >= w.start && k[a] < w.start + w.count && real >= p.q_lo[a] && real < p.q_hi[a];
-            }
-            want *= n;
-          }
+          for (int a = 0; a < 2 && want; ++a) want *= queries_seeing(p, tile, a, k[a]);
           if (kept_by_key[m] != want) return fail("the walk does not keep each query of a key once", p, cta, warp, m);
         }
       }

@@ -239,15 +239,7 @@ static int check_problems(int count, long long& checks) {
           int want = 0;
           if (k_ok) {
             want = 1;
-            for (int a = 0; a < NA; ++a) {
-              int n = 0;
-              for (int qa = 0; qa < tile.len[a]; ++qa) {
-                const AxisRange w = query_window(qa, tile.len[a], p.kernel[a], 1, p.causal[a] != 0);
-                const int real = tile.g[a] + p.dilation[a] * qa;
-                n += k[a] >= w.start && k[a] < w.start + w.count && real >= p.q_lo[a] && real < p.q_hi[a];
-              }
-              want *= n;
-            }
+            for (int a = 0; a < NA; ++a) want *= queries_seeing(p, tile, a, k[a]);
           }
           if (kept_by_key[kr] != want) return fail("the walk does not keep each query of a key once", p, cta, warp, kr);
         }
