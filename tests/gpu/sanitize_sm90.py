@@ -195,7 +195,6 @@ def strips():
                 os.environ["NATTN_SM90_STRIP_DKV"] = "tc"
             try:
                 if i % 4 < 2:
-                    os.environ["NATTN_SM90_SQUARE_DKV"] = "tc" if i % 8 == 1 else "own"
                     out, lse = functional_call(case, t, 0.0)
                     grads = torch.autograd.grad((out, lse), leaves, (torch.randn_like(out), torch.randn_like(lse)))
                 else:
