@@ -43,8 +43,10 @@ using SquareDkvKeyBox = Box<8, 8, 1>;
 // (launch-time sizes) the strip pass's RPB and fixed-point dRPB tables (StripDrpbLayout).
 template <int HD>
 struct SquareDkvSmem {
+  static constexpr int kTokens = kSquareDkvSlabTokensAt<HD>;  // a slab's queries
+  static constexpr int kTileRows = kTokens + kSquareDkvPad;         // the Q and dO tiles' rows
   using Keys = TileSmem<HD, kWgRows>;
-  using Lines = TileSmem<HD, kSquareDkvTileRows>;
+  using Lines = TileSmem<HD, kTileRows>;
   static_assert(Lines::kBlocks == 1, "head dims up to 64: a slab copy per tensor");
   static constexpr int kK = 0;
   static constexpr int kV = kK + Keys::kBytes;
@@ -52,10 +54,10 @@ struct SquareDkvSmem {
   static constexpr int kDo = kQ + Lines::kBytes;
   static constexpr int kBars = kDo + Lines::kBytes;  // keys_full, full
   static constexpr int kLse = kBars + 64;
-  static constexpr int kBytes = kLse + 2 * kSquareDkvTileRows * 8;
+  static constexpr int kBytes = kLse + 2 * kTileRows * 8;
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
   // (head dim 64: 89 KB, two CTAs an SM, as the registers allow)
-  static constexpr int kMinBlocks = HD <= 32 ? 4 : 2;
+  static constexpr int kMinBlocks = HD <= 32 ? 4 : NATTN_SM90_SQUARE_DKV_THREE_CTAS ? 3 : 2;
 };
 
 // Build switch for A/B runs: 1 (the default) runs a warp's steps in pairs at head dim 64,
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
   const int hk = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g4 = lane / 4, t4 = lane % 4;
-  const int W = slab_cols, rows = square_dkv_slab_rows(W), slab_queries = rows * W;
+  const int W = slab_cols, rows = square_dkv_slab_rows(W, S::kTokens), slab_queries = rows * W;
   // Slabs per query head (the union's rows, `rows` a slab); the walk runs them for each query
   // head of the KV head.
   const int per_head = (tile.nk[0] + rows - 1) / rows;
@@ -109,13 +111,13 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
   // The pads past a slab (a line's second step reads into them, masked: they must hold
   // finite values, since 0 x NaN is NaN in the products) and their LSE / delta slots.
   {
-    const int pad_bytes = (kSquareDkvTileRows - slab_queries) * kRowBytes;
+    const int pad_bytes = (S::kTileRows - slab_queries) * kRowBytes;
     for (int i = threadIdx.x; i < pad_bytes / 16; i += 128) {
       reinterpret_cast<uint4*>(smem + S::kQ + slab_queries * kRowBytes)[i] = make_uint4(0u, 0u, 0u, 0u);
       reinterpret_cast<uint4*>(smem + S::kDo + slab_queries * kRowBytes)[i] = make_uint4(0u, 0u, 0u, 0u);
     }
-    for (int i = slab_queries + threadIdx.x; i < kSquareDkvTileRows; i += 128)
-      lse_buf[i] = lse_buf[kSquareDkvTileRows + i] = make_float2(INFINITY, 0.f);
+    for (int i = slab_queries + threadIdx.x; i < S::kTileRows; i += 128)
+      lse_buf[i] = lse_buf[S::kTileRows + i] = make_float2(INFINITY, 0.f);
   }
   __syncthreads();
   // Slab f (query head hk groups + f / per_head, union rows from rows x (f % per_head)): one
@@ -146,7 +148,7 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
   // stores them (stash) into the slab's half of the staging buffer before the barrier that
   // ends the slab before (backward_dkv_strips.cuh). Rows of the batch entry ([N, H]: an
   // offset fits 32 bits, prepare_backward_squares checks).
-  constexpr int kPer = kSquareDkvSlabTokens / 128;
+  constexpr int kPer = (S::kTokens + 127) / 128;
   const float* lse_b = p.lse + int64_t(b) * p.tokens * p.heads;
   const float* delta_b = p.delta + int64_t(b) * p.tokens * p.heads;
   float2 staged[kPer];
@@ -166,7 +168,7 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
       if (threadIdx.x + 128 * i < slab_queries)
-        lse_buf[(f % 2) * kSquareDkvTileRows + threadIdx.x + 128 * i] = make_float2(lse_log2(staged[i].x), staged[i].y);
+        lse_buf[(f % 2) * S::kTileRows + threadIdx.x + 128 * i] = make_float2(lse_log2(staged[i].x), staged[i].y);
   };
   if (slabs > 0) fetch(0);
 
@@ -312,7 +314,7 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
       if (f + 1 < slabs) fetch(f + 1);  // (waited for at the stash, after this slab's lines)
       mbar_wait(full, f & 1);
       const int y_first = nattn_max(ks.w_lo, y0), y_last = nattn_min(ks.w_hi, y0 + rows - 1);
-      const float2* ld0 = lse_buf + (f % 2) * kSquareDkvTileRows;
+      const float2* ld0 = lse_buf + (f % 2) * S::kTileRows;
       // the warp's steps of the slab: its lines from y_first, 1 << cshift steps each
       const int n = y_last >= y_first ? (y_last - y_first + 1) << cshift : 0;
       auto step_at = [&](int i) {

@@ -366,7 +366,7 @@ const char* prepare_backward_squares(const Params& p, void* workspace) {
   if (l->dkv == kSquareDkvOwn) {
     l->slab_cols = square_dkv_slab_cols(p);
     const int keys[3] = {SquareDkvKeyBox::extent(0), SquareDkvKeyBox::extent(1), 1};
-    const int slab[3] = {square_dkv_slab_rows(l->slab_cols), l->slab_cols, 1};
+    const int slab[3] = {square_dkv_slab_rows(l->slab_cols, kSquareDkvSlabTokensAt<HD>), l->slab_cols, 1};
     const MapRequest own_maps[] = {
         {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, slab},
         {"grad_out", kRowsGradOut, &l->kv_do, p.grad_out_s, p.grad_out, p.heads, slab},

@@ -197,8 +197,18 @@ constexpr int kSquareDkvPad = 16;
 constexpr int kSquareDkvTileRows = kSquareDkvSlabTokens + kSquareDkvPad;  // the Q and dO tiles' rows
 constexpr int kSquareDkvMaxCols = 32;
 
-// Union rows a slab holds at width cols.
-NATTN_HD int square_dkv_slab_rows(int cols) { return kSquareDkvSlabTokens / cols; }
+// Build switch for A/B runs: 1 gives the head-dim-64 pass three CTAs an SM (slabs of 192
+// queries, 168 registers without the step pairs: NATTN_SM90_SQUARE_DKV_PIPELINE=0 with it);
+// 0 (the default) two, slabs of 256 queries.
+#ifndef NATTN_SM90_SQUARE_DKV_THREE_CTAS
+#define NATTN_SM90_SQUARE_DKV_THREE_CTAS 0
+#endif
+// The slab's queries at head dim HD.
+template <int HD>
+constexpr int kSquareDkvSlabTokensAt = HD >= 64 && NATTN_SM90_SQUARE_DKV_THREE_CTAS ? 192 : kSquareDkvSlabTokens;
+
+// Union rows a slab of `tokens` queries holds at width cols.
+NATTN_HD int square_dkv_slab_rows(int cols, int tokens = kSquareDkvSlabTokens) { return tokens / cols; }
 
 // The slab width of a problem (stride 1): the widest union of an 8-key run's inverse columns
 // over the column axis' groups (two lengths at most), rounded up to a multiple of 8, at least
