@@ -44,7 +44,7 @@ static int fail(const char* what, const Params& p, long long cta, int warp, int 
 // A step's fragment addresses (first query q0 of the slab tile) against the tile's offsets.
 template <int HD>
 static bool addresses_ok(int sx, int q0, int lane, long long& checks) {
-  using C = TileSmem<HD, kSquareDkvTileRows>;
+  using C = TileSmem<HD, kSquareDkvSlabTokens + kSquareDkvPad>;  // (offsets do not depend on the rows)
   int k_off[HD / 32], t_off[HD / 16];
   phase_fragment_offsets<C, HD>(sx & 7, lane, 0, k_off, t_off);
   for (int j = 0; j < 2; ++j)

@@ -309,7 +309,8 @@ inline SquareDkvPass square_dkv_pass(const Params& p) {
   const bool fits = p.rpb == nullptr || int64_t(p.groups) * p.rpb_head_size <= kSmallRpbStageFloats;
   if (pick && !strcmp(pick, "tc")) return kSquareDkvTc;
   if (pick && !strcmp(pick, "box")) return kSquareDkvBox;
-  if (!(pick && !strcmp(pick, "own")) && p.dim > 32) return p.rpb ? kSquareDkvTc : kSquareDkvBox;
+  const bool named_own = pick && !strcmp(pick, "own");
+  if (p.dim > 32 && !named_own) return p.rpb ? kSquareDkvTc : kSquareDkvBox;
   return fits ? kSquareDkvOwn : kSquareDkvTc;
 }
 

@@ -194,7 +194,6 @@ NATTN_HD uint32_t square_chunk_word(uint64_t word, int ch) { return uint32_t(wor
 // pass 0.510 ms against 0.446; PERF.md sixty-fifth session).
 constexpr int kSquareDkvSlabTokens = 256;
 constexpr int kSquareDkvPad = 16;
-constexpr int kSquareDkvTileRows = kSquareDkvSlabTokens + kSquareDkvPad;  // the Q and dO tiles' rows
 constexpr int kSquareDkvMaxCols = 32;
 
 // Build switch for A/B runs: 1 gives the head-dim-64 pass three CTAs an SM (slabs of 192
