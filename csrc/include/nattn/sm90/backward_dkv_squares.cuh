@@ -38,21 +38,24 @@ namespace nattn { namespace sm90 {
 // The CTA's key box.
 using SquareDkvKeyBox = Box<8, 8, 1>;
 
-// Shared memory of the square dK/dV pass: the key box's K and V tiles, one slab's Q and dO
+// Shared memory of the square dK/dV pass: the key box's K and V tiles, kStages slabs' Q and dO
 // tiles (with their pads), the barriers, two slabs' (LSE log2, delta) per query; after them
 // (launch-time sizes) the strip pass's RPB and fixed-point dRPB tables (StripDrpbLayout).
 template <int HD>
 struct SquareDkvSmem {
+  static constexpr int kStages = NATTN_SM90_SQUARE_DKV_STAGES;  // slabs in flight
   static constexpr int kTokens = kSquareDkvSlabTokensAt<HD>;  // a slab's queries
   static constexpr int kTileRows = kTokens + kSquareDkvPad;         // the Q and dO tiles' rows
   using Keys = TileSmem<HD, kWgRows>;
   using Lines = TileSmem<HD, kTileRows>;
   static_assert(Lines::kBlocks == 1, "head dims up to 64: a slab copy per tensor");
+  static_assert(Lines::kBytes % 1024 == 0, "each stage's tiles start at the swizzle's 1024-byte period");
   static constexpr int kK = 0;
   static constexpr int kV = kK + Keys::kBytes;
-  static constexpr int kQ = kV + Keys::kBytes;
+  static constexpr int kQ = kV + Keys::kBytes;  // stage s's Q tile at kQ + s kStageBytes
   static constexpr int kDo = kQ + Lines::kBytes;
-  static constexpr int kBars = kDo + Lines::kBytes;  // keys_full, full
+  static constexpr int kStageBytes = 2 * Lines::kBytes;
+  static constexpr int kBars = kQ + kStages * kStageBytes;  // keys_full, full[kStages]
   static constexpr int kLse = kBars + 64;
   static constexpr int kBytes = kLse + 2 * kTileRows * 8;
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
@@ -85,7 +88,7 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
   constexpr int kGradOut = S::kDo - S::kQ;  // dO's tile from Q's
   unsigned char* smem = aligned_smem();
   uint64_t* keys_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
-  uint64_t* full = keys_full + 1;
+  uint64_t* full = keys_full + 1;  // full[s]: stage s's slab landed
 
   CtaTile tile;  // q0: the first key; lo / nk: the union's first query and extent per axis
   if (!cta_tile_inverse<2, KB, Box<1, 1, 1>>(p, blockIdx.x, tile)) return;  // uniform
@@ -105,34 +108,39 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
     prefetch_tensor_map(&map_k);
     prefetch_tensor_map(&map_v);
     mbar_init(keys_full, 1);
-    mbar_init(full, 1);
+#pragma unroll
+    for (int s = 0; s < S::kStages; ++s) mbar_init(full + s, 1);
     fence_barrier_init();
   }
   // The pads past a slab (a line's second step reads into them, masked: they must hold
   // finite values, since 0 x NaN is NaN in the products) and their LSE / delta slots.
   {
     const int pad_bytes = (S::kTileRows - slab_queries) * kRowBytes;
-    for (int i = threadIdx.x; i < pad_bytes / 16; i += 128) {
-      reinterpret_cast<uint4*>(smem + S::kQ + slab_queries * kRowBytes)[i] = make_uint4(0u, 0u, 0u, 0u);
-      reinterpret_cast<uint4*>(smem + S::kDo + slab_queries * kRowBytes)[i] = make_uint4(0u, 0u, 0u, 0u);
-    }
+    for (int s = 0; s < S::kStages; ++s)
+      for (int i = threadIdx.x; i < pad_bytes / 16; i += 128) {
+        unsigned char* stage = smem + S::kQ + s * S::kStageBytes + slab_queries * kRowBytes;
+        reinterpret_cast<uint4*>(stage)[i] = make_uint4(0u, 0u, 0u, 0u);
+        reinterpret_cast<uint4*>(stage + kGradOut)[i] = make_uint4(0u, 0u, 0u, 0u);
+      }
     for (int i = slab_queries + threadIdx.x; i < S::kTileRows; i += 128)
       lse_buf[i] = lse_buf[S::kTileRows + i] = make_float2(INFINITY, 0.f);
   }
   __syncthreads();
-  // Slab f (query head hk groups + f / per_head, union rows from rows x (f % per_head)): one
-  // copy per tensor (the maps' box: a slab).
+  // Slab f (query head hk groups + f / per_head, union rows from rows x (f % per_head)) into
+  // stage f % kStages: one copy per tensor (the maps' box: a slab).
   auto load_slab = [&](int f) {
     int c[5];
     const int h = hk * p.groups + f / per_head;
     const int origin[3] = {tile.lo[0] + rows * (f % per_head), tile.lo[1], 0};
-    mbar_expect_tx(full, 2 * slab_queries * kRowBytes);
+    uint64_t* bar = full + f % S::kStages;
+    unsigned char* stage = smem + S::kQ + f % S::kStages * S::kStageBytes;
+    mbar_expect_tx(bar, 2 * slab_queries * kRowBytes);
     const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, b);
     box_coords<2>(p, tile, origin, hq.channel, hq.outer, c);
-    tma_load<4>(smem + S::kQ, &map_q, full, c);
+    tma_load<4>(stage, &map_q, bar, c);
     const HeadCoords hd = head_coords<HD>(p, kRowsGradOut, p.heads, h, b);
     box_coords<2>(p, tile, origin, hd.channel, hd.outer, c);
-    tma_load<4>(smem + S::kDo, &map_do, full, c);
+    tma_load<4>(stage + kGradOut, &map_do, bar, c);
   };
   if (threadIdx.x == 0) {  // the keys and values, then the first slab
     int c[5];
@@ -142,6 +150,7 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
     load_box_blocks<2, KB, Ck>(p, tile, tile.q0, head_coords<HD>(p, kRowsV, p.heads_kv, hk, b), smem + S::kV, &map_v,
                                keys_full, c);
     if (slabs > 0) load_slab(0);
+    if (S::kStages > 1 && slabs > 1) load_slab(1);
   }
   // A slab's queries' LSE (log2 units; +inf past the grid: no probability) and delta, in
   // slab order (union rows from the slab's first, slab_cols a row): each thread loads kPer of them into registers (fetch, a slab ahead) and
@@ -213,10 +222,11 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
     int y, c, q0;
   };
   using StepTiles = float[2][4];
-  auto products = [&](const Step& st, StepTiles& sc, StepTiles& dp) {
+  // (stage: the slab's stage's byte offset from stage 0's tiles)
+  auto products = [&](int stage, const Step& st, StepTiles& sc, StepTiles& dp) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const unsigned char* at = smem + S::kQ + (st.q0 + 8 * j) * kRowBytes;
+      const unsigned char* at = smem + S::kQ + stage + (st.q0 + 8 * j) * kRowBytes;
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[j][e] = dp[j][e] = 0.f;
 #pragma unroll
@@ -233,8 +243,8 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
   };
   // The rest of a step for head h: P^T and dS^T, dRPB, then dV and dK. kWithRpb: with the RPB;
   // kFixed: dRPB in the fixed-point table (else float atomics into dRPB).
-  auto finish_step = [&](auto rpb_tag, auto fixed_tag, StepTiles& sc, StepTiles& dp, const float2* ld0,
-                         const Step& st, int h, float fscale) {
+  auto finish_step = [&](auto rpb_tag, auto fixed_tag, int stage, StepTiles& sc, StepTiles& dp,
+                         const float2* ld0, const Step& st, int h, float fscale) {
     constexpr bool kWithRpb = decltype(rpb_tag)::value, kFixed = decltype(fixed_tag)::value;
     bool row_in[2];
 #pragma unroll
@@ -283,7 +293,7 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
     // dV += P^T dO, dK += dS^T Q: the step's 16 queries are the k16 step (written out here
     // and in the strip pass: as a shared function it changed ptxas's allocation of both
     // passes, the measured strip kernels' SASS included)
-    const unsigned char* at_t = smem + S::kQ + st.q0 * kRowBytes;
+    const unsigned char* at_t = smem + S::kQ + stage + st.q0 * kRowBytes;
     const uint32_t pa[4] = {M::pack(sc[0][0], sc[0][1]), M::pack(sc[0][2], sc[0][3]), M::pack(sc[1][0], sc[1][1]),
                             M::pack(sc[1][2], sc[1][3])};
     const uint32_t da[4] = {M::pack(dp[0][0], dp[0][1]), M::pack(dp[0][2], dp[0][3]), M::pack(dp[1][0], dp[1][1]),
@@ -312,7 +322,8 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
       const int y0 = tile.lo[0] + rows * within;
       if (decltype(fixed_tag)::value && within == 0) fscale = drpb_fixed_scale(p.drpb_max[h], kStripDrpbBits);
       if (f + 1 < slabs) fetch(f + 1);  // (waited for at the stash, after this slab's lines)
-      mbar_wait(full, f & 1);
+      mbar_wait(full + f % S::kStages, (f / S::kStages) & 1);
+      const int stage = f % S::kStages * S::kStageBytes;
       const int y_first = nattn_max(ks.w_lo, y0), y_last = nattn_min(ks.w_hi, y0 + rows - 1);
       const float2* ld0 = lse_buf + (f % 2) * S::kTileRows;
       // the warp's steps of the slab: its lines from y_first, 1 << cshift steps each
@@ -326,24 +337,24 @@ __global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
         for (; i + 1 < n; i += 2) {
           StepTiles sa, da, sb, db;
           const Step s0 = step_at(i), s1 = step_at(i + 1);
-          products(s0, sa, da);
-          products(s1, sb, db);
-          finish_step(rpb_tag, fixed_tag, sa, da, ld0, s0, h, fscale);
-          finish_step(rpb_tag, fixed_tag, sb, db, ld0, s1, h, fscale);
+          products(stage, s0, sa, da);
+          products(stage, s1, sb, db);
+          finish_step(rpb_tag, fixed_tag, stage, sa, da, ld0, s0, h, fscale);
+          finish_step(rpb_tag, fixed_tag, stage, sb, db, ld0, s1, h, fscale);
         }
       }
       for (; i < n; ++i) {
         StepTiles sc, dp;
         const Step st = step_at(i);
-        products(st, sc, dp);
-        finish_step(rpb_tag, fixed_tag, sc, dp, ld0, st, h, fscale);
+        products(stage, st, sc, dp);
+        finish_step(rpb_tag, fixed_tag, stage, sc, dp, ld0, st, h, fscale);
       }
-      if (f + 1 < slabs) {  // slab f's tiles and staging half are free, slab f + 1's LSE visible
+      if (f + 1 < slabs) {  // slab f's stage and staging half are free, slab f + 1's LSE visible
         stash(f + 1);
         named_sync(2, 128);
-        if (threadIdx.x == 0) {
+        if (threadIdx.x == 0 && (S::kStages == 1 || f + S::kStages < slabs)) {
           fence_proxy_async_smem();  // (the tiles' reads before the copy engine's writes)
-          load_slab(f + 1);
+          load_slab(f + S::kStages);
         }
       }
     }

@@ -202,9 +202,17 @@ constexpr int kSquareDkvMaxCols = 32;
 #ifndef NATTN_SM90_SQUARE_DKV_THREE_CTAS
 #define NATTN_SM90_SQUARE_DKV_THREE_CTAS 0
 #endif
-// The slab's queries at head dim HD.
+// Build switch for A/B runs: 2 splits the slab buffer into a ring of two slabs of half the
+// queries each (slab f + 1's copy runs during slab f's lines); 1 (the default) one slab,
+// copied once every warp is done with the one before.
+#ifndef NATTN_SM90_SQUARE_DKV_STAGES
+#define NATTN_SM90_SQUARE_DKV_STAGES 1
+#endif
+static_assert(NATTN_SM90_SQUARE_DKV_STAGES == 1 || NATTN_SM90_SQUARE_DKV_STAGES == 2, "one or two slab stages");
+// The slab's queries at head dim HD (per stage).
 template <int HD>
-constexpr int kSquareDkvSlabTokensAt = HD >= 64 && NATTN_SM90_SQUARE_DKV_THREE_CTAS ? 192 : kSquareDkvSlabTokens;
+constexpr int kSquareDkvSlabTokensAt =
+    (HD >= 64 && NATTN_SM90_SQUARE_DKV_THREE_CTAS ? 192 : kSquareDkvSlabTokens) / NATTN_SM90_SQUARE_DKV_STAGES;
 
 // Union rows a slab of `tokens` queries holds at width cols.
 NATTN_HD int square_dkv_slab_rows(int cols, int tokens = kSquareDkvSlabTokens) { return tokens / cols; }
