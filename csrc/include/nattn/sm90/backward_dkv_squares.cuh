@@ -59,21 +59,28 @@ struct SquareDkvSmem {
   static constexpr int kLse = kBars + 64;
   static constexpr int kBytes = kLse + 2 * kTileRows * 8;
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
-  // (head dim 64: 89 KB, two CTAs an SM, as the registers allow)
-  static constexpr int kMinBlocks = HD <= 32 ? 4 : NATTN_SM90_SQUARE_DKV_THREE_CTAS ? 3 : 2;
+  // (head dim 64: 72 KB with slabs of 192 queries, 89 KB with 256)
 };
 
-// Build switch for A/B runs: 1 (the default) runs a warp's steps in pairs at head dim 64,
-// both steps' S^T and dP^T before the first one's softmax (backward_dkv_strips.cuh's
-// NATTN_SM90_STRIP_DKV_PIPELINE).
+// CTAs an SM the registers must allow (kRpb: the instance with an RPB, which at head dim 64
+// would spill at three; it runs there only when named, NATTN_SM90_SQUARE_DKV=own).
+template <int HD, bool kRpb>
+struct SquareDkvMinBlocks {
+  static constexpr int value = HD <= 32 ? 4 : NATTN_SM90_SQUARE_DKV_THREE_CTAS && !kRpb ? 3 : 2;
+};
+
+// Build switch for A/B runs: 1 runs a warp's steps in pairs at head dim 64, both steps' S^T
+// and dP^T before the first one's softmax (backward_dkv_strips.cuh's
+// NATTN_SM90_STRIP_DKV_PIPELINE): 226 registers, two CTAs an SM, the default only with
+// NATTN_SM90_SQUARE_DKV_THREE_CTAS=0.
 #ifndef NATTN_SM90_SQUARE_DKV_PIPELINE
-#define NATTN_SM90_SQUARE_DKV_PIPELINE 1
+#define NATTN_SM90_SQUARE_DKV_PIPELINE (!NATTN_SM90_SQUARE_DKV_THREE_CTAS)
 #endif
 
 // kRpb: the instance for calls with an RPB (p.rpb set), else the one without (ptxas
 // allocates registers for a whole kernel: backward_dkv_strips.cuh).
 template <typename T, int HD, bool kRpb>
-__global__ void __launch_bounds__(128, SquareDkvSmem<HD>::kMinBlocks)
+__global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
     backward_dkv_squares_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
                                 const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
                                 const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_dk,

@@ -290,17 +290,16 @@ using SquareDkvPair = Tile<32, 4, 1, 7, 16, 1>;
 template <int HD>
 constexpr bool kSquareBoxDkv = HD == 64;
 
-// The dK/dV pass after the square dQ pass: its own (backward_dkv_squares.cuh) at head dim 32
-// wherever the KV head's query heads' RPB tables fit what it stages (4096 entries); at head
-// dim 64 the box pair's without an RPB and the tensor-core family's with it. H100, GPU ms,
-// forward + backward, own against the one it replaced (PERF.md sixty-fifth session):
+// The dK/dV pass after the square dQ pass: its own (backward_dkv_squares.cuh) wherever the
+// KV head's query heads' RPB tables fit what it stages (4096 entries), except at head dim 64
+// with an RPB (the tensor-core family's). H100, GPU ms, forward + backward, own against the
+// one it replaced (PERF.md sixty-fifth and sixty-sixth sessions):
 //   head dim 32: 64x64 13x13 B8 H8 0.263 vs 0.331 (tc), 56x56 11x11 B32 H4 0.359 vs 0.405,
 //     56x56 9x9 0.311 vs 0.350, 28x28 11x11 B32 H8 0.233 vs 0.245; with an RPB 0.375 vs
 //     0.433, 0.499 vs 0.528, 0.428 vs 0.453, 0.327 vs 0.321 (the one loss, 2%);
-//   head dim 64: mid-2d 0.890 vs 0.868 (box), 128x128 11x11 0.850 vs 0.827, but 56x56 9x9
-//     B32 H4 0.580 vs 0.618; with an RPB mid-2d 1.186 vs 1.248 (tc), 128x128 11x11 1.103 vs
-//     1.069, 56x56 9x9 0.715 vs 0.677.
-// At head dim 64 two CTAs fit an SM (223 registers): the pass waits on its steps' latency.
+//   head dim 64 (three CTAs an SM, 168 registers): mid-2d 0.818 vs 0.870 (the box pair's),
+//     128x128 11x11 0.769 vs 0.831, 56x56 9x9 B32 H4 0.533 vs 0.623, 64x64 13x13 B8 H8
+//     0.444 vs 0.467 (at two CTAs an SM, 226 registers, it lost on the large grids).
 // NATTN_SM90_SQUARE_DKV=own / box / tc (read on every call) picks one for A/B runs; box falls
 // back to tc where it cannot run (head dim 32, an RPB), own where the tables do not fit.
 enum SquareDkvPass { kSquareDkvTc = 0, kSquareDkvBox = 1, kSquareDkvOwn = 2 };
@@ -310,7 +309,7 @@ inline SquareDkvPass square_dkv_pass(const Params& p) {
   if (pick && !strcmp(pick, "tc")) return kSquareDkvTc;
   if (pick && !strcmp(pick, "box")) return kSquareDkvBox;
   const bool named_own = pick && !strcmp(pick, "own");
-  if (p.dim > 32 && !named_own) return p.rpb ? kSquareDkvTc : kSquareDkvBox;
+  if (p.dim > 32 && !named_own && p.rpb) return kSquareDkvTc;
   return fits ? kSquareDkvOwn : kSquareDkvTc;
 }
 

@@ -196,15 +196,19 @@ constexpr int kSquareDkvSlabTokens = 256;
 constexpr int kSquareDkvPad = 16;
 constexpr int kSquareDkvMaxCols = 32;
 
-// Build switch for A/B runs: 1 gives the head-dim-64 pass three CTAs an SM (slabs of 192
-// queries, 168 registers without the step pairs: NATTN_SM90_SQUARE_DKV_PIPELINE=0 with it);
-// 0 (the default) two, slabs of 256 queries.
+// Build switch for A/B runs: 1 (the default) gives the head-dim-64 pass three CTAs an SM
+// (slabs of 192 queries, 168 registers without the step pairs, NATTN_SM90_SQUARE_DKV_PIPELINE
+// 0); 0 two (slabs of 256 queries, step pairs, 226 registers). Three hide more of each CTA's
+// start and slab copies: mid-2d forward + backward 0.818 ms against 0.895 (H100, PERF.md
+// sixty-sixth session).
 #ifndef NATTN_SM90_SQUARE_DKV_THREE_CTAS
-#define NATTN_SM90_SQUARE_DKV_THREE_CTAS 0
+#define NATTN_SM90_SQUARE_DKV_THREE_CTAS 1
 #endif
 // Build switch for A/B runs: 2 splits the slab buffer into a ring of two slabs of half the
 // queries each (slab f + 1's copy runs during slab f's lines); 1 (the default) one slab,
-// copied once every warp is done with the one before.
+// copied once every warp is done with the one before. The ring was slower without an RPB
+// (mid-2d f+b 0.911 ms against 0.895 at two CTAs an SM, 0.869 against 0.818 at three; H100,
+// PERF.md sixty-sixth session): half-size slabs double the slab barriers.
 #ifndef NATTN_SM90_SQUARE_DKV_STAGES
 #define NATTN_SM90_SQUARE_DKV_STAGES 1
 #endif
