@@ -46,21 +46,25 @@ struct SquareCta {
   static constexpr int kRpbGuard = 128;
 };
 
-template <class Tl, int HD>
+// kRing: the forward's ring of kSquareRingParts parts (kSquareForwardRing) in place of the
+// whole key box, three CTAs an SM.
+template <class Tl, int HD, bool kRing = false>
 struct SquareSmem {
   using Cta = SquareCta<Tl, HD>;
+  static constexpr int kMinBlocks = kRing ? 3 : Cta::kMinBlocks;
   using Rows = TileSmem<HD, Tl::Q::kSize>;
-  using Cols = TileSmem<HD, Tl::K::kSize>;
+  using Cols = TileSmem<HD, kRing ? kSquareRingParts * kSquarePartRows * kSquareKeyBox : Tl::K::kSize>;
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + Rows::kBytes;
   static constexpr int kV = kK + Cols::kBytes;
   using Part = TileSmem<HD, kSquarePartRows * kSquareKeyBox>;  // a part of K or V
   // rows_full, parts_full[kSquareParts], grad_full (the dQ pass's dO rows, into Q's tile)
   static constexpr int kBars = kV + Cols::kBytes;
-  static constexpr int kBytes = kBars + 8 * (2 + kSquareParts);
+  static constexpr int kCounts = kBars + 8 * (2 + kSquareParts);  // ring: warps done with a slot's part
+  static constexpr int kBytes = kCounts + (kRing ? 4 * kSquareRingParts : 0);
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
   static constexpr int kRpbFloats = kSmallRpbStageFloats + 2 * Cta::kRpbGuard;
-  static_assert(Cta::kMinBlocks * (kAlloc + kSmemReservedPerCta) <= kSmemPerSm, "the CTAs per SM");
+  static_assert(kMinBlocks * (kAlloc + kSmemReservedPerCta) <= kSmemPerSm, "the CTAs per SM");
 };
 
 // Thread 0's copies (the barriers initialized): the query box's rows of one tensor (Q: kRowsQ,
@@ -76,12 +80,12 @@ __device__ __forceinline__ void load_square_rows(const Params& p, const CtaTile&
 }
 
 // ... and parts first .. last - 1 of the union's keys and values, each completing on its own
-// barrier.
-template <int NA, int HD, class Tl>
+// barrier (kRing: part i into slot i mod kSquareRingParts, on that slot's barrier).
+template <int NA, int HD, class Tl, bool kRing = false>
 __device__ __forceinline__ void load_square_parts(const Params& p, const CtaTile& tile, int h_kv, int b,
                                                   unsigned char* smem, const CUtensorMap* map_k,
                                                   const CUtensorMap* map_v, int first, int last) {
-  using S = SquareSmem<Tl, HD>;
+  using S = SquareSmem<Tl, HD, kRing>;
   using P = typename S::Part;
   using PartBox = Box<kSquarePartRows, kSquareKeyBox, 1>;
   uint64_t* parts_full = reinterpret_cast<uint64_t*>(smem + S::kBars) + 1;
@@ -90,14 +94,15 @@ __device__ __forceinline__ void load_square_parts(const Params& p, const CtaTile
   const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
   for (int i = first; i < last; ++i) {
     const int origin[3] = {tile.lo[0] + kSquarePartRows * i, tile.lo[1], 0};
-    mbar_expect_tx(parts_full + i, 2 * P::kBytes);
-    load_box_blocks<NA, PartBox, P>(p, tile, origin, hk, smem + S::kK + i * P::kBytes, map_k, parts_full + i, c);
-    load_box_blocks<NA, PartBox, P>(p, tile, origin, hv, smem + S::kV + i * P::kBytes, map_v, parts_full + i, c);
+    const int slot = kRing ? i % kSquareRingParts : i;
+    mbar_expect_tx(parts_full + slot, 2 * P::kBytes);
+    load_box_blocks<NA, PartBox, P>(p, tile, origin, hk, smem + S::kK + slot * P::kBytes, map_k, parts_full + slot, c);
+    load_box_blocks<NA, PartBox, P>(p, tile, origin, hv, smem + S::kV + slot * P::kBytes, map_v, parts_full + slot, c);
   }
 }
 
 template <typename T, int NA, int HD, class Tl>
-__global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>::kMinBlocks)
+__global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD, kSquareForwardRing<HD>>::kMinBlocks)
     forward_squares_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
                            const __grid_constant__ CUtensorMap map_k, const __grid_constant__ CUtensorMap map_v,
                            const __grid_constant__ CUtensorMap map_o) {
@@ -106,12 +111,14 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   using QB = typename Tl::Q;
   using KB = typename Tl::K;
   using Cta = SquareCta<Tl, HD>;
-  using S = SquareSmem<Tl, HD>;
+  constexpr bool kRing = kSquareForwardRing<HD>;
+  using S = SquareSmem<Tl, HD, kRing>;
   using R = typename S::Rows;
   using C = typename S::Cols;
   using M = tc::Mma<T>;
   constexpr int kRowBytes = C::kRowBytes;
   constexpr int kKeyRowBytes = kSquareKeyBox * kRowBytes;  // a key box row's keys
+  constexpr int kRingRows = kSquareRingParts * kSquarePartRows;
   unsigned char* smem = aligned_smem();
   uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* parts_full = rows_full + 1;
@@ -129,12 +136,21 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
     prefetch_tensor_map(&map_v);
     mbar_init(rows_full, 1);
     for (int i = 0; i < kSquareParts; ++i) mbar_init(parts_full + i, 1);
+#if NATTN_SM90_SQUARE_RING  // (the switch's code under #if: the default kernel's SASS stays the same)
+    if constexpr (kRing)
+      for (int i = 0; i < kSquareRingParts; ++i) reinterpret_cast<int*>(smem + S::kCounts)[i] = 0;
+#endif
     fence_barrier_init();
   }
   __syncthreads();
   if (threadIdx.x == 0) {  // the query box, then the union's keys and values, part by part
     load_square_rows<NA, HD, Tl>(p, tile, kRowsQ, h, b, smem, &map_q, rows_full);
+#if NATTN_SM90_SQUARE_RING
+    load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, 0,
+                                         kRing ? kSquareRingParts : kSquareParts);
+#else
     load_square_parts<NA, HD, Tl>(p, tile, h_kv, b, smem, &map_k, &map_v, 0, kSquareParts);
+#endif
   }
   // The head's RPB table times log2(e), between guards (behind the copies).
   const bool has_rpb = p.rpb != nullptr;
@@ -148,7 +164,23 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
 
   // ldmatrix addresses: the square's first key, plus a tile's first key, plus the lane's
   // offset for the tile's walk-row parity (K; V transposed, in the V tile).
+#if NATTN_SM90_SQUARE_RING
+  // (ring: key row r of the union at slot row r mod kRingRows; the rows' swizzle phases keep
+  // their parity, kRingRows being even)
+  const unsigned char* keys_at = smem + S::kK + ((kRing ? 0 : sq.sy * kSquareKeyBox) + sq.sx) * kRowBytes;
+  // walk row 4 ch + i's keys (chunk_at: the whole box's chunk ch)
+  auto row_at = [&](const unsigned char* chunk_at, int ch, int i) {
+    if constexpr (kRing) {
+      int r = sq.sy + kStripChunkRows * ch + i;
+      r -= r >= kRingRows ? kRingRows : 0;  // (r < 20 < 2 kRingRows)
+      return keys_at + r * kKeyRowBytes;
+    } else {
+      return chunk_at + i * kKeyRowBytes;
+    }
+  };
+#else
   const unsigned char* keys_at = smem + S::kK + (sq.sy * kSquareKeyBox + sq.sx) * kRowBytes;
+#endif
   int k_off[2][HD / 32], v_off[2][HD / 16];
   square_fragment_offsets<C, HD>(sq.sy, sq.sx, lane, C::kBytes, k_off, v_off);
 
@@ -176,7 +208,11 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
     for (int j = 0; j < 2 * kStripChunkRows; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
+#if NATTN_SM90_SQUARE_RING
+      const unsigned char* at = row_at(chunk_at, ch, j / 2) + 8 * (j % 2) * kRowBytes;
+#else
       const unsigned char* at = chunk_at + (j / 2) * kKeyRowBytes + 8 * (j % 2) * kRowBytes;
+#endif
 #pragma unroll
       for (int x = 0; x < HD / 32; ++x) {
         uint32_t kb[4];
@@ -198,7 +234,11 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
       const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
                               M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
                               M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
+#if NATTN_SM90_SQUARE_RING
+      const unsigned char* at = row_at(chunk_at, ch, i);
+#else
       const unsigned char* at = chunk_at + i * kKeyRowBytes;
+#endif
 #pragma unroll
       for (int x = 0; x < HD / 16; ++x) {
         uint32_t vb[4];
@@ -208,20 +248,71 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
       }
     }
   };
+#if NATTN_SM90_SQUARE_RING
+  auto wait_parts = [&](int ch) {  // the chunk's rows: one or two parts
+    if constexpr (kRing) {  // (a refilled slot's first phase too: its part may be one no warp read)
+      for (int part : {square_first_part(sq.sy, ch), square_last_part(sq.sy, ch)}) {
+        if (part >= kSquareRingParts) mbar_wait(parts_full + part % kSquareRingParts, 0);
+        mbar_wait(parts_full + part % kSquareRingParts, (part / kSquareRingParts) & 1);
+      }
+    } else {
+      mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);
+      mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
+    }
+  };
+  // Ring: the warp is done with parts before `upto` (each warp counts every part whose slot
+  // is refilled once: parts 0 .. kSquareParts - kSquareRingParts - 1); the fourth warp done
+  // with part q copies part q + kSquareRingParts into its slot.
+  int released = 0;
+  auto release_upto = [&](int upto) {
+    if constexpr (kRing) {
+      upto = nattn_min(upto, kSquareParts - kSquareRingParts);
+      if (released >= upto) return;
+      __syncwarp();  // (the warp's reads of the parts)
+      if (lane == 0) {
+        int* counts = reinterpret_cast<int*>(smem + S::kCounts);
+        for (int q = released; q < upto; ++q) {
+          __threadfence_block();  // (this warp's reads before its count)
+          if (atomicAdd(counts + q % kSquareRingParts, 1) == Cta::kThreads / 32 - 1) {
+            __threadfence_block();  // (every warp's reads before the copy)
+            mbar_wait(parts_full + q % kSquareRingParts, 0);  // (part q landed, though no warp read it)
+            fence_proxy_async_smem();
+            load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, q + kSquareRingParts,
+                                                 q + kSquareRingParts + 1);
+          }
+        }
+      }
+      released = upto;
+    }
+  };
+#else
   auto wait_parts = [&](int ch) {  // the chunk's rows: one or two parts
     mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);
     mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
   };
+#endif
   // (Issuing chunk ch + 1's S = Q K^T before chunk ch's softmax at head dim 64, 220 registers,
   // was slower: mid-2d 0.200 vs 0.193 ms, H100; PERF.md sixty-fourth session.)
   instanced(has_rpb, [&](auto rpb_tag) {
+#if NATTN_SM90_SQUARE_RING
+    if constexpr (kRing) release_upto(chunks > 0 ? square_first_part(sq.sy, 0) : kSquareParts);
+#endif
     for (int ch = 0; ch < chunks; ++ch) {
       wait_parts(ch);
       Scores sc;
       scores(ch, sc);
       consume(rpb_tag, sc, ch, ch == 0);
+#if NATTN_SM90_SQUARE_RING
+      if constexpr (kRing) release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts);
+#endif
     }
   });
+#if NATTN_SM90_SQUARE_RING
+  if constexpr (kRing) {  // the refills landed before the CTA ends (every warp releases both parts)
+    if (threadIdx.x == 0)
+      for (int q = kSquareRingParts; q < kSquareParts; ++q) mbar_wait(parts_full + q % kSquareRingParts, 1);
+  }
+#endif
 
   // O / l into the warp's own rows of the query tile (only this warp read them), the LSE
   // from the lanes holding column 0, then the box's rows out (forward.cuh's epilogue).

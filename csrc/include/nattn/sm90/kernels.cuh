@@ -119,7 +119,7 @@ void launch_forward_strips(const Params& p, const ForwardLaunch* l, cudaStream_t
 // The square pair's forward (forward_squares.cuh): one CTA of four warps per query box.
 template <typename T, int NA, int HD, class Tl>
 void launch_forward_squares(const Params& p, const ForwardLaunch* l, cudaStream_t stream) {
-  using S = SquareSmem<Tl, HD>;
+  using S = SquareSmem<Tl, HD, kSquareForwardRing<HD>>;
   constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
   static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
   once_per_device(opted, [] { return allow_smem(forward_squares_kernel<T, NA, HD, Tl>, most); });

@@ -35,6 +35,16 @@ constexpr int kSquareParts = kSquareKeyBox / kSquarePartRows;
 // The box of the square pair's key and value tensor maps (kbox, in place): one part.
 NATTN_HD void square_key_map_box(int* kbox) { kbox[0] = kSquarePartRows; }
 
+// Build switch for A/B runs: 1 gives the square forward at head dim 64 a ring of three parts
+// (12 key rows) in place of the whole key box: 69 KB of tiles, three CTAs an SM (the last
+// warp done with part q copies part q + 3 into its slot); 0 (the default) the whole box.
+#ifndef NATTN_SM90_SQUARE_RING
+#define NATTN_SM90_SQUARE_RING 0
+#endif
+constexpr int kSquareRingParts = 3;
+template <int HD>
+constexpr bool kSquareForwardRing = NATTN_SM90_SQUARE_RING && HD >= 64;
+
 // Parts the dQ pass (backward_dq_squares.cuh) loads before the dO rows, the rest after
 // them: those of every square's chunk 0 (key rows up to 4 + 3).
 constexpr int kSquareEarlyParts = 2;
