@@ -118,7 +118,6 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   using M = tc::Mma<T>;
   constexpr int kRowBytes = C::kRowBytes;
   constexpr int kKeyRowBytes = kSquareKeyBox * kRowBytes;  // a key box row's keys
-  constexpr int kRingRows = kSquareRingParts * kSquarePartRows;
   unsigned char* smem = aligned_smem();
   uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* parts_full = rows_full + 1;
@@ -170,6 +169,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   const unsigned char* keys_at = smem + S::kK + ((kRing ? 0 : sq.sy * kSquareKeyBox) + sq.sx) * kRowBytes;
   // walk row 4 ch + i's keys (chunk_at: the whole box's chunk ch)
   auto row_at = [&](const unsigned char* chunk_at, int ch, int i) {
+    constexpr int kRingRows = kSquareRingParts * kSquarePartRows;
     if constexpr (kRing) {
       int r = sq.sy + kStripChunkRows * ch + i;
       r -= r >= kRingRows ? kRingRows : 0;  // (r < 20 < 2 kRingRows)
