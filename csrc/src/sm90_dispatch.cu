@@ -402,8 +402,8 @@ const nattn::KernelEntry* strip_pair_for(const nattn::Params& p, int dim) {
 // 0.131) and 64x64 11x11 (0.103 vs 0.104). With an RPB against tc and the other pairs:
 // mid-2d 0.253 vs 0.301, D32 56x56 9x9 0.100 vs 0.134 (tc), 28x28 13x13 0.083 vs 0.103,
 // 96x96 13x13 0.096 vs 0.142, D64 64x64 11x11 0.119 vs 0.144.
-// Its backward (its dQ pass, backward_dq_squares.cuh, then a dK/dV pass: the 32x4 / 7x16 box
-// pair's at head dim 64 without an RPB, the tensor-core family's otherwise) runs by default
+// Its backward (its dQ pass, backward_dq_squares.cuh, then a dK/dV pass: square_dkv_pass in
+// sm90/kernels.cuh) runs by default
 // by the same rule. Measured (H100, bf16, GPU ms, forward + backward, the square forward
 // with its backward vs with the previous default's; PERF.md sixty-fourth session): D32 56x56
 // 11x11 B32 H4 0.417 vs 0.493, 9x9 0.350 vs 0.406, 64x64 13x13 B8 H8 0.333 vs 0.398 (tc's

@@ -132,8 +132,8 @@ SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
 # The square pair (2-D windows of up to 13 x 13, stride 1): named only too (the cost model
 # never picks it; its own rule does, forward and backward: src/sm90_dispatch.cu,
 # square_pair_for). Its backward is its own dQ pass (backward_dq_squares.cuh), then its own
-# dK/dV pass at head dim 32 (backward_dkv_squares.cuh), at 64 32x4 / 7x16's without an RPB
-# and the tensor-core family's with one.
+# dK/dV pass (backward_dkv_squares.cuh), but the tensor-core family's at head dim 64 with
+# an RPB.
 SM90_SQUARE_TILES = ((2, ((8, 8), (20, 20))),)
 # The strip pairs have a backward too (named only, like their forward): their own dQ and dK/dV
 # passes (backward_dq_strips.cuh, backward_dkv_strips.cuh).

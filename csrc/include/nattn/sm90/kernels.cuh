@@ -284,8 +284,8 @@ const char* prepare_backward_strips(const Params& p, void* workspace) {
 }
 
 // The box pair whose dK/dV pass (backward_dkv.cuh) may follow the square dQ pass at head dim
-// 64 without an RPB (the 32x4 / 7x16 pair, the default backward of 2-D windows of 10 to 13
-// before the square pair's; no RPB paths).
+// 64 without an RPB when named (NATTN_SM90_SQUARE_DKV=box; the 32x4 / 7x16 pair, the default
+// backward of 2-D windows of 10 to 13 before the square pair's; no RPB paths).
 using SquareDkvPair = Tile<32, 4, 1, 7, 16, 1>;
 template <int HD>
 constexpr bool kSquareBoxDkv = HD == 64;

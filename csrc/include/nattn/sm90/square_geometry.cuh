@@ -36,7 +36,7 @@ constexpr int kSquareParts = kSquareKeyBox / kSquarePartRows;
 NATTN_HD void square_key_map_box(int* kbox) { kbox[0] = kSquarePartRows; }
 
 // Build switch for A/B runs: 1 gives the square forward at head dim 64 a ring of three parts
-// (12 key rows) in place of the whole key box: 69 KB of tiles, three CTAs an SM (the last
+// (12 key rows) in place of the whole key box: 68 KB of tiles, three CTAs an SM (the last
 // warp done with part q copies part q + 3 into its slot); 0 (the default) the whole box.
 #ifndef NATTN_SM90_SQUARE_RING
 #define NATTN_SM90_SQUARE_RING 0
