@@ -56,7 +56,7 @@ __device__ __forceinline__ void square_row_delta(const Params& p, const unsigned
 }
 
 template <typename T, int NA, int HD, class Tl>
-__global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>::kMinBlocks)
+__global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD, kSquareDqRing<HD>>::kMinBlocks)
     backward_dq_squares_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
                                const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
                                const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_dq) {
@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   static_assert(NA == 2, "the square pair is 2-D");
   using QB = typename Tl::Q;
   using Cta = SquareCta<Tl, HD>;
-  using S = SquareSmem<Tl, HD>;
+  constexpr bool kRing = kSquareDqRing<HD>;
+  using S = SquareSmem<Tl, HD, kRing>;
   using R = typename S::Rows;
   using C = typename S::Cols;
   using M = tc::Mma<T>;
@@ -91,12 +92,16 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
     mbar_init(rows_full, 1);
     for (int i = 0; i < kSquareParts; ++i) mbar_init(parts_full + i, 1);
     mbar_init(grad_full, 1);
+#if NATTN_SM90_SQUARE_DQ_RING  // (the switch's code under #if: the default kernel's SASS stays the same)
+    if constexpr (kRing)
+      for (int i = 0; i < kSquareRingParts; ++i) reinterpret_cast<int*>(smem + S::kCounts)[i] = 0;
+#endif
     fence_barrier_init();
   }
   __syncthreads();
   if (threadIdx.x == 0) {  // Q's rows and the first parts (forward_squares.cuh)
     load_square_rows<NA, HD, Tl>(p, tile, kRowsQ, h, b, smem, &map_q, rows_full);
-    load_square_parts<NA, HD, Tl>(p, tile, h_kv, b, smem, &map_k, &map_v, 0, kSquareEarlyParts);
+    load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, 0, kSquareEarlyParts);
   }
   const bool has_rpb = p.rpb != nullptr;
   float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;
@@ -127,7 +132,18 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   // ldmatrix addresses (forward_squares.cuh): the square's first key plus a tile's first key
   // plus the lane's offset for the tile's walk-row parity; K and V as the B operand of S and
   // dP, K transposed as dQ's.
+#if NATTN_SM90_SQUARE_DQ_RING
+  // (ring: key row r of the union at slot row r mod SquareRing::kRows, with its swizzle phase)
+  const unsigned char* keys_at = smem + S::kK + ((kRing ? 0 : sq.sy * kSquareKeyBox) + sq.sx) * kRowBytes;
+  auto row_at = [&](int walk_row) {  // walk row `walk_row`'s keys
+    if constexpr (kRing)
+      return keys_at + SquareRing<NA, HD, Tl>::slot_row(sq.sy + walk_row) * kKeyRowBytes;
+    else
+      return keys_at + walk_row * kKeyRowBytes;
+  };
+#else
   const unsigned char* keys_at = smem + S::kK + (sq.sy * kSquareKeyBox + sq.sx) * kRowBytes;
+#endif
   int k_off[2][HD / 32], kt_off[2][HD / 16];
   square_fragment_offsets<C, HD>(sq.sy, sq.sx, lane, 0, k_off, kt_off);
 
@@ -140,7 +156,9 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   if (threadIdx.x == 0) {
     fence_proxy_async_smem();  // (the tile's reads before the copy engine's writes)
     load_square_rows<NA, HD, Tl>(p, tile, kRowsGradOut, h, b, smem, &map_do, grad_full);
-    load_square_parts<NA, HD, Tl>(p, tile, h_kv, b, smem, &map_k, &map_v, kSquareEarlyParts, kSquareParts);
+    // (ring: the parts up to the ring's size; the warps' releases copy the rest)
+    load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, kSquareEarlyParts,
+                                         kRing ? kSquareRingParts : kSquareParts);
   }
   mbar_wait(grad_full, 0);
 #pragma unroll
@@ -162,13 +180,19 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
   // the chunk's tile j = kHalf half + jj (walk row j / 2, columns 8 (j % 2) ..).
   auto half_chunk = [&](auto rpb_tag, int ch, int half, const uint32_t (&w)[2], const int (&bias_at)[2]) {
     constexpr bool kRpb = decltype(rpb_tag)::value;
+#if !NATTN_SM90_SQUARE_DQ_RING
     const unsigned char* half_at = keys_at + (kStripChunkRows * ch + 2 * half) * kKeyRowBytes;
+#endif
     float sc[kHalf][4], dp[kHalf][4];
 #pragma unroll
     for (int jj = 0; jj < kHalf; ++jj) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[jj][e] = dp[jj][e] = 0.f;
+#if NATTN_SM90_SQUARE_DQ_RING
+      const unsigned char* at = row_at(kStripChunkRows * ch + 2 * half + jj / 2) + 8 * (jj % 2) * kRowBytes;
+#else
       const unsigned char* at = half_at + (jj / 2) * kKeyRowBytes + 8 * (jj % 2) * kRowBytes;
+#endif
 #pragma unroll
       for (int x = 0; x < HD / 32; ++x) {  // (the walk row's parity is jj / 2's: 4 ch + 2 half is even)
         uint32_t kb[4], vb[4];
@@ -197,7 +221,11 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
       const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
                               M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
                               M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
+#if NATTN_SM90_SQUARE_DQ_RING
+      const unsigned char* at = row_at(kStripChunkRows * ch + 2 * half + i);
+#else
       const unsigned char* at = half_at + i * kKeyRowBytes;
+#endif
 #pragma unroll
       for (int x = 0; x < HD / 16; ++x) {
         uint32_t kb[4];
@@ -207,9 +235,18 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
       }
     }
   };
+#if NATTN_SM90_SQUARE_DQ_RING
+  SquareRing<NA, HD, Tl> ring;  // (forward_squares.cuh)
+  auto release_upto = [&](int upto) {
+    if constexpr (kRing) ring.release_upto(upto, lane, smem, parts_full, p, tile, h_kv, b, &map_k, &map_v);
+  };
+#endif
   instanced(has_rpb, [&](auto rpb_tag) {
+#if NATTN_SM90_SQUARE_DQ_RING
+    release_upto(chunks > 0 ? square_first_part(sq.sy, 0) : kSquareParts);
+#endif
     for (int ch = 0; ch < chunks; ++ch) {
-      mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);
+      mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);  // (ring: each part has its own barrier too)
       mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
       const uint32_t w[2] = {square_chunk_word(sq.word[0], ch), square_chunk_word(sq.word[1], ch)};
       const int bias_at[2] = {sq.bias_at[0] + strip_chunk_bias(row_mult, ch), sq.bias_at[1] + strip_chunk_bias(row_mult, ch)};
@@ -219,8 +256,16 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareCta<Tl, HD>
         if (!__any_sync(0xffffffffu, ((w[0] | w[1]) >> (2 * kHalf * half)) & kHalfBits)) continue;
         half_chunk(rpb_tag, ch, half, w, bias_at);
       }
+#if NATTN_SM90_SQUARE_DQ_RING
+      release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts);
+#endif
     }
   });
+#if NATTN_SM90_SQUARE_DQ_RING
+  if constexpr (kRing) {
+    if (threadIdx.x == 0) SquareRing<NA, HD, Tl>::drain(parts_full);
+  }
+#endif
 
   if (p.drpb_max) {  // every lane gets here
     ds_max = __reduce_max_sync(0xffffffffu, ds_max);

@@ -46,8 +46,8 @@ struct SquareCta {
   static constexpr int kRpbGuard = 128;
 };
 
-// kRing: the forward's ring of kSquareRingParts parts (kSquareForwardRing) in place of the
-// whole key box, three CTAs an SM.
+// kRing: a ring of kSquareRingParts parts (kSquareForwardRing, kSquareDqRing; SquareRing) in
+// place of the whole key box, three CTAs an SM.
 template <class Tl, int HD, bool kRing = false>
 struct SquareSmem {
   using Cta = SquareCta<Tl, HD>;
@@ -80,7 +80,7 @@ __device__ __forceinline__ void load_square_rows(const Params& p, const CtaTile&
 }
 
 // ... and parts first .. last - 1 of the union's keys and values, each completing on its own
-// barrier (kRing: part i into slot i mod kSquareRingParts, on that slot's barrier).
+// barrier (kRing: part i into slot i mod kSquareRingParts).
 template <int NA, int HD, class Tl, bool kRing = false>
 __device__ __forceinline__ void load_square_parts(const Params& p, const CtaTile& tile, int h_kv, int b,
                                                   unsigned char* smem, const CUtensorMap* map_k,
@@ -95,11 +95,56 @@ __device__ __forceinline__ void load_square_parts(const Params& p, const CtaTile
   for (int i = first; i < last; ++i) {
     const int origin[3] = {tile.lo[0] + kSquarePartRows * i, tile.lo[1], 0};
     const int slot = kRing ? i % kSquareRingParts : i;
-    mbar_expect_tx(parts_full + slot, 2 * P::kBytes);
-    load_box_blocks<NA, PartBox, P>(p, tile, origin, hk, smem + S::kK + slot * P::kBytes, map_k, parts_full + slot, c);
-    load_box_blocks<NA, PartBox, P>(p, tile, origin, hv, smem + S::kV + slot * P::kBytes, map_v, parts_full + slot, c);
+    mbar_expect_tx(parts_full + i, 2 * P::kBytes);
+    load_box_blocks<NA, PartBox, P>(p, tile, origin, hk, smem + S::kK + slot * P::kBytes, map_k, parts_full + i, c);
+    load_box_blocks<NA, PartBox, P>(p, tile, origin, hv, smem + S::kV + slot * P::kBytes, map_v, parts_full + i, c);
   }
 }
+
+// The ring of kSquareRingParts slots (kSquareForwardRing, kSquareDqRing): part i lands in
+// slot i mod kSquareRingParts, completing its own barrier (one phase each, as without the
+// ring). Parts 0 .. kSquareParts - kSquareRingParts - 1 are the ones whose slot is refilled:
+// each warp counts them done (in order, also those it never reads), and the fourth warp done
+// with part q copies part q + kSquareRingParts into its slot, once part q itself has landed
+// (a warp may count a part it never waited for).
+template <int NA, int HD, class Tl>
+struct SquareRing {
+  using S = SquareSmem<Tl, HD, true>;
+  static constexpr int kRows = kSquareRingParts * kSquarePartRows;  // even: a row keeps its swizzle phase
+  static constexpr int kRefilled = kSquareParts - kSquareRingParts;
+  int released = 0;  // the warp has counted parts 0 .. released - 1
+
+  // The slot row of key box row r (r < 2 kRows).
+  __device__ __forceinline__ static int slot_row(int r) { return r >= kRows ? r - kRows : r; }
+
+  // The warp is done with the parts before `upto` (the whole warp calls it).
+  __device__ __forceinline__ void release_upto(int upto, int lane, unsigned char* smem, uint64_t* parts_full,
+                                               const Params& p, const CtaTile& tile, int h_kv, int b,
+                                               const CUtensorMap* map_k, const CUtensorMap* map_v) {
+    upto = nattn_min(upto, kRefilled);
+    if (released >= upto) return;
+    __syncwarp();  // (the warp's reads of the parts)
+    if (lane == 0) {
+      int* counts = reinterpret_cast<int*>(smem + S::kCounts);
+      for (int q = released; q < upto; ++q) {
+        __threadfence_block();  // (this warp's reads before its count)
+        if (atomicAdd(counts + q % kSquareRingParts, 1) == SquareCta<Tl, HD>::kThreads / 32 - 1) {
+          __threadfence_block();  // (every warp's reads before the copy)
+          mbar_wait(parts_full + q, 0);
+          fence_proxy_async_smem();
+          load_square_parts<NA, HD, Tl, true>(p, tile, h_kv, b, smem, map_k, map_v, q + kSquareRingParts,
+                                              q + kSquareRingParts + 1);
+        }
+      }
+    }
+    released = upto;
+  }
+
+  // Thread 0, before the CTA ends: the refills landed (every warp counted every refilled part).
+  __device__ __forceinline__ static void drain(uint64_t* parts_full) {
+    for (int q = kSquareRingParts; q < kSquareParts; ++q) mbar_wait(parts_full + q, 0);
+  }
+};
 
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD, kSquareForwardRing<HD>>::kMinBlocks)
@@ -169,11 +214,8 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   const unsigned char* keys_at = smem + S::kK + ((kRing ? 0 : sq.sy * kSquareKeyBox) + sq.sx) * kRowBytes;
   // walk row 4 ch + i's keys (chunk_at: the whole box's chunk ch)
   auto row_at = [&](const unsigned char* chunk_at, int ch, int i) {
-    constexpr int kRingRows = kSquareRingParts * kSquarePartRows;
     if constexpr (kRing) {
-      int r = sq.sy + kStripChunkRows * ch + i;
-      r -= r >= kRingRows ? kRingRows : 0;  // (r < 20 < 2 kRingRows)
-      return keys_at + r * kKeyRowBytes;
+      return keys_at + SquareRing<NA, HD, Tl>::slot_row(sq.sy + kStripChunkRows * ch + i) * kKeyRowBytes;
     } else {
       return chunk_at + i * kKeyRowBytes;
     }
@@ -248,47 +290,14 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
       }
     }
   };
-#if NATTN_SM90_SQUARE_RING
-  auto wait_parts = [&](int ch) {  // the chunk's rows: one or two parts
-    if constexpr (kRing) {  // (a refilled slot's first phase too: its part may be one no warp read)
-      for (int part : {square_first_part(sq.sy, ch), square_last_part(sq.sy, ch)}) {
-        if (part >= kSquareRingParts) mbar_wait(parts_full + part % kSquareRingParts, 0);
-        mbar_wait(parts_full + part % kSquareRingParts, (part / kSquareRingParts) & 1);
-      }
-    } else {
-      mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);
-      mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
-    }
-  };
-  // Ring: the warp is done with parts before `upto` (each warp counts every part whose slot
-  // is refilled once: parts 0 .. kSquareParts - kSquareRingParts - 1); the fourth warp done
-  // with part q copies part q + kSquareRingParts into its slot.
-  int released = 0;
-  auto release_upto = [&](int upto) {
-    if constexpr (kRing) {
-      upto = nattn_min(upto, kSquareParts - kSquareRingParts);
-      if (released >= upto) return;
-      __syncwarp();  // (the warp's reads of the parts)
-      if (lane == 0) {
-        int* counts = reinterpret_cast<int*>(smem + S::kCounts);
-        for (int q = released; q < upto; ++q) {
-          __threadfence_block();  // (this warp's reads before its count)
-          if (atomicAdd(counts + q % kSquareRingParts, 1) == Cta::kThreads / 32 - 1) {
-            __threadfence_block();  // (every warp's reads before the copy)
-            mbar_wait(parts_full + q % kSquareRingParts, 0);  // (part q landed, though no warp read it)
-            fence_proxy_async_smem();
-            load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, q + kSquareRingParts,
-                                                 q + kSquareRingParts + 1);
-          }
-        }
-      }
-      released = upto;
-    }
-  };
-#else
   auto wait_parts = [&](int ch) {  // the chunk's rows: one or two parts
     mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);
     mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
+  };
+#if NATTN_SM90_SQUARE_RING
+  SquareRing<NA, HD, Tl> ring;
+  auto release_upto = [&](int upto) {
+    if constexpr (kRing) ring.release_upto(upto, lane, smem, parts_full, p, tile, h_kv, b, &map_k, &map_v);
   };
 #endif
   // (Issuing chunk ch + 1's S = Q K^T before chunk ch's softmax at head dim 64, 220 registers,
@@ -308,9 +317,8 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     }
   });
 #if NATTN_SM90_SQUARE_RING
-  if constexpr (kRing) {  // the refills landed before the CTA ends (every warp releases both parts)
-    if (threadIdx.x == 0)
-      for (int q = kSquareRingParts; q < kSquareParts; ++q) mbar_wait(parts_full + q % kSquareRingParts, 1);
+  if constexpr (kRing) {
+    if (threadIdx.x == 0) SquareRing<NA, HD, Tl>::drain(parts_full);
   }
 #endif
 

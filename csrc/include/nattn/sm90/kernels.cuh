@@ -661,7 +661,7 @@ void launch_backward_squares(const Params& problem, cudaStream_t stream) {
   p.map_heads_outer = l->heads_outer;
   p.out_map = l->dq_map;
   set_query_boxes<typename Tl::Q>(p);
-  using S = SquareSmem<Tl, HD>;
+  using S = SquareSmem<Tl, HD, kSquareDqRing<HD>>;
   using Sk = SquareDkvSmem<HD>;
   constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
   constexpr int most_dkv = Sk::kAlloc + kStripDrpbMostBytes;

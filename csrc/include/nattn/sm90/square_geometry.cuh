@@ -41,9 +41,16 @@ NATTN_HD void square_key_map_box(int* kbox) { kbox[0] = kSquarePartRows; }
 #ifndef NATTN_SM90_SQUARE_RING
 #define NATTN_SM90_SQUARE_RING 0
 #endif
+// NATTN_SM90_SQUARE_DQ_RING=1: the same ring for the square dQ pass (backward_dq_squares.cuh)
+// at head dim 64 (its Q tile holds Q, then dO, as without it).
+#ifndef NATTN_SM90_SQUARE_DQ_RING
+#define NATTN_SM90_SQUARE_DQ_RING 0
+#endif
 constexpr int kSquareRingParts = 3;
 template <int HD>
 constexpr bool kSquareForwardRing = NATTN_SM90_SQUARE_RING && HD >= 64;
+template <int HD>
+constexpr bool kSquareDqRing = NATTN_SM90_SQUARE_DQ_RING && HD >= 64;
 
 // Parts the dQ pass (backward_dq_squares.cuh) loads before the dO rows, the rest after
 // them: those of every square's chunk 0 (key rows up to 4 + 3).
