@@ -237,13 +237,15 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   };
 #if NATTN_SM90_SQUARE_DQ_RING
   SquareRing<NA, HD, Tl> ring;  // (forward_squares.cuh)
-  auto release_upto = [&](int upto) {
-    if constexpr (kRing) ring.release_upto(upto, lane, smem, parts_full, p, tile, h_kv, b, &map_k, &map_v);
+  auto release_after = [&](int ch) {
+    if constexpr (kRing)
+      ring.release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts, lane, smem, parts_full, p,
+                        tile, h_kv, b, &map_k, &map_v);
   };
 #endif
   instanced(has_rpb, [&](auto rpb_tag) {
 #if NATTN_SM90_SQUARE_DQ_RING
-    release_upto(chunks > 0 ? square_first_part(sq.sy, 0) : kSquareParts);
+    release_after(-1);
 #endif
     for (int ch = 0; ch < chunks; ++ch) {
       mbar_wait(parts_full + square_first_part(sq.sy, ch), 0);  // (ring: each part has its own barrier too)
@@ -257,7 +259,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
         half_chunk(rpb_tag, ch, half, w, bias_at);
       }
 #if NATTN_SM90_SQUARE_DQ_RING
-      release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts);
+      release_after(ch);
 #endif
     }
   });

@@ -112,10 +112,11 @@ struct SquareRing {
   using S = SquareSmem<Tl, HD, true>;
   static constexpr int kRows = kSquareRingParts * kSquarePartRows;  // even: a row keeps its swizzle phase
   static constexpr int kRefilled = kSquareParts - kSquareRingParts;
-  int released = 0;  // the warp has counted parts 0 .. released - 1
 
   // The slot row of key box row r (r < 2 kRows).
   __device__ __forceinline__ static int slot_row(int r) { return r >= kRows ? r - kRows : r; }
+
+  int released = 0;  // the warp has counted parts 0 .. released - 1
 
   // The warp is done with the parts before `upto` (the whole warp calls it).
   __device__ __forceinline__ void release_upto(int upto, int lane, unsigned char* smem, uint64_t* parts_full,
@@ -295,16 +296,20 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
   };
 #if NATTN_SM90_SQUARE_RING
+  // Ring: the warp is done with the parts before chunk ch + 1's first after chunk ch (before
+  // the walk: ch = -1; every part after the last chunk).
   SquareRing<NA, HD, Tl> ring;
-  auto release_upto = [&](int upto) {
-    if constexpr (kRing) ring.release_upto(upto, lane, smem, parts_full, p, tile, h_kv, b, &map_k, &map_v);
+  auto release_after = [&](int ch) {
+    if constexpr (kRing)
+      ring.release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts, lane, smem, parts_full, p,
+                        tile, h_kv, b, &map_k, &map_v);
   };
 #endif
   // (Issuing chunk ch + 1's S = Q K^T before chunk ch's softmax at head dim 64, 220 registers,
   // was slower: mid-2d 0.200 vs 0.193 ms, H100; PERF.md sixty-fourth session.)
   instanced(has_rpb, [&](auto rpb_tag) {
 #if NATTN_SM90_SQUARE_RING
-    if constexpr (kRing) release_upto(chunks > 0 ? square_first_part(sq.sy, 0) : kSquareParts);
+    release_after(-1);
 #endif
     for (int ch = 0; ch < chunks; ++ch) {
       wait_parts(ch);
@@ -312,7 +317,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
       scores(ch, sc);
       consume(rpb_tag, sc, ch, ch == 0);
 #if NATTN_SM90_SQUARE_RING
-      if constexpr (kRing) release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts);
+      release_after(ch);
 #endif
     }
   });
