@@ -56,9 +56,22 @@ constexpr bool kSquareDqRing = NATTN_SM90_SQUARE_DQ_RING && HD >= 64;
 // them: those of every square's chunk 0 (key rows up to 4 + 3).
 constexpr int kSquareEarlyParts = 2;
 
+// Build switch for A/B runs: 1 keeps the square kernels' lane offsets in registers (without it
+// the compiler recomputes them from the thread index every chunk: ~40 instructions of a
+// chunk's ~440, PERF.md sixty-seventh session) and finds a chunk's parts by shifts.
+#ifndef NATTN_SM90_SQUARE_LEAN
+#define NATTN_SM90_SQUARE_LEAN 0
+#endif
+
 // The parts holding walk rows 4 ch .. 4 ch + 3 of a square from key row sy: first and last.
+#if NATTN_SM90_SQUARE_LEAN
+static_assert(kStripChunkRows == kSquarePartRows, "a chunk starts sy mod 4 rows into a part");
+NATTN_HD int square_first_part(int sy, int ch) { return (sy >> 2) + ch; }  // (sy >= 0)
+NATTN_HD int square_last_part(int sy, int ch) { return ((sy + 3) >> 2) + ch; }
+#else
 NATTN_HD int square_first_part(int sy, int ch) { return (sy + kStripChunkRows * ch) / kSquarePartRows; }
 NATTN_HD int square_last_part(int sy, int ch) { return (sy + kStripChunkRows * ch + kStripChunkRows - 1) / kSquarePartRows; }
+#endif
 
 // Whether a (query box, key box) pair is the square pair (Tile::kSquares in tiles.cuh).
 NATTN_HD bool is_square_pair(int na_dim, const int* qbox, const int* kbox) {
@@ -120,6 +133,18 @@ NATTN_HD void phase_fragment_offsets(int ph, int lane, int t_base, int (&k_off)[
     t_off[x] = t_base + C::offset(ph + lane % 8 + 8 * ((lane / 8) % 2), 8 * (lane / 16) + 16 * x) - ph * C::kRowBytes;
 }
 
+// Makes a lane's offsets opaque to the compiler (NATTN_SM90_SQUARE_LEAN), so that it keeps them
+// in registers rather than recompute them from the thread index in every loop step.
+template <int HD>
+NATTN_HD void pin_fragment_offsets(int (&k_off)[HD / 32], int (&t_off)[HD / 16]) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+  for (int x = 0; x < HD / 32; ++x) asm volatile("" : "+r"(k_off[x]));
+#pragma unroll
+  for (int x = 0; x < HD / 16; ++x) asm volatile("" : "+r"(t_off[x]));
+#endif
+}
+
 // The same into a 20 x 20 key tile for each walk-row parity, added to the square's first key
 // and a score tile's first key: k_off for K (or V) as the B operand of S = Q K^T, t_off for a
 // tile read transposed (V of O += P V, K of dQ += dS K). A key box row is 20 keys (4 mod 8),
@@ -130,6 +155,10 @@ NATTN_HD void square_fragment_offsets(int sy, int sx, int lane, int t_base, int 
 #pragma unroll
   for (int odd = 0; odd < 2; ++odd)
     phase_fragment_offsets<C, HD>(square_phase(sy, sx, odd), lane, t_base, k_off[odd], t_off[odd]);
+#if NATTN_SM90_SQUARE_LEAN
+#pragma unroll
+  for (int odd = 0; odd < 2; ++odd) pin_fragment_offsets<HD>(k_off[odd], t_off[odd]);
+#endif
 }
 
 // A lane's part of its warp's square: its two query rows (box rows square_query_row(warp,
