@@ -68,3 +68,21 @@ def test_strip_kernels_need_the_warp_mma_and_the_copy_engine(strips):
     assert problems == [f"{strips}: no UTMALDG"]
     problems, _ = sass_check.check(dump(strips, "UTMALDG.4D", "HMMA.16816.F32.BF16", "STL [R1], R2"))
     assert any("local memory" in p for p in problems)
+
+
+@pytest.mark.parametrize("square", ["_ZN5nattn4sm9022forward_squares_kernelINS_6bf16_tELi2ELi64EEEv",
+                                    "_ZN5nattn4sm9026backward_dq_squares_kernelINS_6bf16_tELi2ELi64EEEv"])
+def test_square_kernels_may_spill_only_outside_their_products(square):
+    """The square pair's forward and dQ pass (three CTAs an SM) pass with local memory before
+    their first HMMA and after their last, and fail with it among their products or with more
+    than SPILL_MOST local accesses; other kernels fail with any."""
+    mma, tma = "HMMA.16816.F32.BF16", "UTMALDG.4D"
+    assert sass_check.check(dump(square, tma, "STL [R1], R2", mma, "LDSM.16.M88.4", mma, "LDL R2, [R1]")) == ([], 1)
+    problems, _ = sass_check.check(dump(square, tma, mma, "LDL R2, [R1]", mma))
+    assert problems == [f"{square}: uses local memory among its products"]
+    many = ["STL [R1], R2"] * (sass_check.SPILL_MOST + 1)
+    problems, _ = sass_check.check(dump(square, tma, *many, mma))
+    assert len(problems) == 1 and "at most" in problems[0]
+    strips = "_ZN5nattn4sm9021forward_strips_kernelINS_6bf16_tELi2ELi32EEEv"
+    problems, _ = sass_check.check(dump(strips, tma, "STL [R1], R2", mma))
+    assert any("local memory" in p for p in problems)

@@ -6,7 +6,8 @@
 //     the rows the lane's Q fragments and mask words are of;
 //   - the square's walk stays inside the 20 x 20 key box, and the parts a chunk waits for
 //     hold its rows (the parts' copies land where one copy of the whole box would); chunk 0's
-//     parts are among those the dQ pass loads before the dO rows (kSquareEarlyParts);
+//     parts are among those the dQ pass loads before the dO rows (kSquareEarlyParts); with
+//     the ring (head dim 64) each walk row is read from its part's slot (square_ring_row);
 //   - the K and V fragment addresses the kernels form (the square's first key, the tile's
 //     first key, the lane's offset for the walk row's parity: square_fragment_offsets) are
 //     the swizzled tile's offsets of the keys the scores are of (K transposed, as the dQ
@@ -101,6 +102,13 @@ static int check_problems(int count, long long& checks) {
             if (a < 0 || z >= kSquareParts || z - a > 1 || kSquarePartRows * a > s.sy + kStripChunkRows * ch ||
                 kSquarePartRows * (z + 1) < s.sy + kStripChunkRows * (ch + 1))
               return fail("a chunk's parts", p, box, warp, lane);
+            // the ring (head dim 64): each walk row at its part's slot, in the row's place there
+            for (int i = 0; i < kStripChunkRows; ++i) {
+              const int r = s.sy + kStripChunkRows * ch + i, at = square_ring_row(r);
+              if (at < 0 || at >= kSquareRingRows || at / kSquarePartRows != (r / kSquarePartRows) % kSquareRingParts ||
+                  at % kSquarePartRows != r % kSquarePartRows)
+                return fail("a walk row's ring slot", p, box, warp, lane);
+            }
           }
           if (square_last_part(s.sy, 0) >= kSquareEarlyParts) return fail("chunk 0 past the early parts", p, box, warp, lane);
           if (check_addresses<32>(s, lane, checks) || check_addresses<64>(s, lane, checks))

@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
 #if NATTN_SM90_SQUARE_DQ_RING  // (the switch's code under #if: the default kernel's SASS stays the same)
     if constexpr (kRing)
       for (int i = 0; i < kSquareRingParts; ++i) reinterpret_cast<int*>(smem + S::kCounts)[i] = 0;
+    square_keep_tile<kRing, S>(tile, smem);  // (forward_squares.cuh)
 #endif
     fence_barrier_init();
   }
@@ -133,11 +134,11 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   // plus the lane's offset for the tile's walk-row parity; K and V as the B operand of S and
   // dP, K transposed as dQ's.
 #if NATTN_SM90_SQUARE_DQ_RING
-  // (ring: key row r of the union at slot row r mod SquareRing::kRows, with its swizzle phase)
+  // (ring: key row r of the union at slot row square_ring_row(r), with its swizzle phase)
   const unsigned char* keys_at = smem + S::kK + ((kRing ? 0 : sq.sy * kSquareKeyBox) + sq.sx) * kRowBytes;
   auto row_at = [&](int walk_row) {  // walk row `walk_row`'s keys
     if constexpr (kRing)
-      return keys_at + SquareRing<NA, HD, Tl>::slot_row(sq.sy + walk_row) * kKeyRowBytes;
+      return keys_at + square_ring_row(sq.sy + walk_row) * kKeyRowBytes;
     else
       return keys_at + walk_row * kKeyRowBytes;
   };
@@ -240,7 +241,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   auto release_after = [&](int ch) {
     if constexpr (kRing)
       ring.release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts, lane, smem, parts_full, p,
-                        tile, h_kv, b, &map_k, &map_v);
+                        square_late_tile<kRing, S>(tile, smem), h_kv, b, &map_k, &map_v);
   };
 #endif
   instanced(has_rpb, [&](auto rpb_tag) {
@@ -279,7 +280,12 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   unsigned char* stage = smem + S::kQ;
   __syncwarp();  // every lane's Q fragments are read
   stage_output<T, HD, R, kSquareLaneRowStep>(stage, &dq[0][0], scale, row0, t4);
-  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_dq, stage, 0, QB::extent(0), h, b,
+#if NATTN_SM90_SQUARE_DQ_RING
+  const CtaTile& late = square_late_tile<kRing, S>(tile, smem);
+#else
+  const CtaTile& late = tile;
+#endif
+  store_output_rows<T, NA, HD, QB, R, true>(p, late, &map_dq, stage, 0, QB::extent(0), h, b,
                                             RowsOut{p.dq, p.dq_s, p.heads, kRowsGradQ});
 #endif
 }

@@ -61,7 +61,9 @@ struct SquareSmem {
   // rows_full, parts_full[kSquareParts], grad_full (the dQ pass's dO rows, into Q's tile)
   static constexpr int kBars = kV + Cols::kBytes;
   static constexpr int kCounts = kBars + 8 * (2 + kSquareParts);  // ring: warps done with a slot's part
-  static constexpr int kBytes = kCounts + (kRing ? 4 * kSquareRingParts : 0);
+  // ring: the CTA's tile, read after the walk (square_late_tile)
+  static constexpr int kTile = kCounts + (kRing ? 4 * kSquareRingParts : 0);
+  static constexpr int kBytes = kTile + (kRing ? int(sizeof(CtaTile)) : 0);
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
   static constexpr int kRpbFloats = kSmallRpbStageFloats + 2 * Cta::kRpbGuard;
   static_assert(kMinBlocks * (kAlloc + kSmemReservedPerCta) <= kSmemPerSm, "the CTAs per SM");
@@ -110,12 +112,7 @@ __device__ __forceinline__ void load_square_parts(const Params& p, const CtaTile
 template <int NA, int HD, class Tl>
 struct SquareRing {
   using S = SquareSmem<Tl, HD, true>;
-  static constexpr int kRows = kSquareRingParts * kSquarePartRows;  // even: a row keeps its swizzle phase
   static constexpr int kRefilled = kSquareParts - kSquareRingParts;
-
-  // The slot row of key box row r (r < 2 kRows).
-  __device__ __forceinline__ static int slot_row(int r) { return r >= kRows ? r - kRows : r; }
-
   int released = 0;  // the warp has counted parts 0 .. released - 1
 
   // The warp is done with the parts before `upto` (the whole warp calls it).
@@ -146,6 +143,21 @@ struct SquareRing {
     for (int q = kSquareRingParts; q < kSquareParts; ++q) mbar_wait(parts_full + q, 0);
   }
 };
+
+// The CTA's tile after the walk: with the ring (three CTAs an SM, 168 registers) from thread
+// 0's copy in shared memory (square_keep_tile), so that its 13 fields do not stay in registers
+// through the walk (they spilled to local memory), else the registers' copy.
+template <bool kRing, class S>
+__device__ __forceinline__ const CtaTile& square_late_tile(const CtaTile& tile, const unsigned char* smem) {
+  if constexpr (kRing)
+    return *reinterpret_cast<const CtaTile*>(smem + S::kTile);
+  else
+    return tile;
+}
+template <bool kRing, class S>
+__device__ __forceinline__ void square_keep_tile(const CtaTile& tile, unsigned char* smem) {  // thread 0
+  if constexpr (kRing) *reinterpret_cast<CtaTile*>(smem + S::kTile) = tile;
+}
 
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD, kSquareForwardRing<HD>>::kMinBlocks)
@@ -184,6 +196,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
 #if NATTN_SM90_SQUARE_RING  // (the switch's code under #if: the default kernel's SASS stays the same)
     if constexpr (kRing)
       for (int i = 0; i < kSquareRingParts; ++i) reinterpret_cast<int*>(smem + S::kCounts)[i] = 0;
+    square_keep_tile<kRing, S>(tile, smem);
 #endif
     fence_barrier_init();
   }
@@ -210,13 +223,12 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   // ldmatrix addresses: the square's first key, plus a tile's first key, plus the lane's
   // offset for the tile's walk-row parity (K; V transposed, in the V tile).
 #if NATTN_SM90_SQUARE_RING
-  // (ring: key row r of the union at slot row r mod kRingRows; the rows' swizzle phases keep
-  // their parity, kRingRows being even)
+  // (ring: key row r of the union at slot row square_ring_row(r), with its swizzle phase)
   const unsigned char* keys_at = smem + S::kK + ((kRing ? 0 : sq.sy * kSquareKeyBox) + sq.sx) * kRowBytes;
   // walk row 4 ch + i's keys (chunk_at: the whole box's chunk ch)
   auto row_at = [&](const unsigned char* chunk_at, int ch, int i) {
     if constexpr (kRing) {
-      return keys_at + SquareRing<NA, HD, Tl>::slot_row(sq.sy + kStripChunkRows * ch + i) * kKeyRowBytes;
+      return keys_at + square_ring_row(sq.sy + kStripChunkRows * ch + i) * kKeyRowBytes;
     } else {
       return chunk_at + i * kKeyRowBytes;
     }
@@ -302,7 +314,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   auto release_after = [&](int ch) {
     if constexpr (kRing)
       ring.release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts, lane, smem, parts_full, p,
-                        tile, h_kv, b, &map_k, &map_v);
+                        square_late_tile<kRing, S>(tile, smem), h_kv, b, &map_k, &map_v);
   };
 #endif
   // (Issuing chunk ch + 1's S = Q K^T before chunk ch's softmax at head dim 64, 220 registers,
@@ -337,14 +349,19 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   }
   unsigned char* stage = smem + S::kQ;
   const int row0 = square_query_row(warp, g4);  // (the lane's second row: two square rows on)
+#if NATTN_SM90_SQUARE_RING
+  const CtaTile& late = square_late_tile<kRing, S>(tile, smem);
+#else
+  const CtaTile& late = tile;
+#endif
   __syncwarp();  // every lane's Q fragments are read
   stage_output<T, HD, R, kSquareLaneRowStep>(stage, &o[0][0], inv, row0, t4);
   if (t4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      if (sq.row_ok[r]) p.lse[lse_row<NA, QB>(p, tile, row0 + kSquareLaneRowStep * r, b, h)] = row_lse(m[r], l[r]);
+      if (sq.row_ok[r]) p.lse[lse_row<NA, QB>(p, late, row0 + kSquareLaneRowStep * r, b, h)] = row_lse(m[r], l[r]);
   }
-  store_output_rows<T, NA, HD, QB, R, true>(p, tile, &map_o, stage, 0, QB::extent(0), h, b,
+  store_output_rows<T, NA, HD, QB, R, true>(p, late, &map_o, stage, 0, QB::extent(0), h, b,
                                             RowsOut{p.out, p.out_s, p.heads, kRowsOut});  // (forward.cuh)
 #endif
 }

@@ -39,14 +39,18 @@ NATTN_HD void square_key_map_box(int* kbox) { kbox[0] = kSquarePartRows; }
 // (12 key rows) in place of the whole key box: 68 KB of tiles, three CTAs an SM (the last
 // warp done with part q copies part q + 3 into its slot); 0 (the default) the whole box.
 #ifndef NATTN_SM90_SQUARE_RING
-#define NATTN_SM90_SQUARE_RING 0
+#define NATTN_SM90_SQUARE_RING 1
 #endif
 // NATTN_SM90_SQUARE_DQ_RING=1: the same ring for the square dQ pass (backward_dq_squares.cuh)
 // at head dim 64 (its Q tile holds Q, then dO, as without it).
 #ifndef NATTN_SM90_SQUARE_DQ_RING
-#define NATTN_SM90_SQUARE_DQ_RING 0
+#define NATTN_SM90_SQUARE_DQ_RING 1
 #endif
 constexpr int kSquareRingParts = 3;
+constexpr int kSquareRingRows = kSquareRingParts * kSquarePartRows;  // even: a row keeps its swizzle phase
+// The ring's slot row of key box row r (r < 2 kSquareRingRows): part r / 4 sits in slot
+// (r / 4) mod kSquareRingParts.
+NATTN_HD int square_ring_row(int r) { return r >= kSquareRingRows ? r - kSquareRingRows : r; }
 template <int HD>
 constexpr bool kSquareForwardRing = NATTN_SM90_SQUARE_RING && HD >= 64;
 template <int HD>
@@ -60,7 +64,7 @@ constexpr int kSquareEarlyParts = 2;
 // the compiler recomputes them from the thread index every chunk: ~40 instructions of a
 // chunk's ~440, PERF.md sixty-seventh session) and finds a chunk's parts by shifts.
 #ifndef NATTN_SM90_SQUARE_LEAN
-#define NATTN_SM90_SQUARE_LEAN 0
+#define NATTN_SM90_SQUARE_LEAN 1
 #endif
 
 // The parts holding walk rows 4 ch .. 4 ch + 3 of a square from key row sy: first and last.
