@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     mbar_init(rows_full, 1);
     for (int i = 0; i < kSquareParts; ++i) mbar_init(parts_full + i, 1);
     mbar_init(grad_full, 1);
-#if NATTN_SM90_SQUARE_DQ_RING  // (the switch's code under #if: the default kernel's SASS stays the same)
+#if NATTN_SM90_SQUARE_DQ_RING  // (the ring's code under #if: switched off, the whole-box kernel's SASS is the one measured before it)
     if constexpr (kRing)
       for (int i = 0; i < kSquareRingParts; ++i) reinterpret_cast<int*>(smem + S::kCounts)[i] = 0;
     square_keep_tile<kRing, S>(tile, smem);  // (forward_squares.cuh)

@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     prefetch_tensor_map(&map_v);
     mbar_init(rows_full, 1);
     for (int i = 0; i < kSquareParts; ++i) mbar_init(parts_full + i, 1);
-#if NATTN_SM90_SQUARE_RING  // (the switch's code under #if: the default kernel's SASS stays the same)
+#if NATTN_SM90_SQUARE_RING  // (the ring's code under #if: switched off, the whole-box kernel's SASS is the one measured before it)
     if constexpr (kRing)
       for (int i = 0; i < kSquareRingParts; ++i) reinterpret_cast<int*>(smem + S::kCounts)[i] = 0;
     square_keep_tile<kRing, S>(tile, smem);
