@@ -292,14 +292,16 @@ constexpr bool kSquareBoxDkv = HD == 64;
 
 // The dK/dV pass after the square dQ pass: its own (backward_dkv_squares.cuh) wherever the
 // KV head's query heads' RPB tables fit what it stages (4096 entries), except at head dim 64
-// with an RPB (the tensor-core family's). H100, GPU ms, forward + backward, own against the
-// one it replaced (PERF.md sixty-fifth and sixty-sixth sessions):
+// with an RPB below 13 x 13 windows (the tensor-core family's). H100, GPU ms, forward +
+// backward, own against the one it replaced (PERF.md sixty-fifth to sixty-seventh sessions):
 //   head dim 32: 64x64 13x13 B8 H8 0.263 vs 0.331 (tc), 56x56 11x11 B32 H4 0.359 vs 0.405,
 //     56x56 9x9 0.311 vs 0.350, 28x28 11x11 B32 H8 0.233 vs 0.245; with an RPB 0.375 vs
 //     0.433, 0.499 vs 0.528, 0.428 vs 0.453, 0.327 vs 0.321 (the one loss, 2%);
 //   head dim 64 (three CTAs an SM, 168 registers): mid-2d 0.818 vs 0.870 (the box pair's),
 //     128x128 11x11 0.769 vs 0.831, 56x56 9x9 B32 H4 0.533 vs 0.623, 64x64 13x13 B8 H8
-//     0.444 vs 0.467 (at two CTAs an SM, 226 registers, it lost on the large grids).
+//     0.444 vs 0.467 (at two CTAs an SM, 226 registers, it lost on the large grids); with
+//     an RPB (two CTAs an SM: 210 registers) mid-2d 1.170 vs 1.248 (tc), 64x64 13x13 0.610
+//     vs 0.656, but 128x128 11x11 1.071 vs 1.059 and 56x56 9x9 0.698 vs 0.685.
 // NATTN_SM90_SQUARE_DKV=own / box / tc (read on every call) picks one for A/B runs; box falls
 // back to tc where it cannot run (head dim 32, an RPB), own where the tables do not fit.
 enum SquareDkvPass { kSquareDkvTc = 0, kSquareDkvBox = 1, kSquareDkvOwn = 2 };
@@ -309,7 +311,8 @@ inline SquareDkvPass square_dkv_pass(const Params& p) {
   if (pick && !strcmp(pick, "tc")) return kSquareDkvTc;
   if (pick && !strcmp(pick, "box")) return kSquareDkvBox;
   const bool named_own = pick && !strcmp(pick, "own");
-  if (p.dim > 32 && !named_own && p.rpb) return kSquareDkvTc;
+  const bool widest = p.kernel[0] >= kSquareMaxKernel && p.kernel[1] >= kSquareMaxKernel;
+  if (p.dim > 32 && !named_own && p.rpb && !widest) return kSquareDkvTc;
   return fits ? kSquareDkvOwn : kSquareDkvTc;
 }
 
