@@ -35,9 +35,11 @@ constexpr int kSquareParts = kSquareKeyBox / kSquarePartRows;
 // The box of the square pair's key and value tensor maps (kbox, in place): one part.
 NATTN_HD void square_key_map_box(int* kbox) { kbox[0] = kSquarePartRows; }
 
-// Build switch for A/B runs: 1 gives the square forward at head dim 64 a ring of three parts
+// Build switch: 1 (the default) gives the square forward at head dim 64 a ring of three parts
 // (12 key rows) in place of the whole key box: 68 KB of tiles, three CTAs an SM (the last
-// warp done with part q copies part q + 3 into its slot); 0 (the default) the whole box.
+// warp done with part q copies part q + 3 into its slot; SquareRing, forward_squares.cuh); 0
+// the whole box at two CTAs an SM (mid-2d forward 0.194 vs 0.188 ms, with an RPB 0.254 vs
+// 0.212; H100, PERF.md sixty-seventh session).
 #ifndef NATTN_SM90_SQUARE_RING
 #define NATTN_SM90_SQUARE_RING 1
 #endif
@@ -60,7 +62,7 @@ constexpr bool kSquareDqRing = NATTN_SM90_SQUARE_DQ_RING && HD >= 64;
 // them: those of every square's chunk 0 (key rows up to 4 + 3).
 constexpr int kSquareEarlyParts = 2;
 
-// Build switch for A/B runs: 1 keeps the square kernels' lane offsets in registers (without it
+// Build switch: 1 (the default) keeps the square kernels' lane offsets in registers (without it
 // the compiler recomputes them from the thread index every chunk: ~40 instructions of a
 // chunk's ~440, PERF.md sixty-seventh session) and finds a chunk's parts by shifts.
 #ifndef NATTN_SM90_SQUARE_LEAN
