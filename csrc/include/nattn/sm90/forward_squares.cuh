@@ -225,6 +225,22 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
 #if NATTN_SM90_SQUARE_RING
   // (ring: key row r of the union at slot row square_ring_row(r), with its swizzle phase)
   const unsigned char* keys_at = smem + S::kK + ((kRing ? 0 : sq.sy * kSquareKeyBox) + sq.sx) * kRowBytes;
+#if NATTN_SM90_SQUARE_RING_ROWS
+  // walk row 4 ch + i's keys: from the chunk's base (chunk_at_of) where its rows do not pass
+  // the ring's end (kWrap false: immediate row offsets), else each row's slot
+  auto row_at = [&](auto wrap_tag, const unsigned char* chunk_at, int ch, int i) {
+    if constexpr (kRing && decltype(wrap_tag)::value)
+      return keys_at + square_ring_row(sq.sy + kStripChunkRows * ch + i) * kKeyRowBytes;
+    else
+      return chunk_at + i * kKeyRowBytes;
+  };
+  auto chunk_at_of = [&](int ch) {  // chunk ch's first key: in the whole box, or its first row's in the ring
+    if constexpr (kRing)
+      return keys_at + square_ring_row(sq.sy + kStripChunkRows * ch) * kKeyRowBytes;
+    else
+      return keys_at + kStripChunkRows * ch * kKeyRowBytes;
+  };
+#else
   // walk row 4 ch + i's keys (chunk_at: the whole box's chunk ch)
   auto row_at = [&](const unsigned char* chunk_at, int ch, int i) {
     if constexpr (kRing) {
@@ -233,6 +249,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
       return chunk_at + i * kKeyRowBytes;
     }
   };
+#endif
 #else
   const unsigned char* keys_at = smem + S::kK + (sq.sy * kSquareKeyBox + sq.sx) * kRowBytes;
 #endif
@@ -257,13 +274,20 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   const float mul = fold ? p.scale_log2 : 1.f;
   using Scores = float[2 * kStripChunkRows][4];
   // Chunk ch's scores S = Q K^T (score tile j: walk row 4 ch + j / 2, columns 8 (j % 2) ..).
+#if NATTN_SM90_SQUARE_RING_ROWS
+  auto scores = [&](auto wrap_tag, int ch, Scores& sc) {
+    const unsigned char* chunk_at = chunk_at_of(ch);
+#else
   auto scores = [&](int ch, Scores& sc) {
     const unsigned char* chunk_at = keys_at + kStripChunkRows * ch * kKeyRowBytes;
+#endif
 #pragma unroll
     for (int j = 0; j < 2 * kStripChunkRows; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
-#if NATTN_SM90_SQUARE_RING
+#if NATTN_SM90_SQUARE_RING_ROWS
+      const unsigned char* at = row_at(wrap_tag, chunk_at, ch, j / 2) + 8 * (j % 2) * kRowBytes;
+#elif NATTN_SM90_SQUARE_RING
       const unsigned char* at = row_at(chunk_at, ch, j / 2) + 8 * (j % 2) * kRowBytes;
 #else
       const unsigned char* at = chunk_at + (j / 2) * kKeyRowBytes + 8 * (j % 2) * kRowBytes;
@@ -278,18 +302,28 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     }
   };
   // Then the mask, the RPB and online softmax (the strips' chunk softmax), O += P V.
+#if NATTN_SM90_SQUARE_RING_ROWS
+  auto consume = [&](auto rpb_tag, auto wrap_tag, Scores& sc, int ch, bool first) {
+#else
   auto consume = [&](auto rpb_tag, Scores& sc, int ch, bool first) {
+#endif
     constexpr bool kRpb = decltype(rpb_tag)::value;
     const uint32_t w[2] = {square_chunk_word(sq.word[0], ch), square_chunk_word(sq.word[1], ch)};
     const int bias_at[2] = {sq.bias_at[0] + strip_chunk_bias(row_mult, ch), sq.bias_at[1] + strip_chunk_bias(row_mult, ch)};
     strip_chunk_softmax<kRpb, 1, HD>(sc, w, bias_at, bias, row_mult, p.scale_log2, fold, mul, m, l, o, first);  // (forward_strips.cuh)
+#if NATTN_SM90_SQUARE_RING_ROWS
+    const unsigned char* chunk_at = chunk_at_of(ch);
+#else
     const unsigned char* chunk_at = keys_at + kStripChunkRows * ch * kKeyRowBytes;
+#endif
 #pragma unroll
     for (int i = 0; i < kStripChunkRows; ++i) {  // tiles 2 i and 2 i + 1 (walk row 4 ch + i): a k16 step of P V
       const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
                               M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
                               M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
-#if NATTN_SM90_SQUARE_RING
+#if NATTN_SM90_SQUARE_RING_ROWS
+      const unsigned char* at = row_at(wrap_tag, chunk_at, ch, i);
+#elif NATTN_SM90_SQUARE_RING
       const unsigned char* at = row_at(chunk_at, ch, i);
 #else
       const unsigned char* at = chunk_at + i * kKeyRowBytes;
@@ -325,9 +359,22 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
 #endif
     for (int ch = 0; ch < chunks; ++ch) {
       wait_parts(ch);
+#if NATTN_SM90_SQUARE_RING_ROWS
+      auto chunk = [&](auto wrap_tag) {
+        Scores sc;
+        scores(wrap_tag, ch, sc);
+        consume(rpb_tag, wrap_tag, sc, ch, ch == 0);
+      };
+      // (a chunk whose rows pass the ring's end, warp-uniform: the per-row slot addresses)
+      if (kRing && square_ring_row(sq.sy + kStripChunkRows * ch) > kSquareRingRows - kStripChunkRows)
+        chunk(std::true_type{});
+      else
+        chunk(std::false_type{});
+#else
       Scores sc;
       scores(ch, sc);
       consume(rpb_tag, sc, ch, ch == 0);
+#endif
 #if NATTN_SM90_SQUARE_RING
       release_after(ch);
 #endif
