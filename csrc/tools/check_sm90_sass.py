@@ -103,7 +103,8 @@ def check(sass: str):
         if "sm90" not in name:
             continue
         n += 1
-        ops = {op.split(".")[0] for op in opcodes(text)}
+        seq = opcodes(text)
+        ops = {op.split(".")[0] for op in seq}
         helpers = ("delta_kernel", "delta_packed_kernel", "dq_convert_kernel", "split_kv_merge_kernel",
                    "pad_copy_kernel")  # no products
         helper = any(h in name for h in helpers)
@@ -113,7 +114,7 @@ def check(sass: str):
             if op not in ops:
                 problems.append(f"{name}: no {op}")
         if any(k in name for k in SPILLS_OUTSIDE_PRODUCTS):
-            problems += local_among_products(name, opcodes(text))
+            problems += local_among_products(name, seq)
         else:
             for op in FORBIDDEN:
                 if op in ops:

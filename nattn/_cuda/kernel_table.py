@@ -133,7 +133,7 @@ SM90_STRIP_TILES = ((2, ((8, 8), (14, 16))), (3, ((2, 4, 8), (8, 10, 16))))
 # never picks it; its own rule does, forward and backward: src/sm90_dispatch.cu,
 # square_pair_for). Its backward is its own dQ pass (backward_dq_squares.cuh), then its own
 # dK/dV pass (backward_dkv_squares.cuh), but the tensor-core family's at head dim 64 with
-# an RPB.
+# an RPB below 13 x 13 windows.
 SM90_SQUARE_TILES = ((2, ((8, 8), (20, 20))),)
 # The strip pairs have a backward too (named only, like their forward): their own dQ and dK/dV
 # passes (backward_dq_strips.cuh, backward_dkv_strips.cuh).

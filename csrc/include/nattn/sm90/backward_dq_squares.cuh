@@ -238,10 +238,10 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   };
 #if NATTN_SM90_SQUARE_DQ_RING
   SquareRing<NA, HD, Tl> ring;  // (forward_squares.cuh)
-  auto release_after = [&](int ch) {
+  auto release_after = [&](int ch) {  // (ch = -1: before the walk)
     if constexpr (kRing)
-      ring.release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts, lane, smem, parts_full, p,
-                        square_late_tile<kRing, S>(tile, smem), h_kv, b, &map_k, &map_v);
+      ring.release_after(ch, chunks, sq.sy, lane, smem, parts_full, p, square_late_tile<kRing, S>(tile, smem), h_kv, b,
+                         &map_k, &map_v);
   };
 #endif
   instanced(has_rpb, [&](auto rpb_tag) {
@@ -265,9 +265,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     }
   });
 #if NATTN_SM90_SQUARE_DQ_RING
-  if constexpr (kRing) {
-    if (threadIdx.x == 0) SquareRing<NA, HD, Tl>::drain(parts_full);
-  }
+  if constexpr (kRing) SquareRing<NA, HD, Tl>::drain(parts_full);
 #endif
 
   if (p.drpb_max) {  // every lane gets here

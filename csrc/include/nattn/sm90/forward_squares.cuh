@@ -138,9 +138,19 @@ struct SquareRing {
     released = upto;
   }
 
-  // Thread 0, before the CTA ends: the refills landed (every warp counted every refilled part).
+  // After chunk ch of a square walking `chunks` chunks from key row sy (ch = -1: before the
+  // walk) the warp is done with the parts before chunk ch + 1's first (all after the last).
+  __device__ __forceinline__ void release_after(int ch, int chunks, int sy, int lane, unsigned char* smem,
+                                                uint64_t* parts_full, const Params& p, const CtaTile& tile,
+                                                int h_kv, int b, const CUtensorMap* map_k, const CUtensorMap* map_v) {
+    release_upto(ch + 1 < chunks ? square_first_part(sy, ch + 1) : kSquareParts, lane, smem, parts_full, p, tile, h_kv,
+                 b, map_k, map_v);
+  }
+
+  // Before the CTA ends (thread 0 waits): the refills landed (every warp counted every refilled part).
   __device__ __forceinline__ static void drain(uint64_t* parts_full) {
-    for (int q = kSquareRingParts; q < kSquareParts; ++q) mbar_wait(parts_full + q, 0);
+    if (threadIdx.x == 0)
+      for (int q = kSquareRingParts; q < kSquareParts; ++q) mbar_wait(parts_full + q, 0);
   }
 };
 
@@ -342,13 +352,11 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     mbar_wait(parts_full + square_last_part(sq.sy, ch), 0);
   };
 #if NATTN_SM90_SQUARE_RING
-  // Ring: the warp is done with the parts before chunk ch + 1's first after chunk ch (before
-  // the walk: ch = -1; every part after the last chunk).
   SquareRing<NA, HD, Tl> ring;
-  auto release_after = [&](int ch) {
+  auto release_after = [&](int ch) {  // (ch = -1: before the walk)
     if constexpr (kRing)
-      ring.release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts, lane, smem, parts_full, p,
-                        square_late_tile<kRing, S>(tile, smem), h_kv, b, &map_k, &map_v);
+      ring.release_after(ch, chunks, sq.sy, lane, smem, parts_full, p, square_late_tile<kRing, S>(tile, smem), h_kv, b,
+                         &map_k, &map_v);
   };
 #endif
   // (Issuing chunk ch + 1's S = Q K^T before chunk ch's softmax at head dim 64, 220 registers,
@@ -381,9 +389,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     }
   });
 #if NATTN_SM90_SQUARE_RING
-  if constexpr (kRing) {
-    if (threadIdx.x == 0) SquareRing<NA, HD, Tl>::drain(parts_full);
-  }
+  if constexpr (kRing) SquareRing<NA, HD, Tl>::drain(parts_full);
 #endif
 
   // O / l into the warp's own rows of the query tile (only this warp read them), the LSE
