@@ -189,6 +189,21 @@ __device__ __forceinline__ int64_t lse_row(const Params& p, const CtaTile& tile,
   return (int64_t(b) * p.tokens + token) * p.heads + h;
 }
 
+// Build switches: 1 (the default) moves a row's running max only where some row of the warp's
+// step passes it by more than kLazyMaxSlack (log2 units; FlashAttention-4's conditional
+// rescale), so that the warp mostly skips O's rescale: NATTN_SM90_LAZY_RESCALE for the
+// mma.sync CTAs (strips, squares; strip_chunk_softmax), NATTN_SM90_LAZY_RESCALE_WGMMA for the
+// wgmma forward (its rescale is skipped where alpha is 1). O and l keep one max between them,
+// so the result is the same; a probability is then at most 2^kLazyMaxSlack (256: exact in
+// fp16 and bf16, far from their ranges' ends).
+#ifndef NATTN_SM90_LAZY_RESCALE
+#define NATTN_SM90_LAZY_RESCALE 1
+#endif
+#ifndef NATTN_SM90_LAZY_RESCALE_WGMMA
+#define NATTN_SM90_LAZY_RESCALE_WGMMA 1
+#endif
+constexpr float kLazyMaxSlack = 8.f;
+
 // One online-softmax step of a lane's two rows: the new running maxima from the step's row
 // maxima mx (the quad's, times mul), the exponent offsets m_use (0 for a row with nothing
 // seen yet, which stays at zero), the factors alpha that rescale the row sums l (and O).
@@ -202,6 +217,38 @@ __device__ __forceinline__ void online_max_step(float (&m)[2], float (&l)[2], co
     m[r] = m_new;
     l[r] *= alpha[r];
   }
+}
+
+// The same, lazily (NATTN_SM90_LAZY_RESCALE): the maxima move (as online_max_step) only where
+// some row of the warp (the whole warp calls it) passes its max by more than kLazyMaxSlack,
+// else they stay (alpha 1, m_use the old max; 0 for a row with nothing seen yet). Returns
+// whether they moved: O needs its rescale only then.
+__device__ __forceinline__ bool lazy_max_step(float (&m)[2], float (&l)[2], const float (&mx)[2], float mul,
+                                              float (&m_use)[2], float (&alpha)[2]) {
+  float mq[2];
+  bool grow = false;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mq[r] = quad_max(mx[r] * mul);
+    grow = grow || mq[r] > m[r] + kLazyMaxSlack;  // (m = -inf: any finite score)
+  }
+  if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], mq[r]);
+      m_use[r] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[r] = fast_exp2(m[r] - m_use[r]);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+    return true;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m_use[r] = m[r] == -INFINITY ? 0.f : m[r];
+    alpha[r] = 1.f;
+  }
+  return false;
 }
 
 // O / l of a lane's two accumulator rows (query box rows qr and qr + kRowStep: the square
@@ -475,7 +522,11 @@ __global__ void __launch_bounds__(ForwardCta<Tl, HD>::kThreads, ForwardCta<Tl, H
     }
     walk.next(tile);
     float m_use[2];
+#if NATTN_SM90_LAZY_RESCALE_WGMMA
+    lazy_max_step(m, l, mx, mul, m_use, alpha);  // (alpha 1 where the maxima stay: rescale_o skips)
+#else
     online_max_step(m, l, mx, mul, m_use, alpha);
+#endif
 #pragma unroll
     for (int i = 0; i < kNk / 2; ++i) {
       sc[i] = fast_exp2(fmaf(sc[i], mul, -m_use[(i / 2) % 2]));

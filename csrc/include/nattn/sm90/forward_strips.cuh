@@ -226,8 +226,12 @@ __device__ __forceinline__ void strip_chunk_softmax(float (&sc)[2 * kStripChunkR
       mx[r] = fmaxf(mx[r], x);
     }
   float m_use[2], alpha[2];
+#if NATTN_SM90_LAZY_RESCALE
+  if (lazy_max_step(m, l, mx, mul, m_use, alpha) && !first) {  // (forward.cuh)
+#else
   online_max_step(m, l, mx, mul, m_use, alpha);
   if (!first) {
+#endif
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n)
 #pragma unroll

@@ -48,14 +48,13 @@ NATTN_HD void square_key_map_box(int* kbox) { kbox[0] = kSquarePartRows; }
 #ifndef NATTN_SM90_SQUARE_DQ_RING
 #define NATTN_SM90_SQUARE_DQ_RING 1
 #endif
-// NATTN_SM90_SQUARE_RING_ROWS=1 (a build switch, off until the whole library with it has run on
-// the GPU: its restructured chunk loop changes the head-dim-32 kernels' register allocation
-// too): the forward's chunks whose rows do not pass the ring's end (warp-uniform) address them
-// from one base with immediate row offsets, the others each row at its slot (the per-row slot
-// addresses cost the loop ~60 instructions a chunk; as a bf16 head-dim-64 variant the forward
-// ran 2-4% faster, PERF.md sixty-seventh session, call 6).
+// Build switch: 1 (the default) has the forward's chunks whose rows do not pass the ring's end
+// (warp-uniform) address them from one base with immediate row offsets, the others each row
+// at its slot (the per-row slot addresses cost the loop ~25 instructions a chunk; mid-2d
+// forward 0.187 vs 0.191 ms with the lazy rescale, H100, PERF.md sixty-eighth session); 0
+// every row at its slot.
 #ifndef NATTN_SM90_SQUARE_RING_ROWS
-#define NATTN_SM90_SQUARE_RING_ROWS 0
+#define NATTN_SM90_SQUARE_RING_ROWS 1
 #endif
 constexpr int kSquareRingParts = 3;
 constexpr int kSquareRingRows = kSquareRingParts * kSquarePartRows;  // even: a row keeps its swizzle phase
