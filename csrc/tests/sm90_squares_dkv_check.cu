@@ -3,9 +3,9 @@
 // problems within the square pair's limits (stride 1, windows up to 13 x 13; dilation, causal
 // axes, even kernels, grids ending in partial boxes; some with a query range), every key CTA,
 // warp, lane, slab, line, step and score (j, e) the kernel walks:
-//   - the slab width (square_dkv_slab_cols) is a multiple of 8 of at most 32 that holds the
+//   - the slab width (square_dkv_slab_cols) is a multiple of 8 of at most kSquareDkvMaxCols that holds the
 //     union's columns;
-//   - the warps' m16 rows cover the 8 x 8 key box once, and a lane's two keys are the rows
+//   - the warps' m16 rows cover the key box (8 x 8, or 4 x 16) once, and a lane's two keys are the rows
 //     its K / V fragments and staged outputs are of;
 //   - a step's reads (16 queries of Q and dO, their LSE / delta slots) stay inside the tiles
 //     (slab and pad), and the fragment addresses at the warp's swizzle phase
@@ -31,7 +31,7 @@ using namespace nattn::sm90;
 #include "host_rng.h"
 #include "sm90_problems.h"
 
-using KB = Box<8, 8, 1>;  // backward_dkv_squares.cuh, SquareDkvKeyBox
+using KB = SquareDkvKeyBox;  // (square_geometry.cuh)
 
 static int fail(const char* what, const Params& p, long long cta, int warp, int lane) {
   printf("FAIL %s: spatial %dx%d kernel %dx%d dilation %dx%d causal %d%d range [%d %d, %d %d), cta %lld warp %d "
@@ -81,7 +81,7 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
       int rows_seen[64] = {0};
       for (int warp = 0; warp < 4; ++warp) {
         int kept_by_key[16] = {0};  // the warp's keys (m16 rows), over the quad's lanes
-        for (int m = 0; m < 16; ++m) rows_seen[square_query_row(warp, m)] += 1;
+        for (int m = 0; m < 16; ++m) rows_seen[square_dkv_key_row(warp, m)] += 1;
         for (int lane = 0; lane < 32; ++lane) {
           SquareKeyLane s;
           square_key_lane(p, tile, warp, lane, s);
@@ -89,10 +89,11 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
           if (s.w_hi >= s.w_lo && (s.steps < 1 || s.steps > 2 || s.sx < 0)) return fail("the warp's steps", p, cta, warp, lane);
           two_steps += s.steps == 2 && lane == 0;
           for (int r = 0; r < 2; ++r) {
-            const int kr = square_query_row(warp, lane / 4 + 8 * r);  // the key's box row
+            const int kr = square_dkv_key_row(warp, lane / 4 + 8 * r);  // the key's box row
             const int k[2] = {tile.q0[0] + KB::offset(kr, 0), tile.q0[1] + KB::offset(kr, 1)};
-            if (k[0] != tile.q0[0] + kSquareSide * (warp / 2) + (lane / 4) / 4 + 2 * r ||
-                k[1] != tile.q0[1] + kSquareSide * (warp % 2) + (lane / 4) % 4)
+            if (k[0] != tile.q0[0] + kSquareSide * (warp / (KB::extent(1) / kSquareSide)) + (lane / 4) / 4 + 2 * r ||
+                k[1] != tile.q0[1] + kSquareSide * (warp % (KB::extent(1) / kSquareSide)) + (lane / 4) % 4 ||
+                kr + kSquareDkvLaneRowStep * (1 - r) != square_dkv_key_row(warp, lane / 4 + 8))
               return fail("the lane's keys", p, cta, warp, lane);
             const bool k_ok = k[0] < tile.len[0] && k[1] < tile.len[1];
             for (int rb = 0; rb < per_head; ++rb) {
@@ -128,7 +129,7 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
                       if (!kept) continue;
                       // the staged slot holds the query (and its LSE / delta row is its token's)
                       // (the staging's split of a slot: backward_dkv_squares.cuh, fetch)
-                      const int qy = W == 16 ? slot >> 4 : W == 32 ? slot >> 5 : slot / 24;
+                      const int qy = W == 16 ? slot >> 4 : W == 32 ? slot >> 5 : !NATTN_SM90_SQUARE_DKV_WIDE || W == 24 ? slot / 24 : slot / 40;
                       if (slot >= slab_queries || y0 + qy != q[0] || tile.lo[1] + slot - qy * W != q[1])
                         return fail("the staged slot", p, cta, warp, lane);
                       if (strip_query_token<2>(p, tile, 0, q[0], q[1]) != token)
@@ -146,7 +147,7 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
         if (tile.tiles == 0) continue;
         // every query of the range whose window holds the key, once
         for (int m = 0; m < 16; ++m) {
-          const int kr = square_query_row(warp, m);
+          const int kr = square_dkv_key_row(warp, m);
           const int k[2] = {tile.q0[0] + KB::offset(kr, 0), tile.q0[1] + KB::offset(kr, 1)};
           int want = k[0] < tile.len[0] && k[1] < tile.len[1];
           for (int a = 0; a < 2 && want; ++a) want *= queries_seeing(p, tile, a, k[a]);

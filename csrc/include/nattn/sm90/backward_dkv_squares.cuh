@@ -2,7 +2,8 @@
 // (backward_dkv_strips.cuh) walked by 4 x 4 key squares (square_geometry.cuh, "the square
 // dK/dV pass").
 //
-// A CTA owns an 8 x 8 key box of one (batch, KV head, dilation group). Thread 0 loads its
+// A CTA owns an 8 x 8 key box (4 x 16 with NATTN_SM90_SQUARE_DKV_WIDE, square_geometry.cuh)
+// of one (batch, KV head, dilation group). Thread 0 loads its
 // keys and values once and the union of their inverse neighbourhoods in slabs of whole union
 // rows (slab_cols queries wide: 16, 24 or 32, the problem's widest union rounded up to 8),
 // for each query head of the KV head in turn; every thread stages a slab's LSE and delta in
@@ -34,9 +35,6 @@
 #include "nattn/tc/mma.cuh"
 
 namespace nattn { namespace sm90 {
-
-// The CTA's key box.
-using SquareDkvKeyBox = Box<8, 8, 1>;
 
 // Shared memory of the square dK/dV pass: the key box's K and V tiles, kStages slabs' Q and dO
 // tiles (with their pads), the barriers, two slabs' (LSE log2, delta) per query; after them
@@ -173,7 +171,7 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int q = threadIdx.x + 128 * i;
-      const int qy = W == 16 ? q >> 4 : W == 32 ? q >> 5 : q / 24;  // (the widths square_dkv_slab_cols gives)
+      const int qy = W == 16 ? q >> 4 : W == 32 ? q >> 5 : !NATTN_SM90_SQUARE_DKV_WIDE || W == 24 ? q / 24 : q / 40;  // (the widths square_dkv_slab_cols gives)
       const int y = y0 + qy, x = tile.lo[1] + q - qy * W;
       const bool ok = q < slab_queries && y < tile.len[0] && x < tile.len[1];
       const int idx = strip_query_token<2>(p, tile, 0, y, x) * p.heads + h;
@@ -207,7 +205,7 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   phase_fragment_offsets<Cq, HD>(ks.sx & 7, lane, 0, q_off, qt_off);
   uint32_t ka[HD / 16][4], va[HD / 16][4];
   mbar_wait(keys_full, 0);
-  const int key_row = square_query_row(warp, lane % 16);
+  const int key_row = square_dkv_key_row(warp, lane % 16);
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk) {
     tc::ldmatrix_x4(ka[kk], smem + S::kK + Ck::offset(key_row, 16 * kk + 8 * (lane / 16)));
@@ -378,10 +376,10 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   // dK times the scale and dV into the warp's own rows of the key and value tiles (only this
   // warp read them), then the box's rows out (dK's and dV's maps, or per lane).
   const float scale[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};
-  const int row0 = square_query_row(warp, g4);
+  const int row0 = square_dkv_key_row(warp, g4);
   __syncwarp();
-  stage_output<T, HD, Ck, kSquareLaneRowStep>(smem + S::kK, &dk[0][0], scale, row0, t4);
-  stage_output<T, HD, Ck, kSquareLaneRowStep>(smem + S::kV, &dv[0][0], one, row0, t4);
+  stage_output<T, HD, Ck, kSquareDkvLaneRowStep>(smem + S::kK, &dk[0][0], scale, row0, t4);
+  stage_output<T, HD, Ck, kSquareDkvLaneRowStep>(smem + S::kV, &dv[0][0], one, row0, t4);
   store_output_rows<T, 2, HD, KB, Ck, true>(p, tile, &map_dk, smem + S::kK, 0, KB::extent(0), hk, b,
                                             RowsOut{p.dk, p.dk_s, p.heads_kv, kRowsGradK});
   store_output_rows<T, 2, HD, KB, Ck, true>(p, tile, &map_dv, smem + S::kV, 0, KB::extent(0), hk, b,

@@ -100,10 +100,23 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     fence_barrier_init();
   }
   __syncthreads();
+#if NATTN_SM90_SQUARE_DQ_EARLY_DO
+  // (early dO: the ring's last K slot holds dO's rows until its part comes)
+  constexpr bool kEarlyDo = kRing;
+  constexpr int kDoAt = kEarlyDo ? S::kK + kSquareEarlyParts * S::Part::kBytes : S::kQ;
+  static_assert(kDoAt % 1024 == 0, "the dO tile's swizzle starts at a 1024-byte period");
+  if (threadIdx.x == 0) {  // Q's rows (and dO's) and the first parts (forward_squares.cuh)
+    load_square_rows<NA, HD, Tl>(p, tile, kRowsQ, h, b, smem, &map_q, rows_full);
+    if constexpr (kEarlyDo) load_square_rows<NA, HD, Tl>(p, tile, kRowsGradOut, h, b, smem, &map_do, grad_full, kDoAt);
+    load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, 0, kSquareEarlyParts);
+  }
+#else
+  constexpr int kDoAt = S::kQ;
   if (threadIdx.x == 0) {  // Q's rows and the first parts (forward_squares.cuh)
     load_square_rows<NA, HD, Tl>(p, tile, kRowsQ, h, b, smem, &map_q, rows_full);
     load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, 0, kSquareEarlyParts);
   }
+#endif
   const bool has_rpb = p.rpb != nullptr;
   float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;
   stage_strip_rpb<Cta>(p, h, bias);
@@ -153,6 +166,20 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk)
     tc::ldmatrix_x4(qa[kk], smem + S::kQ + R::offset(square_query_row(warp, lane % 16), 16 * kk + 8 * (lane / 16)));
+#if NATTN_SM90_SQUARE_DQ_EARLY_DO
+  // The rest of the parts once the tile they go to is read (ring: up to the ring's size; the
+  // warps' releases copy the rest).
+  auto load_late_parts = [&] {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      fence_proxy_async_smem();  // (the tile's reads before the copy engine's writes)
+      if constexpr (!kEarlyDo) load_square_rows<NA, HD, Tl>(p, tile, kRowsGradOut, h, b, smem, &map_do, grad_full);
+      load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, kSquareEarlyParts,
+                                           kRing ? kSquareRingParts : kSquareParts);
+    }
+  };
+  if constexpr (!kEarlyDo) load_late_parts();  // every warp's Q fragments are read: dO's rows replace them
+#else
   __syncthreads();  // every warp's Q fragments are read: dO's rows replace them
   if (threadIdx.x == 0) {
     fence_proxy_async_smem();  // (the tile's reads before the copy engine's writes)
@@ -161,12 +188,16 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, kSquareEarlyParts,
                                          kRing ? kSquareRingParts : kSquareParts);
   }
+#endif
   mbar_wait(grad_full, 0);
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk)
-    tc::ldmatrix_x4(da[kk], smem + S::kQ + R::offset(square_query_row(warp, lane % 16), 16 * kk + 8 * (lane / 16)));
+    tc::ldmatrix_x4(da[kk], smem + kDoAt + R::offset(square_query_row(warp, lane % 16), 16 * kk + 8 * (lane / 16)));
   float dlt[2];
-  square_row_delta<T, HD, R>(p, smem + S::kQ, row0, t4, o_rows, sq.row_ok, row, dlt);
+  square_row_delta<T, HD, R>(p, smem + kDoAt, row0, t4, o_rows, sq.row_ok, row, dlt);
+#if NATTN_SM90_SQUARE_DQ_EARLY_DO
+  if constexpr (kEarlyDo) load_late_parts();  // every warp's dO fragments and delta are read: part 2 replaces them
+#endif
 #pragma unroll
   for (int r = 0; r < 2; ++r) lse2[r] = lse_log2(lse2[r]);
 

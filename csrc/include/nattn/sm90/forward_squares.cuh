@@ -70,15 +70,16 @@ struct SquareSmem {
 };
 
 // Thread 0's copies (the barriers initialized): the query box's rows of one tensor (Q: kRowsQ,
-// or dO) into Q's tile, completing on `bar`.
+// or dO) into Q's tile (or the tile at byte `at`, 1024-aligned), completing on `bar`.
 template <int NA, int HD, class Tl>
 __device__ __forceinline__ void load_square_rows(const Params& p, const CtaTile& tile, int rows, int h, int b,
-                                                 unsigned char* smem, const CUtensorMap* map, uint64_t* bar) {
+                                                 unsigned char* smem, const CUtensorMap* map, uint64_t* bar,
+                                                 int at = SquareSmem<Tl, HD>::kQ) {
   using R = typename SquareSmem<Tl, HD>::Rows;
   int c[5];
   mbar_expect_tx(bar, R::kBytes);
-  load_box_blocks<NA, typename Tl::Q, R>(p, tile, tile.q0, head_coords<HD>(p, rows, p.heads, h, b),
-                                         smem + SquareSmem<Tl, HD>::kQ, map, bar, c);
+  load_box_blocks<NA, typename Tl::Q, R>(p, tile, tile.q0, head_coords<HD>(p, rows, p.heads, h, b), smem + at, map,
+                                         bar, c);
 }
 
 // ... and parts first .. last - 1 of the union's keys and values, each completing on its own

@@ -69,6 +69,14 @@ constexpr bool kSquareDqRing = NATTN_SM90_SQUARE_DQ_RING && HD >= 64;
 // Parts the dQ pass (backward_dq_squares.cuh) loads before the dO rows, the rest after
 // them: those of every square's chunk 0 (key rows up to 4 + 3).
 constexpr int kSquareEarlyParts = 2;
+// Build switch for A/B runs: 1 has the dQ pass with the ring (head dim 64) copy its dO rows
+// with Q's at the start, into the K slot of part kSquareEarlyParts (the ring's last, refilled
+// once every warp holds its dO fragments and delta), rather than into Q's tile after every
+// warp has read Q: one copy's latency less before the walk.
+#ifndef NATTN_SM90_SQUARE_DQ_EARLY_DO
+#define NATTN_SM90_SQUARE_DQ_EARLY_DO 0
+#endif
+static_assert(kSquareEarlyParts == 3 - 1, "the early dO rows borrow the ring's last slot (kSquareRingParts - 1)");
 
 // Build switch: 1 (the default) keeps the square kernels' lane offsets in registers (without it
 // the compiler recomputes them from the thread index every chunk: ~40 instructions of a
@@ -254,7 +262,31 @@ NATTN_HD uint32_t square_chunk_word(uint64_t word, int ch) { return uint32_t(wor
 // pass 0.510 ms against 0.446; PERF.md sixty-fifth session).
 constexpr int kSquareDkvSlabTokens = 256;
 constexpr int kSquareDkvPad = 16;
-constexpr int kSquareDkvMaxCols = 32;
+
+// Build switch for A/B runs: 1 gives the pass a 4 x 16 key box (its four squares side by side:
+// every warp walks the same union rows, so none waits for another at a slab's end; a 13 x 13
+// window's union is 16 x 28 queries against 20 x 20, up to 34 wide where the box's last keys
+// are near the grid's end, whose inverse neighbourhoods reach it); 0 the 8 x 8 box (squares
+// two by two).
+#ifndef NATTN_SM90_SQUARE_DKV_WIDE
+#define NATTN_SM90_SQUARE_DKV_WIDE 0
+#endif
+constexpr int kSquareDkvMaxCols = NATTN_SM90_SQUARE_DKV_WIDE ? 40 : 32;
+constexpr int kSquareDkvBoxCols = NATTN_SM90_SQUARE_DKV_WIDE ? 16 : 8;
+constexpr int kSquareDkvSquaresPerRow = kSquareDkvBoxCols / kSquareSide;
+// The CTA's key box (four squares).
+using SquareDkvKeyBox = Box<4 * kSquareSide * kSquareSide / kSquareDkvBoxCols, kSquareDkvBoxCols, 1>;
+// Box rows (row-major) from a lane's first key (m16 row lane / 4) to its second (+ 8): two
+// square rows.
+constexpr int kSquareDkvLaneRowStep = 2 * kSquareDkvBoxCols;
+// Warp w's square's first key row and column in the box.
+NATTN_HD int square_dkv_square_row(int warp) { return kSquareSide * (warp / kSquareDkvSquaresPerRow); }
+NATTN_HD int square_dkv_square_col(int warp) { return kSquareSide * (warp % kSquareDkvSquaresPerRow); }
+// The box row (row-major) of m16 row m of warp w's keys: square row m / 4, column m % 4.
+NATTN_HD int square_dkv_key_row(int warp, int m) {
+  return (square_dkv_square_row(warp) + m / kSquareSide) * kSquareDkvBoxCols + square_dkv_square_col(warp) +
+         m % kSquareSide;
+}
 
 // Build switch for A/B runs: 1 (the default) gives the head-dim-64 pass three CTAs an SM
 // (slabs of 192 queries, 168 registers without the step pairs, NATTN_SM90_SQUARE_DKV_PIPELINE
@@ -281,17 +313,17 @@ constexpr int kSquareDkvSlabTokensAt =
 // Union rows a slab of `tokens` queries holds at width cols.
 NATTN_HD int square_dkv_slab_rows(int cols, int tokens = kSquareDkvSlabTokens) { return tokens / cols; }
 
-// The slab width of a problem (stride 1): the widest union of an 8-key run's inverse columns
-// over the column axis' groups (two lengths at most), rounded up to a multiple of 8, at least
-// 16. Host only (a loop over the axis' key boxes).
+// The slab width of a problem (stride 1): the widest union of a key box row's inverse columns
+// (kSquareDkvBoxCols keys) over the column axis' groups (two lengths at most), rounded up to a
+// multiple of 8, at least 16. Host only (a loop over the axis' key boxes).
 inline int square_dkv_slab_cols(const Params& p) {
   const int d = p.dilation[1], causal = p.causal[1] != 0;
   int widest = 1;
   for (int g = 0; g < (d > 1 ? 2 : 1); ++g) {
     const int len = group_len(p.spatial[1], g == 0 ? 0 : d - 1, d);
-    for (int k0 = 0; k0 < len; k0 += 8) {
+    for (int k0 = 0; k0 < len; k0 += kSquareDkvBoxCols) {
       const AxisRange first = key_inverse(k0, len, p.kernel[1], 1, causal);
-      const AxisRange last = key_inverse(nattn_min(k0 + 7, len - 1), len, p.kernel[1], 1, causal);
+      const AxisRange last = key_inverse(nattn_min(k0 + kSquareDkvBoxCols - 1, len - 1), len, p.kernel[1], 1, causal);
       widest = nattn_max(widest, last.start + last.count - first.start);
     }
   }
@@ -324,7 +356,7 @@ NATTN_HD void square_key_lane(const Params& p, const CtaTile& tile, int warp, in
   const int g4 = lane / 4, t4 = lane % 4;
   s.row_mult = p.rpb_size[1];
   // the square's first key per axis
-  const int k0[2] = {tile.q0[0] + kSquareSide * (warp / 2), tile.q0[1] + kSquareSide * (warp % 2)};
+  const int k0[2] = {tile.q0[0] + square_dkv_square_row(warp), tile.q0[1] + square_dkv_square_col(warp)};
   int lo[2], hi[2];
   for (int a = 0; a < 2; ++a) square_keys_inverse(p, tile, a, k0[a], lo[a], hi[a]);
   const bool any = hi[0] >= lo[0] && hi[1] >= lo[1];
