@@ -129,7 +129,8 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
                       if (!kept) continue;
                       // the staged slot holds the query (and its LSE / delta row is its token's)
                       // (the staging's split of a slot: backward_dkv_squares.cuh, fetch)
-                      const int qy = W == 16 ? slot >> 4 : W == 32 ? slot >> 5 : !NATTN_SM90_SQUARE_DKV_WIDE || W == 24 ? slot / 24 : slot / 40;
+                      const int qy = NATTN_SM90_SQUARE_DKV_WIDE ? square_dkv_slot_row(slot, square_dkv_row_recip(W))
+                                     : W == 16 ? slot >> 4 : W == 32 ? slot >> 5 : slot / 24;
                       if (slot >= slab_queries || y0 + qy != q[0] || tile.lo[1] + slot - qy * W != q[1])
                         return fail("the staged slot", p, cta, warp, lane);
                       if (strip_query_token<2>(p, tile, 0, q[0], q[1]) != token)
@@ -163,6 +164,12 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
 
 int main() {
   long long checks = 0, two_steps = 0;
+  for (int W = 8; W <= kSquareDkvMaxCols; W += 8)  // the reciprocal division, every slot
+    for (int q = 0; q <= kSquareDkvSlabTokens + kSquareDkvPad; ++q, ++checks)
+      if (square_dkv_slot_row(q, square_dkv_row_recip(W)) != q / W) {
+        printf("FAIL square_dkv_slot_row(%d) at width %d\n", q, W);
+        return 1;
+      }
   // (slabs of 256 queries; of 192 at head dim 64 in the NATTN_SM90_SQUARE_DKV_THREE_CTAS build;
   // of half those with NATTN_SM90_SQUARE_DKV_STAGES=2)
   for (int tokens : {kSquareDkvSlabTokens, 192, 128, 96})

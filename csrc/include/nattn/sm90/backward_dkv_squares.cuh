@@ -166,12 +166,19 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   const float* lse_b = p.lse + int64_t(b) * p.tokens * p.heads;
   const float* delta_b = p.delta + int64_t(b) * p.tokens * p.heads;
   float2 staged[kPer];
+#if NATTN_SM90_SQUARE_DKV_WIDE
+  const int w_recip = square_dkv_row_recip(W);
+#endif
   auto fetch = [&](int f) {
     const int h = hk * p.groups + f / per_head, y0 = tile.lo[0] + rows * (f % per_head);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int q = threadIdx.x + 128 * i;
-      const int qy = W == 16 ? q >> 4 : W == 32 ? q >> 5 : !NATTN_SM90_SQUARE_DKV_WIDE || W == 24 ? q / 24 : q / 40;  // (the widths square_dkv_slab_cols gives)
+#if NATTN_SM90_SQUARE_DKV_WIDE
+      const int qy = square_dkv_slot_row(q, w_recip);
+#else
+      const int qy = W == 16 ? q >> 4 : W == 32 ? q >> 5 : q / 24;  // (the widths square_dkv_slab_cols gives)
+#endif
       const int y = y0 + qy, x = tile.lo[1] + q - qy * W;
       const bool ok = q < slab_queries && y < tile.len[0] && x < tile.len[1];
       const int idx = strip_query_token<2>(p, tile, 0, y, x) * p.heads + h;

@@ -272,6 +272,11 @@ constexpr int kSquareDkvPad = 16;
 #define NATTN_SM90_SQUARE_DKV_WIDE 0
 #endif
 constexpr int kSquareDkvMaxCols = NATTN_SM90_SQUARE_DKV_WIDE ? 40 : 32;
+// The row of slot q of a slab of width W (16, 24, 32 or 40: square_dkv_slab_cols), for q of at
+// most kSquareDkvSlabTokens: q / W as q times recip = ceil(2^16 / W), then a shift (exact:
+// the product's excess over q / W is below q / 2^16 < 1 / W). recip: square_dkv_row_recip.
+NATTN_HD int square_dkv_row_recip(int W) { return ((1 << 16) + W - 1) / W; }
+NATTN_HD int square_dkv_slot_row(int q, int recip) { return (q * recip) >> 16; }
 constexpr int kSquareDkvBoxCols = NATTN_SM90_SQUARE_DKV_WIDE ? 16 : 8;
 constexpr int kSquareDkvSquaresPerRow = kSquareDkvBoxCols / kSquareSide;
 // The CTA's key box (four squares).
