@@ -191,6 +191,38 @@ def test_sm90_square_pair_declines_what_it_cannot_take(monkeypatch):
         nattn.na2d(q, q, q, (11, 11), stride=(2, 1), backend="cuda")
 
 
+# Logits that grow along the walk: query channel 0 is 1 and key channel 0 the key's first
+# coordinate times `step` log2 units (over the scale), so a chunk or key box later in the walk
+# passes the running max by more than the lazy rescale's slack (8 log2 units: lazy_max_step,
+# forward.cuh) on some steps and by less on others, which keep probabilities above 1. Forced
+# onto the square and strip pairs, and on the default choice (the wgmma pairs) in 2-D and 1-D.
+GROWING = [("square", (64, 64), (13, 13), 64, 2.5), ("square", (40, 48), (11, 9), 32, 2.5),
+           ("strip", (48, 40), (7, 7), 32, 2.5), (None, (40, 40), (21, 21), 64, 2.5),
+           (None, (2048,), (257,), 128, 0.1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("pair,spatial,kernel,dim,step", GROWING,
+                         ids=[f"{p or 'default'}-{'x'.join(map(str, s))}-k{k[0]}-D{d}" for p, s, k, d, _ in GROWING])
+def test_sm90_forward_logits_growing_along_the_walk(pair, spatial, kernel, dim, step, dtype, monkeypatch):
+    if pair is not None:
+        monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR if pair == "square" else STRIP_PAIRS[len(spatial)])
+    g = torch.Generator(device="cuda").manual_seed(31 + dim)
+    q, k, v = (torch.randn(2, *spatial, 2, dim, generator=g, device="cuda") for _ in range(3))
+    first = torch.arange(spatial[0], device="cuda", dtype=torch.float32).view(1, -1, *[1] * len(spatial))
+    q[..., 0] = 1.0
+    k[..., 0] += first * (step / 1.4426950408889634 * dim ** 0.5)  # (the default scale is dim ** -0.5)
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    func = FUNCS[len(spatial)]
+    with torch.no_grad():
+        out, lse = func(q, k, v, kernel, backend="cuda", return_lse=True)
+        ref_out, ref_lse = func(q, k, v, kernel, backend="reference", return_lse=True)
+    for name, got, want, tol in (("out", out, ref_out, TOL[dtype]), ("lse", lse, ref_lse, 1e-4)):
+        assert torch.isfinite(got).all(), f"{name}: non-finite values from the sm90 forward"
+        err = rel_err(got, want)
+        assert err <= tol, f"{name}: relative L2 error {err:.3e} > {tol:.1e}"
+
+
 LARGE_PAIRS = {1: "q128_k128", 2: "q8x16_k8x16", 3: "q2x8x8_k2x8x8"}
 
 
