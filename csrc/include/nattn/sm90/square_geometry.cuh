@@ -52,10 +52,11 @@ NATTN_HD void square_key_map_box(int* kbox) { kbox[0] = kSquarePartRows; }
 // (warp-uniform) address them from one base with immediate row offsets, the others each row
 // at its slot (the per-row slot addresses cost the loop ~25 instructions a chunk; mid-2d
 // forward 0.187 vs 0.191 ms with the lazy rescale, H100, PERF.md sixty-eighth session); 0
-// every row at its slot.
+// every row at its slot. It follows NATTN_SM90_SQUARE_RING (no ring, no slots).
 #ifndef NATTN_SM90_SQUARE_RING_ROWS
-#define NATTN_SM90_SQUARE_RING_ROWS 1
+#define NATTN_SM90_SQUARE_RING_ROWS NATTN_SM90_SQUARE_RING
 #endif
+static_assert(!NATTN_SM90_SQUARE_RING_ROWS || NATTN_SM90_SQUARE_RING, "the per-chunk ring base needs the ring");
 constexpr int kSquareRingParts = 3;
 constexpr int kSquareRingRows = kSquareRingParts * kSquarePartRows;  // even: a row keeps its swizzle phase
 // The ring's slot row of key box row r (r < 2 kSquareRingRows): part r / 4 sits in slot
@@ -82,7 +83,7 @@ constexpr int kSquareEarlyParts = 2;
 #ifndef NATTN_SM90_SQUARE_EARLY_LOADS
 #define NATTN_SM90_SQUARE_EARLY_LOADS 0
 #endif
-static_assert(kSquareEarlyParts == 3 - 1, "the early dO rows borrow the ring's last slot (kSquareRingParts - 1)");
+static_assert(kSquareEarlyParts == kSquareRingParts - 1, "the early dO rows borrow the ring's last slot");
 
 // Build switch: 1 (the default) keeps the square kernels' lane offsets in registers (without it
 // the compiler recomputes them from the thread index every chunk: ~40 instructions of a
