@@ -204,19 +204,23 @@ __device__ __forceinline__ int64_t lse_row(const Params& p, const CtaTile& tile,
 #endif
 constexpr float kLazyMaxSlack = 8.f;
 
-// One online-softmax step of a lane's two rows: the new running maxima from the step's row
-// maxima mx (the quad's, times mul), the exponent offsets m_use (0 for a row with nothing
-// seen yet, which stays at zero), the factors alpha that rescale the row sums l (and O).
+// A row's running max m moves to max(m, mq) (mq: the step's, over the quad): the exponent
+// offset m_use (0 for a row with nothing seen yet, which stays at zero) and the factor alpha
+// that rescales the row sum l (and O).
+__device__ __forceinline__ void move_row_max(float& m, float& l, float mq, float& m_use, float& alpha) {
+  const float m_new = fmaxf(m, mq);
+  m_use = m_new == -INFINITY ? 0.f : m_new;
+  alpha = fast_exp2(m - m_use);
+  m = m_new;
+  l *= alpha;
+}
+
+// One online-softmax step of a lane's two rows, from the step's row maxima mx (the quad's,
+// times mul).
 __device__ __forceinline__ void online_max_step(float (&m)[2], float (&l)[2], const float (&mx)[2], float mul,
                                                 float (&m_use)[2], float (&alpha)[2]) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float m_new = fmaxf(m[r], quad_max(mx[r] * mul));
-    m_use[r] = m_new == -INFINITY ? 0.f : m_new;
-    alpha[r] = fast_exp2(m[r] - m_use[r]);
-    m[r] = m_new;
-    l[r] *= alpha[r];
-  }
+  for (int r = 0; r < 2; ++r) move_row_max(m[r], l[r], quad_max(mx[r] * mul), m_use[r], alpha[r]);
 }
 
 // The same, lazily (NATTN_SM90_LAZY_RESCALE): the maxima move (as online_max_step) only where
@@ -234,13 +238,7 @@ __device__ __forceinline__ bool lazy_max_step(float (&m)[2], float (&l)[2], cons
   }
   if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], mq[r]);
-      m_use[r] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[r] = fast_exp2(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
+    for (int r = 0; r < 2; ++r) move_row_max(m[r], l[r], mq[r], m_use[r], alpha[r]);
     return true;
   }
 #pragma unroll
