@@ -92,9 +92,11 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
             const int kr = square_dkv_key_row(warp, lane / 4 + 8 * r);  // the key's box row
             const int k[2] = {tile.q0[0] + KB::offset(kr, 0), tile.q0[1] + KB::offset(kr, 1)};
             if (k[0] != tile.q0[0] + kSquareSide * (warp / (KB::extent(1) / kSquareSide)) + (lane / 4) / 4 + 2 * r ||
-                k[1] != tile.q0[1] + kSquareSide * (warp % (KB::extent(1) / kSquareSide)) + (lane / 4) % 4 ||
-                kr + kSquareDkvLaneRowStep * (1 - r) != square_dkv_key_row(warp, lane / 4 + 8))
+                k[1] != tile.q0[1] + kSquareSide * (warp % (KB::extent(1) / kSquareSide)) + (lane / 4) % 4)
               return fail("the lane's keys", p, cta, warp, lane);
+            // (the staged outputs' second row: kSquareDkvLaneRowStep after the first)
+            if (r == 1 && kr != square_dkv_key_row(warp, lane / 4) + kSquareDkvLaneRowStep)
+              return fail("the lane's second key row", p, cta, warp, lane);
             const bool k_ok = k[0] < tile.len[0] && k[1] < tile.len[1];
             for (int rb = 0; rb < per_head; ++rb) {
               const int y0 = tile.lo[0] + rows * rb;
