@@ -70,13 +70,12 @@ constexpr bool kSquareDqRing = NATTN_SM90_SQUARE_DQ_RING && HD >= 64;
 // Parts the dQ pass (backward_dq_squares.cuh) loads before the dO rows, the rest after
 // them: those of every square's chunk 0 (key rows up to 4 + 3).
 constexpr int kSquareEarlyParts = 2;
-// Build switch: 1 (the default) has the dQ pass with the ring (head dim 64) copy its dO rows
+// Build switch for A/B runs: 1 has the dQ pass with the ring (head dim 64) copy its dO rows
 // with Q's at the start, into the K slot of part kSquareEarlyParts (the ring's last, refilled
 // once every warp holds its dO fragments and delta), rather than into Q's tile after every
-// warp has read Q: one copy's latency less before the walk (f+b 1% faster on mid-2d and
-// 64x64 13x13, PERF.md sixty-eighth session).
+// warp has read Q: one copy's latency less before the walk.
 #ifndef NATTN_SM90_SQUARE_DQ_EARLY_DO
-#define NATTN_SM90_SQUARE_DQ_EARLY_DO 1
+#define NATTN_SM90_SQUARE_DQ_EARLY_DO 0
 #endif
 // Build switch for A/B runs: 1 has thread 0 of the square forward (and of the dQ pass, with
 // NATTN_SM90_SQUARE_DQ_EARLY_DO) issue the first copies right after initializing the barriers,
