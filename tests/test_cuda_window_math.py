@@ -76,10 +76,3 @@ def test_strip_dkv_sink_form_passes(tmp_path):
     assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr
 
 
-@pytest.mark.skipif(NVCC is None, reason="needs nvcc (host compilation only)")
-def test_square_dkv_wide_box_passes(tmp_path):
-    """The square dK/dV pass's 4 x 16 key box (build switch NATTN_SM90_SQUARE_DKV_WIDE=1; the
-    default build, checked above, has the 8 x 8 box) walks every key's inverse neighbourhood
-    once, within slabs of at most 40 columns, its slots' rows found by the reciprocal form."""
-    run = _build_and_run(tmp_path, "sm90_squares_dkv_check", "-DNATTN_SM90_SQUARE_DKV_WIDE=1")
-    assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr

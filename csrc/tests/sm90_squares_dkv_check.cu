@@ -3,8 +3,8 @@
 // problems within the square pair's limits (stride 1, windows up to 13 x 13; dilation, causal
 // axes, even kernels, grids ending in partial boxes; some with a query range), every key CTA,
 // warp, lane, slab, line, step and score (j, e) the kernel walks:
-//   - the slab width (square_dkv_slab_cols) is a multiple of 8 of at most kSquareDkvMaxCols that holds the
-//     union's columns;
+//   - the slab width (square_dkv_slab_cols) is a multiple of 8 of at most the box's kMaxSlabCols that holds
+//     the union's columns;
 //   - the warps' m16 rows cover the key box (8 x 8, or 4 x 16) once, and a lane's two keys are the rows
 //     its K / V fragments and staged outputs are of;
 //   - a step's reads (16 queries of Q and dO, their LSE / delta slots) stay inside the tiles
@@ -16,7 +16,8 @@
 //     window holds the key;
 //   - its RPB index is (key - query + kernel - 1) per axis, row-major, where the mask is set,
 //     and the step's index for the key minus 8 j + e % 2 (the kernel's form);
-// and each key's walk keeps every query of the range whose window holds it exactly once.
+// and each key's walk keeps every query of the range whose window holds it exactly once; for
+// both key boxes (SquareDkvBox: 8 x 8 and 4 x 16).
 // Prints "ok <checks>" or the first mismatch (exit 1).
 #include <stdio.h>
 
@@ -30,8 +31,6 @@ using namespace nattn::sm90;
 #define NATTN_CHECK_SEED 0x51c3a8e07d92b46full
 #include "host_rng.h"
 #include "sm90_problems.h"
-
-using KB = SquareDkvKeyBox;  // (square_geometry.cuh)
 
 static int fail(const char* what, const Params& p, long long cta, int warp, int lane) {
   printf("FAIL %s: spatial %dx%d kernel %dx%d dilation %dx%d causal %d%d range [%d %d, %d %d), cta %lld warp %d "
@@ -61,7 +60,10 @@ static bool addresses_ok(int sx, int q0, int lane, long long& checks) {
   return true;
 }
 
+template <bool kWide>
 static int check_problems(int count, int tokens, long long& checks, long long& two_steps) {
+  using Sq = SquareDkvBox<kWide>;  // (square_geometry.cuh)
+  using KB = typename Sq::Keys;
   for (int it = 0; it < count; ++it) {
     Params p = square_problem();
     if (rnd(0, 3) == 0) {  // a halo rank's query range on one axis
@@ -69,8 +71,8 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
       p.q_lo[a] = rnd(0, p.spatial[a] - 1);
       p.q_hi[a] = rnd(p.q_lo[a] + 1, p.spatial[a]);
     }
-    const int W = square_dkv_slab_cols(p), rows = square_dkv_slab_rows(W, tokens), slab_queries = rows * W;
-    if (W % 8 || W > kSquareDkvMaxCols || slab_queries > tokens)
+    const int W = square_dkv_slab_cols(p, Sq::kCols), rows = square_dkv_slab_rows(W, tokens), slab_queries = rows * W;
+    if (W % 8 || W > Sq::kMaxSlabCols || slab_queries > tokens)
       return fail("the slab width", p, -1, 0, 0);
     const int mult = p.rpb_size[1];
     for (long long cta = 0; cta < num_key_ctas<KB>(p); ++cta) {
@@ -81,21 +83,21 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
       int rows_seen[64] = {0};
       for (int warp = 0; warp < 4; ++warp) {
         int kept_by_key[16] = {0};  // the warp's keys (m16 rows), over the quad's lanes
-        for (int m = 0; m < 16; ++m) rows_seen[square_dkv_key_row(warp, m)] += 1;
+        for (int m = 0; m < 16; ++m) rows_seen[Sq::key_row(warp, m)] += 1;
         for (int lane = 0; lane < 32; ++lane) {
           SquareKeyLane s;
-          square_key_lane(p, tile, warp, lane, s);
+          square_key_lane<kWide>(p, tile, warp, lane, s);
           if (tile.tiles == 0) continue;
           if (s.w_hi >= s.w_lo && (s.steps < 1 || s.steps > 2 || s.sx < 0)) return fail("the warp's steps", p, cta, warp, lane);
           two_steps += s.steps == 2 && lane == 0;
           for (int r = 0; r < 2; ++r) {
-            const int kr = square_dkv_key_row(warp, lane / 4 + 8 * r);  // the key's box row
+            const int kr = Sq::key_row(warp, lane / 4 + 8 * r);  // the key's box row
             const int k[2] = {tile.q0[0] + KB::offset(kr, 0), tile.q0[1] + KB::offset(kr, 1)};
             if (k[0] != tile.q0[0] + kSquareSide * (warp / (KB::extent(1) / kSquareSide)) + (lane / 4) / 4 + 2 * r ||
                 k[1] != tile.q0[1] + kSquareSide * (warp % (KB::extent(1) / kSquareSide)) + (lane / 4) % 4)
               return fail("the lane's keys", p, cta, warp, lane);
-            // (the staged outputs' second row: kSquareDkvLaneRowStep after the first)
-            if (r == 1 && kr != square_dkv_key_row(warp, lane / 4) + kSquareDkvLaneRowStep)
+            // (the staged outputs' second row: kLaneRowStep after the first)
+            if (r == 1 && kr != Sq::key_row(warp, lane / 4) + Sq::kLaneRowStep)
               return fail("the lane's second key row", p, cta, warp, lane);
             const bool k_ok = k[0] < tile.len[0] && k[1] < tile.len[1];
             for (int rb = 0; rb < per_head; ++rb) {
@@ -131,8 +133,7 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
                       if (!kept) continue;
                       // the staged slot holds the query (and its LSE / delta row is its token's)
                       // (the staging's split of a slot: backward_dkv_squares.cuh, fetch)
-                      const int qy = NATTN_SM90_SQUARE_DKV_WIDE ? square_dkv_slot_row(slot, square_dkv_row_recip(W))
-                                     : W == 16 ? slot >> 4 : W == 32 ? slot >> 5 : slot / 24;
+                      const int qy = Sq::slot_row(slot, W, square_dkv_row_recip(W));
                       if (slot >= slab_queries || y0 + qy != q[0] || tile.lo[1] + slot - qy * W != q[1])
                         return fail("the staged slot", p, cta, warp, lane);
                       if (strip_query_token<2>(p, tile, 0, q[0], q[1]) != token)
@@ -150,7 +151,7 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
         if (tile.tiles == 0) continue;
         // every query of the range whose window holds the key, once
         for (int m = 0; m < 16; ++m) {
-          const int kr = square_dkv_key_row(warp, m);
+          const int kr = Sq::key_row(warp, m);
           const int k[2] = {tile.q0[0] + KB::offset(kr, 0), tile.q0[1] + KB::offset(kr, 1)};
           int want = k[0] < tile.len[0] && k[1] < tile.len[1];
           for (int a = 0; a < 2 && want; ++a) want *= queries_seeing(p, tile, a, k[a]);
@@ -166,7 +167,7 @@ static int check_problems(int count, int tokens, long long& checks, long long& t
 
 int main() {
   long long checks = 0, two_steps = 0;
-  for (int W = 8; W <= kSquareDkvMaxCols; W += 8)  // the reciprocal division, every slot
+  for (int W = 8; W <= SquareDkvBox<true>::kMaxSlabCols; W += 8)  // the reciprocal division, every slot
     for (int q = 0; q <= kSquareDkvSlabTokens + kSquareDkvPad; ++q, ++checks)
       if (square_dkv_slot_row(q, square_dkv_row_recip(W)) != q / W) {
         printf("FAIL square_dkv_slot_row(%d) at width %d\n", q, W);
@@ -174,8 +175,11 @@ int main() {
       }
   // (slabs of 256 queries; of 192 at head dim 64 in the NATTN_SM90_SQUARE_DKV_THREE_CTAS build;
   // of half those with NATTN_SM90_SQUARE_DKV_STAGES=2)
-  for (int tokens : {kSquareDkvSlabTokens, 192, 128, 96})
-    if (check_problems(tokens == kSquareDkvSlabTokens ? 2000 : 500, tokens, checks, two_steps)) return 1;
+  for (int tokens : {kSquareDkvSlabTokens, 192, 128, 96}) {
+    const int count = tokens == kSquareDkvSlabTokens ? 1500 : 400;
+    if (check_problems<false>(count, tokens, checks, two_steps) || check_problems<true>(count, tokens, checks, two_steps))
+      return 1;
+  }
   if (two_steps == 0) {
     printf("FAIL no warp drawn walks two steps a line\n");
     return 1;

@@ -269,7 +269,8 @@ def test_sm90_strip_backward_declines_what_it_cannot_take(monkeypatch):
 
 
 # The square pair's backward (its own dQ pass, backward_dq_squares.cuh, then its own dK/dV
-# pass, backward_dkv_squares.cuh, named with an RPB at head dim 64: NATTN_SM90_SQUARE_DKV=own), forced
+# pass, backward_dkv_squares.cuh, with its 8 x 8 key box, named with an RPB at head dim 64:
+# NATTN_SM90_SQUARE_DKV=own), forced
 # on its sweep with dQ, dK and dV written by the bulk tensor stores and per lane, on a problem
 # with thousands of boxes, against float64 on small ones; and through the other dK/dV passes
 # it can be given (32x4 / 7x16's at head dim 64 without an RPB, the tensor-core family's).
@@ -300,24 +301,41 @@ def test_sm90_square_backward_through_the_other_dkv_passes(case, dkv, monkeypatc
     compare(case)
 
 
+# The own dK/dV pass with its 4 x 16 key box (NATTN_SM90_SQUARE_DKV_BOX=4x16: its four squares
+# side by side, slabs up to 40 queries wide) on a sweep of its own.
+SQUARE_WIDE = square_sweep(int(os.environ.get("NATTN_SM90_SQUARE_BWD_CASES", "200")) // 2, seed=8686)
+
+
+@pytest.mark.parametrize("case", SQUARE_WIDE, ids=[f"square{i}-{c}" for i, c in enumerate(SQUARE_WIDE)])
+def test_sm90_square_backward_wide_key_box(case, monkeypatch):
+    monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
+    monkeypatch.setenv("NATTN_SM90_SQUARE_DKV", "own")
+    monkeypatch.setenv("NATTN_SM90_SQUARE_DKV_BOX", "4x16")
+    compare(case)
+
+
 SQUARE_SMALL = _small(square_sweep(80, seed=8484), 12)
 
 
+@pytest.mark.parametrize("box", ["8x8", "4x16"])
 @pytest.mark.parametrize("case", SQUARE_SMALL, ids=[f"f64-square{i}-{c}" for i, c in enumerate(SQUARE_SMALL)])
-def test_sm90_square_backward_against_float64(case, monkeypatch):
+def test_sm90_square_backward_against_float64(case, box, monkeypatch):
     monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
     monkeypatch.setenv("NATTN_SM90_SQUARE_DKV", "own")
+    monkeypatch.setenv("NATTN_SM90_SQUARE_DKV_BOX", box)
     test_sm90_backward_against_float64(case)
 
 
-@pytest.mark.parametrize("dkv", ["own", "tc"])
+@pytest.mark.parametrize("dkv", ["own", "own-4x16", "tc"])
 @pytest.mark.parametrize("rpb", [False, True])
 def test_sm90_square_backward_is_deterministic(rpb, dkv, monkeypatch):
     """The square pair's backward is bitwise repeatable (dQ rows written once; each key's
-    gradients one CTA's in either dK/dV pass; dRPB in fixed point from the dQ pass's largest
-    |dS|)."""
+    gradients one CTA's in either dK/dV pass, with either key box of its own; dRPB in fixed
+    point from the dQ pass's largest |dS|)."""
     monkeypatch.setenv("NATTN_SM90_TILE", SQUARE_PAIR)
-    monkeypatch.setenv("NATTN_SM90_SQUARE_DKV", dkv)
+    monkeypatch.setenv("NATTN_SM90_SQUARE_DKV", dkv.split("-")[0])
+    if dkv == "own-4x16":
+        monkeypatch.setenv("NATTN_SM90_SQUARE_DKV_BOX", "4x16")
     assert_deterministic(spatial=(40, 56), kernel=(13, 11), dim=64, rpb=rpb, seed=43)
 
 

@@ -2,8 +2,8 @@
 // (backward_dkv_strips.cuh) walked by 4 x 4 key squares (square_geometry.cuh, "the square
 // dK/dV pass").
 //
-// A CTA owns an 8 x 8 key box (4 x 16 with NATTN_SM90_SQUARE_DKV_WIDE, square_geometry.cuh)
-// of one (batch, KV head, dilation group). Thread 0 loads its
+// A CTA owns an 8 x 8 key box (or 4 x 16: kWide, square_dkv_wide; square_geometry.cuh) of
+// one (batch, KV head, dilation group). Thread 0 loads its
 // keys and values once and the union of their inverse neighbourhoods in slabs of whole union
 // rows (slab_cols queries wide: 16, 24 or 32, the problem's widest union rounded up to 8),
 // for each query head of the KV head in turn; every thread stages a slab's LSE and delta in
@@ -76,15 +76,17 @@ struct SquareDkvMinBlocks {
 #endif
 
 // kRpb: the instance for calls with an RPB (p.rpb set), else the one without (ptxas
-// allocates registers for a whole kernel: backward_dkv_strips.cuh).
-template <typename T, int HD, bool kRpb>
+// allocates registers for a whole kernel: backward_dkv_strips.cuh); kWide: the 4 x 16 key box
+// (SquareDkvBox).
+template <typename T, int HD, bool kRpb, bool kWide>
 __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
     backward_dkv_squares_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_q,
                                 const __grid_constant__ CUtensorMap map_do, const __grid_constant__ CUtensorMap map_k,
                                 const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_dk,
                                 const __grid_constant__ CUtensorMap map_dv, int slab_cols) {
 #if NATTN_SM90_ENABLED
-  using KB = SquareDkvKeyBox;
+  using Sq = SquareDkvBox<kWide>;
+  using KB = typename Sq::Keys;
   using S = SquareDkvSmem<HD>;
   using Ck = typename S::Keys;
   using Cq = typename S::Lines;
@@ -166,19 +168,13 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   const float* lse_b = p.lse + int64_t(b) * p.tokens * p.heads;
   const float* delta_b = p.delta + int64_t(b) * p.tokens * p.heads;
   float2 staged[kPer];
-#if NATTN_SM90_SQUARE_DKV_WIDE
-  const int w_recip = square_dkv_row_recip(W);
-#endif
+  const int w_recip = kWide ? square_dkv_row_recip(W) : 0;
   auto fetch = [&](int f) {
     const int h = hk * p.groups + f / per_head, y0 = tile.lo[0] + rows * (f % per_head);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int q = threadIdx.x + 128 * i;
-#if NATTN_SM90_SQUARE_DKV_WIDE
-      const int qy = square_dkv_slot_row(q, w_recip);
-#else
-      const int qy = W == 16 ? q >> 4 : W == 32 ? q >> 5 : q / 24;  // (the widths square_dkv_slab_cols gives)
-#endif
+      const int qy = Sq::slot_row(q, W, w_recip);
       const int y = y0 + qy, x = tile.lo[1] + q - qy * W;
       const bool ok = q < slab_queries && y < tile.len[0] && x < tile.len[1];
       const int idx = strip_query_token<2>(p, tile, 0, y, x) * p.heads + h;
@@ -204,7 +200,7 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   if constexpr (has_rpb) stage_dkv_rpb(p, hk, table, bias, dbias, dl);
 
   SquareKeyLane ks;
-  square_key_lane(p, tile, warp, lane, ks);
+  square_key_lane<kWide>(p, tile, warp, lane, ks);
   const int cshift = ks.steps - 1;  // a line's steps: 1 << cshift
   // ldmatrix offsets at the warp's swizzle phase: Q and dO as the B operand of S^T / dP^T,
   // and transposed as that of dK / dV.
@@ -212,7 +208,7 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   phase_fragment_offsets<Cq, HD>(ks.sx & 7, lane, 0, q_off, qt_off);
   uint32_t ka[HD / 16][4], va[HD / 16][4];
   mbar_wait(keys_full, 0);
-  const int key_row = square_dkv_key_row(warp, lane % 16);
+  const int key_row = Sq::key_row(warp, lane % 16);
 #pragma unroll
   for (int kk = 0; kk < HD / 16; ++kk) {
     tc::ldmatrix_x4(ka[kk], smem + S::kK + Ck::offset(key_row, 16 * kk + 8 * (lane / 16)));
@@ -383,10 +379,10 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   // dK times the scale and dV into the warp's own rows of the key and value tiles (only this
   // warp read them), then the box's rows out (dK's and dV's maps, or per lane).
   const float scale[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};
-  const int row0 = square_dkv_key_row(warp, g4);
+  const int row0 = Sq::key_row(warp, g4);
   __syncwarp();
-  stage_output<T, HD, Ck, kSquareDkvLaneRowStep>(smem + S::kK, &dk[0][0], scale, row0, t4);
-  stage_output<T, HD, Ck, kSquareDkvLaneRowStep>(smem + S::kV, &dv[0][0], one, row0, t4);
+  stage_output<T, HD, Ck, Sq::kLaneRowStep>(smem + S::kK, &dk[0][0], scale, row0, t4);
+  stage_output<T, HD, Ck, Sq::kLaneRowStep>(smem + S::kV, &dv[0][0], one, row0, t4);
   store_output_rows<T, 2, HD, KB, Ck, true>(p, tile, &map_dk, smem + S::kK, 0, KB::extent(0), hk, b,
                                             RowsOut{p.dk, p.dk_s, p.heads_kv, kRowsGradK});
   store_output_rows<T, 2, HD, KB, Ck, true>(p, tile, &map_dv, smem + S::kV, 0, KB::extent(0), hk, b,

@@ -316,6 +316,21 @@ inline SquareDkvPass square_dkv_pass(const Params& p) {
   return fits ? kSquareDkvOwn : kSquareDkvTc;
 }
 
+// The own pass's key box (SquareDkvBox, square_geometry.cuh): 8 x 8 by default, 4 x 16 with
+// NATTN_SM90_SQUARE_DKV_BOX=4x16 (read on every call) for A/B runs: every warp walks the
+// same union rows, so none waits at a slab's end (the 8 x 8 box's barriers are 16.5% of the
+// pass's stall samples on mid-2d, ncu), but its slabs are up to 40 queries wide. Measured as
+// build variants (H100, bf16, GPU ms, forward + backward; PERF.md sixty-eighth session):
+// mid-2d 0.767 vs 0.787, 64x64 13x13 B8 H8 D64 0.425 vs 0.421.
+inline bool square_dkv_wide() {
+  const char* pick = getenv("NATTN_SM90_SQUARE_DKV_BOX");
+  return pick && !strcmp(pick, "4x16");
+}
+// The chosen box's key CTAs (the pass's grid).
+inline int64_t square_dkv_key_ctas(const Params& p, bool wide) {
+  return wide ? num_key_ctas<SquareDkvBox<true>::Keys>(p) : num_key_ctas<SquareDkvBox<false>::Keys>(p);
+}
+
 // What prepare_backward_squares leaves for launch_backward_squares: the square dQ pass's
 // maps (Q and dO with the query box, K and V with a part of the union's box; dQ's for the
 // bulk store where it can be had, else per-lane stores), and the dK/dV pass's: its own (K and
@@ -329,6 +344,7 @@ struct SquareBackwardLaunch {
   int dkv;          // SquareDkvPass
   int dkv_maps;     // own pass: Params::out_map (1 when dK's and dV's maps are encoded)
   int slab_cols;    // own pass: the slab width (square_dkv_slab_cols)
+  int wide;         // own pass: 1 with the 4 x 16 key box (square_dkv_wide)
 };
 static_assert(sizeof(SquareBackwardLaunch) <= kPrepareBytes, "workspace too small");
 
@@ -362,13 +378,15 @@ const char* prepare_backward_squares(const Params& p, void* workspace) {
   l->dkv = p.tokens * p.heads <= 0x7fffffff ? square_dkv_pass(p) : kSquareDkvTc;
   l->dkv_maps = 0;
   l->slab_cols = 0;
+  l->wide = square_dkv_wide();
   // (the same tensors and strides: a pass runs where its maps encode with the launch's
   // heads-outer bits, else the tensor-core pass)
   int outer = l->heads_outer;
-  if (l->dkv == kSquareDkvOwn && num_key_ctas<SquareDkvKeyBox>(p) > 0x7fffffff) l->dkv = kSquareDkvTc;
+  if (l->dkv == kSquareDkvOwn && square_dkv_key_ctas(p, l->wide) > 0x7fffffff) l->dkv = kSquareDkvTc;
   if (l->dkv == kSquareDkvOwn) {
-    l->slab_cols = square_dkv_slab_cols(p);
-    const int keys[3] = {SquareDkvKeyBox::extent(0), SquareDkvKeyBox::extent(1), 1};
+    const SquareDkvShape box = square_dkv_shape(l->wide);
+    l->slab_cols = square_dkv_slab_cols(p, box.cols);
+    const int keys[3] = {box.rows, box.cols, 1};
     const int slab[3] = {square_dkv_slab_rows(l->slab_cols, kSquareDkvSlabTokensAt<HD>), l->slab_cols, 1};
     const MapRequest own_maps[] = {
         {"q", kRowsQ, &l->kv_q, p.q_s, p.q, p.heads, slab},
@@ -376,7 +394,7 @@ const char* prepare_backward_squares(const Params& p, void* workspace) {
         {"k", kRowsK, &l->kv_k, p.k_s, p.k, p.heads_kv, keys},
         {"v", kRowsV, &l->kv_v, p.v_s, p.v, p.heads_kv, keys},
     };
-    if (l->slab_cols > kSquareDkvMaxCols || encode_maps<HD, T>(p, own_maps, outer) != nullptr || outer != l->heads_outer) {
+    if (l->slab_cols > box.max_slab_cols || encode_maps<HD, T>(p, own_maps, outer) != nullptr || outer != l->heads_outer) {
       l->dkv = kSquareDkvTc;
     } else {
       const bool dk_map = encode_store_map<HD, T>(p, p.dk_s, p.dk, p.heads_kv, keys, &l->dk, kRowsGradK, l->heads_outer);
@@ -671,8 +689,10 @@ void launch_backward_squares(const Params& problem, cudaStream_t stream) {
   static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
   once_per_device(opted, [] {
     return allow_smem(backward_dq_squares_kernel<T, NA, HD, Tl>, most) &
-           allow_smem(backward_dkv_squares_kernel<T, HD, true>, most_dkv) &
-           allow_smem(backward_dkv_squares_kernel<T, HD, false>, Sk::kAlloc);
+           allow_smem(backward_dkv_squares_kernel<T, HD, true, false>, most_dkv) &
+           allow_smem(backward_dkv_squares_kernel<T, HD, false, false>, Sk::kAlloc) &
+           allow_smem(backward_dkv_squares_kernel<T, HD, true, true>, most_dkv) &
+           allow_smem(backward_dkv_squares_kernel<T, HD, false, true>, Sk::kAlloc);
   });
   const bool own = l->dkv == kSquareDkvOwn;
   // A staged dRPB sums in fixed point (common/drpb_fixed.cuh) where its workspace can be had.
@@ -691,8 +711,9 @@ void launch_backward_squares(const Params& problem, cudaStream_t stream) {
     pk.out_map = l->dkv_maps;
     // the query heads' RPB tables and their dRPB tables in shared memory
     const int tables = p.rpb ? strip_drpb_layout(int(p.groups * p.rpb_head_size)).bytes : 0;
-    const dim3 kgrid(unsigned(num_key_ctas<SquareDkvKeyBox>(p)), unsigned(p.heads_kv), unsigned(p.batch));
-    auto dkv = p.rpb ? backward_dkv_squares_kernel<T, HD, true> : backward_dkv_squares_kernel<T, HD, false>;
+    const dim3 kgrid(unsigned(square_dkv_key_ctas(p, l->wide)), unsigned(p.heads_kv), unsigned(p.batch));
+    auto dkv = l->wide ? (p.rpb ? backward_dkv_squares_kernel<T, HD, true, true> : backward_dkv_squares_kernel<T, HD, false, true>)
+                       : (p.rpb ? backward_dkv_squares_kernel<T, HD, true, false> : backward_dkv_squares_kernel<T, HD, false, false>);
     dkv<<<kgrid, 128, Sk::kAlloc + tables, stream>>>(pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk, l->dv,
                                                      l->slab_cols);
     if (fixed) drpb_fixed_end(p, kStripDrpbBits, stream);

@@ -248,57 +248,67 @@ NATTN_HD void square_lane(const Params& p, const CtaTile& tile, int warp, int la
 NATTN_HD uint32_t square_chunk_word(uint64_t word, int ch) { return uint32_t(word >> (4 * kStripChunkRows * ch)); }
 
 // ------------------------------------------------------------------ the square dK/dV pass
-// (backward_dkv_squares.cuh) A CTA owns an 8 x 8 key box of one (batch, KV head, dilation
-// group), split like the forward's query box: warp w the 4 x 4 key square whose m16 row m is
-// box row square_query_row(w, m), so a lane's two keys are rows g4 / 4 and 2 + g4 / 4 of the
-// square, both in column g4 % 4. It walks the union of its keys' inverse neighbourhoods
-// (cta_tile_inverse with unit query boxes: tile.lo / nk) in slabs of whole union rows,
-// `cols` queries wide from the union's first column (16, 24 or 32: the problem's widest
-// union, square_dkv_slab_cols) and kSquareDkvSlabTokens / cols rows. A warp walks the lines
-// of its keys' inverse rows, each in one or two k16 steps of 16 query columns from the first
-// inverse column of its keys (sx): a square's union spans up to 28 queries per axis (16 at a
-// 13 x 13 window away from the borders), counted over every grid up to 200 for windows up
-// to 13, causal or not. The slab width is a multiple of 8, so a warp's steps all start at
-// the same swizzle phase (sx mod 8). A second step may read up to 15 queries past its line
-// (into the next line, or past the slab into the tile's zeroed pad): masked there.
-// The top squares' lines start 4 rows before the bottom ones' (away from the borders), so a
-// slab of 10 rows gives the top warps 10 lines and the bottom ones 6 (the second the other
-// way round), and each slab waits for its slowest warp. An order of the rows that gave every
-// warp the same share of each slab (rows seen by the top squares only and by the bottom ones
-// only in turn, then the shared ones, copied a row a copy) was slower on an H100 (mid-2d's
-// pass 0.510 ms against 0.446; PERF.md sixty-fifth session).
+// (backward_dkv_squares.cuh) A CTA owns a key box of 64 keys of one (batch, KV head,
+// dilation group): 8 x 8 (SquareDkvBox<false>, squares two by two, each warp's square split
+// like the forward's query box) or 4 x 16 (SquareDkvBox<true>, the four squares side by
+// side); warp w owns a 4 x 4 key square whose m16 row m is box row key_row(w, m), so a
+// lane's two keys are rows g4 / 4 and 2 + g4 / 4 of the square, both in column g4 % 4. It
+// walks the union of its keys' inverse neighbourhoods (cta_tile_inverse with unit query
+// boxes: tile.lo / nk) in slabs of whole union rows, `cols` queries wide from the union's
+// first column (a multiple of 8 from 16: the problem's widest union, square_dkv_slab_cols)
+// and kSquareDkvSlabTokens / cols rows. A warp walks the lines of its keys' inverse rows,
+// each in one or two k16 steps of 16 query columns from the first inverse column of its
+// keys (sx): a square's union spans up to 28 queries per axis (16 at a 13 x 13 window away
+// from the borders), counted over every grid up to 200 for windows up to 13, causal or not.
+// The slab width is a multiple of 8, so a warp's steps all start at the same swizzle phase
+// (sx mod 8). A second step may read up to 15 queries past its line (into the next line, or
+// past the slab into the tile's zeroed pad): masked there.
+// In the 8 x 8 box the top squares' lines start 4 rows before the bottom ones' (away from the
+// borders), so a slab of 10 rows gives the top warps 10 lines and the bottom ones 6 (the
+// second the other way round), and each slab waits for its slowest warp. An order of the rows
+// that gave every warp the same share of each slab (rows seen by the top squares only and by
+// the bottom ones only in turn, then the shared ones, copied a row a copy) was slower on an
+// H100 (mid-2d's pass 0.510 ms against 0.446; PERF.md sixty-fifth session). In the 4 x 16
+// box every warp walks the same union rows, so none waits for another at a slab's end; a
+// 13 x 13 window's union is 16 x 28 queries against 20 x 20, and up to 34 wide where the
+// box's last keys are near the grid's end (their clamped windows' inverse reaches it).
+// square_dkv_wide picks the box per call.
 constexpr int kSquareDkvSlabTokens = 256;
 constexpr int kSquareDkvPad = 16;
 
-// Build switch for A/B runs: 1 gives the pass a 4 x 16 key box (its four squares side by side:
-// every warp walks the same union rows, so none waits for another at a slab's end; a 13 x 13
-// window's union is 16 x 28 queries against 20 x 20, up to 34 wide where the box's last keys
-// are near the grid's end, whose inverse neighbourhoods reach it); 0 the 8 x 8 box (squares
-// two by two).
-#ifndef NATTN_SM90_SQUARE_DKV_WIDE
-#define NATTN_SM90_SQUARE_DKV_WIDE 0
-#endif
-constexpr int kSquareDkvMaxCols = NATTN_SM90_SQUARE_DKV_WIDE ? 40 : 32;
 // The row of slot q of a slab of width W (16, 24, 32 or 40: square_dkv_slab_cols), for q of at
 // most kSquareDkvSlabTokens: q / W as q times recip = ceil(2^16 / W), then a shift (exact:
 // the product's excess over q / W is below q / 2^16 < 1 / W). recip: square_dkv_row_recip.
 NATTN_HD int square_dkv_row_recip(int W) { return ((1 << 16) + W - 1) / W; }
 NATTN_HD int square_dkv_slot_row(int q, int recip) { return (q * recip) >> 16; }
-constexpr int kSquareDkvBoxCols = NATTN_SM90_SQUARE_DKV_WIDE ? 16 : 8;
-constexpr int kSquareDkvSquaresPerRow = kSquareDkvBoxCols / kSquareSide;
-// The CTA's key box (four squares).
-using SquareDkvKeyBox = Box<4 * kSquareSide * kSquareSide / kSquareDkvBoxCols, kSquareDkvBoxCols, 1>;
-// Box rows (row-major) from a lane's first key (m16 row lane / 4) to its second (+ 8): two
-// square rows.
-constexpr int kSquareDkvLaneRowStep = 2 * kSquareDkvBoxCols;
-// Warp w's square's first key row and column in the box.
-NATTN_HD int square_dkv_square_row(int warp) { return kSquareSide * (warp / kSquareDkvSquaresPerRow); }
-NATTN_HD int square_dkv_square_col(int warp) { return kSquareSide * (warp % kSquareDkvSquaresPerRow); }
-// The box row (row-major) of m16 row m of warp w's keys: square row m / 4, column m % 4.
-NATTN_HD int square_dkv_key_row(int warp, int m) {
-  return (square_dkv_square_row(warp) + m / kSquareSide) * kSquareDkvBoxCols + square_dkv_square_col(warp) +
-         m % kSquareSide;
-}
+
+// The pass's key box: kWide false the 8 x 8 box, true the 4 x 16 one (above).
+template <bool kWide>
+struct SquareDkvBox {
+  static constexpr int kCols = kWide ? 16 : 8;         // the box's columns
+  static constexpr int kMaxSlabCols = kWide ? 40 : 32;  // the widest slab its unions need
+  static constexpr int kSquaresPerRow = kCols / kSquareSide;
+  using Keys = Box<4 * kSquareSide * kSquareSide / kCols, kCols, 1>;  // (four squares)
+  // Box rows (row-major) from a lane's first key (m16 row lane / 4) to its second (+ 8): two
+  // square rows.
+  static constexpr int kLaneRowStep = 2 * kCols;
+  // Warp w's square's first key row and column in the box.
+  NATTN_HD static int square_row(int warp) { return kSquareSide * (warp / kSquaresPerRow); }
+  NATTN_HD static int square_col(int warp) { return kSquareSide * (warp % kSquaresPerRow); }
+  // The box row (row-major) of m16 row m of warp w's keys: square row m / 4, column m % 4.
+  NATTN_HD static int key_row(int warp, int m) {
+    return (square_row(warp) + m / kSquareSide) * kCols + square_col(warp) + m % kSquareSide;
+  }
+  // The slab row of slot q at width W (slab_cols): the 8 x 8 box's widths (16, 24, 32) by a
+  // shift or a division by 24, the 4 x 16 box's (up to 40) by the reciprocal (recip:
+  // square_dkv_row_recip(W)).
+  NATTN_HD static int slot_row(int q, int W, int recip) {
+    if constexpr (kWide)
+      return square_dkv_slot_row(q, recip);
+    else
+      return W == 16 ? q >> 4 : W == 32 ? q >> 5 : q / 24;
+  }
+};
 
 // Build switch for A/B runs: 1 (the default) gives the head-dim-64 pass three CTAs an SM
 // (slabs of 192 queries, 168 registers without the step pairs, NATTN_SM90_SQUARE_DKV_PIPELINE
@@ -325,17 +335,28 @@ constexpr int kSquareDkvSlabTokensAt =
 // Union rows a slab of `tokens` queries holds at width cols.
 NATTN_HD int square_dkv_slab_rows(int cols, int tokens = kSquareDkvSlabTokens) { return tokens / cols; }
 
-// The slab width of a problem (stride 1): the widest union of a key box row's inverse columns
-// (kSquareDkvBoxCols keys) over the column axis' groups (two lengths at most), rounded up to a
-// multiple of 8, at least 16. Host only (a loop over the axis' key boxes).
-inline int square_dkv_slab_cols(const Params& p) {
+// The box's shape for a choice made at run time (host: square_dkv_wide).
+struct SquareDkvShape {
+  int rows, cols, max_slab_cols;
+};
+inline SquareDkvShape square_dkv_shape(bool wide) {
+  using W = SquareDkvBox<true>;
+  using E = SquareDkvBox<false>;
+  return wide ? SquareDkvShape{W::Keys::extent(0), W::kCols, W::kMaxSlabCols}
+              : SquareDkvShape{E::Keys::extent(0), E::kCols, E::kMaxSlabCols};
+}
+
+// The slab width of a problem (stride 1) for the key box kCols columns wide: the widest union
+// of a key box row's inverse columns over the column axis' groups (two lengths at most),
+// rounded up to a multiple of 8, at least 16. Host only (a loop over the axis' key boxes).
+inline int square_dkv_slab_cols(const Params& p, int kCols) {
   const int d = p.dilation[1], causal = p.causal[1] != 0;
   int widest = 1;
   for (int g = 0; g < (d > 1 ? 2 : 1); ++g) {
     const int len = group_len(p.spatial[1], g == 0 ? 0 : d - 1, d);
-    for (int k0 = 0; k0 < len; k0 += kSquareDkvBoxCols) {
+    for (int k0 = 0; k0 < len; k0 += kCols) {
       const AxisRange first = key_inverse(k0, len, p.kernel[1], 1, causal);
-      const AxisRange last = key_inverse(nattn_min(k0 + kSquareDkvBoxCols - 1, len - 1), len, p.kernel[1], 1, causal);
+      const AxisRange last = key_inverse(nattn_min(k0 + kCols - 1, len - 1), len, p.kernel[1], 1, causal);
       widest = nattn_max(widest, last.start + last.count - first.start);
     }
   }
@@ -364,11 +385,13 @@ struct SquareKeyLane {
   int row_mult;
 };
 
+template <bool kWide>
 NATTN_HD void square_key_lane(const Params& p, const CtaTile& tile, int warp, int lane, SquareKeyLane& s) {
+  using KB = SquareDkvBox<kWide>;
   const int g4 = lane / 4, t4 = lane % 4;
   s.row_mult = p.rpb_size[1];
   // the square's first key per axis
-  const int k0[2] = {tile.q0[0] + square_dkv_square_row(warp), tile.q0[1] + square_dkv_square_col(warp)};
+  const int k0[2] = {tile.q0[0] + KB::square_row(warp), tile.q0[1] + KB::square_col(warp)};
   int lo[2], hi[2];
   for (int a = 0; a < 2; ++a) square_keys_inverse(p, tile, a, k0[a], lo[a], hi[a]);
   const bool any = hi[0] >= lo[0] && hi[1] >= lo[1];
