@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu|squarebox] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -319,5 +319,26 @@ if [[ $what == *crossover* ]]; then
 print(' '.join(Instance('sm90', 'bfloat16', n, 64, t).tile_name for n, t in SM90_TILES if n > 1))"); do
     NATTN_FAMILY=sm90 NATTN_SM90_TILE=$t timeout 120 python3 benchmarks/library_ab.py "$t" "$probs" 2>&1 \
       | grep -v declined | tee -a "$OUT/crossover.txt"
+  done
+fi
+# The square dK/dV pass's two key boxes (NATTN_SM90_SQUARE_DKV_BOX=8x8|4x16, sm90/kernels.cuh
+# square_dkv_wide), ~5 minutes: the square backward tests (the 4 x 16 box's sweep, both boxes
+# against float64 and for determinism; SQ_BWD_CASES a sweep), memcheck and racecheck on the
+# squares section (which names the 4 x 16 box on every second backward pair), then both boxes
+# timed alternately with the own pass named (GPU ms, forward + backward, two rounds without an
+# RPB, one with).
+if [[ $what == *squarebox* ]]; then
+  NATTN_SM90_SQUARE_BWD_CASES=${SQ_BWD_CASES:-100} NATTN_FAMILY=sm90 timeout 240 python3 -m pytest -q -n 0 -m gpu \
+    -p no:cacheprovider --maxfail=25 tests/gpu/test_sm90_backward.py -k square 2>&1 | tee -a "$OUT/squarebox.log" | tail -4
+  for tool in memcheck racecheck; do
+    NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=squares timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
+      python3 tests/gpu/sanitize_sm90.py > "$OUT/squarebox_$tool.log" 2>&1
+    echo "compute-sanitizer $tool (squares) rc=$?"; tail -2 "$OUT/squarebox_$tool.log"
+  done
+  probs=${SQ_PROBLEMS:-mid-2d-k13,128x128-k11x11-b4-h8-d64,56x56-k9x9-b32-h4-d64,64x64-k13x13-b8-h8-d64,32x32-k13x13-b32-h8-d64,64x64-k13x13-b8-h8-d32,56x56-k11x11-b32-h4-d32,96x96-k13x13-b4-h8-d32}
+  for args in "bwd graphs" "bwd graphs" "bwd graphs rpb"; do
+    for box in 8x8 4x16; do
+      NATTN_SM90_SQUARE_DKV=own NATTN_SM90_SQUARE_DKV_BOX=$box timeout 150 python3 benchmarks/library_ab.py "box$box" "$probs" $args
+    done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/squarebox_bench.txt"
   done
 fi
