@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
   constexpr bool kEarlyDo = kRing;
   constexpr int kDoAt = kEarlyDo ? S::kK + kSquareEarlyParts * S::Part::kBytes : S::kQ;
   static_assert(kDoAt % 1024 == 0, "the dO tile's swizzle starts at a 1024-byte period");
+  static_assert(!kEarlyDo || R::kBytes <= S::Part::kBytes, "dO's rows fit the K slot they borrow");
   // Q's rows (and dO's) and the first parts (forward_squares.cuh): before the CTA's barrier
   // with NATTN_SM90_SQUARE_EARLY_LOADS (the copies need only the barriers thread 0 initialized
   // and fenced)
