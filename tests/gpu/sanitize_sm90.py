@@ -217,8 +217,8 @@ def squares():
     # its limits (windows up to 13 x 13: RPB, GQA, dilation, causal axes, layouts, grids ending
     # in partial boxes), every other case with per-lane output stores; every other pair of
     # cases with its backward too (the square dQ pass, then its own dK/dV pass, named at both
-    # head dims, with its 4 x 16 key box on every second pair; every fourth backward through
-    # the tensor-core dK/dV pass instead).
+    # head dims, with its 4 x 16 key box on every second pair, 8 x 8 else; every fourth
+    # backward through the tensor-core dK/dV pass instead).
     from sm90_cases import SQUARE_PAIR, square_sweep
     stores = os.environ.get("NATTN_SM90_OUT_STORES")  # set by the caller (initcheck): kept for every case
     try:
@@ -230,8 +230,7 @@ def squares():
             try:
                 if i % 4 < 2:
                     os.environ["NATTN_SM90_SQUARE_DKV"] = "tc" if i % 8 == 1 else "own"
-                    if i % 8 >= 4:
-                        os.environ["NATTN_SM90_SQUARE_DKV_BOX"] = "4x16"
+                    os.environ["NATTN_SM90_SQUARE_DKV_BOX"] = "4x16" if i % 8 >= 4 else "8x8"
                     out, lse = functional_call(case, t, 0.0)
                     grads = torch.autograd.grad((out, lse), leaves, (torch.randn_like(out), torch.randn_like(lse)))
                 else:

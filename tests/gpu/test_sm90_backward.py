@@ -269,8 +269,8 @@ def test_sm90_strip_backward_declines_what_it_cannot_take(monkeypatch):
 
 
 # The square pair's backward (its own dQ pass, backward_dq_squares.cuh, then its own dK/dV
-# pass, backward_dkv_squares.cuh, with its 8 x 8 key box, named with an RPB at head dim 64:
-# NATTN_SM90_SQUARE_DKV=own), forced
+# pass, backward_dkv_squares.cuh, with the key box of its default rule, square_dkv_wide; named
+# with an RPB at head dim 64: NATTN_SM90_SQUARE_DKV=own), forced
 # on its sweep with dQ, dK and dV written by the bulk tensor stores and per lane, on a problem
 # with thousands of boxes, against float64 on small ones; and through the other dK/dV passes
 # it can be given (32x4 / 7x16's at head dim 64 without an RPB, the tensor-core family's).

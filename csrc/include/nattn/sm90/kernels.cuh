@@ -316,15 +316,24 @@ inline SquareDkvPass square_dkv_pass(const Params& p) {
   return fits ? kSquareDkvOwn : kSquareDkvTc;
 }
 
-// The own pass's key box (SquareDkvBox, square_geometry.cuh): 8 x 8 by default, 4 x 16 with
-// NATTN_SM90_SQUARE_DKV_BOX=4x16 (read on every call) for A/B runs: every warp walks the
-// same union rows, so none waits at a slab's end (the 8 x 8 box's barriers are 16.5% of the
-// pass's stall samples on mid-2d, ncu), but its slabs are up to 40 queries wide. Measured as
-// build variants (H100, bf16, GPU ms, forward + backward; PERF.md sixty-eighth session):
-// mid-2d 0.767 vs 0.787, 64x64 13x13 B8 H8 D64 0.425 vs 0.421.
-inline bool square_dkv_wide() {
+// The own pass's key box (SquareDkvBox, square_geometry.cuh): 4 x 16 without an RPB where the
+// column axis' dilation groups are at least kSquareDkvWideMinWindows windows long, else 8 x 8.
+// In the 4 x 16 box every warp walks the same union rows, so none waits at a slab's end (the
+// 8 x 8 box's barriers are 16.5% of the pass's stall samples on mid-2d, ncu); on small grids,
+// where most boxes are near a border, it lost. H100, bf16, GPU ms, forward + backward, 4 x 16
+// vs 8 x 8, two rounds (PERF.md sixty-ninth session): mid-2d 0.776 / 0.773 vs 0.792 / 0.787,
+// 128x128 11x11 B4 H8 D64 0.729 / 0.716 vs 0.745 / 0.736, 56x56 9x9 B32 H4 D64 0.507 / 0.508
+// vs 0.514 / 0.514, 96x96 13x13 B4 H8 D32 0.279 vs 0.284; ties at 4.9 and 5.1 windows (64x64
+// 13x13 B8 H8 D64 0.431 vs 0.430, D32 0.256 vs 0.258; 56x56 11x11 B32 H4 D32 0.358 vs 0.356);
+// a loss at 2.5 (32x32 13x13 B32 H8 D64 0.462 / 0.458 vs 0.443 / 0.442). With an RPB (not
+// timed) the 8 x 8 box stays. NATTN_SM90_SQUARE_DKV_BOX=8x8 / 4x16 (read on every call) names
+// one for A/B runs.
+constexpr int kSquareDkvWideMinWindows = 6;
+inline bool square_dkv_wide(const Params& p) {
   const char* pick = getenv("NATTN_SM90_SQUARE_DKV_BOX");
-  return pick && !strcmp(pick, "4x16");
+  if (pick && !strcmp(pick, "4x16")) return true;
+  if (pick && !strcmp(pick, "8x8")) return false;
+  return !p.rpb && p.spatial[1] / p.dilation[1] >= kSquareDkvWideMinWindows * p.kernel[1];
 }
 // The chosen box's key CTAs (the pass's grid).
 inline int64_t square_dkv_key_ctas(const Params& p, bool wide) {
@@ -378,7 +387,7 @@ const char* prepare_backward_squares(const Params& p, void* workspace) {
   l->dkv = p.tokens * p.heads <= 0x7fffffff ? square_dkv_pass(p) : kSquareDkvTc;
   l->dkv_maps = 0;
   l->slab_cols = 0;
-  l->wide = square_dkv_wide();
+  l->wide = square_dkv_wide(p);
   // (the same tensors and strides: a pass runs where its maps encode with the launch's
   // heads-outer bits, else the tensor-core pass)
   int outer = l->heads_outer;

@@ -70,12 +70,15 @@ constexpr bool kSquareDqRing = NATTN_SM90_SQUARE_DQ_RING && HD >= 64;
 // Parts the dQ pass (backward_dq_squares.cuh) loads before the dO rows, the rest after
 // them: those of every square's chunk 0 (key rows up to 4 + 3).
 constexpr int kSquareEarlyParts = 2;
-// Build switch for A/B runs: 1 has the dQ pass with the ring (head dim 64) copy its dO rows
+// Build switch: 1 (the default) has the dQ pass with the ring (head dim 64) copy its dO rows
 // with Q's at the start, into the K slot of part kSquareEarlyParts (the ring's last, refilled
 // once every warp holds its dO fragments and delta), rather than into Q's tile after every
-// warp has read Q: one copy's latency less before the walk.
+// warp has read Q: one copy's latency less before the walk. H100, bf16, GPU ms, forward +
+// backward, two rounds against 0 (PERF.md sixty-ninth session): mid-2d 0.777 / 0.778 vs 0.779
+// / 0.795, 128x128 11x11 0.738 / 0.736 vs 0.740 / 0.751, 56x56 9x9 0.506 / 0.506 vs 0.515 /
+// 0.515, 64x64 13x13 0.426 / 0.424 vs 0.428 / 0.428.
 #ifndef NATTN_SM90_SQUARE_DQ_EARLY_DO
-#define NATTN_SM90_SQUARE_DQ_EARLY_DO 0
+#define NATTN_SM90_SQUARE_DQ_EARLY_DO 1
 #endif
 // Build switch for A/B runs: 1 has thread 0 of the square forward (and of the dQ pass, with
 // NATTN_SM90_SQUARE_DQ_EARLY_DO) issue the first copies right after initializing the barriers,
@@ -272,7 +275,7 @@ NATTN_HD uint32_t square_chunk_word(uint64_t word, int ch) { return uint32_t(wor
 // box every warp walks the same union rows, so none waits for another at a slab's end; a
 // 13 x 13 window's union is 16 x 28 queries against 20 x 20, and up to 34 wide where the
 // box's last keys are near the grid's end (their clamped windows' inverse reaches it).
-// square_dkv_wide picks the box per call.
+// square_dkv_wide (sm90/kernels.cuh) picks the box per call.
 constexpr int kSquareDkvSlabTokens = 256;
 constexpr int kSquareDkvPad = 16;
 
