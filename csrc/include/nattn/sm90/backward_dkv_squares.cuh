@@ -3,10 +3,10 @@
 // dK/dV pass").
 //
 // A CTA owns an 8 x 8 key box (or 4 x 16: kWide, square_dkv_wide; square_geometry.cuh) of
-// one (batch, KV head, dilation group). Thread 0 loads its
-// keys and values once and the union of their inverse neighbourhoods in slabs of whole union
-// rows (slab_cols queries wide: 16, 24 or 32, the problem's widest union rounded up to 8),
-// for each query head of the KV head in turn; every thread stages a slab's LSE and delta in
+// one (batch, KV head, dilation group). Thread 0 loads its keys and values once and the union
+// of their inverse neighbourhoods in slabs of whole union rows (slab_cols queries wide: the
+// problem's widest union rounded up to 8, 16 to 32, or to 40 with the 4 x 16 box), for each
+// query head of the KV head in turn; every thread stages a slab's LSE and delta in
 // shared memory (loaded a slab ahead). Each of the four warps owns a 4 x 4 key square (its
 // 16 keys: the m16 rows) and walks its lines of each slab in one or two k16 steps of 16 query
 // columns from its keys' first inverse column:
