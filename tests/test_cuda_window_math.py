@@ -74,5 +74,3 @@ def test_strip_dkv_sink_form_passes(tmp_path):
     kernel assumes."""
     run = _build_and_run(tmp_path, "sm90_strips_dkv_check", "-DNATTN_SM90_STRIP_DKV_GUARD=0")
     assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout + run.stderr
-
-

@@ -98,27 +98,23 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     square_keep_tile<kRing, S>(tile, smem);  // (forward_squares.cuh)
 #endif
     fence_barrier_init();
-#if NATTN_SM90_SQUARE_DQ_EARLY_DO
   }
+  __syncthreads();
+#if NATTN_SM90_SQUARE_DQ_EARLY_DO
   // (early dO: the ring's last K slot holds dO's rows until its part comes)
   constexpr bool kEarlyDo = kRing;
   constexpr int kDoAt = kEarlyDo ? S::kK + kSquareEarlyParts * S::Part::kBytes : S::kQ;
   static_assert(kDoAt % 1024 == 0, "the dO tile's swizzle starts at a 1024-byte period");
   static_assert(!kEarlyDo || R::kBytes <= S::Part::kBytes, "dO's rows fit the K slot they borrow");
-  // Q's rows (and dO's) and the first parts (forward_squares.cuh): before the CTA's barrier
-  // with NATTN_SM90_SQUARE_EARLY_LOADS (the copies need only the barriers thread 0 initialized
-  // and fenced)
+  // Q's rows (and dO's) and the first parts (forward_squares.cuh; as a lambda, the form whose
+  // SASS ran the GPU tests)
   auto first_loads = [&] {
     load_square_rows<NA, HD, Tl>(p, tile, kRowsQ, h, b, smem, &map_q, rows_full);
     if constexpr (kEarlyDo) load_square_rows<NA, HD, Tl>(p, tile, kRowsGradOut, h, b, smem, &map_do, grad_full, kDoAt);
     load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, 0, kSquareEarlyParts);
   };
-  if (NATTN_SM90_SQUARE_EARLY_LOADS && threadIdx.x == 0) first_loads();
-  __syncthreads();
-  if (!NATTN_SM90_SQUARE_EARLY_LOADS && threadIdx.x == 0) first_loads();
+  if (threadIdx.x == 0) first_loads();
 #else
-  }
-  __syncthreads();
   constexpr int kDoAt = S::kQ;
   if (threadIdx.x == 0) {  // Q's rows and the first parts (forward_squares.cuh)
     load_square_rows<NA, HD, Tl>(p, tile, kRowsQ, h, b, smem, &map_q, rows_full);

@@ -210,16 +210,8 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     square_keep_tile<kRing, S>(tile, smem);
 #endif
     fence_barrier_init();
-#if NATTN_SM90_SQUARE_EARLY_LOADS
-    // the query box, then the union's keys and values, part by part (the copies need only the
-    // barriers this thread initialized and fenced: they go out before the CTA's barrier)
-    load_square_rows<NA, HD, Tl>(p, tile, kRowsQ, h, b, smem, &map_q, rows_full);
-    load_square_parts<NA, HD, Tl, kRing>(p, tile, h_kv, b, smem, &map_k, &map_v, 0,
-                                         kRing ? kSquareRingParts : kSquareParts);
-#endif
   }
   __syncthreads();
-#if !NATTN_SM90_SQUARE_EARLY_LOADS
   if (threadIdx.x == 0) {  // the query box, then the union's keys and values, part by part
     load_square_rows<NA, HD, Tl>(p, tile, kRowsQ, h, b, smem, &map_q, rows_full);
 #if NATTN_SM90_SQUARE_RING
@@ -229,7 +221,6 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     load_square_parts<NA, HD, Tl>(p, tile, h_kv, b, smem, &map_k, &map_v, 0, kSquareParts);
 #endif
   }
-#endif
   // The head's RPB table times log2(e), between guards (behind the copies).
   const bool has_rpb = p.rpb != nullptr;
   float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;

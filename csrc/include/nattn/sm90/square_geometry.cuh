@@ -80,12 +80,6 @@ constexpr int kSquareEarlyParts = 2;
 #ifndef NATTN_SM90_SQUARE_DQ_EARLY_DO
 #define NATTN_SM90_SQUARE_DQ_EARLY_DO 1
 #endif
-// Build switch for A/B runs: 1 has thread 0 of the square forward (and of the dQ pass, with
-// NATTN_SM90_SQUARE_DQ_EARLY_DO) issue the first copies right after initializing the barriers,
-// before the CTA's first barrier rather than after it.
-#ifndef NATTN_SM90_SQUARE_EARLY_LOADS
-#define NATTN_SM90_SQUARE_EARLY_LOADS 0
-#endif
 static_assert(kSquareEarlyParts == kSquareRingParts - 1, "the early dO rows borrow the ring's last slot");
 
 // Build switch: 1 (the default) keeps the square kernels' lane offsets in registers (without it
