@@ -29,8 +29,9 @@ REQUIRED = ("HGMMA", "UTMALDG")
 STRIP_REQUIRED = ("HMMA", "UTMALDG")
 FORBIDDEN = ("LDL", "STL")
 # Kernels whose local memory may lie outside the span from their first MMA to their last (the
-# square pair's ring kernels: forward_squares.cuh); at most SPILL_MOST such instructions.
-SPILLS_OUTSIDE_PRODUCTS = ("forward_squares_kernel", "backward_dq_squares_kernel")
+# square pair's ring kernels: forward_squares.cuh, and its persistent form, whose per-box
+# setup precedes the walk: forward_squares_persistent.cuh); at most SPILL_MOST such instructions.
+SPILLS_OUTSIDE_PRODUCTS = ("forward_squares_kernel", "backward_dq_squares_kernel", "forward_squares_run_kernel")
 SPILL_MOST = 48
 
 
@@ -109,7 +110,7 @@ def check(sass: str):
                    "pad_copy_kernel")  # no products
         helper = any(h in name for h in helpers)
         # the strip pairs' forward and dQ pass, the square pair's forward: mma.sync on each warp's queries
-        strips = "_strips_kernel" in name or "_squares_kernel" in name
+        strips = any(k in name for k in ("_strips_kernel", "_squares_kernel", "_squares_run_kernel"))
         for op in (STRIP_REQUIRED if strips else REQUIRED) if not helper else ():
             if op not in ops:
                 problems.append(f"{name}: no {op}")

@@ -21,6 +21,7 @@
 #include "nattn/sm90/backward_wide.cuh"
 #include "nattn/sm90/forward.cuh"
 #include "nattn/sm90/forward_squares.cuh"
+#include "nattn/sm90/forward_squares_persistent.cuh"
 #include "nattn/sm90/forward_strips.cuh"
 #include "nattn/sm90/launch.h"
 #include "nattn/sm90/split_kv_merge.cuh"
@@ -117,8 +118,39 @@ void launch_forward_strips(const Params& p, const ForwardLaunch* l, cudaStream_t
 }
 
 // The square pair's forward (forward_squares.cuh): one CTA of four warps per query box.
+// The persistent square forward (build switch NATTN_SM90_SQUARE_PERSIST): as many CTAs as
+// the SMs hold (three each, fewer when a large RPB table takes shared memory), each walking
+// a run of consecutive boxes; NATTN_SM90_SQUARE_RUN=N (read on every call, for A/B runs)
+// names the run's length.
+template <typename T, int NA, int HD, class Tl>
+void launch_forward_square_runs(const Params& p, const ForwardLaunch* l, cudaStream_t stream) {
+  using S = SquareRunSmem<Tl, HD>;
+  constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] { return allow_smem(forward_squares_run_kernel<T, NA, HD, Tl>, most); });
+  const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * SquareCta<Tl, HD>::kRpbGuard : 0;
+  const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
+  Params rp = p;
+  rp.cta_tiles = int(num_cta_tiles<typename Tl::Q>(p));
+  const int64_t boxes = int64_t(rp.cta_tiles) * p.heads * p.batch;
+  int device = 0;
+  cudaGetDevice(&device);
+  const int sms = nattn::host::device_sms(device), smem_sm = nattn::host::device_smem_per_sm(device);
+  const int per_sm = nattn_max(1, nattn_min(S::kMinBlocks, smem_sm > 0 ? smem_sm / (smem + kSmemReservedPerCta) : 1));
+  const int64_t slots = int64_t(nattn_max(sms, 1)) * per_sm;
+  const char* named = getenv("NATTN_SM90_SQUARE_RUN");
+  int64_t run = named && atoi(named) > 0 ? atoi(named) : (boxes + slots - 1) / slots;
+  rp.cta_run = int(run > 1 ? run : 1);
+  const dim3 grid(unsigned((boxes + rp.cta_run - 1) / rp.cta_run));
+  forward_squares_run_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(rp, l->q, l->k, l->v);
+}
+
 template <typename T, int NA, int HD, class Tl>
 void launch_forward_squares(const Params& p, const ForwardLaunch* l, cudaStream_t stream) {
+  if constexpr (kSquarePersist<HD>) {
+    launch_forward_square_runs<T, NA, HD, Tl>(p, l, stream);
+    return;
+  }
   using S = SquareSmem<Tl, HD, kSquareForwardRing<HD>>;
   constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
   static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh

@@ -1,0 +1,228 @@
+// Host-side check of the persistent square forward's copy protocol
+// (csrc/include/nattn/sm90/forward_squares_persistent.cuh; runs on the CPU, no GPU). It replays
+// random runs of boxes through four warps and the copy engine, interleaved at random (each
+// step one warp action or one copy landing; copies land in any order):
+//   - the warps' walks: per box and warp a first key row sy (0..4) and a chunk count, the
+//     parts each chunk waits for (square_first_part / square_last_part), the counts of the
+//     parts each warp is past (the kernel's release_upto order: the skipped part 0 before the
+//     walk, the rest after each chunk and at the end) and of the Q fragments read;
+//   - a count's fourth warp copies the sequence's part three on into the same slot (parts 3
+//     and 4 of the box, or the next box's parts 0-2 in slot (rot + 5 + j) mod 3), after the
+//     counted part has landed; the last Q reader copies the next box's Q rows (or arrives on
+//     the barrier at the run's end).
+// It checks: every chunk reads its rows from the slots square_run_ring_row names, holding
+// those very parts of that box, landed; the Q tile holds the box's Q when read; no copy
+// lands in a slot (or the Q tile) a warp still reads; each barrier is armed once a box, in
+// order, and a waiter never sees a phase two ahead of its own (the parity wait would pass
+// wrongly); counts of two boxes never mix (even and odd boxes count apart: each count of box k lies in
+// 4 (k / 2) .. + 3 of its parity's); the
+// run ends with nothing in flight after the final waits, and never deadlocks.
+// Prints "ok <steps>" or the first failure (exit 1).
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <vector>
+
+#include "nattn/sm90/forward_squares_persistent.cuh"
+
+using namespace nattn;
+using namespace nattn::sm90;
+
+#define NATTN_CHECK_SEED 0x51a7e0c3d2b94e17ull
+#include "host_rng.h"
+
+constexpr int kWarps = 4, kParts = kSquareParts, kSlots = kSquareRingParts;
+
+struct Copy {
+  int kind;  // 0: a part (box, part) into slot; 1: Q rows of box
+  int box, part, slot;
+};
+
+struct Warp {
+  int box = 0;     // current box
+  int stage = 0;   // 0 wait Q, 1 count Q, 2 count skipped, 3 wait chunk, 4 read chunk, 5 release, 6 done with box
+  int ch = 0;
+  int released = 0;
+  int pend_q = -1;  // release_upto: the part being counted (its refill may wait)
+  int upto = 0;
+  bool finished = false;
+};
+
+static int failed = 0;
+static void fail(const char* what, int run, int box, int warp, int part) {
+  if (!failed) printf("FAIL %s: run %d box %d warp %d part %d\n", what, run, box, warp, part);
+  failed = 1;
+}
+
+int main() {
+  long long steps = 0;
+  for (int run = 0; run < 4000 && !failed; ++run) {
+    const int boxes = rnd(1, 7);
+    // each box and warp: first key row and chunks (rows sy .. sy + 4 chunks - 1 inside the 20)
+    std::vector<int> sy(boxes * kWarps), chunks(boxes * kWarps);
+    for (int i = 0; i < boxes * kWarps; ++i) {
+      sy[i] = rnd(0, 4);
+      chunks[i] = rnd(1, (kSquareKeyBox - sy[i]) / kStripChunkRows);
+    }
+    // state
+    int slot_box[kSlots], slot_part[kSlots];
+    bool slot_landed[kSlots];
+    int q_box = -1;
+    bool q_landed = false;
+    int completed[kParts] = {0}, armed[kParts] = {0};  // phases completed / armed per part barrier
+    int q_completed = 0, q_armed = 0;
+    int counts[2][kParts] = {{0}}, q_count = 0;
+    std::vector<Copy> flight;
+    Warp w[kWarps];
+    auto issue_part = [&](int box, int part, int slot, int wi) {
+      if (armed[part] != box) fail("part barrier armed out of order", run, box, wi, part);
+      if (completed[part] != box) fail("part barrier armed before its previous phase completed", run, box, wi, part);
+      armed[part] = box + 1;
+      for (int x = 0; x < kWarps; ++x)  // no warp may still read the slot's current part
+        if (!w[x].finished && w[x].stage == 4) {
+          const int b = w[x].box, i = b * kWarps + x;
+          const int f = square_first_part(sy[i], w[x].ch), l = square_last_part(sy[i], w[x].ch);
+          const int rot = (2 * b) % kSlots;
+          for (int pp = f; pp <= l; ++pp)
+            if ((rot + pp) % kSlots == slot) fail("copy into a slot a warp reads", run, box, wi, part);
+        }
+      slot_box[slot] = box;
+      slot_part[slot] = part;
+      slot_landed[slot] = false;
+      flight.push_back({0, box, part, slot});
+    };
+    auto issue_q = [&](int box, int wi) {
+      if (q_armed != box || q_completed != box) fail("Q barrier armed out of order", run, box, wi, -1);
+      q_armed = box + 1;
+      for (int x = 0; x < kWarps; ++x)
+        if (!w[x].finished && w[x].box <= box - 1 && (w[x].box < box - 1 || w[x].stage == 0))
+          fail("Q copy before every warp read Q", run, box, wi, -1);
+      q_box = box;
+      q_landed = false;
+      flight.push_back({1, box, -1, -1});
+    };
+    // the first box: Q and parts 0-2 (thread 0, before the loop)
+    issue_q(0, -1);
+    for (int i = 0; i < kSlots; ++i) issue_part(0, i, i, -1);
+    int done_warps = 0;
+    for (long long guard = 0; done_warps < kWarps && !failed; ++guard) {
+      if (guard > 200000) { fail("no progress (deadlock)", run, -1, -1, -1); break; }
+      // runnable actions: each warp's next action, each copy's landing
+      std::vector<int> acts;
+      for (int x = 0; x < kWarps; ++x) {
+        if (w[x].finished) continue;
+        const Warp& v = w[x];
+        bool ready = true;
+        if (v.stage == 0) ready = q_completed >= v.box + 1;
+        if (v.stage == 3) {
+          const int i = v.box * kWarps + x;
+          const int f = square_first_part(sy[i], v.ch), l = square_last_part(sy[i], v.ch);
+          ready = completed[f] >= v.box + 1 && completed[l] >= v.box + 1;
+        }
+        if (v.stage == 5 && v.pend_q >= 0) ready = completed[v.pend_q] >= v.box + 1;  // the refill's wait
+        if (ready) acts.push_back(x);
+      }
+      for (size_t c = 0; c < flight.size(); ++c) acts.push_back(kWarps + int(c));
+      if (acts.empty()) { fail("deadlock", run, -1, -1, -1); break; }
+      const int a = acts[rnd(0, int(acts.size()) - 1)];
+      ++steps;
+      if (a >= kWarps) {  // a copy lands
+        const Copy c = flight[a - kWarps];
+        flight.erase(flight.begin() + (a - kWarps));
+        if (c.kind == 1) {
+          q_landed = true;
+          if (q_completed != c.box) fail("Q phase order", run, c.box, -1, -1);
+          q_completed = c.box + 1;
+        } else {
+          if (slot_box[c.slot] == c.box && slot_part[c.slot] == c.part) slot_landed[c.slot] = true;
+          if (completed[c.part] != c.box) fail("part phase order", run, c.box, -1, c.part);
+          completed[c.part] = c.box + 1;
+        }
+        continue;
+      }
+      Warp& v = w[a];
+      const int k = v.box, i = k * kWarps + a;
+      switch (v.stage) {
+        case 0:  // Q landed (or the run's end)
+          if (q_completed > k + 1) fail("Q waiter two phases behind", run, k, a, -1);
+          if (k >= boxes) { v.finished = true; ++done_warps; break; }
+          if (q_box != k || !q_landed) fail("Q tile does not hold the box's rows", run, k, a, -1);
+          v.stage = 1;
+          break;
+        case 1:  // the Q count; the last reader copies the next box's Q (or arrives)
+          if (q_count / 4 != k) fail("Q counts of two boxes mix", run, k, a, -1);
+          if (q_count++ % 4 == 3) {
+            if (k + 1 < boxes) issue_q(k + 1, a);
+            else {
+              if (q_armed != k + 1) fail("end arrival out of order", run, k, a, -1);
+              q_armed = k + 2;
+              q_completed = k + 2;  // (arrive: the phase completes)
+            }
+          }
+          v.released = 0;
+          v.upto = square_first_part(sy[i], 0);
+          v.stage = 5;
+          v.ch = -1;
+          break;
+        case 3:  // the chunk's parts landed
+          for (int pp = square_first_part(sy[i], v.ch); pp <= square_last_part(sy[i], v.ch); ++pp)
+            if (completed[pp] > k + 1) fail("part waiter two phases behind", run, k, a, pp);
+          v.stage = 4;
+          break;
+        case 4: {  // read the chunk's rows from their slots
+          const int rot = (2 * k) % kSlots;
+          for (int r = 0; r < kStripChunkRows; ++r) {
+            const int row = sy[i] + kStripChunkRows * v.ch + r, part = row / kSquarePartRows;
+            const int ring = square_run_ring_row(row + kSquarePartRows * rot, 0);
+            const int slot = ring / kSquarePartRows;
+            if (ring % kSquarePartRows != row % kSquarePartRows) fail("ring row phase", run, k, a, part);
+            if (slot_box[slot] != k || slot_part[slot] != part || !slot_landed[slot])
+              fail("chunk reads a slot not holding its landed part", run, k, a, part);
+          }
+          v.upto = v.ch + 1 < chunks[i] ? square_first_part(sy[i], v.ch + 1) : kParts;
+          v.stage = 5;
+          break;
+        }
+        case 5: {  // release_upto: count parts released .. upto - 1, refills by the fourth
+          if (v.pend_q >= 0) {  // the counted part landed: the refill
+            const int q = v.pend_q, rot = (2 * k) % kSlots;
+            if (slot_box[(rot + q) % kSlots] != k || slot_part[(rot + q) % kSlots] != q)
+              fail("refilled slot does not hold the counted part", run, k, a, q);
+            if (q + kSlots < kParts) issue_part(k, q + kSlots, (rot + q + kSlots) % kSlots, a);
+            else if (k + 1 < boxes) {
+              const int j = q + kSlots - kParts;
+              issue_part(k + 1, j, ((rot + kParts) % kSlots + j) % kSlots, a);
+            }
+            v.pend_q = -1;
+            ++v.released;
+            break;
+          }
+          if (v.released < v.upto) {
+            const int q = v.released;
+            int& n = counts[k & 1][q];
+            if (n / 4 != k / 2) fail("part counts of two boxes mix", run, k, a, q);
+            if (n++ % 4 == 3) { v.pend_q = q; break; }
+            ++v.released;
+            break;
+          }
+          if (v.ch + 1 < chunks[i]) { ++v.ch; v.stage = 3; }
+          else if (v.upto < kParts) { v.upto = kParts; }
+          else { v.stage = 0; ++v.box; v.ch = 0; }
+          break;
+        }
+      }
+    }
+    if (failed) break;
+    // thread 0's final waits: every part of the last box landed, nothing else in flight
+    for (int p = 0; p < kParts; ++p)
+      if (armed[p] != boxes) fail("a part of the last box never copied", run, boxes - 1, -1, p);
+    while (!flight.empty() && !failed) {
+      const Copy c = flight.back();
+      flight.pop_back();
+      if (c.kind == 1 || c.box != boxes - 1) fail("a copy other than the last box's parts in flight at the end", run, c.box, -1, c.part);
+    }
+  }
+  if (failed) return 1;
+  printf("ok %lld\n", steps);
+  return 0;
+}
