@@ -244,13 +244,22 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
       for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const int ring_sy = sq.sy + kSquarePartRows * rot;  // (ring rows: square_run_ring_row)
-    auto row_at = [&](int walk_row) { return keys_at + square_run_ring_row(ring_sy + walk_row, 0) * kKeyRowBytes; };
-    auto scores = [&](int ch, Scores& sc) {
+    // Walk row 4 ch + i's keys: from the chunk's first row where its rows stay below the
+    // ring's end (kWrap false: immediate row offsets), else each row's slot (as the ring kernel).
+    auto row_at = [&](auto wrap_tag, const unsigned char* chunk_at, int ch, int i) {
+      if constexpr (decltype(wrap_tag)::value)
+        return keys_at + square_run_ring_row(ring_sy + kStripChunkRows * ch + i, 0) * kKeyRowBytes;
+      else
+        return chunk_at + i * kKeyRowBytes;
+    };
+    auto chunk_at_of = [&](int ch) { return keys_at + square_run_ring_row(ring_sy + kStripChunkRows * ch, 0) * kKeyRowBytes; };
+    auto scores = [&](auto wrap_tag, int ch, Scores& sc) {
+      const unsigned char* chunk_at = chunk_at_of(ch);
 #pragma unroll
       for (int j = 0; j < 2 * kStripChunkRows; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
-        const unsigned char* at = row_at(kStripChunkRows * ch + j / 2) + 8 * (j % 2) * kRowBytes;
+        const unsigned char* at = row_at(wrap_tag, chunk_at, ch, j / 2) + 8 * (j % 2) * kRowBytes;
 #pragma unroll
         for (int x = 0; x < HD / 32; ++x) {
           uint32_t kb[4];
@@ -260,17 +269,18 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
         }
       }
     };
-    auto consume = [&](auto rpb_tag, Scores& sc, int ch, bool first) {
+    auto consume = [&](auto rpb_tag, auto wrap_tag, Scores& sc, int ch, bool first) {
       constexpr bool kRpb = decltype(rpb_tag)::value;
       const uint32_t w[2] = {square_chunk_word(sq.word[0], ch), square_chunk_word(sq.word[1], ch)};
       const int bias_at[2] = {sq.bias_at[0] + strip_chunk_bias(row_mult, ch), sq.bias_at[1] + strip_chunk_bias(row_mult, ch)};
       strip_chunk_softmax<kRpb, 1, HD>(sc, w, bias_at, bias, row_mult, p.scale_log2, fold, mul, m, l, o, first);
+      const unsigned char* chunk_at = chunk_at_of(ch);
 #pragma unroll
       for (int i = 0; i < kStripChunkRows; ++i) {
         const uint32_t pa[4] = {M::pack(sc[2 * i][0], sc[2 * i][1]), M::pack(sc[2 * i][2], sc[2 * i][3]),
                                 M::pack(sc[2 * i + 1][0], sc[2 * i + 1][1]),
                                 M::pack(sc[2 * i + 1][2], sc[2 * i + 1][3])};
-        const unsigned char* at = row_at(kStripChunkRows * ch + i);
+        const unsigned char* at = row_at(wrap_tag, chunk_at, ch, i);
 #pragma unroll
         for (int x = 0; x < HD / 16; ++x) {
           uint32_t vb[4];
@@ -289,9 +299,16 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
       for (int ch = 0; ch < chunks; ++ch) {
         mbar_wait(parts_full + square_first_part(sq.sy, ch), phase);
         mbar_wait(parts_full + square_last_part(sq.sy, ch), phase);
-        Scores sc;
-        scores(ch, sc);
-        consume(rpb_tag, sc, ch, ch == 0);
+        auto chunk = [&](auto wrap_tag) {
+          Scores sc;
+          scores(wrap_tag, ch, sc);
+          consume(rpb_tag, wrap_tag, sc, ch, ch == 0);
+        };
+        // (a chunk whose rows pass the ring's end, warp-uniform: the per-row slot addresses)
+        if (square_run_ring_row(ring_sy + kStripChunkRows * ch, 0) > kSquareRingRows - kStripChunkRows)
+          chunk(std::true_type{});
+        else
+          chunk(std::false_type{});
         release_upto(ch + 1 < chunks ? square_first_part(sq.sy, ch + 1) : kSquareParts);
       }
     });
