@@ -83,11 +83,12 @@ __device__ __forceinline__ void load_square_rows(const Params& p, const CtaTile&
 }
 
 // ... and parts first .. last - 1 of the union's keys and values, each completing on its own
-// barrier (kRing: part i into slot i mod kSquareRingParts).
+// barrier (kRing: part i into slot (rot + i) mod kSquareRingParts; rot is the persistent
+// form's, forward_squares_persistent.cuh).
 template <int NA, int HD, class Tl, bool kRing = false>
 __device__ __forceinline__ void load_square_parts(const Params& p, const CtaTile& tile, int h_kv, int b,
                                                   unsigned char* smem, const CUtensorMap* map_k,
-                                                  const CUtensorMap* map_v, int first, int last) {
+                                                  const CUtensorMap* map_v, int first, int last, int rot = 0) {
   using S = SquareSmem<Tl, HD, kRing>;
   using P = typename S::Part;
   using PartBox = Box<kSquarePartRows, kSquareKeyBox, 1>;
@@ -97,7 +98,7 @@ __device__ __forceinline__ void load_square_parts(const Params& p, const CtaTile
   const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
   for (int i = first; i < last; ++i) {
     const int origin[3] = {tile.lo[0] + kSquarePartRows * i, tile.lo[1], 0};
-    const int slot = kRing ? i % kSquareRingParts : i;
+    const int slot = kRing ? (rot + i) % kSquareRingParts : i;
     mbar_expect_tx(parts_full + i, 2 * P::kBytes);
     load_box_blocks<NA, PartBox, P>(p, tile, origin, hk, smem + S::kK + slot * P::kBytes, map_k, parts_full + i, c);
     load_box_blocks<NA, PartBox, P>(p, tile, origin, hv, smem + S::kV + slot * P::kBytes, map_v, parts_full + i, c);

@@ -68,6 +68,7 @@ struct SquareRunSmem {
   using Rows = typename Ring::Rows;
   using Cols = typename Ring::Cols;
   using Part = typename Ring::Part;
+  // (the ring kernel's tiles and barriers at the same places: load_square_rows / _parts)
   static constexpr int kQ = Ring::kQ, kK = Ring::kK, kV = Ring::kV;
   static constexpr int kBars = Ring::kBars;                    // rows_full, parts_full[kSquareParts]
   // Q reads, then each part's for even and odd boxes (SquareRunRing::release_upto)
@@ -79,28 +80,6 @@ struct SquareRunSmem {
   static constexpr int kRpbFloats = Ring::kRpbFloats;
   static_assert(kMinBlocks * (kAlloc + kSmemReservedPerCta) <= kSmemPerSm, "the CTAs per SM");
 };
-
-// Parts first .. last - 1 of a box into the ring (rot: the slot of its part 0), each on its
-// own barrier.
-template <int NA, int HD, class Tl>
-__device__ __forceinline__ void load_square_run_parts(const Params& p, const CtaTile& tile, int h_kv, int b,
-                                                      unsigned char* smem, const CUtensorMap* map_k,
-                                                      const CUtensorMap* map_v, int rot, int first, int last) {
-  using S = SquareRunSmem<Tl, HD>;
-  using P = typename S::Part;
-  using PartBox = Box<kSquarePartRows, kSquareKeyBox, 1>;
-  uint64_t* parts_full = reinterpret_cast<uint64_t*>(smem + S::kBars) + 1;
-  int c[5];
-  const HeadCoords hk = head_coords<HD>(p, kRowsK, p.heads_kv, h_kv, b);
-  const HeadCoords hv = head_coords<HD>(p, kRowsV, p.heads_kv, h_kv, b);
-  for (int i = first; i < last; ++i) {
-    const int origin[3] = {tile.lo[0] + kSquarePartRows * i, tile.lo[1], 0};
-    const int slot = (rot + i) % kSquareRingParts;
-    mbar_expect_tx(parts_full + i, 2 * P::kBytes);
-    load_box_blocks<NA, PartBox, P>(p, tile, origin, hk, smem + S::kK + slot * P::kBytes, map_k, parts_full + i, c);
-    load_box_blocks<NA, PartBox, P>(p, tile, origin, hv, smem + S::kV + slot * P::kBytes, map_v, parts_full + i, c);
-  }
-}
 
 // A warp's counts of the current box's parts, and the copies its last counts issue.
 template <int NA, int HD, class Tl>
@@ -129,12 +108,12 @@ struct SquareRunRing {
         mbar_wait(parts_full + q, phase);
         fence_proxy_async_smem();
         if (q + kSquareRingParts < kSquareParts) {
-          load_square_run_parts<NA, HD, Tl>(p, box.tile, kv_head(p, box.h), box.b, smem, map_k, map_v, rot,
-                                            q + kSquareRingParts, q + kSquareRingParts + 1);
+          load_square_parts<NA, HD, Tl, true>(p, box.tile, kv_head(p, box.h), box.b, smem, map_k, map_v,
+                                              q + kSquareRingParts, q + kSquareRingParts + 1, rot);
         } else if (next.index >= 0) {  // (the next box's part 0, 1 or 2: its slot is this one's)
           const int j = q + kSquareRingParts - kSquareParts;
-          load_square_run_parts<NA, HD, Tl>(p, next.tile, kv_head(p, next.h), next.b, smem, map_k, map_v,
-                                            (rot + kSquareParts) % kSquareRingParts, j, j + 1);
+          load_square_parts<NA, HD, Tl, true>(p, next.tile, kv_head(p, next.h), next.b, smem, map_k, map_v, j,
+                                              j + 1, (rot + kSquareParts) % kSquareRingParts);
         }
       }
     }
@@ -184,8 +163,8 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
   if (threadIdx.x == 0) {
     const SquareRunBox& first = run[0];
     load_square_rows<NA, HD, Tl>(p, first.tile, kRowsQ, first.h, first.b, smem, &map_q, rows_full);
-    load_square_run_parts<NA, HD, Tl>(p, first.tile, kv_head(p, first.h), first.b, smem, &map_k, &map_v, 0, 0,
-                                      kSquareRingParts);
+    load_square_parts<NA, HD, Tl, true>(p, first.tile, kv_head(p, first.h), first.b, smem, &map_k, &map_v, 0,
+                                        kSquareRingParts);
   }
   const bool has_rpb = p.rpb != nullptr;
   float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;
