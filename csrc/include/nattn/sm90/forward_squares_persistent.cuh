@@ -17,7 +17,8 @@
 //    next one, which thus land during the current box's last chunks. A key box row r sits
 //    at ring row (r + 4 rot) mod 12, rot = 2 k mod 3;
 //  - the output goes from the registers to global memory (no staging tile: the query tile
-//    holds the next Q), so nothing waits at a box's end.
+//    holds the next Q), 16 bytes a lane after a transpose in the quad, so nothing waits at a
+//    box's end.
 // Each part's barrier completes once a box (phase k mod 2). A part is counted by each warp
 // once a box, even and odd boxes apart; a count's fourth warp is its last
 // (SquareRunRing::release_upto; csrc/tests/sm90_square_runs_check.cu replays the protocol).
@@ -31,6 +32,12 @@ namespace nattn { namespace sm90 {
 #endif
 template <int HD>
 constexpr bool kSquarePersist = NATTN_SM90_SQUARE_PERSIST && kSquareForwardRing<HD>;
+// Its output stores: 16 (the default) 16 bytes a lane after a transpose in the quad, 4 the
+// lane's bf16 / fp16 pairs as they are (a store writes 16 bytes of each of 8 rows).
+#ifndef NATTN_SM90_SQUARE_RUN_STORES
+#define NATTN_SM90_SQUARE_RUN_STORES 16
+#endif
+static_assert(NATTN_SM90_SQUARE_RUN_STORES == 16 || NATTN_SM90_SQUARE_RUN_STORES == 4, "16- or 4-byte stores");
 
 // A box of a CTA's run: its place in the flattened [batch, head, box] order (index < 0: the
 // run's end), its head and batch, and its tile.
@@ -120,6 +127,41 @@ struct SquareRunRing {
     released = upto;
   }
 };
+
+// Row r of a lane's O fragments times inv, to the row's output at `row` (its channel 0; every
+// lane of the warp calls it, `ok` says whether the row is stored). The lane holds channels
+// 8 n + 2 t4, + 1 of n-tile n: with 16-byte stores a 4 x 4 transpose of each four n-tiles'
+// words in the quad (two xor shuffles: bit 1, then bit 0 of t4) leaves lane t4 the 8
+// channels of n-tile 4 c + t4, so a quad writes 64 contiguous bytes of the row.
+template <typename T, int HD>
+__device__ __forceinline__ void store_square_row(T* row, bool ok, const float (&o)[HD / 8][4], int r, float inv,
+                                                 int t4) {
+#if NATTN_SM90_SQUARE_RUN_STORES == 16
+#pragma unroll
+  for (int c = 0; c < HD / 32; ++c) {
+    uint32_t a[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = pack2<T>(o[4 * c + j][2 * r] * inv, o[4 * c + j][2 * r + 1] * inv);
+    const bool b1 = t4 & 2, b0 = t4 & 1;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // (a[t4][j] <-> a[t4 ^ 2][j ^ 2] where bit 1 of j and t4 differ)
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, b1 ? a[i] : a[2 + i], 2);
+      if (b1) a[i] = got; else a[2 + i] = got;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // (the same on bit 0)
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, b0 ? a[2 * i] : a[2 * i + 1], 1);
+      if (b0) a[2 * i] = got; else a[2 * i + 1] = got;
+    }
+    if (ok) *reinterpret_cast<uint4*>(row + 8 * (4 * c + t4)) = make_uint4(a[0], a[1], a[2], a[3]);
+  }
+#else
+  if (!ok) return;
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n)
+    *reinterpret_cast<uint32_t*>(row + 8 * n + 2 * t4) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+#endif
+}
 
 template <typename T, int NA, int HD, class Tl>
 __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl, HD>::kMinBlocks)
@@ -301,15 +343,12 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
       inv[r] = inv_row_sum(l[r]);
     }
     const int row0 = square_query_row(warp, g4);
-    T* out = head_base<T>(p.out, p.out_s, b, h) + 2 * t4;
+    T* out = head_base<T>(p.out, p.out_s, b, h);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       int64_t off;
-      if (box_row_offset<NA, QB>(p, tile, tile.q0, row0 + kSquareLaneRowStep * r, p.out_s, off)) {
-#pragma unroll
-        for (int n = 0; n < HD / 8; ++n)
-          *reinterpret_cast<uint32_t*>(out + off + 8 * n) = pack2<T>(o[n][2 * r] * inv[r], o[n][2 * r + 1] * inv[r]);
-      }
+      const bool ok = box_row_offset<NA, QB>(p, tile, tile.q0, row0 + kSquareLaneRowStep * r, p.out_s, off);
+      store_square_row<T, HD>(out + off, ok, o, r, inv[r], t4);
       if (t4 == 0 && sq.row_ok[r])
         p.lse[lse_row<NA, QB>(p, tile, row0 + kSquareLaneRowStep * r, b, h)] = row_lse(m[r], l[r]);
     }
