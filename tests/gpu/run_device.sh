@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu|squarebox] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu|squarebox|squarerun] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -327,6 +327,36 @@ fi
 # squares section (which names the 4 x 16 box on every second backward pair), then both boxes
 # timed alternately with the own pass named (GPU ms, forward + backward, two rounds without an
 # RPB, one with).
+# squarerun: the persistent square forward (forward_squares_persistent.cuh) as tuning builds
+# variants/run.so (and run4.so: 4-byte output stores; either may be absent) against the
+# loaded library: its forward tests (also with runs of 2 boxes), the squares section under
+# memcheck and racecheck, then forward times side by side (two rounds, with an RPB, run lengths).
+if [[ $what == *squarerun* ]]; then
+  for v in run run4; do
+    [[ -f variants/$v.so ]] || continue
+    NATTN_SM90_SQUARE_CASES=${SQ_CASES:-120} NATTN_FAMILY=sm90 NATTN_LIBRARY=variants/$v.so timeout 200 python3 -m pytest \
+      -q -n 0 -m gpu -p no:cacheprovider --maxfail=25 tests/gpu/test_sm90_forward.py -k "square or (growing and not 2048)" \
+      2>&1 | tee -a "$OUT/squarerun.log" | tail -3
+    NATTN_SM90_SQUARE_RUN=2 NATTN_SM90_SQUARE_CASES=40 NATTN_FAMILY=sm90 NATTN_LIBRARY=variants/$v.so timeout 100 \
+      python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider tests/gpu/test_sm90_forward.py -k "square and bulk" \
+      2>&1 | tee -a "$OUT/squarerun.log" | tail -2
+    for tool in memcheck racecheck; do
+      NATTN_LIBRARY=variants/$v.so NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=squares timeout 150 compute-sanitizer \
+        --tool $tool --error-exitcode 9 python3 tests/gpu/sanitize_sm90.py > "$OUT/squarerun_${v}_$tool.log" 2>&1
+      echo "compute-sanitizer $tool (squares, $v) rc=$?"; tail -2 "$OUT/squarerun_${v}_$tool.log"
+    done
+  done
+  probs=${SQ_PROBLEMS:-mid-2d-k13,128x128-k11x11-b4-h8-d64,56x56-k9x9-b32-h4-d64,64x64-k13x13-b8-h8-d64}
+  for args in "graphs" "graphs" "graphs rpb"; do
+    timeout 100 python3 benchmarks/library_ab.py tip "$probs" $args
+    for v in run run4; do
+      [[ -f variants/$v.so ]] && NATTN_LIBRARY=variants/$v.so timeout 100 python3 benchmarks/library_ab.py $v "$probs" $args
+    done
+  done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/squarerun_bench.txt"
+  for n in 2 4 8; do
+    NATTN_SM90_SQUARE_RUN=$n NATTN_LIBRARY=variants/run.so timeout 100 python3 benchmarks/library_ab.py run$n "$probs" graphs
+  done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/squarerun_bench.txt"
+fi
 if [[ $what == *squarebox* ]]; then
   NATTN_SM90_SQUARE_BWD_CASES=${SQ_BWD_CASES:-100} NATTN_FAMILY=sm90 timeout 240 python3 -m pytest -q -n 0 -m gpu \
     -p no:cacheprovider --maxfail=25 tests/gpu/test_sm90_backward.py -k square 2>&1 | tee -a "$OUT/squarebox.log" | tail -4
