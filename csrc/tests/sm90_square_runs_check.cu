@@ -173,7 +173,7 @@ int main() {
           const int rot = (2 * k) % kSlots;
           for (int r = 0; r < kStripChunkRows; ++r) {
             const int row = sy[i] + kStripChunkRows * v.ch + r, part = row / kSquarePartRows;
-            const int ring = square_run_ring_row(row + kSquarePartRows * rot, 0);
+            const int ring = square_run_ring_row(row + kSquarePartRows * rot);
             const int slot = ring / kSquarePartRows;
             if (ring % kSquarePartRows != row % kSquarePartRows) fail("ring row phase", run, k, a, part);
             if (slot_box[slot] != k || slot_part[slot] != part || !slot_landed[slot])

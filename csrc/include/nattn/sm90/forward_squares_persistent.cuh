@@ -9,8 +9,8 @@
 // (consecutive boxes of the flattened [batch, head, box] order, so mostly along a row of boxes
 // of one head) and the copies of the next box run during the current one:
 //  - Q: once every warp holds the box's Q fragments, the last of them (a count) copies the
-//    next box's Q rows into the query tile, behind the next box's tile in shared memory
-//    (SquareRun; with no next box it arrives on the barrier, so that the warps see the end);
+//    next box's Q rows into the query tile, behind the next box's entry in shared memory
+//    (SquareRunBox; with no next box it arrives on the barrier, so that the warps see the end);
 //  - K / V: the parts form one sequence over the run (part i of the k-th box is number 5 k +
 //    i, in ring slot (5 k + i) mod 3); the last warp done with a part copies the sequence's
 //    part three on into its slot: parts 3 and 4 of the same box, or parts 0, 1 and 2 of the
@@ -62,11 +62,10 @@ NATTN_HD void square_run_box(const Params& p, int index, int end, SquareRunBox& 
   out.index = -1;
 }
 
-// The ring row of key box row r (r < 36) for a box whose part 0 sits in slot rot.
-NATTN_HD int square_run_ring_row(int r, int rot) {
-  r += kSquarePartRows * rot;
-  r = r >= kSquareRingRows ? r - kSquareRingRows : r;
-  return r >= kSquareRingRows ? r - kSquareRingRows : r;
+// The ring row of key box row r of a box whose part 0 sits in slot rot, from r + 4 rot (< 36).
+NATTN_HD int square_run_ring_row(int shifted) {
+  shifted = shifted >= kSquareRingRows ? shifted - kSquareRingRows : shifted;
+  return shifted >= kSquareRingRows ? shifted - kSquareRingRows : shifted;
 }
 
 template <class Tl, int HD>
@@ -269,11 +268,11 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
     // ring's end (kWrap false: immediate row offsets), else each row's slot (as the ring kernel).
     auto row_at = [&](auto wrap_tag, const unsigned char* chunk_at, int ch, int i) {
       if constexpr (decltype(wrap_tag)::value)
-        return keys_at + square_run_ring_row(ring_sy + kStripChunkRows * ch + i, 0) * kKeyRowBytes;
+        return keys_at + square_run_ring_row(ring_sy + kStripChunkRows * ch + i) * kKeyRowBytes;
       else
         return chunk_at + i * kKeyRowBytes;
     };
-    auto chunk_at_of = [&](int ch) { return keys_at + square_run_ring_row(ring_sy + kStripChunkRows * ch, 0) * kKeyRowBytes; };
+    auto chunk_at_of = [&](int ch) { return keys_at + square_run_ring_row(ring_sy + kStripChunkRows * ch) * kKeyRowBytes; };
     auto scores = [&](auto wrap_tag, int ch, Scores& sc) {
       const unsigned char* chunk_at = chunk_at_of(ch);
 #pragma unroll
@@ -326,7 +325,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
           consume(rpb_tag, wrap_tag, sc, ch, ch == 0);
         };
         // (a chunk whose rows pass the ring's end, warp-uniform: the per-row slot addresses)
-        if (square_run_ring_row(ring_sy + kStripChunkRows * ch, 0) > kSquareRingRows - kStripChunkRows)
+        if (square_run_ring_row(ring_sy + kStripChunkRows * ch) > kSquareRingRows - kStripChunkRows)
           chunk(std::true_type{});
         else
           chunk(std::false_type{});
