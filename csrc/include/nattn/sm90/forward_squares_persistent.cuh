@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
   unsigned char* smem = aligned_smem();
   uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* parts_full = rows_full + 1;
-  int* q_count = reinterpret_cast<int*>(smem + S::kCounts);
+  int* counts = reinterpret_cast<int*>(smem + S::kCounts);  // [0]: Q reads, then the parts' (SquareRunRing)
   SquareRunBox* run = reinterpret_cast<SquareRunBox*>(smem + S::kRun);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g4 = lane / 4, t4 = lane % 4;
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
     prefetch_tensor_map(&map_v);
     mbar_init(rows_full, 1);
     for (int i = 0; i < kSquareParts; ++i) mbar_init(parts_full + i, 1);
-    for (int i = 0; i < 1 + 2 * kSquareParts; ++i) q_count[i] = 0;
+    for (int i = 0; i < 1 + 2 * kSquareParts; ++i) counts[i] = 0;
     square_run_box<NA, QB, KB>(p, begin, end, run[0]);
     fence_barrier_init();
   }
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
     __syncwarp();
     if (lane == 0) {
       __threadfence_block();
-      if (atomicAdd(q_count, 1) % 4 == 3) {
+      if (atomicAdd(counts, 1) % 4 == 3) {
         __threadfence_block();
         SquareRunBox& next = run[phase ^ 1];
         square_run_box<NA, QB, KB>(p, box.index + 1, end, next);
