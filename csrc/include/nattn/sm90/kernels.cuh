@@ -117,7 +117,6 @@ void launch_forward_strips(const Params& p, const ForwardLaunch* l, cudaStream_t
   forward_strips_kernel<T, NA, HD, Tl><<<grid, StripCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->k, l->v, l->o);
 }
 
-// The square pair's forward (forward_squares.cuh): one CTA of four warps per query box.
 // The persistent square forward (build switch NATTN_SM90_SQUARE_PERSIST): as many CTAs as
 // the SMs hold (three each, fewer when a large RPB table takes shared memory), each walking
 // a run of consecutive boxes; NATTN_SM90_SQUARE_RUN=N (read on every call, for A/B runs)
@@ -145,6 +144,7 @@ void launch_forward_square_runs(const Params& p, const ForwardLaunch* l, cudaStr
   forward_squares_run_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(rp, l->q, l->k, l->v);
 }
 
+// The square pair's forward (forward_squares.cuh): one CTA of four warps per query box.
 template <typename T, int NA, int HD, class Tl>
 void launch_forward_squares(const Params& p, const ForwardLaunch* l, cudaStream_t stream) {
   if constexpr (kSquarePersist<HD>) {
