@@ -40,7 +40,7 @@ struct Copy {
 
 struct Warp {
   int box = 0;     // current box
-  int stage = 0;   // 0 wait Q, 1 count Q, 2 count skipped, 3 wait chunk, 4 read chunk, 5 release, 6 done with box
+  int stage = 0;   // 0 wait for Q and read it, 1 count Q, 3 wait for a chunk's parts, 4 read them, 5 count parts
   int ch = 0;
   int released = 0;
   int pend_q = -1;  // release_upto: the part being counted (its refill may wait)
@@ -205,8 +205,7 @@ int main() {
             ++v.released;
             break;
           }
-          if (v.ch + 1 < chunks[i]) { ++v.ch; v.stage = 3; }
-          else if (v.upto < kParts) { v.upto = kParts; }
+          if (v.ch + 1 < chunks[i]) { ++v.ch; v.stage = 3; }  // (after the last chunk upto is kParts)
           else { v.stage = 0; ++v.box; v.ch = 0; }
           break;
         }
