@@ -321,12 +321,6 @@ print(' '.join(Instance('sm90', 'bfloat16', n, 64, t).tile_name for n, t in SM90
       | grep -v declined | tee -a "$OUT/crossover.txt"
   done
 fi
-# The square dK/dV pass's two key boxes (NATTN_SM90_SQUARE_DKV_BOX=8x8|4x16, sm90/kernels.cuh
-# square_dkv_wide), ~5 minutes: the square backward tests (the 4 x 16 box's sweep, both boxes
-# against float64 and for determinism; SQ_BWD_CASES a sweep), memcheck and racecheck on the
-# squares section (which names the 4 x 16 box on every second backward pair), then both boxes
-# timed alternately with the own pass named (GPU ms, forward + backward, two rounds without an
-# RPB, one with).
 # squarerun: the persistent square forward (forward_squares_persistent.cuh) as tuning builds
 # variants/run.so (and run4.so: 4-byte output stores; either may be absent) against the
 # loaded library: its forward tests (also with runs of 2 boxes), the squares section under
@@ -354,9 +348,16 @@ if [[ $what == *squarerun* ]]; then
     done
   done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/squarerun_bench.txt"
   for n in 2 4 8; do
-    NATTN_SM90_SQUARE_RUN=$n NATTN_LIBRARY=variants/run.so timeout 100 python3 benchmarks/library_ab.py run$n "$probs" graphs
+    [[ -f variants/run.so ]] && NATTN_SM90_SQUARE_RUN=$n NATTN_LIBRARY=variants/run.so timeout 100 \
+      python3 benchmarks/library_ab.py run$n "$probs" graphs
   done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/squarerun_bench.txt"
 fi
+# The square dK/dV pass's two key boxes (NATTN_SM90_SQUARE_DKV_BOX=8x8|4x16, sm90/kernels.cuh
+# square_dkv_wide), ~5 minutes: the square backward tests (the 4 x 16 box's sweep, both boxes
+# against float64 and for determinism; SQ_BWD_CASES a sweep), memcheck and racecheck on the
+# squares section (which names the 4 x 16 box on every second backward pair), then both boxes
+# timed alternately with the own pass named (GPU ms, forward + backward, two rounds without an
+# RPB, one with).
 if [[ $what == *squarebox* ]]; then
   NATTN_SM90_SQUARE_BWD_CASES=${SQ_BWD_CASES:-100} NATTN_FAMILY=sm90 timeout 240 python3 -m pytest -q -n 0 -m gpu \
     -p no:cacheprovider --maxfail=25 tests/gpu/test_sm90_backward.py -k square 2>&1 | tee -a "$OUT/squarebox.log" | tail -4
