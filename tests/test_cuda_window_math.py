@@ -30,9 +30,10 @@ keeping exactly the wide walk's scores, and a step's fixed-point dRPB adds in 32
 shared-memory banks; csrc/tests/sm90_squares_dkv_check.cu checks the square dK/dV pass's walk
 the same way (its slab width, each step's reads inside the tiles and its fragment addresses at
 the warp's swizzle phase, masks, staged slots and RPB indices; each query of the range once);
-csrc/tests/sm90_square_runs_check.cu replays the persistent square forward's copies and counts
-through random runs of boxes and interleavings of four warps (each chunk reads its landed
-parts, no copy lands where a warp reads, barrier phases in order, no deadlock)."""
+csrc/tests/sm90_square_runs_check.cu replays the copies and counts of the persistent square
+forward and dQ pass through random runs of boxes and interleavings of four warps (each chunk
+reads its landed parts, the query tile holds the Q or dO a warp reads, no copy lands where a
+warp reads, barrier phases in order, no deadlock)."""
 
 import os
 import shutil
@@ -57,7 +58,7 @@ def _build_and_run(tmp_path, name, *flags):
 # window math, the tensor-core walk, the unfused window ops, the Hopper query boxes' rows and
 # window masks, the fixed-point dRPB's scale, the Hopper tensor maps' addressing, the padded
 # copies, the ordered KV-parallel dQ's grid and ranks, the strip CTA's walk, the square CTA's
-# walk, the strip dK/dV walk, the square dK/dV walk, the persistent square forward's copy protocol
+# walk, the strip dK/dV walk, the square dK/dV walk, the persistent square kernels' copy protocol
 CHECKS = ["window_math_check", "tiling_check", "window_ops_check", "sm90_rows_check", "sm90_box_mask_check",
           "drpb_fixed_check", "sm90_map_spec_check", "sm90_pad_copy_check", "sm90_ordered_dq_check",
           "sm90_strips_check", "sm90_squares_check", "sm90_strips_dkv_check", "sm90_squares_dkv_check",

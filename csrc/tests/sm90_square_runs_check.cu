@@ -1,7 +1,8 @@
-// Host-side check of the persistent square forward's copy protocol
-// (csrc/include/nattn/sm90/forward_squares_persistent.cuh; runs on the CPU, no GPU). It replays
-// random runs of boxes through four warps and the copy engine, interleaved at random (each
-// step one warp action or one copy landing; copies land in any order):
+// Host-side check of the copy protocol of the persistent square forward and dQ pass
+// (csrc/include/nattn/sm90/forward_squares_persistent.cuh, backward_dq_squares_persistent.cuh;
+// runs on the CPU, no GPU). It replays random runs of boxes through four warps and the copy
+// engine, interleaved at random (each step one warp action or one copy landing; copies land
+// in any order), every other run as the dQ pass:
 //   - the warps' walks: per box and warp a first key row sy (0..4) and a chunk count, the
 //     parts each chunk waits for (square_first_part / square_last_part), the counts of the
 //     parts each warp is past (the kernel's release_upto order: the skipped part 0 before the
@@ -9,10 +10,13 @@
 //   - a count's fourth warp copies the sequence's part three on into the same slot (parts 3
 //     and 4 of the box, or the next box's parts 0-2 in slot (rot + 5 + j) mod 3), after the
 //     counted part has landed; the last Q reader copies the next box's Q rows (or arrives on
-//     the barrier at the run's end).
+//     the barrier at the run's end);
+//   - the dQ pass: the last Q reader copies the box's dO rows into the query tile instead,
+//     and the last warp to read them finds the next box and copies its Q rows (or arrives).
 // It checks: every chunk reads its rows from the slots square_run_ring_row names, holding
-// those very parts of that box, landed; the Q tile holds the box's Q when read; no copy
-// lands in a slot (or the Q tile) a warp still reads; each barrier is armed once a box, in
+// those very parts of that box, landed; the query tile holds the box's Q (dO) when read; no
+// copy lands in a slot (or the query tile) a warp still reads; a copy of the next box's parts
+// comes after its run entry was written; each barrier is armed once a box, in
 // order, and a waiter never sees a phase two ahead of its own (the parity wait would pass
 // wrongly); counts of two boxes never mix (even and odd boxes count apart: each count of box k lies in
 // 4 (k / 2) .. + 3 of its parity's); the
@@ -34,13 +38,16 @@ using namespace nattn::sm90;
 constexpr int kWarps = 4, kParts = kSquareParts, kSlots = kSquareRingParts;
 
 struct Copy {
-  int kind;  // 0: a part (box, part) into slot; 1: Q rows of box
+  int kind;  // 0: a part (box, part) into slot; 1: Q rows of box; 2: dO rows of box
   int box, part, slot;
 };
 
 struct Warp {
   int box = 0;     // current box
-  int stage = 0;   // 0 wait for Q and read it, 1 count Q, 3 wait for a chunk's parts, 4 read them, 5 count parts
+  // 0 wait for Q and read it, 1 count Q, (dQ:) 6 wait for dO and read it, 7 count dO,
+  // 3 wait for a chunk's parts, 4 read them, 5 count parts
+  int stage = 0;
+  int read_q = -1, read_g = -1;  // the last box whose Q / dO rows the warp read
   int ch = 0;
   int released = 0;
   int pend_q = -1;  // release_upto: the part being counted (its refill may wait)
@@ -58,6 +65,7 @@ int main() {
   long long steps = 0;
   for (int run = 0; run < 4000 && !failed; ++run) {
     const int boxes = rnd(1, 7);
+    const bool dq = run % 2 == 1;  // the dQ pass: Q, then dO, then the next Q in the query tile
     // each box and warp: first key row and chunks (rows sy .. sy + 4 chunks - 1 inside the 20)
     std::vector<int> sy(boxes * kWarps), chunks(boxes * kWarps);
     for (int i = 0; i < boxes * kWarps; ++i) {
@@ -67,11 +75,12 @@ int main() {
     // state
     int slot_box[kSlots], slot_part[kSlots];
     bool slot_landed[kSlots];
-    int q_box = -1;
-    bool q_landed = false;
+    int tile_kind = -1, tile_box = -1;  // the query tile: kind 1 Q, 2 dO rows of tile_box
+    bool tile_landed = false;
     int completed[kParts] = {0}, armed[kParts] = {0};  // phases completed / armed per part barrier
-    int q_completed = 0, q_armed = 0;
-    int counts[2][kParts] = {{0}}, q_count = 0;
+    int q_completed = 0, q_armed = 0, g_completed = 0, g_armed = 0;
+    int counts[2][kParts] = {{0}}, q_count = 0, g_count = 0;
+    int next_written = 0;  // run entries written: boxes 0 .. next_written - 1 (and the end)
     std::vector<Copy> flight;
     Warp w[kWarps];
     auto issue_part = [&](int box, int part, int slot, int wi) {
@@ -91,17 +100,41 @@ int main() {
       slot_landed[slot] = false;
       flight.push_back({0, box, part, slot});
     };
+    // a copy into the query tile: every warp read what it holds (Q, or the dQ pass's dO, of
+    // box - 1 for the next Q; Q of the box for its dO)
+    auto tile_copy = [&](int kind, int box, int wi) {
+      for (int x = 0; x < kWarps; ++x) {
+        if (w[x].finished) continue;
+        const bool read = kind == 2 ? w[x].read_q >= box : (dq ? w[x].read_g : w[x].read_q) >= box - 1;
+        if (!read) fail("query tile copy before every warp read what it holds", run, box, wi, -1);
+      }
+      tile_kind = kind;
+      tile_box = box;
+      tile_landed = false;
+      flight.push_back({kind, box, -1, -1});
+    };
     auto issue_q = [&](int box, int wi) {
       if (q_armed != box || q_completed != box) fail("Q barrier armed out of order", run, box, wi, -1);
       q_armed = box + 1;
-      for (int x = 0; x < kWarps; ++x)
-        if (!w[x].finished && w[x].box <= box - 1 && (w[x].box < box - 1 || w[x].stage == 0))
-          fail("Q copy before every warp read Q", run, box, wi, -1);
-      q_box = box;
-      q_landed = false;
-      flight.push_back({1, box, -1, -1});
+      tile_copy(1, box, wi);
+    };
+    auto issue_g = [&](int box, int wi) {
+      if (g_armed != box || g_completed != box) fail("dO barrier armed out of order", run, box, wi, -1);
+      g_armed = box + 1;
+      tile_copy(2, box, wi);
+    };
+    // the last reader of the tile's Q (forward) or dO (dQ pass): the next box's entry, its Q
+    auto next_q = [&](int k, int wi) {
+      next_written = k + 2;
+      if (k + 1 < boxes) issue_q(k + 1, wi);
+      else {
+        if (q_armed != k + 1) fail("end arrival out of order", run, k, wi, -1);
+        q_armed = k + 2;
+        q_completed = k + 2;  // (arrive: the phase completes)
+      }
     };
     // the first box: Q and parts 0-2 (thread 0, before the loop)
+    next_written = 1;
     issue_q(0, -1);
     for (int i = 0; i < kSlots; ++i) issue_part(0, i, i, -1);
     int done_warps = 0;
@@ -114,6 +147,7 @@ int main() {
         const Warp& v = w[x];
         bool ready = true;
         if (v.stage == 0) ready = q_completed >= v.box + 1;
+        if (v.stage == 6) ready = g_completed >= v.box + 1;
         if (v.stage == 3) {
           const int i = v.box * kWarps + x;
           const int f = square_first_part(sy[i], v.ch), l = square_last_part(sy[i], v.ch);
@@ -129,10 +163,11 @@ int main() {
       if (a >= kWarps) {  // a copy lands
         const Copy c = flight[a - kWarps];
         flight.erase(flight.begin() + (a - kWarps));
-        if (c.kind == 1) {
-          q_landed = true;
-          if (q_completed != c.box) fail("Q phase order", run, c.box, -1, -1);
-          q_completed = c.box + 1;
+        if (c.kind != 0) {
+          if (tile_kind == c.kind && tile_box == c.box) tile_landed = true;
+          int& done = c.kind == 1 ? q_completed : g_completed;
+          if (done != c.box) fail("query tile phase order", run, c.box, -1, -c.kind);
+          done = c.box + 1;
         } else {
           if (slot_box[c.slot] == c.box && slot_part[c.slot] == c.part) slot_landed[c.slot] = true;
           if (completed[c.part] != c.box) fail("part phase order", run, c.box, -1, c.part);
@@ -146,19 +181,34 @@ int main() {
         case 0:  // Q landed (or the run's end)
           if (q_completed > k + 1) fail("Q waiter two phases behind", run, k, a, -1);
           if (k >= boxes) { v.finished = true; ++done_warps; break; }
-          if (q_box != k || !q_landed) fail("Q tile does not hold the box's rows", run, k, a, -1);
+          if (tile_kind != 1 || tile_box != k || !tile_landed) fail("query tile does not hold the box's Q", run, k, a, -1);
+          v.read_q = k;
           v.stage = 1;
           break;
-        case 1:  // the Q count; the last reader copies the next box's Q (or arrives)
+        case 1:  // the Q count; the last reader copies the next box's Q or arrives (dQ: the box's dO)
           if (q_count / 4 != k) fail("Q counts of two boxes mix", run, k, a, -1);
           if (q_count++ % 4 == 3) {
-            if (k + 1 < boxes) issue_q(k + 1, a);
-            else {
-              if (q_armed != k + 1) fail("end arrival out of order", run, k, a, -1);
-              q_armed = k + 2;
-              q_completed = k + 2;  // (arrive: the phase completes)
-            }
+            if (dq) issue_g(k, a);
+            else next_q(k, a);
           }
+          if (dq) {
+            v.stage = 6;
+            break;
+          }
+          v.released = 0;
+          v.upto = square_first_part(sy[i], 0);
+          v.stage = 5;
+          v.ch = -1;
+          break;
+        case 6:  // dO landed
+          if (g_completed > k + 1) fail("dO waiter two phases behind", run, k, a, -1);
+          if (tile_kind != 2 || tile_box != k || !tile_landed) fail("query tile does not hold the box's dO", run, k, a, -1);
+          v.read_g = k;
+          v.stage = 7;
+          break;
+        case 7:  // the dO count; the last reader copies the next box's Q (or arrives)
+          if (g_count / 4 != k) fail("dO counts of two boxes mix", run, k, a, -1);
+          if (g_count++ % 4 == 3) next_q(k, a);
           v.released = 0;
           v.upto = square_first_part(sy[i], 0);
           v.stage = 5;
@@ -190,6 +240,7 @@ int main() {
               fail("refilled slot does not hold the counted part", run, k, a, q);
             if (q + kSlots < kParts) issue_part(k, q + kSlots, (rot + q + kSlots) % kSlots, a);
             else if (k + 1 < boxes) {
+              if (next_written < k + 2) fail("next box's part copied before its run entry", run, k, a, q);
               const int j = q + kSlots - kParts;
               issue_part(k + 1, j, ((rot + kParts) % kSlots + j) % kSlots, a);
             }

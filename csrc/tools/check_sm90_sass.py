@@ -29,9 +29,11 @@ REQUIRED = ("HGMMA", "UTMALDG")
 STRIP_REQUIRED = ("HMMA", "UTMALDG")
 FORBIDDEN = ("LDL", "STL")
 # Kernels whose local memory may lie outside the span from their first MMA to their last (the
-# square pair's ring kernels: forward_squares.cuh, and its persistent form, whose per-box
-# setup precedes the walk: forward_squares_persistent.cuh); at most SPILL_MOST such instructions.
-SPILLS_OUTSIDE_PRODUCTS = ("forward_squares_kernel", "backward_dq_squares_kernel", "forward_squares_run_kernel")
+# square pair's ring kernels: forward_squares.cuh, and the persistent forms, whose per-box
+# setup precedes the walk: forward_squares_persistent.cuh, backward_dq_squares_persistent.cuh);
+# at most SPILL_MOST such instructions.
+SPILLS_OUTSIDE_PRODUCTS = ("forward_squares_kernel", "backward_dq_squares_kernel", "forward_squares_run_kernel",
+                           "backward_dq_squares_run_kernel")
 SPILL_MOST = 48
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu|squarebox|squarerun] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu|squarebox|squarerun|dqrun] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -334,6 +334,8 @@ if [[ $what == *squarerun* ]]; then
     NATTN_SM90_SQUARE_RUN=2 NATTN_SM90_SQUARE_CASES=40 NATTN_FAMILY=sm90 NATTN_LIBRARY=variants/$v.so timeout 100 \
       python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider tests/gpu/test_sm90_forward.py -k "square and bulk" \
       2>&1 | tee -a "$OUT/squarerun.log" | tail -2
+    NATTN_LIBRARY=variants/$v.so timeout 100 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider \
+      tests/gpu/test_query_range_gpu.py -k square 2>&1 | tee -a "$OUT/squarerun.log" | tail -2
     for tool in memcheck racecheck; do
       NATTN_LIBRARY=variants/$v.so NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=squares timeout 150 compute-sanitizer \
         --tool $tool --error-exitcode 9 python3 tests/gpu/sanitize_sm90.py > "$OUT/squarerun_${v}_$tool.log" 2>&1
@@ -351,6 +353,33 @@ if [[ $what == *squarerun* ]]; then
     [[ -f variants/run.so ]] && NATTN_SM90_SQUARE_RUN=$n NATTN_LIBRARY=variants/run.so timeout 100 \
       python3 benchmarks/library_ab.py run$n "$probs" graphs
   done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/squarerun_bench.txt"
+fi
+# dqrun: the persistent square dQ pass (backward_dq_squares_persistent.cuh) as the tuning build
+# variants/dqrun.so against the loaded library: its square backward tests (also with runs of
+# 2 boxes), the squares section under memcheck and racecheck, then forward + backward times
+# side by side (two rounds, one with an RPB) and run lengths 2 / 4 / 8.
+if [[ $what == *dqrun* && -f variants/dqrun.so ]]; then
+  NATTN_SM90_SQUARE_BWD_CASES=${SQ_BWD_CASES:-60} NATTN_FAMILY=sm90 NATTN_LIBRARY=variants/dqrun.so timeout 200 \
+    python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider --maxfail=25 tests/gpu/test_sm90_backward.py -k square \
+    2>&1 | tee -a "$OUT/dqrun.log" | tail -3
+  NATTN_SM90_SQUARE_RUN=2 NATTN_SM90_SQUARE_BWD_CASES=20 NATTN_FAMILY=sm90 NATTN_LIBRARY=variants/dqrun.so timeout 100 \
+    python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider tests/gpu/test_sm90_backward.py -k square \
+    2>&1 | tee -a "$OUT/dqrun.log" | tail -2
+  NATTN_LIBRARY=variants/dqrun.so timeout 100 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider \
+    tests/gpu/test_query_range_gpu.py -k square 2>&1 | tee -a "$OUT/dqrun.log" | tail -2
+  for tool in memcheck racecheck; do
+    NATTN_LIBRARY=variants/dqrun.so NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=squares timeout 150 compute-sanitizer \
+      --tool $tool --error-exitcode 9 python3 tests/gpu/sanitize_sm90.py > "$OUT/dqrun_$tool.log" 2>&1
+    echo "compute-sanitizer $tool (squares, dqrun) rc=$?"; tail -2 "$OUT/dqrun_$tool.log"
+  done
+  probs=${SQ_PROBLEMS:-mid-2d-k13,128x128-k11x11-b4-h8-d64,56x56-k9x9-b32-h4-d64,64x64-k13x13-b8-h8-d64}
+  for args in "bwd graphs" "bwd graphs" "bwd graphs rpb"; do
+    timeout 100 python3 benchmarks/library_ab.py tip "$probs" $args
+    NATTN_LIBRARY=variants/dqrun.so timeout 100 python3 benchmarks/library_ab.py dqrun "$probs" $args
+  done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/dqrun_bench.txt"
+  for n in 2 4 8; do
+    NATTN_SM90_SQUARE_RUN=$n NATTN_LIBRARY=variants/dqrun.so timeout 100 python3 benchmarks/library_ab.py dq$n "$probs" bwd graphs
+  done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/dqrun_bench.txt"
 fi
 # The square dK/dV pass's two key boxes (NATTN_SM90_SQUARE_DKV_BOX=8x8|4x16, sm90/kernels.cuh
 # square_dkv_wide), ~5 minutes: the square backward tests (the 4 x 16 box's sweep, both boxes

@@ -68,7 +68,9 @@ NATTN_HD int square_run_ring_row(int shifted) {
   return shifted >= kSquareRingRows ? shifted - kSquareRingRows : shifted;
 }
 
-template <class Tl, int HD>
+// kGrad 1: the persistent square dQ pass's (backward_dq_squares_persistent.cuh), with a barrier
+// for dO's rows and a count of their reads after the parts' counts.
+template <class Tl, int HD, int kGrad = 0>
 struct SquareRunSmem {
   using Ring = SquareSmem<Tl, HD, true>;
   using Rows = typename Ring::Rows;
@@ -76,10 +78,12 @@ struct SquareRunSmem {
   using Part = typename Ring::Part;
   // (the ring kernel's tiles and barriers at the same places: load_square_rows / _parts)
   static constexpr int kQ = Ring::kQ, kK = Ring::kK, kV = Ring::kV;
-  static constexpr int kBars = Ring::kBars;                    // rows_full, parts_full[kSquareParts]
-  // Q reads, then each part's for even and odd boxes (SquareRunRing::release_upto)
-  static constexpr int kCounts = kBars + 8 * (1 + kSquareParts);
-  static constexpr int kRun = (kCounts + 4 * (1 + 2 * kSquareParts) + 15) / 16 * 16;  // SquareRunBox[2]
+  static constexpr int kBars = Ring::kBars;  // rows_full, parts_full[kSquareParts] (kGrad: grad_full)
+  // Q reads, then each part's for even and odd boxes (SquareRunRing::release_upto), then
+  // (kGrad) dO's reads
+  static constexpr int kCounts = kBars + 8 * (1 + kSquareParts + kGrad);
+  static constexpr int kGradCount = 1 + 2 * kSquareParts;
+  static constexpr int kRun = (kCounts + 4 * (1 + 2 * kSquareParts + kGrad) + 15) / 16 * 16;  // SquareRunBox[2]
   static constexpr int kBytes = kRun + 2 * int(sizeof(SquareRunBox));
   static constexpr int kAlloc = kBytes + 1024;
   static constexpr int kMinBlocks = 3;
@@ -88,9 +92,9 @@ struct SquareRunSmem {
 };
 
 // A warp's counts of the current box's parts, and the copies its last counts issue.
-template <int NA, int HD, class Tl>
+template <int NA, int HD, class Tl, int kGrad = 0>
 struct SquareRunRing {
-  using S = SquareRunSmem<Tl, HD>;
+  using S = SquareRunSmem<Tl, HD, kGrad>;
   int released = 0;  // parts 0 .. released - 1 of the box counted
 
   // The warp is done with the box's parts before `upto` (the whole warp calls it). A count's

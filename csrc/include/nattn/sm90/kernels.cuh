@@ -17,6 +17,7 @@
 #include "nattn/sm90/backward_dkv_squares.cuh"
 #include "nattn/sm90/backward_dkv_strips.cuh"
 #include "nattn/sm90/backward_dq_squares.cuh"
+#include "nattn/sm90/backward_dq_squares_persistent.cuh"
 #include "nattn/sm90/backward_dq_strips.cuh"
 #include "nattn/sm90/backward_wide.cuh"
 #include "nattn/sm90/forward.cuh"
@@ -117,10 +118,27 @@ void launch_forward_strips(const Params& p, const ForwardLaunch* l, cudaStream_t
   forward_strips_kernel<T, NA, HD, Tl><<<grid, StripCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->k, l->v, l->o);
 }
 
-// The persistent square forward (build switch NATTN_SM90_SQUARE_PERSIST): as many CTAs as
-// the SMs hold (three each, fewer when a large RPB table takes shared memory), each walking
-// a run of consecutive boxes; NATTN_SM90_SQUARE_RUN=N (read on every call, for A/B runs)
-// names the run's length.
+// The persistent square kernels' grid (forward_squares_persistent.cuh,
+// backward_dq_squares_persistent.cuh): as many CTAs as the SMs hold at `smem` bytes each
+// (min_blocks at most: fewer when a large RPB table takes shared memory), each walking a run
+// of consecutive boxes (rp.cta_tiles, rp.cta_run); NATTN_SM90_SQUARE_RUN=N (read on every
+// call, for A/B runs) names the run's length.
+template <class QB>
+dim3 square_run_grid(Params& rp, int smem, int min_blocks) {
+  rp.cta_tiles = int(num_cta_tiles<QB>(rp));
+  const int64_t boxes = int64_t(rp.cta_tiles) * rp.heads * rp.batch;
+  int device = 0;
+  cudaGetDevice(&device);
+  const int sms = nattn::host::device_sms(device), smem_sm = nattn::host::device_smem_per_sm(device);
+  const int per_sm = nattn_max(1, nattn_min(min_blocks, smem_sm > 0 ? smem_sm / (smem + kSmemReservedPerCta) : 1));
+  const int64_t slots = int64_t(nattn_max(sms, 1)) * per_sm;
+  const char* named = getenv("NATTN_SM90_SQUARE_RUN");
+  int64_t run = named && atoi(named) > 0 ? atoi(named) : (boxes + slots - 1) / slots;
+  rp.cta_run = int(run > 1 ? run : 1);
+  return dim3(unsigned((boxes + rp.cta_run - 1) / rp.cta_run));
+}
+
+// The persistent square forward (build switch NATTN_SM90_SQUARE_PERSIST).
 template <typename T, int NA, int HD, class Tl>
 void launch_forward_square_runs(const Params& p, const ForwardLaunch* l, cudaStream_t stream) {
   using S = SquareRunSmem<Tl, HD>;
@@ -130,17 +148,7 @@ void launch_forward_square_runs(const Params& p, const ForwardLaunch* l, cudaStr
   const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * SquareCta<Tl, HD>::kRpbGuard : 0;
   const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
   Params rp = p;
-  rp.cta_tiles = int(num_cta_tiles<typename Tl::Q>(p));
-  const int64_t boxes = int64_t(rp.cta_tiles) * p.heads * p.batch;
-  int device = 0;
-  cudaGetDevice(&device);
-  const int sms = nattn::host::device_sms(device), smem_sm = nattn::host::device_smem_per_sm(device);
-  const int per_sm = nattn_max(1, nattn_min(S::kMinBlocks, smem_sm > 0 ? smem_sm / (smem + kSmemReservedPerCta) : 1));
-  const int64_t slots = int64_t(nattn_max(sms, 1)) * per_sm;
-  const char* named = getenv("NATTN_SM90_SQUARE_RUN");
-  int64_t run = named && atoi(named) > 0 ? atoi(named) : (boxes + slots - 1) / slots;
-  rp.cta_run = int(run > 1 ? run : 1);
-  const dim3 grid(unsigned((boxes + rp.cta_run - 1) / rp.cta_run));
+  const dim3 grid = square_run_grid<typename Tl::Q>(rp, smem, S::kMinBlocks);
   forward_squares_run_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(rp, l->q, l->k, l->v);
 }
 
@@ -711,6 +719,22 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
   if (fixed) drpb_fixed_end(p, tc::dkv_fixed_bits<T, HD>(), stream);
 }
 
+// The persistent square dQ pass (build switch NATTN_SM90_SQUARE_DQ_PERSIST; dQ from the
+// registers, not through dQ's map).
+template <typename T, int NA, int HD, class Tl>
+void launch_dq_square_runs(const Params& p, const SquareBackwardLaunch& l, cudaStream_t stream) {
+  using S = SquareRunSmem<Tl, HD, 1>;
+  constexpr int most = S::kAlloc + S::kRpbFloats * int(sizeof(float));
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] { return allow_smem(backward_dq_squares_run_kernel<T, NA, HD, Tl>, most); });
+  const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * SquareCta<Tl, HD>::kRpbGuard : 0;
+  const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
+  Params rp = p;
+  const dim3 grid = square_run_grid<typename Tl::Q>(rp, smem, S::kMinBlocks);
+  backward_dq_squares_run_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(
+      rp, l.q, l.grad_out, l.k, l.v);
+}
+
 // The square pair's backward: the square dQ pass (which computes and writes its rows' delta
 // and, with a fixed-point dRPB, records each query head's largest |dS| first), then the
 // dK/dV pass SquareBackwardLaunch::dkv names (the tensor-core one is instantiated in this
@@ -745,8 +769,11 @@ void launch_backward_squares(const Params& problem, cudaStream_t stream) {
   // With a query range the dK/dV pass reads the delta of rows no dQ CTA runs: the delta
   // kernel writes every row first (launch_backward_strips says why).
   if (has_query_range(p)) launch_delta<T, HD>(p, stream);
-  backward_dq_squares_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->grad_out,
-                                                                                                  l->k, l->v, l->dq);
+  if constexpr (kSquareDqPersist<HD>)
+    launch_dq_square_runs<T, NA, HD, Tl>(p, *l, stream);
+  else
+    backward_dq_squares_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->grad_out,
+                                                                                                    l->k, l->v, l->dq);
   if (own) {
     Params pk = p;
     pk.out_map = l->dkv_maps;
