@@ -1,5 +1,5 @@
 // Host-side check of the copy protocol of the persistent square forward and dQ pass
-// (csrc/include/nattn/sm90/forward_squares_persistent.cuh, backward_dq_squares_persistent.cuh;
+// (csrc/include/nattn/sm90/square_runs.cuh and its two kernels;
 // runs on the CPU, no GPU). It replays random runs of boxes through four warps and the copy
 // engine, interleaved at random (each step one warp action or one copy landing; copies land
 // in any order), every other run as the dQ pass:
@@ -27,7 +27,7 @@
 
 #include <vector>
 
-#include "nattn/sm90/forward_squares_persistent.cuh"
+#include "nattn/sm90/square_runs.cuh"
 
 using namespace nattn;
 using namespace nattn::sm90;

@@ -13,14 +13,13 @@
 // Q, dO and the ring take what three CTAs an SM can have only this way: dO in a tile of its
 // own passes it (77824 bytes at head dim 64 against 75776), and the rotating ring leaves no
 // slot free for it (the whole-box kernel's early dO borrows the ring's last K slot).
-// K / V parts form the forward's one sequence over the run (SquareRunRing: part i of the k-th
-// box in slot (5 k + i) mod 3, key row r at ring row (r + 4 rot) mod 12). dQ goes from the
+// K / V parts form the forward's one sequence over the run (square_runs.cuh). dQ goes from the
 // registers to global memory (store_square_row, scaled), delta to Params::delta as the
 // whole-box kernel writes it, and with an RPB each warp's largest |dS| once a box.
 // csrc/tests/sm90_square_runs_check.cu replays this protocol too (its dQ runs).
 #pragma once
 #include "nattn/sm90/backward_dq_squares.cuh"
-#include "nattn/sm90/forward_squares_persistent.cuh"
+#include "nattn/sm90/square_runs.cuh"
 
 namespace nattn { namespace sm90 {
 
@@ -38,7 +37,6 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
 #if NATTN_SM90_ENABLED
   static_assert(NA == 2 && kSquareDqRing<HD>, "the persistent square dQ pass: 2-D, the ring's head dims");
   using QB = typename Tl::Q;
-  using KB = typename Tl::K;
   using Cta = SquareCta<Tl, HD>;
   using S = SquareRunSmem<Tl, HD, 1>;
   using R = typename S::Rows;
@@ -48,11 +46,10 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
   constexpr int kKeyRowBytes = kSquareKeyBox * kRowBytes;
   constexpr int kHalf = 4;  // n8 score tiles of a half-chunk: two key rows of 16 columns
   unsigned char* smem = aligned_smem();
-  uint64_t* rows_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
-  uint64_t* parts_full = rows_full + 1;
+  uint64_t* parts_full = reinterpret_cast<uint64_t*>(smem + S::kBars) + 1;
   uint64_t* grad_full = parts_full + kSquareParts;
   int* counts = reinterpret_cast<int*>(smem + S::kCounts);  // [0]: Q reads, the parts', dO reads
-  SquareRunBox* run = reinterpret_cast<SquareRunBox*>(smem + S::kRun);
+  const SquareRunBox* run = reinterpret_cast<const SquareRunBox*>(smem + S::kRun);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g4 = lane / 4, t4 = lane % 4;
   // The run: boxes [begin, end) of the flattened order.
@@ -65,51 +62,24 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
     prefetch_tensor_map(&map_do);
     prefetch_tensor_map(&map_k);
     prefetch_tensor_map(&map_v);
-    mbar_init(rows_full, 1);
-    for (int i = 0; i < kSquareParts; ++i) mbar_init(parts_full + i, 1);
-    mbar_init(grad_full, 1);
-    for (int i = 0; i <= S::kGradCount; ++i) counts[i] = 0;
-    square_run_box<NA, QB, KB>(p, begin, end, run[0]);
-    fence_barrier_init();
+    square_run_init<NA, Tl, HD, 1>(p, smem, begin, end);
   }
   __syncthreads();
   if (run[0].index < 0) return;  // uniform
-  if (threadIdx.x == 0) {
-    const SquareRunBox& first = run[0];
-    load_square_rows<NA, HD, Tl>(p, first.tile, kRowsQ, first.h, first.b, smem, &map_q, rows_full);
-    load_square_parts<NA, HD, Tl, true>(p, first.tile, kv_head(p, first.h), first.b, smem, &map_k, &map_v, 0,
-                                        kSquareRingParts);
-  }
+  if (threadIdx.x == 0) square_run_first_loads<NA, Tl, HD, 1>(p, smem, &map_q, &map_k, &map_v);
   const bool has_rpb = p.rpb != nullptr;
   float* bias = reinterpret_cast<float*>(smem + S::kBytes) + Cta::kRpbGuard;
   int staged_h = -1;  // the head whose RPB table is staged
-  // The last of the four warps to pass a count (lane 0; the whole warp calls it) runs `last`.
-  auto count_reads = [&](int* count, auto&& last) {
-    __syncwarp();  // (the warp's reads of the tile)
-    if (lane == 0) {
-      __threadfence_block();
-      if (atomicAdd(count, 1) % 4 == 3) {
-        __threadfence_block();
-        last();
-      }
-    }
-  };
 
   int rot = 0;  // the ring slot of the box's part 0
   int k = 0;
   for (;; ++k) {
     const int phase = k & 1;
-    // The box's Q rows (copied behind its entry of the run: the wait makes the entry visible).
-    mbar_wait(rows_full, phase);
-    const SquareRunBox& box = run[phase];
-    if (box.index < 0) break;  // uniform
+    const SquareRunBox* at = square_run_start<Tl, HD, 1>(p, smem, phase, bias, staged_h);
+    if (at == nullptr) break;  // uniform: the run's end
+    const SquareRunBox& box = *at;
     const CtaTile tile = box.tile;
     const int h = box.h, b = box.b;
-    if (has_rpb && h != staged_h) {  // (the CTA's warps are all past the previous box's walk)
-      __syncthreads();
-      stage_strip_rpb<Cta>(p, h, bias);
-      staged_h = h;
-    }
     SquareLane sq;
     square_lane<QB>(p, tile, warp, lane, sq);
     const int chunks = sq.chunks, row_mult = sq.row_mult;
@@ -139,7 +109,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
     for (int kk = 0; kk < HD / 16; ++kk)
       tc::ldmatrix_x4(qa[kk], smem + S::kQ + R::offset(square_query_row(warp, lane % 16), 16 * kk + 8 * (lane / 16)));
     // Every warp holds its Q fragments: the box's dO rows replace them.
-    count_reads(counts, [&] {
+    square_run_count(counts, lane, [&] {
       fence_proxy_async_smem();  // (the query tile's reads before the copy engine's writes)
       load_square_rows<NA, HD, Tl>(p, tile, kRowsGradOut, h, b, smem, &map_do, grad_full);
     });
@@ -150,16 +120,8 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
     float dlt[2];
     square_row_delta<T, HD, R>(p, smem + S::kQ, row0, t4, o_rows, sq.row_ok, row, dlt);
     // Every warp holds its dO fragments and delta: the next box's Q rows replace them.
-    count_reads(counts + S::kGradCount, [&] {
-      SquareRunBox& next = run[phase ^ 1];
-      square_run_box<NA, QB, KB>(p, box.index + 1, end, next);
-      if (next.index >= 0) {
-        fence_proxy_async_smem();
-        load_square_rows<NA, HD, Tl>(p, next.tile, kRowsQ, next.h, next.b, smem, &map_q, rows_full);
-      } else {
-        mbar_arrive(rows_full);  // (the run's end)
-      }
-    });
+    square_run_count(counts + S::kGradCount, lane,
+                     [&] { square_run_next<NA, Tl, HD, 1>(p, smem, box, phase, end, &map_q); });
     const SquareRunBox& next = run[phase ^ 1];  // (read by the copies of the next box's parts only)
 #pragma unroll
     for (int r = 0; r < 2; ++r) lse2[r] = lse_log2(lse2[r]);
@@ -255,9 +217,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
     }
     rot = (rot + kSquareParts) % kSquareRingParts;
   }
-  // Before the CTA ends: the copies of the run's last box landed (a part no warp reads too).
-  if (threadIdx.x == 0)  // (the loop ended at box k with run[k mod 2] empty: the last box was k - 1)
-    for (int i = 0; i < kSquareParts; ++i) mbar_wait(parts_full + i, (k - 1) & 1);
+  if (threadIdx.x == 0) square_run_drain<Tl, HD, 1>(smem, k);  // (the copies of the run's last box landed)
 #endif
 }
 
