@@ -324,7 +324,8 @@ fi
 # squarerun: the persistent square forward (forward_squares_persistent.cuh) as tuning builds
 # variants/run.so (and run4.so: 4-byte output stores; either may be absent) against the
 # loaded library: its forward tests (also with runs of 2 boxes), the squares section under
-# memcheck and racecheck, then forward times side by side (two rounds, with an RPB, run lengths).
+# memcheck and racecheck (run.so), then forward times side by side (two rounds, with an RPB,
+# run lengths). SQ_CASES (default 120) sizes the square sweep: 60 keeps the call near 6 minutes.
 if [[ $what == *squarerun* ]]; then
   for v in run run4; do
     [[ -f variants/$v.so ]] || continue
@@ -336,6 +337,7 @@ if [[ $what == *squarerun* ]]; then
       2>&1 | tee -a "$OUT/squarerun.log" | tail -2
     NATTN_LIBRARY=variants/$v.so timeout 100 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider \
       tests/gpu/test_query_range_gpu.py -k square 2>&1 | tee -a "$OUT/squarerun.log" | tail -2
+    [[ $v == run ]] || continue  # (run4 differs in its output stores only: no sanitizer runs)
     for tool in memcheck racecheck; do
       NATTN_LIBRARY=variants/$v.so NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=squares timeout 150 compute-sanitizer \
         --tool $tool --error-exitcode 9 python3 tests/gpu/sanitize_sm90.py > "$OUT/squarerun_${v}_$tool.log" 2>&1
