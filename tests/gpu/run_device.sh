@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu|squarebox|squarerun|dqrun] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu|squarebox|squarerun|dqrun|pdl] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -382,6 +382,26 @@ if [[ $what == *dqrun* && -f variants/dqrun.so ]]; then
   for n in 2 4 8; do
     NATTN_SM90_SQUARE_RUN=$n NATTN_LIBRARY=variants/dqrun.so timeout 100 python3 benchmarks/library_ab.py dq$n "$probs" bwd graphs
   done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/dqrun_bench.txt"
+fi
+# pdl: programmatic dependent launch of the square and strip dK/dV passes after their dQ
+# passes (tuning build variants/pdl.so, -DNATTN_SM90_PDL=1; 2-D and 3-D) against the loaded
+# library: the square and strip backward tests (the dK/dV pass reads delta and the largest
+# |dS| only after its griddep_wait), query ranges, memcheck on both sections, then forward +
+# backward times side by side (two rounds, one with an RPB).
+if [[ $what == *pdl* && -f variants/pdl.so ]]; then
+  NATTN_SM90_SQUARE_BWD_CASES=${SQ_BWD_CASES:-60} NATTN_SM90_STRIP_BWD_CASES=${STRIP_BWD_CASES:-60} NATTN_FAMILY=sm90 \
+    NATTN_LIBRARY=variants/pdl.so timeout 240 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider --maxfail=25 \
+    tests/gpu/test_sm90_backward.py -k "square or strip" 2>&1 | tee -a "$OUT/pdl.log" | tail -3
+  NATTN_LIBRARY=variants/pdl.so timeout 100 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider \
+    tests/gpu/test_query_range_gpu.py -k "square or strip" 2>&1 | tee -a "$OUT/pdl.log" | tail -2
+  NATTN_LIBRARY=variants/pdl.so NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=squares,strips timeout 150 compute-sanitizer \
+    --tool memcheck --error-exitcode 9 python3 tests/gpu/sanitize_sm90.py > "$OUT/pdl_memcheck.log" 2>&1
+  echo "compute-sanitizer memcheck (squares, strips; pdl) rc=$?"; tail -2 "$OUT/pdl_memcheck.log"
+  probs=${PDL_PROBLEMS:-dinat-s1-2d,mid-2d-k13,video-3d,56x56-k9x9-b32-h4-d64,28x28-k7x7-b128-h4-d32}
+  for args in "bwd graphs" "bwd graphs" "bwd graphs rpb"; do
+    timeout 100 python3 benchmarks/library_ab.py tip "$probs" $args
+    NATTN_LIBRARY=variants/pdl.so timeout 100 python3 benchmarks/library_ab.py pdl "$probs" $args
+  done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/pdl_bench.txt"
 fi
 # The square dK/dV pass's two key boxes (NATTN_SM90_SQUARE_DKV_BOX=8x8|4x16, sm90/kernels.cuh
 # square_dkv_wide), ~5 minutes: the square backward tests (the 4 x 16 box's sweep, both boxes

@@ -98,7 +98,10 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   uint64_t* full = keys_full + 1;  // full[s]: stage s's slab landed
 
   CtaTile tile;  // q0: the first key; lo / nk: the union's first query and extent per axis
-  if (!cta_tile_inverse<2, KB, Box<1, 1, 1>>(p, blockIdx.x, tile)) return;  // uniform
+  if (!cta_tile_inverse<2, KB, Box<1, 1, 1>>(p, blockIdx.x, tile)) {  // uniform
+    griddep_wait();  // (NATTN_SM90_PDL: no CTA of this pass ends before the dQ pass)
+    return;
+  }
   const int hk = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g4 = lane / 4, t4 = lane % 4;
@@ -187,6 +190,9 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
       if (threadIdx.x + 128 * i < slab_queries)
         lse_buf[(f % 2) * S::kTileRows + threadIdx.x + 128 * i] = make_float2(lse_log2(staged[i].x), staged[i].y);
   };
+  // (NATTN_SM90_PDL: the copies above read only the call's inputs; delta and the largest |dS|
+  // come from the dQ pass)
+  griddep_wait();
   if (slabs > 0) fetch(0);
 
   // The query heads' RPB tables times log2(e), and their fixed-point dRPB tables zeroed (the

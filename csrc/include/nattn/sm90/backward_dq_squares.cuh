@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareSmem<Tl, HD
     fence_barrier_init();
   }
   __syncthreads();
+  griddep_launch_dependents();  // (NATTN_SM90_PDL: the dK/dV pass may start its CTAs)
 #if NATTN_SM90_SQUARE_DQ_EARLY_DO
   // (early dO: the ring's last K slot holds dO's rows until its part comes)
   constexpr bool kEarlyDo = kRing;

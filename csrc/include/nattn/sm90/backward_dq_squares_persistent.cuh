@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(SquareCta<Tl, HD>::kThreads, SquareRunSmem<Tl,
     square_run_init<NA, Tl, HD, 1>(p, smem, begin, end);
   }
   __syncthreads();
+  griddep_launch_dependents();  // (NATTN_SM90_PDL: the dK/dV pass may start its CTAs)
   if (run[0].index < 0) return;  // uniform
   if (threadIdx.x == 0) square_run_first_loads<NA, Tl, HD, 1>(p, smem, &map_q, &map_k, &map_v);
   const bool has_rpb = p.rpb != nullptr;

@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(StripCta<Tl, HD>::kThreads, strip_dq_min_block
     fence_barrier_init();
   }
   __syncthreads();
+  griddep_launch_dependents();  // (NATTN_SM90_PDL: the dK/dV pass may start its CTAs)
   auto load_slab = [&](int f) {
     load_strip_slab<NA, HD, Tl, C>(p, tile, f, h_kv, b, smem + S::kK, full, &map_k, &map_v);
   };

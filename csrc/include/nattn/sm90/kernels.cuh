@@ -665,6 +665,30 @@ void launch_backward_narrow(const Params& problem, cudaStream_t stream) {
   if (fixed) drpb_fixed_end(p, kDrpbFixedBits, stream);
 }
 
+// Launches a pass that reads what the kernel before it in the stream wrote (the dK/dV pass
+// after the dQ pass). With NATTN_SM90_PDL (ptx.cuh) as a programmatic dependent: its CTAs may
+// start while the last ones of the kernel before still run, and wait (griddep_wait) before
+// reading its results; where the driver refuses the attribute, an ordinary launch.
+template <typename... Expected, typename... Args>
+void launch_dependent(void (*kernel)(Expected...), dim3 grid, dim3 block, int smem, cudaStream_t stream,
+                      Args&&... args) {
+#if NATTN_SM90_PDL
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = size_t(smem);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, kernel, args...) == cudaSuccess) return;
+  cudaGetLastError();  // (cleared: the ordinary launch below reports its own)
+#endif
+  kernel<<<grid, block, smem, stream>>>(args...);
+}
+
 // A strip pair's backward: the strip dQ pass (which computes and writes its rows' delta and,
 // with a fixed-point dRPB, records each query head's largest |dS| first), then a dK/dV pass
 // (strip_dkv_own: the strip one, or the tensor-core family's, instantiated in this
@@ -711,7 +735,8 @@ void launch_backward_strips(const Params& problem, cudaStream_t stream) {
     const int tables = p.rpb ? strip_drpb_layout(entries).bytes : 0;
     const dim3 kgrid(unsigned(num_key_ctas<StripDkvKeyBox<NA>>(p)), unsigned(p.heads_kv), unsigned(p.batch));
     auto dkv = p.rpb ? backward_dkv_strips_kernel<T, NA, HD, Tl, true> : backward_dkv_strips_kernel<T, NA, HD, Tl, false>;
-    dkv<<<kgrid, 128, Sk::kAlloc + tables, stream>>>(pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk, l->dv);
+    launch_dependent(dkv, kgrid, dim3(128), Sk::kAlloc + tables, stream, pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk,
+                     l->dv);
     if (fixed) drpb_fixed_end(p, kStripDrpbBits, stream);
     return;
   }
@@ -782,8 +807,8 @@ void launch_backward_squares(const Params& problem, cudaStream_t stream) {
     const dim3 kgrid(unsigned(square_dkv_key_ctas(p, l->wide)), unsigned(p.heads_kv), unsigned(p.batch));
     auto dkv = l->wide ? (p.rpb ? backward_dkv_squares_kernel<T, HD, true, true> : backward_dkv_squares_kernel<T, HD, false, true>)
                        : (p.rpb ? backward_dkv_squares_kernel<T, HD, true, false> : backward_dkv_squares_kernel<T, HD, false, false>);
-    dkv<<<kgrid, 128, Sk::kAlloc + tables, stream>>>(pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk, l->dv,
-                                                     l->slab_cols);
+    launch_dependent(dkv, kgrid, dim3(128), Sk::kAlloc + tables, stream, pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk,
+                     l->dv, l->slab_cols);
     if (fixed) drpb_fixed_end(p, kStripDrpbBits, stream);
     return;
   }

@@ -19,6 +19,27 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// ---------------------------------------------------------------- programmatic dependent launch
+// Build switch NATTN_SM90_PDL (off; an experiment, not yet GPU-run): a kernel whose CTAs have
+// all run griddep_launch_dependents() (or ended) lets the next kernel of the stream start, if
+// that one was launched as a programmatic dependent (launch_dependent, kernels.cuh); the
+// dependent's threads run up to griddep_wait(), which returns once the kernel before has
+// completed and its writes are visible. Both are no-ops in a kernel launched without the
+// attribute, and compile to nothing with the switch off.
+#ifndef NATTN_SM90_PDL
+#define NATTN_SM90_PDL 0
+#endif
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if NATTN_SM90_ENABLED && NATTN_SM90_PDL
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_wait() {
+#if NATTN_SM90_ENABLED && NATTN_SM90_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- mbarriers
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 #if NATTN_SM90_ENABLED
