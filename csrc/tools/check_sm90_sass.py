@@ -33,7 +33,7 @@ FORBIDDEN = ("LDL", "STL")
 # setup precedes the walk: forward_squares_persistent.cuh, backward_dq_squares_persistent.cuh);
 # at most SPILL_MOST such instructions.
 SPILLS_OUTSIDE_PRODUCTS = ("forward_squares_kernel", "backward_dq_squares_kernel", "forward_squares_run_kernel",
-                           "backward_dq_squares_run_kernel")
+                           "backward_dq_squares_run_kernel", "backward_dkv_squares_run_kernel")
 SPILL_MOST = 48
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU test tier, compute-sanitizer memcheck sweep, anchor benchmark.
 # Usage (repo root on the GPU machine, libnattn.so already in nattn/_cuda/):
-#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu|squarebox|squarerun|dqrun|pdl] ...
+#   bash tests/gpu/run_device.sh [quick|backward|tests|sanitize|initcheck|bench|flex|anchors|all|split|host|models|compile|variants|varcheck|ab|crossover|familyab|strips|stripcheck|striptime|stripbwd|stripnat|stripverify|dispatchcheck|sweep|optimize|qkav|norm|ncu|squarebox|squarerun|dqrun|dkvrun|pdl] ...
 # flex: the flex backend's GPU tests (compiled autograd first); anchors: the full bench with
 # the cuda and flex backends side by side (docs/dev/PERF.md records its tables); models:
 # python -m nattn.bench --suite models; compile: benchmarks/compile_profile.py; split, host:
@@ -382,6 +382,34 @@ if [[ $what == *dqrun* && -f variants/dqrun.so ]]; then
   for n in 2 4 8; do
     NATTN_SM90_SQUARE_RUN=$n NATTN_LIBRARY=variants/dqrun.so timeout 100 python3 benchmarks/library_ab.py dq$n "$probs" bwd graphs
   done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/dqrun_bench.txt"
+fi
+# dkvrun: the persistent square dK/dV pass (backward_dkv_squares_persistent.cuh) as the tuning
+# build variants/dkvrun.so against the loaded library, its own dK/dV pass named (the
+# persistent form runs where the call has no query range): the square backward tests (also
+# with runs of 2 boxes), memcheck and racecheck on the squares section, then forward +
+# backward times side by side (two rounds, one with an RPB) and run lengths 2 / 4 / 8.
+if [[ $what == *dkvrun* && -f variants/dkvrun.so ]]; then
+  NATTN_SM90_SQUARE_DKV=own NATTN_SM90_SQUARE_BWD_CASES=${SQ_BWD_CASES:-60} NATTN_FAMILY=sm90 \
+    NATTN_LIBRARY=variants/dkvrun.so timeout 200 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider --maxfail=25 \
+    tests/gpu/test_sm90_backward.py -k square 2>&1 | tee -a "$OUT/dkvrun.log" | tail -3
+  NATTN_SM90_SQUARE_DKV=own NATTN_SM90_SQUARE_RUN=2 NATTN_SM90_SQUARE_BWD_CASES=20 NATTN_FAMILY=sm90 \
+    NATTN_LIBRARY=variants/dkvrun.so timeout 100 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider \
+    tests/gpu/test_sm90_backward.py -k square 2>&1 | tee -a "$OUT/dkvrun.log" | tail -2
+  for tool in memcheck racecheck; do
+    NATTN_SM90_SQUARE_DKV=own NATTN_LIBRARY=variants/dkvrun.so NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=squares \
+      timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tests/gpu/sanitize_sm90.py \
+      > "$OUT/dkvrun_$tool.log" 2>&1
+    echo "compute-sanitizer $tool (squares, dkvrun) rc=$?"; tail -2 "$OUT/dkvrun_$tool.log"
+  done
+  probs=${SQ_PROBLEMS:-mid-2d-k13,128x128-k11x11-b4-h8-d64,56x56-k9x9-b32-h4-d64,64x64-k13x13-b8-h8-d32}
+  for args in "bwd graphs" "bwd graphs" "bwd graphs rpb"; do
+    NATTN_SM90_SQUARE_DKV=own timeout 100 python3 benchmarks/library_ab.py tip "$probs" $args
+    NATTN_SM90_SQUARE_DKV=own NATTN_LIBRARY=variants/dkvrun.so timeout 100 python3 benchmarks/library_ab.py dkvrun "$probs" $args
+  done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/dkvrun_bench.txt"
+  for n in 2 4 8; do
+    NATTN_SM90_SQUARE_DKV=own NATTN_SM90_SQUARE_RUN=$n NATTN_LIBRARY=variants/dkvrun.so timeout 100 \
+      python3 benchmarks/library_ab.py dkv$n "$probs" bwd graphs
+  done 2>&1 | grep -v "^ \|^Traceback" | tee -a "$OUT/dkvrun_bench.txt"
 fi
 # pdl: programmatic dependent launch of the square and strip dK/dV passes after their dQ
 # passes (tuning build variants/pdl.so, -DNATTN_SM90_PDL=1; 2-D and 3-D) against the loaded

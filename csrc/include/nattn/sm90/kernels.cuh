@@ -15,6 +15,7 @@
 #include "nattn/sm90/backward_dkv.cuh"
 #include "nattn/sm90/backward_dq.cuh"
 #include "nattn/sm90/backward_dkv_squares.cuh"
+#include "nattn/sm90/backward_dkv_squares_persistent.cuh"
 #include "nattn/sm90/backward_dkv_strips.cuh"
 #include "nattn/sm90/backward_dq_squares.cuh"
 #include "nattn/sm90/backward_dq_squares_persistent.cuh"
@@ -118,15 +119,15 @@ void launch_forward_strips(const Params& p, const ForwardLaunch* l, cudaStream_t
   forward_strips_kernel<T, NA, HD, Tl><<<grid, StripCta<Tl, HD>::kThreads, smem, stream>>>(p, l->q, l->k, l->v, l->o);
 }
 
-// The persistent square kernels' grid (forward_squares_persistent.cuh,
-// backward_dq_squares_persistent.cuh): as many CTAs as the SMs hold at `smem` bytes each
-// (min_blocks at most: fewer when a large RPB table takes shared memory), each walking a run
-// of consecutive boxes (rp.cta_tiles, rp.cta_run); NATTN_SM90_SQUARE_RUN=N (read on every
-// call, for A/B runs) names the run's length.
-template <class QB>
-dim3 square_run_grid(Params& rp, int smem, int min_blocks) {
-  rp.cta_tiles = int(num_cta_tiles<QB>(rp));
-  const int64_t boxes = int64_t(rp.cta_tiles) * rp.heads * rp.batch;
+// The persistent square kernels' grid (forward_squares_persistent.cuh and the dQ and dK/dV
+// passes' persistent forms): as many CTAs as the SMs hold at `smem` bytes each (min_blocks at
+// most: fewer when a large RPB table takes shared memory), each walking a run of consecutive
+// boxes of the flattened [batch, head, box] order (`per` boxes a batch entry and head, rp.cta_tiles;
+// the run's length rp.cta_run); NATTN_SM90_SQUARE_RUN=N (read on every call, for A/B runs)
+// names the run's length.
+inline dim3 square_run_grid(Params& rp, int64_t per, int heads, int smem, int min_blocks) {
+  rp.cta_tiles = int(per);
+  const int64_t boxes = per * heads * rp.batch;
   int device = 0;
   cudaGetDevice(&device);
   const int sms = nattn::host::device_sms(device), smem_sm = nattn::host::device_smem_per_sm(device);
@@ -148,7 +149,7 @@ void launch_forward_square_runs(const Params& p, const ForwardLaunch* l, cudaStr
   const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * SquareCta<Tl, HD>::kRpbGuard : 0;
   const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
   Params rp = p;
-  const dim3 grid = square_run_grid<typename Tl::Q>(rp, smem, S::kMinBlocks);
+  const dim3 grid = square_run_grid(rp, num_cta_tiles<typename Tl::Q>(p), p.heads, smem, S::kMinBlocks);
   forward_squares_run_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(rp, l->q, l->k, l->v);
 }
 
@@ -755,9 +756,31 @@ void launch_dq_square_runs(const Params& p, const SquareBackwardLaunch& l, cudaS
   const int rpb_floats = p.rpb ? int(p.rpb_head_size) + 2 * SquareCta<Tl, HD>::kRpbGuard : 0;
   const int smem = S::kAlloc + rpb_floats * int(sizeof(float));
   Params rp = p;
-  const dim3 grid = square_run_grid<typename Tl::Q>(rp, smem, S::kMinBlocks);
+  const dim3 grid = square_run_grid(rp, num_cta_tiles<typename Tl::Q>(p), p.heads, smem, S::kMinBlocks);
   backward_dq_squares_run_kernel<T, NA, HD, Tl><<<grid, SquareCta<Tl, HD>::kThreads, smem, stream>>>(
       rp, l.q, l.grad_out, l.k, l.v);
+}
+
+// The persistent square dK/dV pass (build switch NATTN_SM90_SQUARE_DKV_PERSIST; calls without
+// a query range): dK / dV from the registers, not through their maps.
+template <typename T, int HD>
+void launch_dkv_square_runs(const Params& pk, const SquareBackwardLaunch& l, int tables, cudaStream_t stream) {
+  using S = SquareDkvRunSmem<HD>;
+  constexpr int most = S::kAlloc + kStripDrpbMostBytes;
+  static std::atomic<uint64_t> opted{0};  // per device: common/smem_opt_in.cuh
+  once_per_device(opted, [] {
+    return allow_smem(backward_dkv_squares_run_kernel<T, HD, true, false>, most) &
+           allow_smem(backward_dkv_squares_run_kernel<T, HD, false, false>, S::kAlloc) &
+           allow_smem(backward_dkv_squares_run_kernel<T, HD, true, true>, most) &
+           allow_smem(backward_dkv_squares_run_kernel<T, HD, false, true>, S::kAlloc);
+  });
+  const int smem = S::kAlloc + tables;
+  Params rp = pk;
+  const int min_blocks = pk.rpb ? SquareDkvMinBlocks<HD, true>::value : SquareDkvMinBlocks<HD, false>::value;
+  const dim3 grid = square_run_grid(rp, square_dkv_key_ctas(pk, l.wide), pk.heads_kv, smem, min_blocks);
+  auto dkv = l.wide ? (pk.rpb ? backward_dkv_squares_run_kernel<T, HD, true, true> : backward_dkv_squares_run_kernel<T, HD, false, true>)
+                    : (pk.rpb ? backward_dkv_squares_run_kernel<T, HD, true, false> : backward_dkv_squares_run_kernel<T, HD, false, false>);
+  launch_dependent(dkv, grid, dim3(128), smem, stream, rp, l.kv_q, l.kv_do, l.kv_k, l.kv_v, l.slab_cols);
 }
 
 // The square pair's backward: the square dQ pass (which computes and writes its rows' delta
@@ -805,6 +828,13 @@ void launch_backward_squares(const Params& problem, cudaStream_t stream) {
     // the query heads' RPB tables and their dRPB tables in shared memory
     const int tables = p.rpb ? strip_drpb_layout(int(p.groups * p.rpb_head_size)).bytes : 0;
     const dim3 kgrid(unsigned(square_dkv_key_ctas(p, l->wide)), unsigned(p.heads_kv), unsigned(p.batch));
+    if constexpr (kSquareDkvPersist) {
+      if (!has_query_range(p)) {
+        launch_dkv_square_runs<T, HD>(pk, *l, tables, stream);
+        if (fixed) drpb_fixed_end(p, kStripDrpbBits, stream);
+        return;
+      }
+    }
     auto dkv = l->wide ? (p.rpb ? backward_dkv_squares_kernel<T, HD, true, true> : backward_dkv_squares_kernel<T, HD, false, true>)
                        : (p.rpb ? backward_dkv_squares_kernel<T, HD, true, false> : backward_dkv_squares_kernel<T, HD, false, false>);
     launch_dependent(dkv, kgrid, dim3(128), Sk::kAlloc + tables, stream, pk, l->kv_q, l->kv_do, l->kv_k, l->kv_v, l->dk,
