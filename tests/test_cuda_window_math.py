@@ -33,7 +33,8 @@ the warp's swizzle phase, masks, staged slots and RPB indices; each query of the
 csrc/tests/sm90_square_runs_check.cu replays the copies and counts of the persistent square
 forward and dQ pass through random runs of boxes and interleavings of four warps (each chunk
 reads its landed parts, the query tile holds the Q or dO a warp reads, no copy lands where a
-warp reads, barrier phases in order, no deadlock)."""
+warp reads, barrier phases in order, no deadlock), then checks that the persistent kernels'
+runs (square_run_box, square_dkv_run_box) visit every box of the whole-box grids once."""
 
 import os
 import shutil

@@ -21,12 +21,17 @@
 // wrongly); counts of two boxes never mix (even and odd boxes count apart: each count of box k lies in
 // 4 (k / 2) .. + 3 of its parity's); the
 // run ends with nothing in flight after the final waits, and never deadlocks.
-// Prints "ok <steps>" or the first failure (exit 1).
+// Then the runs' boxes: on random square problems (with and without a query range, several
+// heads, KV heads and batch entries) and run lengths, the CTAs' walks with square_run_box (the
+// forward and dQ pass) and square_dkv_run_box (the dK/dV pass) visit every box the whole-box
+// grid runs (cta_tile / cta_tile_inverse true) exactly once, with its tile, head and batch.
+// Prints "ok <steps> <boxes>" or the first failure (exit 1).
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <vector>
 
+#include "nattn/sm90/backward_dkv_squares_persistent.cuh"
 #include "nattn/sm90/square_runs.cuh"
 
 using namespace nattn;
@@ -34,6 +39,7 @@ using namespace nattn::sm90;
 
 #define NATTN_CHECK_SEED 0x51a7e0c3d2b94e17ull
 #include "host_rng.h"
+#include "sm90_problems.h"
 
 constexpr int kWarps = 4, kParts = kSquareParts, kSlots = kSquareRingParts;
 
@@ -59,6 +65,103 @@ static int failed = 0;
 static void fail(const char* what, int run, int box, int warp, int part) {
   if (!failed) printf("FAIL %s: run %d box %d warp %d part %d\n", what, run, box, warp, part);
   failed = 1;
+}
+
+static bool same_tile(const CtaTile& x, const CtaTile& y) {  // (the decoders fill the 2-D axes only)
+  for (int a = 0; a < 2; ++a)
+    if (x.g[a] != y.g[a] || x.q0[a] != y.q0[a] || x.len[a] != y.len[a] || x.lo[a] != y.lo[a] || x.nk[a] != y.nk[a])
+      return false;
+  return x.tiles == y.tiles;
+}
+
+// The CTAs' walks over runs of `run` boxes (of `per` a batch entry and head, `heads` heads)
+// against the whole-box grid: `expect(i, tile)` decodes box i within its (batch, head), and
+// `walk(index, end, box)` is the kernels' next-box search. Returns the boxes visited, -1 on
+// a failure.
+template <class Entry, class Expect, class Walk>
+static long long check_run_boxes(const char* what, const Params& p, int per, int heads, int run, Expect&& expect,
+                                 Walk&& walk) {
+  const int boxes = per * heads * p.batch;
+  std::vector<int> seen(boxes, 0);
+  long long visited = 0;
+  for (int begin = 0; begin < boxes; begin += run) {  // (a CTA's run: the launcher's grid)
+    const int end = begin + run < boxes ? begin + run : boxes;
+    Entry box;
+    for (walk(begin, end, box); box.index >= 0; walk(box.index + 1, end, box)) {
+      if (box.index < begin || box.index >= end || seen[box.index]++) {
+        printf("FAIL %s: box %d outside its run or visited twice\n", what, box.index);
+        return -1;
+      }
+      CtaTile want;
+      const int hb = box.index / per;
+      const int h = sizeof(Entry) == sizeof(SquareRunBox) ? reinterpret_cast<const SquareRunBox&>(box).h
+                                                          : reinterpret_cast<const SquareDkvRunBox&>(box).hk;
+      const int b = sizeof(Entry) == sizeof(SquareRunBox) ? reinterpret_cast<const SquareRunBox&>(box).b
+                                                          : reinterpret_cast<const SquareDkvRunBox&>(box).b;
+      if (!expect(box.index - hb * per, want) || !same_tile(want, box.tile) || h != hb % heads || b != hb / heads) {
+        printf("FAIL %s: box %d decoded unlike the whole-box grid\n", what, box.index);
+        return -1;
+      }
+      ++visited;
+    }
+  }
+  for (int i = 0; i < boxes; ++i) {
+    CtaTile t;
+    if (!seen[i] && expect(i % per, t)) {
+      printf("FAIL %s: box %d with queries never visited\n", what, i);
+      return -1;
+    }
+  }
+  return visited;
+}
+
+static long long check_boxes() {
+  long long visited = 0;
+  for (int it = 0; it < 600; ++it) {
+    Params p = square_problem();
+    if (rnd(0, 2) == 0) {  // a halo rank's query range on one axis
+      const int a = rnd(0, 1);
+      p.q_lo[a] = rnd(0, p.spatial[a] - 1);
+      p.q_hi[a] = rnd(p.q_lo[a] + 1, p.spatial[a]);
+    }
+    p.batch = rnd(1, 3);
+    p.heads_kv = rnd(1, 3);
+    p.groups = rnd(1, 2);
+    p.heads = p.heads_kv * p.groups;
+    const int run = rnd(1, 9);
+    using QB = Box<8, 8, 1>;
+    set_query_boxes<QB>(p);
+    p.cta_tiles = int(num_cta_tiles<QB>(p));
+    const long long q = check_run_boxes<SquareRunBox>(
+        "query boxes", p, p.cta_tiles, p.heads, run,
+        [&](int i, CtaTile& t) { return cta_tile<2, QB, Box<kSquareKeyBox, kSquareKeyBox, 1>>(p, unsigned(i), t); },
+        [&](int index, int end, SquareRunBox& out) {
+          square_run_box<2, QB, Box<kSquareKeyBox, kSquareKeyBox, 1>>(p, index, end, out);
+        });
+    if (q < 0) return -1;
+    visited += q;
+    for (int wide = 0; wide < 2; ++wide) {
+      long long k;
+      if (wide) {
+        using KB = SquareDkvBox<true>::Keys;
+        p.cta_tiles = int(num_key_ctas<KB>(p));
+        k = check_run_boxes<SquareDkvRunBox>(
+            "key boxes (4 x 16)", p, p.cta_tiles, p.heads_kv, run,
+            [&](int i, CtaTile& t) { return cta_tile_inverse<2, KB, Box<1, 1, 1>>(p, unsigned(i), t); },
+            [&](int index, int end, SquareDkvRunBox& out) { square_dkv_run_box<true>(p, index, end, out); });
+      } else {
+        using KB = SquareDkvBox<false>::Keys;
+        p.cta_tiles = int(num_key_ctas<KB>(p));
+        k = check_run_boxes<SquareDkvRunBox>(
+            "key boxes (8 x 8)", p, p.cta_tiles, p.heads_kv, run,
+            [&](int i, CtaTile& t) { return cta_tile_inverse<2, KB, Box<1, 1, 1>>(p, unsigned(i), t); },
+            [&](int index, int end, SquareDkvRunBox& out) { square_dkv_run_box<false>(p, index, end, out); });
+      }
+      if (k < 0) return -1;
+      visited += k;
+    }
+  }
+  return visited;
 }
 
 int main() {
@@ -273,6 +376,8 @@ int main() {
     }
   }
   if (failed) return 1;
-  printf("ok %lld\n", steps);
+  const long long boxes = check_boxes();
+  if (boxes < 0) return 1;
+  printf("ok %lld %lld\n", steps, boxes);
   return 0;
 }
