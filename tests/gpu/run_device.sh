@@ -420,8 +420,8 @@ if [[ $what == *pdl* && -f variants/pdl.so ]]; then
   NATTN_SM90_SQUARE_BWD_CASES=${SQ_BWD_CASES:-60} NATTN_SM90_STRIP_BWD_CASES=${STRIP_BWD_CASES:-60} NATTN_FAMILY=sm90 \
     NATTN_LIBRARY=variants/pdl.so timeout 240 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider --maxfail=25 \
     tests/gpu/test_sm90_backward.py -k "square or strip" 2>&1 | tee -a "$OUT/pdl.log" | tail -3
-  NATTN_LIBRARY=variants/pdl.so timeout 100 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider \
-    tests/gpu/test_query_range_gpu.py -k "square or strip" 2>&1 | tee -a "$OUT/pdl.log" | tail -2
+  NATTN_QRANGE_CASES=60 NATTN_LIBRARY=variants/pdl.so timeout 120 python3 -m pytest -q -n 0 -m gpu -p no:cacheprovider \
+    tests/gpu/test_query_range_gpu.py 2>&1 | tee -a "$OUT/pdl.log" | tail -2
   NATTN_LIBRARY=variants/pdl.so NATTN_FAMILY=sm90 NATTN_SANITIZE_SECTIONS=squares,strips timeout 150 compute-sanitizer \
     --tool memcheck --error-exitcode 9 python3 tests/gpu/sanitize_sm90.py > "$OUT/pdl_memcheck.log" 2>&1
   echo "compute-sanitizer memcheck (squares, strips; pdl) rc=$?"; tail -2 "$OUT/pdl_memcheck.log"
