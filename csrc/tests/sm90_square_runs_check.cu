@@ -78,7 +78,7 @@ static bool same_tile(const CtaTile& x, const CtaTile& y) {  // (the decoders fi
 // against the whole-box grid: `expect(i, tile)` decodes box i within its (batch, head), and
 // `walk(index, end, box)` is the kernels' next-box search. Returns the boxes visited, -1 on
 // a failure.
-template <class Entry, class Expect, class Walk>
+template <class Expect, class Walk>
 static long long check_run_boxes(const char* what, const Params& p, int per, int heads, int run, Expect&& expect,
                                  Walk&& walk) {
   const int boxes = per * heads * p.batch;
@@ -86,7 +86,7 @@ static long long check_run_boxes(const char* what, const Params& p, int per, int
   long long visited = 0;
   for (int begin = 0; begin < boxes; begin += run) {  // (a CTA's run: the launcher's grid)
     const int end = begin + run < boxes ? begin + run : boxes;
-    Entry box;
+    SquareRunBox box;
     for (walk(begin, end, box); box.index >= 0; walk(box.index + 1, end, box)) {
       if (box.index < begin || box.index >= end || seen[box.index]++) {
         printf("FAIL %s: box %d outside its run or visited twice\n", what, box.index);
@@ -94,11 +94,8 @@ static long long check_run_boxes(const char* what, const Params& p, int per, int
       }
       CtaTile want;
       const int hb = box.index / per;
-      const int h = sizeof(Entry) == sizeof(SquareRunBox) ? reinterpret_cast<const SquareRunBox&>(box).h
-                                                          : reinterpret_cast<const SquareDkvRunBox&>(box).hk;
-      const int b = sizeof(Entry) == sizeof(SquareRunBox) ? reinterpret_cast<const SquareRunBox&>(box).b
-                                                          : reinterpret_cast<const SquareDkvRunBox&>(box).b;
-      if (!expect(box.index - hb * per, want) || !same_tile(want, box.tile) || h != hb % heads || b != hb / heads) {
+      if (!expect(box.index - hb * per, want) || !same_tile(want, box.tile) || box.h != hb % heads ||
+          box.b != hb / heads) {
         printf("FAIL %s: box %d decoded unlike the whole-box grid\n", what, box.index);
         return -1;
       }
@@ -132,7 +129,7 @@ static long long check_boxes() {
     using QB = Box<8, 8, 1>;
     set_query_boxes<QB>(p);
     p.cta_tiles = int(num_cta_tiles<QB>(p));
-    const long long q = check_run_boxes<SquareRunBox>(
+    const long long q = check_run_boxes(
         "query boxes", p, p.cta_tiles, p.heads, run,
         [&](int i, CtaTile& t) { return cta_tile<2, QB, Box<kSquareKeyBox, kSquareKeyBox, 1>>(p, unsigned(i), t); },
         [&](int index, int end, SquareRunBox& out) {
@@ -145,17 +142,17 @@ static long long check_boxes() {
       if (wide) {
         using KB = SquareDkvBox<true>::Keys;
         p.cta_tiles = int(num_key_ctas<KB>(p));
-        k = check_run_boxes<SquareDkvRunBox>(
+        k = check_run_boxes(
             "key boxes (4 x 16)", p, p.cta_tiles, p.heads_kv, run,
             [&](int i, CtaTile& t) { return cta_tile_inverse<2, KB, Box<1, 1, 1>>(p, unsigned(i), t); },
-            [&](int index, int end, SquareDkvRunBox& out) { square_dkv_run_box<true>(p, index, end, out); });
+            [&](int index, int end, SquareRunBox& out) { square_dkv_run_box<true>(p, index, end, out); });
       } else {
         using KB = SquareDkvBox<false>::Keys;
         p.cta_tiles = int(num_key_ctas<KB>(p));
-        k = check_run_boxes<SquareDkvRunBox>(
+        k = check_run_boxes(
             "key boxes (8 x 8)", p, p.cta_tiles, p.heads_kv, run,
             [&](int i, CtaTile& t) { return cta_tile_inverse<2, KB, Box<1, 1, 1>>(p, unsigned(i), t); },
-            [&](int index, int end, SquareDkvRunBox& out) { square_dkv_run_box<false>(p, index, end, out); });
+            [&](int index, int end, SquareRunBox& out) { square_dkv_run_box<false>(p, index, end, out); });
       }
       if (k < 0) return -1;
       visited += k;

@@ -72,9 +72,9 @@ struct Params {
   // Host-set by the sm90 box pairs' backward launcher: 1 when the dQ pass computes delta
   // (rowsum(dO O) - dLSE of its rows, written for the dK/dV pass) instead of a kernel before it.
   int delta_in_dq;
-  // Host-set by the persistent square forward (sm90/forward_squares_persistent.cuh, a build
-  // switch): the query boxes of one (batch, head), and how many consecutive boxes of the
-  // flattened [batch, head, box] order a CTA walks.
+  // Host-set by the persistent square passes (sm90/square_runs.cuh, build switches): the boxes
+  // of one (batch, head) (the dK/dV pass: key boxes of one KV head), and how many consecutive
+  // boxes of the flattened [batch, head, box] order a CTA walks.
   int cta_tiles, cta_run;
 };
 

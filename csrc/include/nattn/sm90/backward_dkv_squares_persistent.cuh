@@ -29,28 +29,11 @@ static_assert(!NATTN_SM90_SQUARE_DKV_PERSIST || NATTN_SM90_SQUARE_DKV_STAGES == 
               "the persistent square dK/dV pass runs one slab stage");
 constexpr bool kSquareDkvPersist = NATTN_SM90_SQUARE_DKV_PERSIST;
 
-// A key box of a CTA's run: its place in the flattened [batch, KV head, key box] order
-// (index < 0: the run's end), its KV head and batch, and its tile (cta_tile_inverse).
-struct SquareDkvRunBox {
-  CtaTile tile;
-  int index, hk, b, pad;
-};
-
-// The first key box of the run at or after `index` (below `end`) that holds keys.
+// The run's next key box (square_run_box over the whole-box pass's key boxes; its h is the KV
+// head).
 template <bool kWide>
-NATTN_HD void square_dkv_run_box(const Params& p, int index, int end, SquareDkvRunBox& out) {
-  using KB = typename SquareDkvBox<kWide>::Keys;
-  const int per = p.cta_tiles;  // key boxes a (batch, KV head)
-  for (; index < end; ++index) {
-    const int hb = index / per;
-    if (cta_tile_inverse<2, KB, Box<1, 1, 1>>(p, unsigned(index - hb * per), out.tile)) {
-      out.index = index;
-      out.hk = hb % p.heads_kv;
-      out.b = hb / p.heads_kv;
-      return;
-    }
-  }
-  out.index = -1;
+NATTN_HD void square_dkv_run_box(const Params& p, int index, int end, SquareRunBox& out) {
+  square_run_box<2, typename SquareDkvBox<kWide>::Keys, Box<1, 1, 1>, true>(p, index, end, out);
 }
 
 // The whole-box pass's shared memory, then the run's two entries and the count of the warps
@@ -58,8 +41,8 @@ NATTN_HD void square_dkv_run_box(const Params& p, int index, int end, SquareDkvR
 template <int HD>
 struct SquareDkvRunSmem : SquareDkvSmem<HD> {
   using Base = SquareDkvSmem<HD>;
-  static constexpr int kRun = (Base::kBytes + 15) / 16 * 16;  // SquareDkvRunBox[2]
-  static constexpr int kCount = kRun + 2 * int(sizeof(SquareDkvRunBox));
+  static constexpr int kRun = (Base::kBytes + 15) / 16 * 16;  // SquareRunBox[2]
+  static constexpr int kCount = kRun + 2 * int(sizeof(SquareRunBox));
   static constexpr int kBytes = kCount + 16;
   static constexpr int kAlloc = kBytes + 1024;  // the base is rounded up to 1024 bytes
 };
@@ -82,7 +65,7 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   unsigned char* smem = aligned_smem();
   uint64_t* keys_full = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* full = keys_full + 1;  // the slab landed
-  SquareDkvRunBox* run = reinterpret_cast<SquareDkvRunBox*>(smem + S::kRun);
+  SquareRunBox* run = reinterpret_cast<SquareRunBox*>(smem + S::kRun);
   int* count = reinterpret_cast<int*>(smem + S::kCount);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g4 = lane / 4, t4 = lane % 4;
@@ -122,12 +105,12 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   }
   // A box's slabs per query head (its union's rows, `rows` a slab); the walk runs them for
   // each query head of the KV head.
-  auto per_head_of = [&](const SquareDkvRunBox& bx) { return (bx.tile.nk[0] + rows - 1) / rows; };
-  // Slab f of box bx (query head bx.hk groups + f / per_head, union rows from rows x (f %
+  auto per_head_of = [&](const SquareRunBox& bx) { return (bx.tile.nk[0] + rows - 1) / rows; };
+  // Slab f of box bx (query head bx.h groups + f / per_head, union rows from rows x (f %
   // per_head)) into the stage: one copy per tensor (the maps' box: a slab).
-  auto load_slab = [&](const SquareDkvRunBox& bx, int per_head, int f) {
+  auto load_slab = [&](const SquareRunBox& bx, int per_head, int f) {
     int c[5];
-    const int h = bx.hk * p.groups + f / per_head;
+    const int h = bx.h * p.groups + f / per_head;
     const int origin[3] = {bx.tile.lo[0] + rows * (f % per_head), bx.tile.lo[1], 0};
     mbar_expect_tx(full, 2 * slab_queries * kRowBytes);
     const HeadCoords hq = head_coords<HD>(p, kRowsQ, p.heads, h, bx.b);
@@ -137,12 +120,12 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
     box_coords<2>(p, bx.tile, origin, hd.channel, hd.outer, c);
     tma_load<4>(smem + S::kQ + kGradOut, &map_do, full, c);
   };
-  auto load_keys = [&](const SquareDkvRunBox& bx) {
+  auto load_keys = [&](const SquareRunBox& bx) {
     int c[5];
     mbar_expect_tx(keys_full, 2 * Ck::kBytes);
-    load_box_blocks<2, KB, Ck>(p, bx.tile, bx.tile.q0, head_coords<HD>(p, kRowsK, p.heads_kv, bx.hk, bx.b),
+    load_box_blocks<2, KB, Ck>(p, bx.tile, bx.tile.q0, head_coords<HD>(p, kRowsK, p.heads_kv, bx.h, bx.b),
                                smem + S::kK, &map_k, keys_full, c);
-    load_box_blocks<2, KB, Ck>(p, bx.tile, bx.tile.q0, head_coords<HD>(p, kRowsV, p.heads_kv, bx.hk, bx.b),
+    load_box_blocks<2, KB, Ck>(p, bx.tile, bx.tile.q0, head_coords<HD>(p, kRowsV, p.heads_kv, bx.h, bx.b),
                                smem + S::kV, &map_v, keys_full, c);
   };
   if (threadIdx.x == 0) {
@@ -158,10 +141,10 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
   constexpr int kPer = (S::kTokens + 127) / 128;
   float2 staged[kPer];
   const int w_recip = kWide ? square_dkv_row_recip(W) : 0;
-  auto fetch = [&](const SquareDkvRunBox& bx, int per_head, int f) {
+  auto fetch = [&](const SquareRunBox& bx, int per_head, int f) {
     const float* lse_b = p.lse + int64_t(bx.b) * p.tokens * p.heads;
     const float* delta_b = p.delta + int64_t(bx.b) * p.tokens * p.heads;
-    const int h = bx.hk * p.groups + f / per_head, y0 = bx.tile.lo[0] + rows * (f % per_head);
+    const int h = bx.h * p.groups + f / per_head, y0 = bx.tile.lo[0] + rows * (f % per_head);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int q = threadIdx.x + 128 * i;
@@ -198,8 +181,8 @@ __global__ void __launch_bounds__(128, SquareDkvMinBlocks<HD, kRpb>::value)
     __syncthreads();  // (the entry, the box's first slab's LSE / delta stash)
     if (run[phase].index < 0) break;  // uniform
     const CtaTile tile = run[phase].tile;
-    const int hk = run[phase].hk, b = run[phase].b;
-    const SquareDkvRunBox& next = run[phase ^ 1];
+    const int hk = run[phase].h, b = run[phase].b;
+    const SquareRunBox& next = run[phase ^ 1];
     const int per_head = per_head_of(run[phase]);
     const int slabs = per_head * p.groups;  // (> 0 without a query range)
     if constexpr (has_rpb) stage_dkv_rpb(p, hk, table, bias, dbias, dl);

@@ -1,6 +1,7 @@
-// Hopper (sm_90a) square pair, persistent forms: the run of query boxes a CTA walks and the
-// copy protocol its kernels share (forward_squares_persistent.cuh, the forward;
-// backward_dq_squares_persistent.cuh, the dQ pass).
+// Hopper (sm_90a) square pair, persistent forms: the run of boxes a CTA walks and the copy
+// protocol its kernels share (forward_squares_persistent.cuh, the forward;
+// backward_dq_squares_persistent.cuh, the dQ pass; the dK/dV pass,
+// backward_dkv_squares_persistent.cuh, takes the runs, the count and the row stores).
 //
 // A CTA walks a run of consecutive boxes of the flattened [batch, head, box] order (mostly
 // along a row of boxes of one head), and the copies of the next box run during the current
@@ -32,22 +33,26 @@ namespace nattn { namespace sm90 {
 static_assert(NATTN_SM90_SQUARE_RUN_STORES == 16 || NATTN_SM90_SQUARE_RUN_STORES == 4, "16- or 4-byte stores");
 
 // A box of a CTA's run: its place in the flattened [batch, head, box] order (index < 0: the
-// run's end), its head and batch, and its tile.
+// run's end), its head (the dK/dV pass: KV head) and batch, and its tile.
 struct SquareRunBox {
   CtaTile tile;
   int index, h, b, pad;
 };
 
-// The first box of the run at or after `index` (below `end`) that holds queries (cta_tile).
-template <int NA, class QB, class KB>
+// The first box of the run at or after `index` (below `end`) that the whole-box grid runs:
+// query boxes QB of p.heads heads (cta_tile), or with kKeys the dK/dV pass's key boxes QB of
+// p.heads_kv KV heads (cta_tile_inverse, KB its query box).
+template <int NA, class QB, class KB, bool kKeys = false>
 NATTN_HD void square_run_box(const Params& p, int index, int end, SquareRunBox& out) {
   const int per = p.cta_tiles;  // boxes a (batch, head)
   for (; index < end; ++index) {
     const int hb = index / per;
-    if (cta_tile<NA, QB, KB>(p, unsigned(index - hb * per), out.tile)) {
+    const unsigned i = unsigned(index - hb * per);
+    if (kKeys ? cta_tile_inverse<NA, QB, KB>(p, i, out.tile) : cta_tile<NA, QB, KB>(p, i, out.tile)) {
+      const int heads = kKeys ? p.heads_kv : p.heads;
       out.index = index;
-      out.h = hb % p.heads;
-      out.b = hb / p.heads;
+      out.h = hb % heads;
+      out.b = hb / heads;
       return;
     }
   }
@@ -157,7 +162,6 @@ __device__ __forceinline__ void store_square_row(T* row, bool ok, const float (&
     *reinterpret_cast<uint32_t*>(row + 8 * n + 2 * t4) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
 #endif
 }
-
 
 // Thread 0, before the CTA's first barrier: the barriers (rows_full, the parts', kGrad:
 // grad_full), the counts zeroed and the run's first box (run[0]; the run is boxes
